@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install opscope with the CPU build of torch.
+# TORCH_SPEC overrides the torch requirement (e.g. TORCH_SPEC="torch==2.5.1" for a CUDA box).
+# EXTRAS picks optional dependencies (default: none; the test script asks for test,onnx,xlsx).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+target="."
+[ -n "${EXTRAS:-}" ] && target=".[${EXTRAS}]"
+.venv/bin/python -m pip install -q "$TORCH_SPEC" -e "$target"

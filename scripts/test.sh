@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install opscope with its test extras into .venv, make sure a headless Chromium is present
+# for the HTML report tests, lint, then run the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS=${EXTRAS:-test,onnx,xlsx} bash scripts/install.sh
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+      || echo "warning: could not install chromium; HTML tests will fail" >&2
+  else
+    echo "warning: chromium not found (apt-get install chromium); HTML tests will fail" >&2
+  fi
+fi
+.venv/bin/ruff check src tests benchmarks
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,3 @@
+from opscope.cli.main import entry
+
+entry()

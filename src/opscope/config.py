@@ -1,0 +1,445 @@
+"""One validated configuration for dump, profile and overflow watch.
+
+Sources, in order of precedence: keyword arguments, a config file (JSON, YAML or TOML)
+passed as ``config=``, the file named by ``OPSCOPE_CONFIG``. Keys mirror the Ascend
+DumpConfig / MindSpore dump settings where they exist (``dump_path``, ``dump_step``,
+``dump_mode``, ``kernels``, ``iteration``, ``input_output``), so both spellings work.
+
+Every bad key or value raises :class:`~opscope.errors.ConfigError` naming the key, the
+value and what is allowed, before any capture starts.
+
+Environment variables (all read here, nowhere else):
+
+- ``OPSCOPE_CONFIG``: path of a config file used when no ``config=`` is given.
+- ``OPSCOPE_STATS_BACKEND``: ``auto`` (default), ``c`` or ``torch``: how statistics are computed on CPU.
+- ``OPSCOPE_RUN_ID``: identifies one launch across its ranks (set by ``opscope run``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opscope.errors import ConfigError
+
+PHASES = ("forward", "backward", "optimizer")
+MODES = ("input", "output", "all")
+LEVELS = ("module", "api", "aten")
+DATA = ("statistics", "tensor")
+WATCH_ACTIONS = ("warn", "raise", "record")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """Read one ``OPSCOPE_*`` environment option."""
+    return os.environ.get(f"OPSCOPE_{name}", default)
+
+
+class StepSelection:
+    """Which steps to capture: ``"all"``, ``"0|5|10"``, ``"0-3"``, ``"0-3|8"``, an int or a list."""
+
+    def __init__(self, spec: Any = "all") -> None:
+        self.spec = spec
+        self.steps: frozenset[int] | None = _parse_steps(spec)
+
+    def __contains__(self, step: int) -> bool:
+        return self.steps is None or step in self.steps
+
+    @property
+    def last(self) -> int | None:
+        """The last selected step, or None when every step is selected."""
+        return None if self.steps is None else max(self.steps)
+
+    def to_json(self) -> Any:
+        return "all" if self.steps is None else sorted(self.steps)
+
+    def __repr__(self) -> str:
+        return f"StepSelection({self.spec!r})"
+
+
+def _parse_steps(spec: Any) -> frozenset[int] | None:
+    allowed = 'allowed: "all", "0|5|10", "0-3", "0-3|8", an integer or a list of integers'
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("all", "")):
+        return None
+    if isinstance(spec, bool):
+        raise ConfigError(f"steps: {spec!r} is not a step selection ({allowed})")
+    if isinstance(spec, int):
+        items: list[Any] = [spec]
+    elif isinstance(spec, str):
+        items = [p.strip() for p in spec.replace(",", "|").split("|") if p.strip()]
+    elif isinstance(spec, Iterable):
+        items = list(spec)
+    else:
+        raise ConfigError(f"steps: {spec!r} is not a step selection ({allowed})")
+    steps: set[int] = set()
+    for item in items:
+        steps.update(_parse_step_item(item, spec, allowed))
+    if not steps:
+        raise ConfigError(f"steps: {spec!r} selects no step ({allowed})")
+    return frozenset(steps)
+
+
+def _parse_step_item(item: Any, spec: Any, allowed: str) -> range | list[int]:
+    try:
+        if isinstance(item, int) and not isinstance(item, bool):
+            if item < 0:
+                raise ValueError
+            return [item]
+        text = str(item).strip()
+        if "-" in text:
+            lo, hi = (int(p) for p in text.split("-", 1))
+            if lo < 0 or hi < lo:
+                raise ValueError
+            return range(lo, hi + 1)
+        value = int(text)
+        if value < 0:
+            raise ValueError
+        return [value]
+    except ValueError:
+        raise ConfigError(f"steps: {item!r} in {spec!r} is not a step or range ({allowed})") from None
+
+
+@dataclass
+class Filter:
+    """Include/exclude globs: ``["encoder.*", "!encoder.layers.1.*"]``; empty includes all."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, key: str, value: Any) -> Filter:
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"include", "exclude"}
+            if unknown:
+                raise ConfigError(f"{key}: unknown keys {sorted(unknown)}; allowed: include, exclude")
+            inc = _str_list(f"{key}.include", value.get("include", []))
+            exc = _str_list(f"{key}.exclude", value.get("exclude", []))
+            return cls(tuple(inc), tuple(exc))
+        items = _str_list(key, value)
+        inc = tuple(p for p in items if not p.startswith("!"))
+        exc = tuple(p[1:] for p in items if p.startswith("!"))
+        return cls(inc, exc)
+
+    def __bool__(self) -> bool:
+        return bool(self.include or self.exclude)
+
+    def matches(self, name: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        if self.include and not any(fnmatchcase(name, p) for p in self.include):
+            return False
+        return not any(fnmatchcase(name, p) for p in self.exclude)
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"include": list(self.include), "exclude": list(self.exclude)}
+
+
+def _str_list(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: {value!r} is not a list of glob patterns (e.g. [\"encoder.*\", \"!*.dropout\"])")
+    return list(value)
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
+    return value.lower()
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"{key}: {value!r} is not a boolean; allowed: true, false")
+
+
+def _number(key: str, value: Any, minimum: float = 0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ConfigError(f"{key}: {value!r} is not a number >= {minimum}")
+    return value
+
+
+def _ranks(value: Any) -> tuple[int, ...] | None:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if isinstance(value, str):
+        value = [v for v in value.replace(",", "|").split("|") if v.strip()]
+    try:
+        ranks = tuple(int(v) for v in value)
+        if any(r < 0 for r in ranks) or any(isinstance(v, bool) for v in value):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"ranks: {value!r} is not a list of ranks (e.g. [0] or \"0|7\"), or \"all\"") from None
+    return ranks
+
+
+# Ascend DumpConfig / MindSpore dump spellings accepted as aliases of opscope keys.
+DUMP_ALIASES = {
+    "dump_path": "path",
+    "dump_step": "steps",
+    "iteration": "steps",
+    "dump_mode": "mode",
+    "kernels": "ops",
+    "enable_dump": "enable",
+}
+
+
+@dataclass
+class DumpConfig:
+    """Everything ``opscope.dump`` accepts. See docs/dump.md for each key."""
+
+    path: str = ""
+    steps: StepSelection = field(default_factory=StepSelection)
+    ranks: tuple[int, ...] | None = None
+    mode: str = "all"
+    level: str = "aten"
+    data: str = "statistics"
+    scope: Filter = field(default_factory=Filter)
+    ops: Filter = field(default_factory=Filter)
+    tensor_ops: Filter = field(default_factory=Filter)
+    phases: tuple[str, ...] = PHASES
+    source: bool = False
+    overwrite: bool = False
+    enable: bool = True
+    queue_limit_mb: float = 512
+    shard_mb: float = 256
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_json() if hasattr(value, "to_json") else value
+        out["phases"] = list(self.phases)
+        out["ranks"] = None if self.ranks is None else list(self.ranks)
+        return out
+
+
+def _phases(value: Any) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(f"phases: {value!r} is not a list; allowed items: {', '.join(PHASES)}")
+    return tuple(_choice("phases", v, PHASES) for v in items)
+
+
+def _input_output(value: Any) -> str:
+    # MindSpore: 0 = inputs and outputs, 1 = inputs, 2 = outputs.
+    table = {0: "all", 1: "input", 2: "output"}
+    if value not in table:
+        raise ConfigError(f"input_output: {value!r} is not allowed; allowed: 0 (all), 1 (input), 2 (output)")
+    return table[value]
+
+
+_DUMP_PARSERS = {
+    "path": lambda v: _path("path", v),
+    "steps": StepSelection,
+    "ranks": _ranks,
+    "mode": lambda v: _choice("mode", v, MODES),
+    "level": lambda v: _choice("level", v, LEVELS),
+    "data": lambda v: _choice("data", v, DATA),
+    "scope": lambda v: Filter.parse("scope", v),
+    "ops": lambda v: Filter.parse("ops", v),
+    "tensor_ops": lambda v: Filter.parse("tensor_ops", v),
+    "phases": _phases,
+    "source": lambda v: _bool("source", v),
+    "overwrite": lambda v: _bool("overwrite", v),
+    "enable": lambda v: _bool("enable", v),
+    "queue_limit_mb": lambda v: _number("queue_limit_mb", v, 1),
+    "shard_mb": lambda v: _number("shard_mb", v, 1),
+}
+
+
+def _path(key: str, value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ConfigError(f"{key}: {value!r} is not a path; give a directory such as \"dumps/run1\"")
+    return os.fspath(value)
+
+
+def _build(cls: type, parsers: dict, aliases: dict, section: str, values: Mapping[str, Any]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for raw_key, value in values.items():
+        key = aliases.get(raw_key, raw_key)
+        if key == "input_output":
+            key, value = "mode", _input_output(value)
+            kwargs[key] = value
+            continue
+        if key not in parsers:
+            allowed = sorted(set(parsers) | set(aliases))
+            raise ConfigError(f"{section}: unknown key {raw_key!r}; allowed keys: {', '.join(allowed)}")
+        kwargs[key] = parsers[key](value)
+    return cls(**kwargs)
+
+
+def dump_config(config: str | os.PathLike | Mapping | None = None, **kwargs: Any) -> DumpConfig:
+    """Resolve a :class:`DumpConfig` from a config file or mapping plus keyword overrides."""
+    values = dict(section_of(config, "dump"))
+    values.update({k: v for k, v in kwargs.items() if v is not None})
+    cfg = _build(DumpConfig, _DUMP_PARSERS, DUMP_ALIASES, "dump", values)
+    if not cfg.path:
+        raise ConfigError("dump: no path given; pass opscope.dump(\"dumps/run1\") or set \"path\" in the config")
+    return cfg
+
+
+@dataclass
+class ProfileConfig:
+    """Everything ``opscope.profile`` accepts (Ascend profiling_options keys). See docs/profile.md."""
+
+    output: str = ""
+    steps: StepSelection = field(default_factory=StepSelection)
+    ranks: tuple[int, ...] | None = None
+    training_trace: bool = True
+    task_trace: bool = False
+    fp_point: str | None = None
+    bp_point: str | None = None
+    record_shapes: bool = False
+    with_stack: bool = False
+    overwrite: bool = False
+    enable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["steps"] = self.steps.to_json()
+        out["ranks"] = None if self.ranks is None else list(self.ranks)
+        return out
+
+
+def _optional_str(key: str, value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: {value!r} is not a module path (e.g. \"encoder\") or null")
+    return value
+
+
+_PROFILE_PARSERS = {
+    "output": lambda v: _path("output", v),
+    "steps": StepSelection,
+    "ranks": _ranks,
+    "training_trace": lambda v: _bool("training_trace", v),
+    "task_trace": lambda v: _bool("task_trace", v),
+    "fp_point": lambda v: _optional_str("fp_point", v),
+    "bp_point": lambda v: _optional_str("bp_point", v),
+    "record_shapes": lambda v: _bool("record_shapes", v),
+    "with_stack": lambda v: _bool("with_stack", v),
+    "overwrite": lambda v: _bool("overwrite", v),
+    "enable": lambda v: _bool("enable", v),
+}
+PROFILE_ALIASES = {"profiling_mode": "enable", "path": "output"}
+
+
+def profile_config(config: str | os.PathLike | Mapping | None = None, **kwargs: Any) -> ProfileConfig:
+    """Resolve a :class:`ProfileConfig` from a config file or mapping plus keyword overrides."""
+    values = dict(section_of(config, "profile"))
+    values.update({k: v for k, v in kwargs.items() if v is not None})
+    cfg = _build(ProfileConfig, _PROFILE_PARSERS, PROFILE_ALIASES, "profile", values)
+    if not cfg.output:
+        raise ConfigError("profile: no output given; pass opscope.profile(\"prof/run1\") or set \"output\"")
+    return cfg
+
+
+@dataclass
+class WatchConfig:
+    """Everything ``opscope.watch`` accepts. See docs/overflow.md."""
+
+    action: str = "raise"
+    level: str = "aten"
+    limit: float | None = None
+    path: str | None = None
+    history: int = 4
+    loss_spike: float | None = None
+    time_spike: float | None = None
+    ranks: tuple[int, ...] | None = None
+    enable: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["ranks"] = None if self.ranks is None else list(self.ranks)
+        return out
+
+
+_WATCH_PARSERS = {
+    "action": lambda v: _choice("action", v, WATCH_ACTIONS),
+    "level": lambda v: _choice("level", v, ("module", "aten")),
+    "limit": lambda v: None if v is None else _number("limit", v, 0),
+    "path": lambda v: None if v is None else _path("path", v),
+    "history": lambda v: int(_number("history", v, 1)),
+    "loss_spike": lambda v: None if v is None else _number("loss_spike", v, 1),
+    "time_spike": lambda v: None if v is None else _number("time_spike", v, 1),
+    "ranks": _ranks,
+    "enable": lambda v: _bool("enable", v),
+}
+
+
+def watch_config(config: str | os.PathLike | Mapping | None = None, **kwargs: Any) -> WatchConfig:
+    """Resolve a :class:`WatchConfig` (the ``overflow`` section) plus keyword overrides."""
+    values = dict(section_of(config, "overflow"))
+    values.update({k: v for k, v in kwargs.items() if v is not None})
+    return _build(WatchConfig, _WATCH_PARSERS, {}, "overflow", values)
+
+
+SECTIONS = ("dump", "profile", "overflow")
+
+
+def load_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a JSON, YAML or TOML config file into a dict, with a clear error on bad syntax."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; check the path given to config= or OPSCOPE_CONFIG")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # each parser raises its own type
+        raise ConfigError(f"config file {str(p)!r} is not valid {suffix.lstrip('.') or 'JSON'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def load(config: str | os.PathLike | Mapping | None = None) -> dict[str, Any]:
+    """The whole config mapping: ``config`` (a path or mapping), else ``$OPSCOPE_CONFIG``, else {}."""
+    if config is None:
+        config = env("CONFIG")
+        if not config:
+            return {}
+    data = dict(config) if isinstance(config, Mapping) else load_file(config)
+    return data
+
+
+def section_of(config: str | os.PathLike | Mapping | None, section: str) -> Mapping[str, Any]:
+    """One section of a config. Flat files with only dump keys count as the dump section."""
+    data = load(config)
+    if not data:
+        return {}
+    if any(k in SECTIONS for k in data):
+        unknown = [k for k in data if k not in SECTIONS]
+        if unknown:
+            raise ConfigError(f"config: unknown section {unknown[0]!r}; allowed sections: {', '.join(SECTIONS)}")
+        value = data.get(section) or {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config: section {section!r} must be a mapping of keys, not {value!r}")
+        return value
+    return data if section == "dump" else {}
