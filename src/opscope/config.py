@@ -309,6 +309,9 @@ class ProfileConfig:
     with_stack: bool = False
     overwrite: bool = False
     enable: bool = True
+    warmup: int = 1
+    clock: str = "auto"
+    merge_timeout: float = 120
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -325,18 +328,28 @@ def _optional_str(key: str, value: Any) -> str | None:
     return value
 
 
+def _on_off(key: str, value: Any) -> bool:
+    # Ascend profiling_options spell switches "on" / "off".
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    return _bool(key, value)
+
+
 _PROFILE_PARSERS = {
     "output": lambda v: _path("output", v),
     "steps": StepSelection,
     "ranks": _ranks,
-    "training_trace": lambda v: _bool("training_trace", v),
-    "task_trace": lambda v: _bool("task_trace", v),
+    "training_trace": lambda v: _on_off("training_trace", v),
+    "task_trace": lambda v: _on_off("task_trace", v),
     "fp_point": lambda v: _optional_str("fp_point", v),
     "bp_point": lambda v: _optional_str("bp_point", v),
     "record_shapes": lambda v: _bool("record_shapes", v),
     "with_stack": lambda v: _bool("with_stack", v),
     "overwrite": lambda v: _bool("overwrite", v),
     "enable": lambda v: _bool("enable", v),
+    "warmup": lambda v: int(_number("warmup", v, 0)),
+    "clock": lambda v: _choice("clock", v, ("auto", "host", "cuda", "npu")),
+    "merge_timeout": lambda v: _number("merge_timeout", v, 0),
 }
 PROFILE_ALIASES = {"profiling_mode": "enable", "path": "output"}
 

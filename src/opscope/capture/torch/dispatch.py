@@ -1,0 +1,127 @@
+"""aten-level capture: a private TorchDispatchMode that sees every dispatcher op,
+forward, backward (attributed through the autograd node being executed) and optimizer."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from opscope.capture.torch.recorder import encode_args
+
+if TYPE_CHECKING:
+    from opscope.capture.torch.session import DumpSession
+
+_current_node = torch._C._current_autograd_node
+
+
+class OpInfo:
+    """What the schema of one aten overload says, computed once per overload."""
+
+    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs")
+
+    def __init__(self, func: Any) -> None:
+        self.name = str(func)
+        schema = func._schema
+        self.arg_names = [a.name for a in schema.arguments]
+        self.written = tuple(i for i, a in enumerate(schema.arguments)
+                             if a.alias_info is not None and a.alias_info.is_write)
+        self.view_outputs = tuple(i for i, r in enumerate(schema.returns)
+                                  if r.alias_info is not None and not r.alias_info.is_write)
+        self.written_outputs = tuple(i for i, r in enumerate(schema.returns)
+                                     if r.alias_info is not None and r.alias_info.is_write)
+
+
+_INFO: dict[Any, OpInfo] = {}
+
+
+def op_info(func: Any) -> OpInfo:
+    info = _INFO.get(func)
+    if info is None:
+        info = _INFO[func] = OpInfo(func)
+    return info
+
+
+def flat_inputs(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, str | None, torch.Tensor]]:
+    out: list[tuple[int, str | None, torch.Tensor]] = []
+    names = info.arg_names
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            out.append((len(out), names[i] if i < len(names) else None, a))
+        elif isinstance(a, (list, tuple)):
+            name = names[i] if i < len(names) else None
+            out.extend((len(out) + j, name, x) for j, x in enumerate(y for y in a if isinstance(y, torch.Tensor)))
+    for k, v in kwargs.items():
+        if isinstance(v, torch.Tensor):
+            out.append((len(out), k, v))
+    return out
+
+
+def flat_outputs(out: Any) -> list[tuple[int, str | None, torch.Tensor]]:
+    if isinstance(out, torch.Tensor):
+        return [(0, None, out)]
+    if isinstance(out, (list, tuple)):
+        res = []
+        for i, x in enumerate(out):
+            if isinstance(x, torch.Tensor):
+                res.append((i, None, x))
+            elif isinstance(x, (list, tuple)):  # _foreach ops return lists
+                res.extend((len(res) + j, None, y) for j, y in enumerate(x) if isinstance(y, torch.Tensor))
+        return res
+    return []
+
+
+def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Tensors an op writes in place (its ``Tensor(a!)`` arguments, lists included)."""
+    found: list[torch.Tensor] = []
+    for i in info.written:
+        a = args[i] if i < len(args) else kwargs.get(info.arg_names[i])
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+class DumpDispatchMode(TorchDispatchMode):
+    """Records every aten op while the session is capturing a selected step."""
+
+    def __init__(self, session: DumpSession) -> None:
+        super().__init__()
+        self.session = session
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        s = self.session
+        if not s.capturing:
+            return func(*args, **kwargs)
+        info = op_info(func)
+        written = written_tensors(info, args, kwargs) if info.written else ()
+        worker = s.recorder.worker
+        for t in written:
+            if worker is not None:
+                worker.before_write(t)
+            if s.recorder.views:
+                s.recorder.invalidate(t)
+        out = func(*args, **kwargs)
+        node = _current_node()
+        if node is not None:
+            tag = node.metadata.get("opscope")
+            module, fwd_op, phase = (tag[0], tag[1], "backward") if tag else ("", None, "backward")
+            node_name = node.name()
+        else:
+            module, fwd_op, node_name = s.modules.path, None, None
+            phase = s.phase
+        if not s.recorder.selected(module, info.name, phase):
+            return out
+        inputs = flat_inputs(info, args, kwargs)
+        outputs = flat_outputs(out)
+        mutated = info.written_outputs
+        if written and not outputs:  # in-place ops returning nothing (_foreach_add_): their targets are the outputs
+            outputs = [(i, None, t) for i, t in enumerate(written)]
+            mutated = tuple(range(len(outputs)))
+        s.recorder.record(info.name, module, phase, inputs, outputs, args=encode_args(args, kwargs),
+                          views=info.view_outputs, mutated=mutated, fwd_op=fwd_op,
+                          node=node_name, source=s.source() if s.cfg.source else None)
+        return out

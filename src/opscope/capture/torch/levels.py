@@ -1,0 +1,184 @@
+"""The three capture levels behind one small interface: activate / deactivate / remove.
+
+- ``aten``: every dispatcher op (:class:`~opscope.capture.torch.dispatch.DumpDispatchMode`).
+- ``api``: torch / torch.nn.functional / Tensor-method calls, through a TorchFunctionMode;
+  backward recorded per autograd node of each call's outputs.
+- ``module``: module inputs, parameters and outputs through global module hooks; backward
+  as the gradients arriving at each module output.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from opscope.capture.torch.dispatch import DumpDispatchMode
+from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.recorder import encode_args
+
+if TYPE_CHECKING:
+    from opscope.capture.torch.session import DumpSession
+
+
+class Level:
+    """Base: a level that installs nothing (module hooks are always on)."""
+
+    def __init__(self, session: DumpSession) -> None:
+        self.session = session
+        self.on = False
+
+    def activate(self) -> None:
+        self.on = True
+
+    def deactivate(self) -> None:
+        self.on = False
+
+    def remove(self) -> None:
+        self.deactivate()
+
+
+class _ModeLevel(Level):
+    mode: Any
+
+    def activate(self) -> None:
+        if not self.on:
+            self.mode.__enter__()
+            self.on = True
+
+    def deactivate(self) -> None:
+        if self.on:
+            self.on = False
+            self.mode.__exit__(None, None, None)
+
+
+class AtenLevel(_ModeLevel):
+    def __init__(self, session: DumpSession) -> None:
+        super().__init__(session)
+        self.mode = DumpDispatchMode(session)
+
+
+# Tensor methods and properties that only describe a tensor: never worth a record.
+_SKIP_API = frozenset("""
+size dim shape stride numel element_size is_contiguous data_ptr storage_offset untyped_storage
+device dtype layout requires_grad grad_fn is_leaf is_cuda is_sparse is_quantized is_meta is_complex
+is_floating_point item tolist __len__ __repr__ __format__ __hash__ __bool__ __index__ __int__ __float__
+__iter__ __contains__ __array__ _version grad data names ndim nbytes itemsize T mT H mH real imag
+""".split())
+
+_NAMES: dict[Any, str | None] = {}
+
+
+def api_name(func: Any) -> str | None:
+    name = _NAMES.get(func, "")
+    if name == "":
+        try:
+            name = resolve_name(func)
+        except Exception:  # some builtins have no resolvable name
+            name = None
+        short = (name or "").rsplit(".", 1)[-1]
+        if name is None or short in _SKIP_API or name.endswith(".__get__") or name.endswith(".__set__"):
+            name = None
+        elif name.startswith("torch.Tensor."):
+            name = "Tensor." + name[len("torch.Tensor."):]
+        _NAMES[func] = name
+    return name
+
+
+class _ApiMode(TorchFunctionMode):
+    def __init__(self, session: DumpSession) -> None:
+        super().__init__()
+        self.session = session
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        s = self.session
+        name = api_name(func) if s.capturing else None
+        if name is None:
+            return func(*args, **kwargs)
+        if name.endswith("_") or "out" in kwargs:
+            for t in tensors_of((args[:1], kwargs.get("out"))):
+                if s.recorder.worker is not None:
+                    s.recorder.worker.before_write(t)
+                s.recorder.invalidate(t)
+        out = func(*args, **kwargs)
+        module = s.modules.path
+        if s.recorder.selected(module, name, s.phase):
+            outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
+            inputs = [(i, None, t) for i, t in enumerate(tensors_of((args, kwargs)))]
+            s.recorder.record(name, module, s.phase, inputs, outputs, args=encode_args(args, kwargs),
+                              mutated=tuple(range(len(outputs))) if name.endswith("_") else (),
+                              source=s.source() if s.cfg.source else None)
+            if "backward" in s.cfg.phases:
+                _hook_backward(s, name, module, out)
+        return out
+
+
+def _hook_backward(s: DumpSession, name: str, module: str, out: Any) -> None:
+    for t in tensors_of(out):
+        node = t.grad_fn if t.requires_grad else None
+        if node is not None and "opscope_api" not in node.metadata:
+            node.metadata["opscope_api"] = True
+            node.register_hook(_backward_recorder(s, name, module, node.name()))
+
+
+def _backward_recorder(s: DumpSession, name: str, module: str, node_name: str) -> Any:
+    def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
+        if s.capturing and s.recorder.selected(module, name, "backward"):
+            inputs = [(i, "grad_output", g) for i, g in enumerate(grad_outputs) if isinstance(g, torch.Tensor)]
+            outputs = [(i, "grad_input", g) for i, g in enumerate(grad_inputs) if isinstance(g, torch.Tensor)]
+            s.recorder.record(name, module, "backward", inputs, outputs, fwd_op=name, node=node_name)
+    return hook
+
+
+class ApiLevel(_ModeLevel):
+    def __init__(self, session: DumpSession) -> None:
+        super().__init__(session)
+        self.mode = _ApiMode(session)
+
+
+class ModuleLevel(Level):
+    """Module inputs, own parameters and outputs; gradients at module outputs in backward."""
+
+    def __init__(self, session: DumpSession) -> None:
+        super().__init__(session)
+        session.modules._on_enter = self._enter
+        session.modules._on_exit = self._exit
+        self._calls: list[int] = []
+
+    def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
+        s = self.session
+        op = type(module).__name__
+        if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
+            self._calls.append(-1)
+            return
+        params = [(n, p) for n, p in module.named_parameters(recurse=False)]
+        inputs = [(i, None, t) for i, t in enumerate(tensors_of(args))]
+        inputs += [(len(inputs) + i, n, p) for i, (n, p) in enumerate(params)]
+        self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
+
+    def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
+        s = self.session
+        op = type(module).__name__
+        call = self._calls.pop() if self._calls else -1
+        if call < 0 or output is None or not (self.on and s.capturing):
+            return
+        outs = tensors_of(output)
+        s.recorder.record(op, path, s.phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
+        if "backward" in s.cfg.phases:
+            for i, t in enumerate(outs):
+                if t.requires_grad:
+                    t.register_hook(self._grad_hook(op, path, i))
+
+    def _grad_hook(self, op: str, path: str, slot: int) -> Any:
+        s = self.session
+
+        def hook(grad: torch.Tensor) -> None:
+            if s.capturing and s.recorder.selected(path, op, "backward"):
+                s.recorder.record(op, path, "backward", [(slot, "grad_output", grad)], [])
+        return hook
+
+
+def make(level: str, session: DumpSession) -> Level:
+    return {"aten": AtenLevel, "api": ApiLevel, "module": ModuleLevel}[level](session)

@@ -1,0 +1,290 @@
+"""Turns observed op calls into rows: data flow, call indices, statistics jobs.
+
+Shared by the three capture levels (aten dispatch, torch API, module). Every tensor's
+statistics are computed once: an op's input that an earlier captured op produced refers
+to that output's row (``producer``) and gets its statistics when the step is flushed;
+only tensors seen for the first time (parameters, model inputs) are reduced on their own.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any
+
+import torch
+
+from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
+from opscope.capture.torch.worker import StatsWorker, tensor_buffer
+from opscope.config import DumpConfig
+from opscope.model.records import COL, COLUMNS, NO_STATS, STATS
+from opscope.storage.writer import DumpWriter
+
+_ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
+_MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
+_ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
+_NCOL = len(COLUMNS)
+_TEMPLATE = [None] * _NCOL
+_TEMPLATE[STATS] = NO_STATS
+
+
+def version_of(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return -1
+
+
+class Recorder:
+    """Collects the rows of one rank, step by step, and hands them to the writer.
+
+    Args:
+        cfg: the dump configuration.
+        writer: where rows and tensors go.
+        rank: this process's rank.
+        param_names: ``id(parameter) -> name``, filled in by the module tracker.
+        engine: ``"c"`` (CPU worker thread with the C kernel), ``"sync"`` (C kernel on
+            the calling thread) or ``"torch"`` (device reductions, one transfer per step).
+    """
+
+    def __init__(self, cfg: DumpConfig, writer: DumpWriter, rank: int, param_names: dict[int, str],
+                 engine: str = "c") -> None:
+        self.cfg = cfg
+        self.writer = writer
+        self.rank = rank
+        self.param_names = param_names
+        self.engine = engine
+        self.worker = StatsWorker(self._store) if engine == "c" else None
+        self.want_inputs = cfg.mode in ("input", "all")
+        self.want_outputs = cfg.mode in ("output", "all")
+        self.next_id = 0
+        self.step = -1
+        self.meta_skipped = 0
+        self._selected: dict[tuple[str, str, str], bool] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.links: list[tuple[list[Any], list[Any]]] = []
+        self.device_jobs: list[tuple[list[Any], Any]] = []
+        self.flow: dict[Any, list[Any]] = {}
+        self.views: dict[int, list[tuple[Any, ...]]] = {}
+        self.calls: dict[tuple[str, str, str], int] = {}
+        self.seq = 0
+
+    # -- selection -------------------------------------------------------------------
+    def selected(self, module: str, op: str, phase: str) -> bool:
+        """Whether ``op`` in ``module`` during ``phase`` passes the scope/ops/phases filters."""
+        key = (module, op, phase)
+        hit = self._selected.get(key)
+        if hit is None:
+            cfg = self.cfg
+            hit = (phase in cfg.phases and (not cfg.scope or cfg.scope.matches(module))
+                   and (not cfg.ops or cfg.ops.matches(op)))
+            self._selected[key] = hit
+        return hit
+
+    def wants_data(self, op: str) -> bool:
+        if self.cfg.tensor_ops:
+            return self.cfg.tensor_ops.matches(op)
+        return self.cfg.data == "tensor"
+
+    # -- recording -------------------------------------------------------------------
+    def record(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
+               outputs: list[tuple[int, str | None, torch.Tensor]], *, args: str | None = None,
+               views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), fwd_op: str | None = None,
+               node: str | None = None, source: str | None = None, input_io: str = "input",
+               call: int | None = None) -> int:
+        """Record one op call; returns its call index. ``views``/``mutated`` list output slots
+        that alias an input (same elements) or were written in place; ``call`` reuses the
+        index of an earlier record of the same call (module entry and exit)."""
+        if call is None:
+            key = (module, phase, op)
+            call = self.calls.get(key, 0)
+            self.calls[key] = call + 1
+        seq = self.seq
+        self.seq = seq + 1
+        data = self.wants_data(op)
+        head = (seq, phase, module, op, call, args, source, fwd_op, node)
+        first_input_row = None
+        if self.want_inputs or views:
+            for slot, arg, t in inputs:
+                row = self._input_row(head, slot, arg, t, data, input_io)
+                if first_input_row is None:
+                    first_input_row = row
+        if self.want_outputs:
+            for slot, arg, t in outputs:
+                src = first_input_row if slot in views else None
+                self._output_row(head, slot, arg, t, data, src, slot in mutated)
+        return call
+
+    def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor) -> list[Any]:
+        # COLUMNS order: id rank step seq phase module op call io slot arg dtype shape device numel ...
+        row = _TEMPLATE.copy()
+        rid = self.next_id
+        self.next_id = rid + 1
+        row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7] = (
+            rid, self.rank, self.step, head[0], head[1], head[2], head[3], head[4])
+        row[8], row[9], row[10] = io, slot, arg
+        row[11], row[12], row[13], row[14] = dtype_name(t.dtype), list(t.shape), str(t.device), t.numel()
+        row[_ARGS], row[_SOURCE], row[_FWD], row[_NODE] = head[5], head[6], head[7], head[8]
+        self.rows.append(row)
+        return row
+
+    def _input_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
+                   input_io: str) -> list[Any] | None:
+        entry = self.flow.get(id(t))
+        if entry is not None and (entry[0]() is not t or entry[2] != version_of(t)):
+            entry = None
+        if entry is None and self.views:
+            # autograd wraps view outputs in new tensor objects: find them by storage and
+            # geometry (such entries are dropped when their storage is written, see invalidate)
+            entry = self.flow.get(geometry(t))
+        if entry is not None:
+            if not self.want_inputs:
+                return entry[1]
+            row = self._new_row(head, "param" if entry[3] else input_io, slot, arg, t)
+            row[_PARAM] = entry[3]
+            row[_PRODUCER] = entry[1][_ID]
+            self.links.append((row, entry[1]))
+            if not entry[4]:
+                entry[4] = True
+                _annotate(t, entry[1])
+            return row
+        if not self.want_inputs:
+            return None
+        pname = self.param_names.get(id(t))
+        row = self._new_row(head, "param" if pname else input_io, slot, arg, t)
+        row[_PARAM] = pname
+        self._measure(row, t, data)
+        self._register(t, row, version_of(t), pname)
+        return row
+
+    def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
+                    src: list[Any] | None, mutated: bool) -> None:
+        row = self._new_row(head, "output", slot, arg, t)
+        version = version_of(t)
+        if mutated and version >= 0:
+            version += 1  # torch bumps the counter only after the op returns
+        pname = self.param_names.get(id(t))
+        if src is not None and not mutated and src[14] == row[14]:
+            row[_PRODUCER] = src[_ID]  # a view: the same elements as its input, not read again
+            row[_NOTE] = "view"
+            pname = src[_PARAM] or pname
+            self.links.append((row, src))
+        else:
+            self._measure(row, t, data)
+        row[_PARAM] = pname
+        self._register(t, row, version, pname, view=src is not None)
+
+    def _register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
+                  view: bool = False) -> None:
+        entry = [weakref.ref(t), row, version, pname, False]
+        self.flow[id(t)] = entry
+        if view:  # the storage reference keeps its memory from being reused within the step
+            key = geometry(t)
+            self.flow[key] = [None, row, version, pname, False, _storage(t)]
+            self.views.setdefault(key[0], []).append(key)
+
+    def invalidate(self, t: torch.Tensor) -> None:
+        """``t`` is about to be written in place: forget views registered on its storage."""
+        keys = self.views.pop(geometry(t)[0], None)
+        if keys:
+            for key in keys:
+                self.flow.pop(key, None)
+
+    def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
+        device = t.device.type
+        if device == "meta":
+            row[_NOTE] = "meta tensor: no data, not measured"
+            self.meta_skipped += 1
+            return
+        if t.layout != torch.strided or t.is_quantized:
+            row[_NOTE] = f"{t.layout} tensor: not measured"
+            return
+        if device == "cpu" and self.worker is not None:
+            self.worker.submit(row, t, data)
+            return
+        if device == "cpu" and self.engine == "sync":
+            row[STATS] = cpu_stats(t)
+        else:
+            self.device_jobs.append((row, device_stats(t)))
+        if data:
+            row[_DATA] = self._store(row, t.detach().to("cpu", copy=True).contiguous())
+
+    def _store(self, row: list[Any], copy: torch.Tensor) -> str:
+        dtype, shape, raw, nbytes = tensor_buffer(copy)
+        key = f"r{row[_ID]}"
+        row[_KEY] = key
+        return self.writer.add_tensor(row[_STEP], key, dtype, shape, raw, nbytes)
+
+    # -- steps -----------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self._reset()
+        self.step = step
+
+    def drain(self) -> None:
+        """Wait for pending statistics (before tensors are changed behind the dispatcher)."""
+        if self.worker is not None:
+            self.worker.drain()
+
+    def end_step(self) -> None:
+        """Finish the step's statistics, resolve data-flow links, hand rows to the writer."""
+        self.drain()
+        if self.device_jobs:
+            for (row, _), stats in zip(self.device_jobs, materialize([j for _, j in self.device_jobs]), strict=True):
+                row[STATS] = stats
+        for row, src in self.links:
+            row[STATS], row[_DATA], row[_KEY] = src[STATS], src[_DATA], src[_KEY]
+        if self.rows:
+            self.writer.add_rows(self.step, self.rows)
+        self.writer.end_step(self.step)
+        self._reset()
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+def _storage(t: torch.Tensor) -> Any:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def geometry(t: torch.Tensor) -> tuple[Any, ...]:
+    """Identity of a tensor's elements: storage, offset, shape, strides, dtype."""
+    try:
+        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+    except (RuntimeError, NotImplementedError):
+        return (id(t),)
+
+
+def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
+    """Tag the autograd node that made ``t`` with the forward module and op, for backward attribution."""
+    if t.requires_grad:
+        node = t.grad_fn
+        if node is not None:
+            node.metadata.setdefault("opscope", (producer[_MODULE], producer[_OP]))
+
+
+def encode_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Non-tensor arguments as JSON (tensors as {"tensor": slot}), for replay; None when all are tensors."""
+    slot = [0]
+
+    def clean(a: Any) -> Any:
+        if isinstance(a, torch.Tensor):
+            slot[0] += 1
+            return {"tensor": slot[0] - 1}
+        if a is None or isinstance(a, (bool, int, float, str)):
+            return a
+        if isinstance(a, (list, tuple)):
+            return [clean(x) for x in a]
+        return str(a)
+
+    cleaned = [clean(a) for a in args]
+    kw = {k: clean(v) for k, v in kwargs.items()}
+    if all(isinstance(c, dict) for c in cleaned) and not kw:
+        return None
+    return json.dumps({"args": cleaned, "kwargs": kw} if kw else {"args": cleaned}, default=str)

@@ -1,0 +1,246 @@
+"""``opscope.dump``: the public entry point of PyTorch capture."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+import torch
+
+from opscope import __version__
+from opscope.capture.steps import StepClock
+from opscope.capture.torch import levels
+from opscope.capture.torch.dist import current_rank, world_size
+from opscope.capture.torch.modules import ModuleTracker
+from opscope.capture.torch.recorder import Recorder
+from opscope.config import DumpConfig, dump_config, env
+from opscope.errors import ConfigError
+from opscope.storage import format as fmt
+from opscope.storage.writer import DumpWriter
+
+
+def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> DumpSession:
+    """Record what every operator receives and produces, at the chosen steps and ranks.
+
+    Use as a context manager around the training loop (call ``d.step()`` at each step's
+    end, or let opscope find steps from ``optimizer.step()``), or ``start()``/``stop()``.
+
+    Args:
+        path: the dump directory (or ``path`` in the config).
+        config: a config file path (JSON, YAML, TOML) or mapping; ``$OPSCOPE_CONFIG`` if None.
+        **keys: any dump key: steps, ranks, mode, level, data, scope, ops, tensor_ops,
+            phases, source, overwrite, queue_limit_mb, shard_mb (see docs/dump.md).
+
+    Returns:
+        A :class:`DumpSession`; its ``stop()`` returns the written :class:`opscope.Dump`.
+
+    Raises:
+        ConfigError: a bad key or value, before anything is captured.
+    """
+    return DumpSession(dump_config(config, path=path, **keys))
+
+
+class DumpSession:
+    """A running (or ready) dump. See :func:`dump`."""
+
+    def __init__(self, cfg: DumpConfig) -> None:
+        self.cfg = cfg
+        self.rank = current_rank()
+        self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
+        self.capturing = False
+        self.phase = "forward"
+        self.started = False
+        self.notes: list[str] = []
+        self.clock = StepClock(self._boundary)
+        self.modules = ModuleTracker(self.clock.outer_module_call)
+        self.recorder: Recorder | None = None  # type: ignore[assignment]
+        self.writer: DumpWriter | None = None
+        self._level: levels.Level | None = None
+        self._handles: list[Any] = []
+
+    @property
+    def step_index(self) -> int:
+        """The step being executed (0-based)."""
+        return self.clock.step
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> DumpSession:
+        """Install the capture hooks. A rank not in ``ranks`` installs nothing."""
+        if self.started:
+            raise ConfigError("this dump was already started; create a new opscope.dump(...) to dump again")
+        self.started = True
+        if not self.active:
+            return self
+        cfg = self.cfg
+        self.writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
+                                 shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
+        self.writer.open()
+        self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
+        self._level = levels.make(cfg.level, self)
+        self.modules.install()
+        from torch.optim import optimizer as opt
+        self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
+                         opt.register_optimizer_step_post_hook(self._optimizer_post)]
+        atexit.register(self._atexit)
+        self._enter_step(0)
+        return self
+
+    def step(self) -> None:
+        """End the current step (call once per training iteration)."""
+        if self.active and self.started:
+            self.clock.user_step()
+
+    def stop(self) -> Any:
+        """Flush everything, remove every hook, mark the dump complete; returns the :class:`opscope.Dump`."""
+        self._finish("complete")
+        from opscope.storage.reader import load
+
+        return load(self.cfg.path) if self.writer is not None else None
+
+    def __enter__(self) -> DumpSession:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self._finish("complete")
+        else:
+            self._finish("crashed", f"{exc_type.__name__}: {exc}")
+
+    def _finish(self, status: str, error: str | None = None) -> None:
+        if not self.started or not self.active or self.writer is None:
+            self.started = False
+            return
+        self.started = False
+        atexit.unregister(self._atexit)
+        failure: BaseException | None = None
+        try:
+            if self.capturing:
+                self.capturing = False
+                self.recorder.end_step()
+        except BaseException as exc:  # the writer or worker failed: still remove every hook
+            failure, status, error = exc, "crashed", error or str(exc)
+        finally:
+            self._remove_hooks()
+            self.recorder.close()
+            if status == "complete":
+                self._note_unreached()
+            self.writer.manifest["notes"] = self.notes
+            self.writer.close(status, error)
+        if failure is not None and status == "crashed" and error == str(failure):
+            raise failure
+
+    def _remove_hooks(self) -> None:
+        if self._level is not None:
+            self._level.deactivate()
+            self._level.remove()
+        self.modules.remove()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _atexit(self) -> None:
+        self._finish("complete")
+
+    def _note_unreached(self) -> None:
+        last = self.cfg.steps.last
+        if last is not None and self.clock.step < last:
+            missing = sorted(s for s in self.cfg.steps.steps or () if s > self.clock.step)
+            self.notes.append(f"the run stopped at step {self.clock.step}; selected steps {missing} were never reached")
+
+    # -- steps -------------------------------------------------------------------------
+    def _enter_step(self, step: int) -> None:
+        if step in self.cfg.steps:
+            self.recorder.begin_step(step)
+            self.capturing = True
+            self._level.activate()
+        else:
+            self.capturing = False
+            self._level.deactivate()
+
+    def _boundary(self, finished: int, step: int) -> None:
+        if self.capturing:
+            self.capturing = False
+            self.recorder.end_step()
+        self._enter_step(step)
+
+    # -- optimizer ---------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.clock.poll()
+        self.phase = "optimizer"
+        if not self.capturing:
+            return
+        self.recorder.drain()  # the optimizer is about to change parameters in place
+        op = f"{type(optimizer).__name__}.step"
+        for i, p in enumerate(_params(optimizer)):
+            module = self._owner(p)
+            if self.recorder.selected(module, op, "optimizer"):
+                self.recorder.record(op, module, "optimizer", [(0, "param", p)], [], call=i)
+                if p.grad is not None:
+                    self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i)
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.capturing:
+            op = f"{type(optimizer).__name__}.step"
+            for i, p in enumerate(_params(optimizer)):
+                module = self._owner(p)
+                if self.recorder.selected(module, op, "optimizer"):
+                    self.recorder.record(op, module, "optimizer", [], [(0, "param", p)], call=i)
+        self.phase = "forward"
+        self.clock.optimizer_step()
+
+    def _owner(self, p: torch.Tensor) -> str:
+        name = self.modules.param_names.get(id(p), "")
+        return name.rpartition(".")[0]
+
+    # -- helpers -----------------------------------------------------------------------
+    def source(self) -> str | None:
+        """The user's innermost frame outside torch and opscope, as ``file:line (function)``."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not any(part in name for part in _LIBRARY_PARTS):
+                return f"{name}:{frame.f_lineno} ({frame.f_code.co_name})"
+            frame = frame.f_back
+        return None
+
+    def _manifest(self) -> dict[str, Any]:
+        device = "cpu"
+        if torch.cuda.is_available():
+            device = f"cuda ({torch.cuda.get_device_name()})"
+        return {
+            "tool": {"name": "opscope", "version": __version__},
+            "framework": {"torch": torch.__version__},
+            "python": platform.python_version(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "command": list(sys.argv),
+            "cwd": os.getcwd(),
+            "device": device,
+            "world_size": world_size(),
+            "run_id": env("RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID"),
+            "hash_algorithm": fmt.HASH_ALGORITHM,
+            "stats_backend": _engine(self.cfg.level),
+            "config": self.cfg.to_json(),
+        }
+
+
+_LIBRARY_PARTS = (f"{os.sep}torch{os.sep}", f"{os.sep}opscope{os.sep}", "<frozen", f"{os.sep}contextlib.py")
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _engine(level: str) -> str:
+    from opscope.capture.torch import stats
+
+    choice = (env("STATS_BACKEND", "auto") or "auto").lower()
+    if choice not in ("auto", "c", "torch"):
+        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, c, torch")
+    if choice == "torch" or stats._fastats is None:
+        return "torch"
+    return "sync" if level == "module" else "c"

@@ -1,0 +1,128 @@
+"""Tensor statistics: min, max, mean, std, L2 norm, abs-max, NaN/Inf/zero counts, hash.
+
+Two engines, same results (see docs/format.md for the definitions):
+
+- :func:`cpu_stats` — one fused pass in C (``_fastats``) over a contiguous CPU tensor,
+  releasing the GIL, so a worker thread reduces while the step goes on.
+- :func:`device_stats` — torch reductions issued without any synchronisation; the
+  results stay on the device as two small tensors until :func:`materialize` moves every
+  pending result of a step to the host in one batch. Used on CUDA/NPU, and on CPU when
+  the C kernel is unavailable or ``OPSCOPE_STATS_BACKEND=torch``.
+
+NaN propagates into min/max/mean/std/norm as in torch; std is the population std.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+try:
+    from opscope.capture.torch import _fastats
+except ImportError:  # built without a C compiler: torch reductions instead
+    _fastats = None
+
+CODES = {
+    torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
+    torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.bool: 9,
+}
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_GOLD, _MIX, _M32 = 0x9E3779B9, 0x85EBCA6B, 0xFFFFFFFF
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
+           hash_: int, n: int) -> tuple[Any, ...]:
+    """Turn raw sums into the stored statistics tuple (STAT_NAMES order)."""
+    if n == 0:
+        return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
+    if nan:
+        nanv = math.nan
+        return (nanv, nanv, nanv, nanv, nanv, nanv, nan, inf, zeros, hash_)
+    mean = total / n
+    var = sumsq / n - mean * mean if math.isfinite(sumsq) else math.nan
+    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
+    return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
+
+
+def _as_real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
+    """Statistics of a CPU tensor in one C pass (torch fallback for other dtypes)."""
+    t = _as_real(t)
+    code = CODES.get(t.dtype)
+    if _fastats is None or code is None or code == 2:  # float16: torch is faster than scalar C
+        return materialize_one(device_stats(t))
+    if not t.is_contiguous():
+        t = t.contiguous()
+    n = t.numel()
+    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(t.data_ptr(), n, code)
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
+
+
+def _hash_words(t: torch.Tensor) -> torch.Tensor:
+    size = t.element_size()
+    flat = t.contiguous().reshape(-1)
+    if size >= 4:
+        words = flat.view(torch.int32).to(torch.int64) & _M32
+    elif size == 2:
+        words = flat.view(torch.int16).to(torch.int64) & 0xFFFF
+    else:
+        words = flat.view(torch.uint8).to(torch.int64)
+    idx = torch.arange(words.numel(), device=t.device, dtype=torch.int64)
+    h1 = (words * (2 * idx + 1)).sum() & _M32
+    h2 = ((words ^ ((idx * _GOLD) & _M32)) * _MIX).sum() & _M32
+    return (h1 << 32) | h2
+
+
+def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Issue the reductions of ``t`` on its device; nothing is synchronised.
+
+    Returns ``(floats, ints, numel)`` where floats = [min, max, sum, sumsq] (float64) and
+    ints = [nan, inf, zeros, hash] (int64), both still on the device.
+    """
+    t = _as_real(t.detach())
+    n = t.numel()
+    if n == 0:
+        z = torch.zeros(4, dtype=torch.float64, device=t.device)
+        return z, torch.zeros(4, dtype=torch.int64, device=t.device), 0
+    f = t.double() if t.dtype in (torch.float64, torch.int64, torch.int32) else t.float()
+    mn, mx = torch.aminmax(f.reshape(-1))
+    floats = torch.stack([mn.double(), mx.double(), f.sum(dtype=torch.float64),
+                          (f.double() * f.double()).sum() if f.dtype == torch.float64
+                          else (f * f).sum(dtype=torch.float64)])
+    if t.dtype in FLOATS:
+        nan, inf = torch.isnan(f).sum(), torch.isinf(f).sum()
+    else:
+        nan = inf = torch.zeros((), dtype=torch.int64, device=t.device)
+    ints = torch.stack([nan, inf, (f == 0).sum(), _hash_words(t)])
+    return floats, ints, n
+
+
+def materialize_one(pending: tuple[torch.Tensor, torch.Tensor, int]) -> tuple[Any, ...]:
+    floats, ints, n = pending
+    return _finish_pair(floats.tolist(), ints.tolist(), n)
+
+
+def _finish_pair(fl: list[float], it: list[int], n: int) -> tuple[Any, ...]:
+    mn, mx, total, sumsq = fl
+    nan, inf, zeros, h = it
+    if nan:  # aminmax on NaN data gives NaN already; keep min/max definitions aligned with C
+        mn = mx = math.nan
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h & 0xFFFFFFFFFFFFFFFF, n)
+
+
+def materialize(pendings: list[tuple[torch.Tensor, torch.Tensor, int]]) -> list[tuple[Any, ...]]:
+    """Move many device results to the host with one transfer per device and dtype."""
+    if not pendings:
+        return []
+    floats = torch.stack([p[0] for p in pendings]).cpu().tolist()
+    ints = torch.stack([p[1] for p in pendings]).cpu().tolist()
+    return [_finish_pair(f, i, p[2]) for f, i, p in zip(floats, ints, pendings, strict=True)]

@@ -1,0 +1,89 @@
+"""The record: one row per captured tensor. Plain data, no torch.
+
+Capture builds rows as Python lists in :data:`COLUMNS` order (cheap on the hot path);
+storage turns a list of rows into an Arrow table with :data:`SCHEMA_FIELDS` types.
+Statistics are held in one slot (:data:`STATS`, a tuple in :data:`STAT_NAMES` order)
+until the rows are written, so a background thread can fill them in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+IO_KINDS = ("input", "output", "param", "grad")
+
+# Name, Arrow type name. The order is the on-disk column order (docs/format.md).
+SCHEMA_FIELDS: tuple[tuple[str, str], ...] = (
+    ("id", "int64"),
+    ("rank", "int32"),
+    ("step", "int32"),
+    ("seq", "int64"),
+    ("phase", "string"),
+    ("module", "string"),
+    ("op", "string"),
+    ("call", "int32"),
+    ("io", "string"),
+    ("slot", "int32"),
+    ("arg", "string"),
+    ("dtype", "string"),
+    ("shape", "list<int64>"),
+    ("device", "string"),
+    ("numel", "int64"),
+    ("min", "float64"),
+    ("max", "float64"),
+    ("mean", "float64"),
+    ("std", "float64"),
+    ("norm", "float64"),
+    ("absmax", "float64"),
+    ("nan", "int64"),
+    ("inf", "int64"),
+    ("zeros", "int64"),
+    ("hash", "uint64"),
+    ("data", "string"),
+    ("key", "string"),
+    ("producer", "int64"),
+    ("param", "string"),
+    ("fwd_op", "string"),
+    ("node", "string"),
+    ("args", "string"),
+    ("source", "string"),
+    ("note", "string"),
+)
+
+STAT_NAMES = ("min", "max", "mean", "std", "norm", "absmax", "nan", "inf", "zeros", "hash")
+
+# Row layout during capture: every schema column except the statistics, which sit in STATS.
+COLUMNS = tuple(name for name, _ in SCHEMA_FIELDS if name not in STAT_NAMES) + ("stats",)
+COL = {name: i for i, name in enumerate(COLUMNS)}
+STATS = COL["stats"]
+NO_STATS: tuple[Any, ...] = (None,) * len(STAT_NAMES)
+
+
+def new_row(**values: Any) -> list[Any]:
+    """A capture row with the given columns set and the rest None (for tests and adapters)."""
+    row: list[Any] = [None] * len(COLUMNS)
+    row[STATS] = NO_STATS
+    for name, value in values.items():
+        row[COL[name]] = value
+    return row
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Statistics of one tensor. ``hash`` is a 64-bit position-weighted content checksum."""
+
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    norm: float | None
+    absmax: float | None
+    nan: int | None
+    inf: int | None
+    zeros: int | None
+    hash: int | None
+
+    @classmethod
+    def from_tuple(cls, values: tuple[Any, ...]) -> Stats:
+        return cls(*values)

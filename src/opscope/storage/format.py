@@ -1,0 +1,57 @@
+"""The dump layout and its version. See docs/format.md.
+
+::
+
+    DUMP/
+      manifest.json                          format version, versions, host, command, config, status
+      rank<R>/rank.json                      this rank's status, steps and counts
+      rank<R>/step<S>/records-<N>.parquet    index rows (pyarrow, pandas, polars, duckdb)
+      rank<R>/step<S>/tensors-<N>.safetensors  full tensors (data="tensor"), keyed "r<id>"
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from opscope.model.records import SCHEMA_FIELDS
+
+FORMAT_VERSION = "1.0"
+MANIFEST = "manifest.json"
+RANK_STATUS = "rank.json"
+HASH_ALGORITHM = "wsum64-v1"  # sum of element bits * (2*index + 1) mod 2**64, row-major order
+
+_TYPES = {
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "uint64": pa.uint64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "list<int64>": pa.list_(pa.int64()),
+}
+SCHEMA = pa.schema([pa.field(name, _TYPES[kind]) for name, kind in SCHEMA_FIELDS])
+
+
+def rank_dir(root: str | os.PathLike, rank: int) -> Path:
+    return Path(root) / f"rank{int(rank)}"
+
+
+def step_dir(root: str | os.PathLike, rank: int, step: int) -> Path:
+    return rank_dir(root, rank) / f"step{int(step)}"
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Write JSON atomically: a reader sees the old file or the new one, never half of one."""
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def major(version: str) -> int:
+    return int(str(version).split(".", 1)[0])

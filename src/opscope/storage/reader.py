@@ -1,0 +1,171 @@
+"""Lazy reader of opscope dumps. No torch, no pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from opscope.errors import DumpFormatError
+from opscope.storage import format as fmt
+from opscope.storage.safetensors_io import ShardReader
+
+
+def load(path: str | os.PathLike) -> Dump:
+    """Open a dump written by :func:`opscope.dump` (or ``dump-onnx``, or the flight recorder).
+
+    Raises:
+        DumpFormatError: no dump there, or one written by a newer opscope.
+    """
+    return Dump(path)
+
+
+class Dump:
+    """A dump on disk. Records are read lazily, per rank and step, as Arrow tables.
+
+    ``problems`` lists what could not be read (a truncated shard, a run still marked
+    running), each as a sentence; nothing is skipped without an entry there.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        manifest = self.path / fmt.MANIFEST
+        if not self.path.is_dir():
+            raise DumpFormatError(f"{str(self.path)!r} is not a directory; give the path of an opscope dump")
+        if not manifest.is_file():
+            raise DumpFormatError(f"{str(self.path)!r} has no {fmt.MANIFEST}: it is not an opscope dump "
+                                  "(or its run never started writing)")
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DumpFormatError(f"{str(manifest)!r} is unreadable ({exc})") from None
+        version = str(self.manifest.get("format_version", "0"))
+        if fmt.major(version) > fmt.major(fmt.FORMAT_VERSION):
+            raise DumpFormatError(
+                f"{str(self.path)!r} uses dump format {version}, newer than this opscope reads "
+                f"({fmt.FORMAT_VERSION}); upgrade opscope (pip install -U opscope)")
+        self.problems: list[str] = []
+        self._shards: dict[str, ShardReader] = {}
+        if self.status == "running":
+            self.problems.append(f"{self.path} is still marked running: its last steps may be missing")
+        elif self.status == "crashed":
+            self.problems.append(f"{self.path} is from a run that crashed: {self.error or 'see rank.json'}")
+
+    def __repr__(self) -> str:
+        return f"Dump({str(self.path)!r}, status={self.status!r}, ranks={self.ranks})"
+
+    # -- layout ----------------------------------------------------------------------
+    @cached_property
+    def rank_status(self) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for d in self.path.glob("rank*"):
+            m = re.fullmatch(r"rank(\d+)", d.name)
+            if m and d.is_dir():
+                try:
+                    out[int(m.group(1))] = json.loads((d / fmt.RANK_STATUS).read_text())
+                except (OSError, ValueError):
+                    out[int(m.group(1))] = {"status": "unknown"}
+        return dict(sorted(out.items()))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self.rank_status)
+
+    @property
+    def status(self) -> str:
+        states = {s.get("status") for s in self.rank_status.values()} or {self.manifest.get("status")}
+        for state in ("crashed", "running", "unknown"):
+            if state in states:
+                return state
+        return "complete"
+
+    @property
+    def error(self) -> str | None:
+        return next((s["error"] for s in self.rank_status.values() if s.get("error")), None)
+
+    def steps(self, rank: int | None = None) -> list[int]:
+        """Steps present on disk for ``rank`` (all ranks when None)."""
+        ranks = self.ranks if rank is None else [rank]
+        found: set[int] = set()
+        for r in ranks:
+            for d in fmt.rank_dir(self.path, r).glob("step*"):
+                m = re.fullmatch(r"step(\d+)", d.name)
+                if m and d.is_dir():
+                    found.add(int(m.group(1)))
+        return sorted(found)
+
+    def partitions(self) -> list[tuple[int, int]]:
+        """Every (rank, step) present on disk."""
+        return [(r, s) for r in self.ranks for s in self.steps(r)]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    # -- records ---------------------------------------------------------------------
+    def records(self, rank: int | None = None, step: int | None = None,
+                columns: list[str] | None = None) -> pa.Table:
+        """Index rows as one Arrow table (``.to_pandas()`` for a DataFrame).
+
+        Unreadable shards are skipped and named in :attr:`problems`.
+        """
+        import pyarrow.parquet as pq
+
+        tables = []
+        for r, s in self.partitions():
+            if (rank is not None and r != rank) or (step is not None and s != step):
+                continue
+            for f in sorted(fmt.step_dir(self.path, r, s).glob("records-*.parquet")):
+                try:
+                    tables.append(pq.read_table(f, columns=columns))
+                except Exception as exc:  # pyarrow raises several types for corrupt files
+                    msg = f"skipped {f.relative_to(self.path)}: unreadable ({type(exc).__name__}: {exc})"
+                    if msg not in self.problems:
+                        self.problems.append(msg)
+        if not tables:
+            schema = fmt.SCHEMA if columns is None else pa.schema([fmt.SCHEMA.field(c) for c in columns])
+            return schema.empty_table()
+        return pa.concat_tables(tables, promote_options="default")
+
+    # -- tensors ---------------------------------------------------------------------
+    def tensor(self, rank: int, step: int, data: str | None, key: str | None, raw: bool = False) -> np.ndarray:
+        """The full tensor of one record (its ``data`` and ``key`` columns) as numpy.
+
+        bfloat16 and float8 are widened to float32 exactly unless ``raw`` is set.
+
+        Raises:
+            DumpFormatError: the record has no tensor (statistics-only dump) or its shard is unreadable.
+        """
+        if not data or not key:
+            raise DumpFormatError("this record holds statistics only; dump with data=\"tensor\" "
+                                  "(or tensor_ops) to keep full tensors")
+        if "/" in data or "\\" in data or data.startswith("."):
+            raise DumpFormatError(f"refusing tensor file name {data!r}: not a shard of this dump")
+        path = fmt.step_dir(self.path, rank, step) / data
+        shard = self._shards.get(str(path))
+        if shard is None:
+            shard = self._shards[str(path)] = ShardReader(path)
+        dtype, arr = shard.raw(key)
+        if raw:
+            return arr
+        from opscope.storage.safetensors_io import widen
+
+        return widen(arr, dtype)
+
+    def row_tensor(self, row: dict[str, Any], raw: bool = False) -> np.ndarray:
+        """The full tensor of a record given as a dict (e.g. one row of ``records().to_pylist()``)."""
+        arr = self.tensor(row["rank"], row["step"], row.get("data"), row.get("key"), raw=raw)
+        if str(row.get("dtype", "")).startswith("complex") and not raw:
+            arr = arr.view(np.complex64 if arr.dtype == np.float32 else np.complex128)[..., 0]
+        return arr
+
+    def close(self) -> None:
+        for shard in self._shards.values():
+            shard.close()
+        self._shards.clear()

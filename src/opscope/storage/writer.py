@@ -1,0 +1,244 @@
+"""Streaming, crash-safe dump writer.
+
+The capture thread hands rows and tensor buffers to :class:`DumpWriter`; a background
+thread writes them. The queue is bounded in bytes (``queue_limit``): when full, the
+capture thread waits (back-pressure) instead of memory growing. Every file is written
+under a temporary name and renamed when complete, so a killed process leaves only whole
+shards. A write error (disk full, permissions) is raised on the capture thread at its
+next call, as :class:`~opscope.errors.DumpWriteError`, and never hangs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from opscope.errors import DumpExistsError, DumpWriteError
+from opscope.storage import format as fmt
+from opscope.storage.safetensors_io import write_shard
+from opscope.storage.table import rows_to_table
+
+_STOP = object()
+
+
+class DumpWriter:
+    """Writes one rank's part of a dump under ``root``.
+
+    Args:
+        root: the dump directory.
+        rank: this process's rank.
+        manifest: common manifest fields (versions, host, command, config, ...).
+        queue_limit: bytes of pending rows and tensors before the caller waits.
+        shard_bytes: tensor bytes per safetensors shard.
+        overwrite: replace an existing dump at ``root``.
+    """
+
+    def __init__(self, root: str | os.PathLike, rank: int, manifest: dict[str, Any], *,
+                 queue_limit: int = 512 << 20, shard_bytes: int = 256 << 20, overwrite: bool = False) -> None:
+        self.root = Path(root)
+        self.rank = rank
+        self.manifest = dict(manifest)
+        self.queue_limit = queue_limit
+        self.shard_bytes = shard_bytes
+        self.overwrite = overwrite
+        self.error: DumpWriteError | None = None
+        self.steps: list[int] = []
+        self.records = 0
+        self.tensor_bytes = 0
+        self.write_seconds = 0.0
+        self._queue: deque[tuple[Any, ...]] = deque()
+        self._pending = 0
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._shard: dict[int, tuple[int, int]] = {}  # step -> (index, bytes) on the caller side
+        self._rows_index: dict[int, int] = {}
+
+    # -- caller side -------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the layout, refuse to mix runs, start the writer thread."""
+        self._prepare_root()
+        self.manifest.update(status="running", started=_now(), format_version=fmt.FORMAT_VERSION)
+        self._write_status("running")
+        self._thread = threading.Thread(target=self._loop, name="opscope-writer", daemon=True)
+        self._thread.start()
+
+    def add_tensor(self, step: int, key: str, dtype: str, shape: list[int], buffer: Any, nbytes: int) -> str:
+        """Queue one tensor; returns the shard file name (relative to the step directory)."""
+        index, size = self._shard.get(step, (0, 0))
+        if size and size + nbytes > self.shard_bytes:
+            index, size = index + 1, 0
+        self._shard[step] = (index, size + nbytes)
+        name = f"tensors-{index:05d}.safetensors"
+        self._put(("tensor", step, name, key, dtype, shape, buffer), nbytes)
+        return name
+
+    def add_rows(self, step: int, rows: list[list[Any]]) -> None:
+        """Queue index rows of one step (written as one Parquet shard)."""
+        if rows:
+            index = self._rows_index.get(step, 0)
+            self._rows_index[step] = index + 1
+            self._put(("rows", step, f"records-{index:05d}.parquet", rows), 200 * len(rows))
+
+    def end_step(self, step: int) -> None:
+        """Mark a step complete: its open tensor shard is closed and rank.json updated."""
+        self._put(("end_step", step), 0)
+
+    def close(self, status: str = "complete", error: str | None = None) -> None:
+        """Drain the queue, stop the thread, and record the final status."""
+        if self._thread is not None:
+            with self._cond:
+                self._queue.append((_STOP,))
+                self._cond.notify_all()
+            self._thread.join()
+            self._thread = None
+        if self.error is not None and status == "complete":
+            status, error = "crashed", str(self.error)
+        self.manifest["ended"] = _now()
+        # On a failed disk the status may not be writable; the shards already written stay readable.
+        with contextlib.suppress(OSError):
+            self._write_status(status, error)
+
+    def check(self) -> None:
+        """Raise the writer thread's error, if any, on the caller's thread."""
+        if self.error is not None:
+            raise self.error
+
+    def _put(self, item: tuple[Any, ...], nbytes: int) -> None:
+        self.check()
+        with self._cond:
+            while self._pending and self._pending + nbytes > self.queue_limit and self.error is None:
+                self._cond.wait(0.5)
+            self.check()
+            self._pending += nbytes
+            self._queue.append((*item, nbytes))
+            self._cond.notify_all()
+
+    # -- writer thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        open_shards: dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]] = {}
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                item = self._queue.popleft()
+            if item[0] is _STOP:
+                if self.error is None:
+                    self._guard(self._close_shards, open_shards, None)
+                return
+            if self.error is None:
+                self._guard(self._handle, item, open_shards)
+            with self._cond:
+                self._pending -= item[-1]
+                self._cond.notify_all()
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        start = time.perf_counter()
+        try:
+            fn(*args)
+        except OSError as exc:
+            self.error = _write_error(exc, self.root)
+        except Exception as exc:  # keep the caller from waiting forever on a dead thread
+            self.error = DumpWriteError(f"dump writer failed: {type(exc).__name__}: {exc}")
+        self.write_seconds += time.perf_counter() - start
+
+    def _handle(self, item: tuple[Any, ...], open_shards: dict) -> None:
+        kind, step = item[0], item[1]
+        directory = fmt.step_dir(self.root, self.rank, step)
+        if kind == "tensor":
+            _, _, name, key, dtype, shape, buffer, nbytes = item
+            current = open_shards.get(step)
+            if current is not None and current[0] != name:
+                self._close_shards(open_shards, step)
+                current = None
+            if current is None:
+                current = open_shards[step] = (name, [])
+            current[1].append((key, dtype, shape, buffer))
+            self.tensor_bytes += nbytes
+        elif kind == "rows":
+            import pyarrow.parquet as pq
+
+            _, _, name, rows, _ = item
+            directory.mkdir(parents=True, exist_ok=True)
+            table = rows_to_table(rows)
+            tmp = directory / f"{name}.tmp"
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, directory / name)
+            self.records += len(rows)
+        elif kind == "end_step":
+            self._close_shards(open_shards, step)
+            if step not in self.steps:
+                self.steps.append(step)
+            self._write_status("running")
+
+    def _close_shards(self, open_shards: dict, step: int | None) -> None:
+        for s in [step] if step is not None else list(open_shards):
+            current = open_shards.pop(s, None)
+            if current and current[1]:
+                directory = fmt.step_dir(self.root, self.rank, s)
+                directory.mkdir(parents=True, exist_ok=True)
+                write_shard(directory / current[0], current[1])
+
+    # -- layout ------------------------------------------------------------------------
+    def _prepare_root(self) -> None:
+        root, rdir = self.root, fmt.rank_dir(self.root, self.rank)
+        if root.exists() and not root.is_dir():
+            raise DumpWriteError(f"dump path {str(root)!r} is a file; give a directory path")
+        manifest = root / fmt.MANIFEST
+        run_id = self.manifest.get("run_id")
+        if self.overwrite:
+            shutil.rmtree(rdir, ignore_errors=True)
+        elif rdir.exists() or (manifest.exists() and not _same_run(manifest, run_id)):
+            raise DumpExistsError(
+                f"{str(root)!r} already holds a dump; choose a new path or pass overwrite=True "
+                "(config key \"overwrite\": true) to replace it")
+        try:
+            rdir.mkdir(parents=True, exist_ok=True)
+            probe = rdir / ".write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise _write_error(exc, root) from None
+
+    def _write_status(self, status: str, error: str | None = None) -> None:
+        self.manifest["status"] = status
+        fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
+        fmt.write_json(fmt.rank_dir(self.root, self.rank) / fmt.RANK_STATUS, {
+            "rank": self.rank, "status": status, "error": error, "steps": sorted(self.steps),
+            "records": self.records, "tensor_bytes": self.tensor_bytes,
+            "pid": os.getpid(), "updated": _now()})
+
+
+def _same_run(manifest: Path, run_id: str | None) -> bool:
+    if not run_id:
+        return False
+    try:
+        import json
+
+        return json.loads(manifest.read_text()).get("run_id") == run_id
+    except (OSError, ValueError):
+        return False
+
+
+def _write_error(exc: OSError, root: Path) -> DumpWriteError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        what = "the disk is full (or a file-size limit was hit)"
+        fix = "free space or point the dump to a larger disk; narrow it with steps, scope or ops"
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what = "permission denied"
+        fix = "choose a directory you can write to"
+    else:
+        what = exc.strerror or str(exc)
+        fix = "check the dump path"
+    return DumpWriteError(f"cannot write the dump at {str(root)!r}: {what} ({exc.filename or root}); {fix}. "
+                          "Steps completed before this stay readable.")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
