@@ -256,7 +256,8 @@ def _storage(t: torch.Tensor) -> Any:
 def geometry(t: torch.Tensor) -> tuple[Any, ...]:
     """Identity of a tensor's elements: storage, offset, shape, strides, dtype."""
     try:
-        return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        offset = t.storage_offset()
+        return (t.data_ptr() - offset * t.element_size(), offset, tuple(t.shape), t.stride(), t.dtype)
     except (RuntimeError, NotImplementedError):
         return (id(t),)
 

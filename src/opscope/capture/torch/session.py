@@ -239,8 +239,10 @@ def _engine(level: str) -> str:
     from opscope.capture.torch import stats
 
     choice = (env("STATS_BACKEND", "auto") or "auto").lower()
-    if choice not in ("auto", "c", "torch"):
-        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, c, torch")
+    if choice not in ("auto", "c", "async", "torch"):
+        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, c, async, torch")
     if choice == "torch" or stats._fastats is None:
         return "torch"
-    return "sync" if level == "module" else "c"
+    # Measured (benchmarks/bench_dump.py): on small tensors the GIL hand-overs to a worker
+    # thread cost more than the reductions they move off the training thread.
+    return "c" if choice == "async" and level != "module" else "sync"

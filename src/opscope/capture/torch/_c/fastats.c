@@ -211,7 +211,56 @@ static PyObject *stats(PyObject *self, PyObject *args) {
                          (unsigned long long)a.hash);
 }
 
+/* Final statistics tuple (min, max, mean, std, norm, absmax, nan, inf, zeros, hash),
+ * as opscope stores it: NaN propagates as in torch, std is the population std. */
+static PyObject *finish(const acc_t *a, Py_ssize_t n) {
+    if (n == 0)
+        return Py_BuildValue("OOOOdOKKKK", Py_None, Py_None, Py_None, Py_None, 0.0, Py_None, 0ULL, 0ULL, 0ULL,
+                             (unsigned long long)a->hash);
+    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
+    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
+    if (a->nan) mn = mx = mean = std = norm = NAN;
+    if (!isfinite(a->sumsq)) std = NAN;
+    double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
+    return Py_BuildValue("ddddddKKKK", mn, mx, mean, std, norm, absmax, (unsigned long long)a->nan,
+                         (unsigned long long)a->inf, (unsigned long long)a->zeros, (unsigned long long)a->hash);
+}
+
+/* stats_batch([(ptr, numel, code), ...]) -> [final tuple, ...], the GIL released once. */
+static PyObject *stats_batch(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "stats_batch expects a list of (ptr, numel, code)");
+    if (!seq) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
+    unsigned long long *ptrs = PyMem_Malloc(sizeof(unsigned long long) * (m ? m : 1));
+    Py_ssize_t *ns = PyMem_Malloc(sizeof(Py_ssize_t) * (m ? m : 1));
+    int *codes = PyMem_Malloc(sizeof(int) * (m ? m : 1));
+    acc_t *accs = PyMem_Calloc(m ? m : 1, sizeof(acc_t));
+    PyObject *out = NULL;
+    if (!ptrs || !ns || !codes || !accs) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t j = 0; j < m; j++) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "Kni", &ptrs[j], &ns[j], &codes[j])) goto done;
+        if (codes[j] < 0 || codes[j] > BOOL || ns[j] < 0) { PyErr_SetString(PyExc_ValueError, "bad dtype code or size"); goto done; }
+        accs[j].mn = INFINITY; accs[j].mx = -INFINITY;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (ns[j] > 0) run((const void *)(uintptr_t)ptrs[j], ns[j], codes[j], &accs[j]);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(m);
+    if (!out) goto done;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        PyObject *t = finish(&accs[j], ns[j]);
+        if (!t) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, j, t);
+    }
+done:
+    PyMem_Free(ptrs); PyMem_Free(ns); PyMem_Free(codes); PyMem_Free(accs);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef METHODS[] = {
+    {"stats_batch", stats_batch, METH_O, "stats_batch([(ptr, numel, code), ...]) -> [stats tuple, ...]"},
     {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash)"},
     {NULL, NULL, 0, NULL},
 };
