@@ -93,4 +93,4 @@ def train_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tenso
     loss.backward()
     opt.step()
     opt.zero_grad()
-    return float(loss)
+    return float(loss.detach())

@@ -167,8 +167,10 @@ class Recorder:
         if mutated and version >= 0:
             version += 1  # torch bumps the counter only after the op returns
         pname = self.param_names.get(id(t))
-        if src is not None and not mutated and src[14] == row[14]:
-            row[_PRODUCER] = src[_ID]  # a view: the same elements as its input, not read again
+        if src is not None and not mutated and not data and src[14] == row[14]:
+            # a view: the same elements as its input, not read again (with full tensors a view
+            # is stored in its own layout, so that reading it back gives the view)
+            row[_PRODUCER] = src[_ID]
             row[_NOTE] = "view"
             pname = src[_PARAM] or pname
             self.links.append((row, src))
@@ -236,6 +238,8 @@ class Recorder:
                 row[STATS] = stats
         for row, src in self.links:
             row[STATS], row[_DATA], row[_KEY] = src[STATS], src[_DATA], src[_KEY]
+            if src[_NOTE] and src[_NOTE] != "view" and not row[_NOTE]:
+                row[_NOTE] = src[_NOTE]  # e.g. "meta tensor: not measured" travels with the data
         if self.rows:
             self.writer.add_rows(self.step, self.rows)
         self.writer.end_step(self.step)

@@ -1,0 +1,98 @@
+"""``opscope show DUMP``: what a dump holds, and the first NaN/Inf with where it came from."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from opscope.storage.reader import Dump, load
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="opscope show", description=__doc__)
+    parser.add_argument("dump", help="path of a dump directory")
+    args = parser.parse_args(argv)
+    dump = load(args.dump)
+    print(render(dump))
+    return 0
+
+
+def render(dump: Dump) -> str:
+    """The plain-text summary of a dump."""
+    m = dump.manifest
+    lines = [
+        f"dump       {dump.path}",
+        f"status     {dump.status}" + (f" ({dump.error})" if dump.error else ""),
+        f"format     {m.get('format_version')}, written by opscope {m.get('tool', {}).get('version')}, "
+        f"{', '.join(f'{k} {v}' for k, v in m.get('framework', {}).items())}",
+        f"command    {' '.join(m.get('command', [])) or '-'}",
+        f"config     level={m.get('config', {}).get('level', '-')} mode={m.get('config', {}).get('mode', '-')} "
+        f"data={m.get('config', {}).get('data', '-')}",
+        f"size       {_size(dump.size_bytes)}",
+    ]
+    table = dump.records(columns=["rank", "step", "seq", "phase", "io", "nan", "inf"])
+    for rank in dump.ranks:
+        lines.append(f"rank {rank}     steps {_ranges(dump.steps(rank))}")
+    if table.num_rows:
+        df = table.to_pandas()
+        ops = df.drop_duplicates(["rank", "step", "seq"]).groupby("phase").size()
+        rows = df.groupby("phase").size()
+        lines.append("ops        " + ", ".join(f"{p}: {int(ops.get(p, 0))} calls / {int(rows.get(p, 0))} tensors"
+                                               for p in ("forward", "backward", "optimizer") if p in rows))
+    lines += _first_nonfinite(dump)
+    for note in dump.manifest.get("notes", []):
+        lines.append(f"note       {note}")
+    for problem in dump.problems:
+        lines.append(f"warning    {problem}")
+    return "\n".join(lines)
+
+
+def _first_nonfinite(dump: Dump) -> list[str]:
+    cols = ["id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "nan", "inf",
+            "min", "max", "norm", "source", "producer"]
+    for rank, step in sorted(dump.partitions(), key=lambda p: (p[1], p[0])):
+        df = dump.records(rank=rank, step=step, columns=cols).to_pandas()
+        bad = df[(df.io == "output") & ((df.nan > 0) | (df.inf > 0))]
+        if bad.empty:
+            continue
+        first = bad.sort_values("seq").iloc[0]
+        inputs = df[(df.seq == first.seq) & (df.io != "output")]
+        lines = [f"first NaN/Inf  step {step} rank {rank} {first.phase}: {first.op} in "
+                 f"module {first.module or '(top level)'} (call {first['call']}): "
+                 f"{int(first.nan)} NaN, {int(first.inf)} Inf"]
+        if isinstance(first.source, str):
+            lines.append(f"  at {first.source}")
+        for _, row in inputs.iterrows():
+            state = "already non-finite" if (row.nan or row.inf) else "finite"
+            lines.append(f"  input {row.io} {row.slot}: {state}, min {_num(row['min'])} max {_num(row['max'])}"
+                         f" norm {_num(row.norm)}")
+        if not inputs.empty and not ((inputs.nan > 0) | (inputs.inf > 0)).any():
+            lines.append("  -> its inputs are finite: this op is where the NaN/Inf starts")
+        return lines
+    return ["first NaN/Inf  none"]
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _ranges(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    parts, start, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if s is not None:
+            start = prev = s
+    return ", ".join(parts)

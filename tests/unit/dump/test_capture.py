@@ -1,0 +1,150 @@
+"""Capture on real small models: records, data flow, levels, options, bit-exactness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import opscope
+from opscope.capture.torch.stats import cpu_stats, device_stats, materialize_one
+
+from dump_helpers import bare, small_transformer, train
+
+
+def test_dumping_never_changes_the_losses(tmp_path):
+    expected = bare(3, small_transformer)
+    for i, keys in enumerate([{"level": "aten"}, {"level": "aten", "data": "tensor"}, {"level": "api"},
+                              {"level": "module"}]):
+        losses, _ = train(tmp_path / str(i), 3, small_transformer, **keys)
+        assert losses == expected, keys  # bit for bit
+
+
+def test_aten_records_have_data_flow_params_and_backward_attribution(tmp_path):
+    _, dump = train(tmp_path / "d", 1, small_transformer, level="aten")
+    df = dump.records(step=0).to_pandas()
+    assert set(df.phase) == {"forward", "backward", "optimizer"}
+    # parameters appear as inputs of the ops that use them, by name, also through weight.t() views
+    fc1 = df[(df.module == "layers.0.fc1") & (df.op == "aten.addmm.default") & (df.phase == "forward")]
+    assert set(fc1[fc1.io == "param"].param) == {"layers.0.fc1.weight", "layers.0.fc1.bias"}
+    # every input with a producer carries exactly the producer's statistics
+    linked = df[df.producer.notna()]
+    by_id = df.set_index("id")
+    prod = by_id.loc[linked.producer.astype(int)]
+    assert np.allclose(linked["norm"].to_numpy(), prod["norm"].to_numpy(), equal_nan=True)
+    assert (linked["hash"].to_numpy() == prod["hash"].to_numpy()).all()
+    # backward ops are attributed to the forward module and op that created their node
+    gb = df[df.op == "aten.gelu_backward.default"]
+    assert set(gb.module) == {"layers.0.act"} and set(gb.fwd_op) == {"aten.gelu.default"}
+    assert (df[df.io == "grad"].phase == "optimizer").all()
+
+
+def test_statistics_match_numpy_on_the_stored_tensors(tmp_path):
+    _, dump = train(tmp_path / "d", 1, small_transformer, level="aten", data="tensor")
+    rows = [r for r in dump.records(step=0).to_pylist() if r["dtype"] == "float32" and r["numel"] > 1][:80]
+    assert rows
+    for r in rows:
+        arr = dump.row_tensor(r).astype(np.float64)
+        assert list(arr.shape) == r["shape"]
+        assert r["min"] == pytest.approx(arr.min()) and r["max"] == pytest.approx(arr.max())
+        assert r["mean"] == pytest.approx(arr.mean(), rel=1e-4, abs=1e-6)
+        assert r["norm"] == pytest.approx(np.sqrt((arr ** 2).sum()), rel=1e-5)
+        assert r["zeros"] == int((arr == 0).sum())
+
+
+def test_same_run_twice_gives_identical_hashes(tmp_path):
+    _, a = train(tmp_path / "a", 2, small_transformer)
+    _, b = train(tmp_path / "b", 2, small_transformer)
+    ha, hb = a.records(columns=["hash"]).column(0).to_pylist(), b.records(columns=["hash"]).column(0).to_pylist()
+    assert len(ha) == len(hb) > 100 and ha == hb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64])
+def test_c_and_torch_statistics_agree(dtype):
+    x = (torch.randn(1000) * 7).to(dtype) if dtype != torch.complex64 else torch.randn(300, dtype=dtype)
+    a, b = cpu_stats(x), materialize_one(device_stats(x))
+    assert a[9] == b[9]  # hash
+    assert a[6:9] == b[6:9]
+    assert np.allclose(a[:6], b[:6], rtol=1e-5)
+    assert cpu_stats(x.reshape(-1, 10).t()) == cpu_stats(x.reshape(-1, 10).t().contiguous())
+
+
+def test_nan_and_inf_are_counted_and_propagate():
+    x = torch.tensor([1.0, float("nan"), float("inf"), 0.0])
+    s = cpu_stats(x)
+    assert s[6:9] == (1, 1, 1) and all(v != v for v in s[:6])
+
+
+@pytest.mark.parametrize("level,ops", [("module", {"Linear", "ReLU", "MLP"}), ("api", {"torch.nn.functional.linear"})])
+def test_levels_name_their_ops(tmp_path, level, ops):
+    _, dump = train(tmp_path / "d", 1, level=level)
+    df = dump.records(step=0).to_pandas()
+    assert ops <= set(df.op)
+    assert {"forward", "backward", "optimizer"} <= set(df.phase)
+
+
+def test_mode_phases_scope_ops_and_tensor_ops(tmp_path):
+    _, d = train(tmp_path / "a", 1, mode="output", phases=["forward"], scope=["layers.*", "!layers.1"],
+                 ops=["aten.addmm*"], tensor_ops=["aten.addmm*"])
+    df = d.records().to_pandas()
+    assert set(df.io) == {"output"} and set(df.phase) == {"forward"}
+    assert set(df.module) == {"layers.0"} and set(df.op) == {"aten.addmm.default"}
+    assert df.data.notna().all()
+    _, d = train(tmp_path / "b", 1, mode="input", ops=["aten.relu*"])
+    assert set(d.records().to_pandas().io) <= {"input", "param"}
+
+
+def test_steps_selection_and_automatic_step_detection(tmp_path):
+    _, d = train(tmp_path / "a", 4, steps="1|3")
+    assert d.steps() == [1, 3]
+    _, d = train(tmp_path / "b", 4, steps="1-2", call_step=False)  # steps from optimizer.step()
+    assert d.steps() == [1, 2]
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    with opscope.dump(tmp_path / "c", steps="all") as dd, torch.inference_mode():
+        for _ in range(3):
+            model(torch.randn(2, 4))  # no optimizer: each outermost call is a step
+    assert opscope.load(tmp_path / "c").steps() == [0, 1, 2]
+    assert dd.step_index == 2
+
+
+def test_run_ending_before_the_window_is_said(tmp_path, run_cli):
+    train(tmp_path / "d", 2, steps="5|10")
+    d = opscope.load(tmp_path / "d")
+    assert d.steps() == [] and "never reached" in " ".join(d.manifest["notes"])
+    assert "never reached" in run_cli("show", tmp_path / "d").stdout
+
+
+def test_unselected_rank_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    session = opscope.dump(tmp_path / "d", ranks=[0]).start()
+    assert bare(1) and session.stop() is None
+    assert not (tmp_path / "d").exists()
+    train(tmp_path / "e", 1, ranks="3")
+    assert opscope.load(tmp_path / "e").ranks == [3]
+
+
+def test_awkward_tensors(tmp_path):
+    def fn():
+        x = torch.arange(12.0).reshape(3, 4)
+        y = x.t()[1:]  # non-contiguous view
+        y.add_(1)  # in place through a view
+        z = torch.empty(0, 5) * 2
+        c = torch.randn(3, dtype=torch.complex64) * 2
+        i = torch.arange(5) * 3
+        b = (i > 4) & (i < 10)
+        m = torch.empty(4, 4, device="meta") + 1
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
+        return x, y, z, c, i, b, m, h
+
+    with opscope.dump(tmp_path / "d", data="tensor"):
+        with torch.no_grad():
+            fn()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    assert {"complex64", "int64", "bool", "bfloat16"} <= set(df.dtype)
+    assert (df[df.numel == 0].norm == 0).all()
+    meta = df[df.device == "meta"]
+    assert len(meta) and meta.note.str.contains("meta tensor").all()
+    add_ = df[(df.op == "aten.add_.Tensor") & (df.io == "output")].iloc[0]
+    assert add_["min"] == 2.0  # the in-place output is recorded with its new values
