@@ -11,7 +11,8 @@ value and what is allowed, before any capture starts.
 Environment variables (all read here, nowhere else):
 
 - ``OPSCOPE_CONFIG``: path of a config file used when no ``config=`` is given.
-- ``OPSCOPE_STATS_BACKEND``: ``auto`` (default), ``c`` or ``torch``: how statistics are computed on CPU.
+- ``OPSCOPE_STATS_BACKEND``: ``auto``/``c`` (one C pass on the training thread, default),
+  ``async`` (the C pass on a worker thread) or ``torch`` (torch reductions, the device path).
 - ``OPSCOPE_RUN_ID``: identifies one launch across its ranks (set by ``opscope run``).
 """
 

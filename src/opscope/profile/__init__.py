@@ -1,1 +1,23 @@
-"""opscope.profile."""
+"""opscope.profile: training trace (phase timers), task trace (torch.profiler), summary, diff.
+
+``opscope.profile`` is both this package and the function that starts a profile: once a
+submodule such as ``opscope.profile.diff`` is imported, Python binds the package to the
+name ``profile`` on ``opscope``, hiding the lazily imported function. So the package itself
+is callable and forwards to :func:`opscope.profile.session.profile`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from opscope.profile.session import profile
+
+        return profile(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,115 @@
+"""Overhead of opscope.profile against the bare training loop, in one invocation.
+
+Prints, for a small MLP and a 2-layer transformer (d=128, 4 heads, seq 64, batch 8, AdamW):
+the ratio of step time with the training trace on against the bare loop (rounds
+interleaved, medians), and the task trace's own cost as opscope reports it (profiled
+steps against unprofiled steps of the same run) with its trace size per step.
+
+    python benchmarks/bench_profile.py [--rounds 15] [--steps 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import opscope
+
+
+def mlp_case() -> tuple[nn.Module, Callable[[], torch.utils.data.DataLoader]]:
+    model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    data = torch.utils.data.TensorDataset(torch.randn(4096, 784), torch.randint(0, 10, (4096,)))
+    return model, lambda: torch.utils.data.DataLoader(data, batch_size=64)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, batch_first=True, dropout=0.0)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).mean(dim=1))
+
+
+def transformer_case() -> tuple[nn.Module, Callable[[], torch.utils.data.DataLoader]]:
+    data = torch.utils.data.TensorDataset(torch.randn(512, 64, 128), torch.randint(0, 10, (512,)))
+    return TinyTransformer(), lambda: torch.utils.data.DataLoader(data, batch_size=8)
+
+
+def run_steps(model: nn.Module, opt: torch.optim.Optimizer, loader: torch.utils.data.DataLoader, steps: int, session=None) -> list[float]:
+    """Seconds of each of ``steps`` training steps, after one untimed step.
+
+    The untimed step is where a session finds the model and hooks its parameters, once
+    per session; a real run pays it once, not once per round as here.
+    """
+    it = iter(loader)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        x, y = next(it)
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        if session is not None:
+            session.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def overhead(name: str, case: Callable, rounds: int, steps: int, tmp: Path) -> None:
+    torch.manual_seed(0)
+    model, make_loader = case()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    run_steps(model, opt, make_loader(), 5)
+    bare: list[list[float]] = []
+    traced: list[list[float]] = []
+    for r in range(rounds):
+        # ABBA order per pair of rounds, so drift of the machine falls on both sides.
+        order = (False, True) if r % 2 == 0 else (True, False)
+        for on in order:
+            if on:
+                with opscope.profile(tmp / f"{name}-{r}", overwrite=True, warmup=0) as p:
+                    traced.append(run_steps(model, opt, make_loader(), steps, p))
+            else:
+                bare.append(run_steps(model, opt, make_loader(), steps))
+    flat_bare = [t for round_ in bare for t in round_]
+    flat_traced = [t for round_ in traced for t in round_]
+    ratio = statistics.median(flat_traced) / statistics.median(flat_bare)
+    pairs = sorted(statistics.median(t) / statistics.median(b) for t, b in zip(traced, bare))
+    lo, hi = pairs[len(pairs) // 4], pairs[(3 * len(pairs)) // 4]
+    per_step = statistics.median(flat_bare) * 1e3
+    print(
+        f"{name:12s} bare {per_step:7.3f} ms/step   training trace on / bare = {ratio:.3f}x   "
+        f"(median step of {len(flat_bare)} each way, {rounds} interleaved rounds; per-round ratios IQR {lo:.3f}-{hi:.3f})"
+    )
+    with opscope.profile(tmp / f"{name}-task", overwrite=True, task_trace=True, steps=f"{steps // 2}-{steps // 2 + 3}") as p:
+        run_steps(model, opt, make_loader(), steps, p)
+    task = p.result.summary["task_trace"]
+    print(f"{'':12s} task trace (reported by opscope): {task['ratio']:.2f}x on profiled steps, {task['trace_mb_per_step']:.3f} MB of trace JSON per step, export {task['export_ms_per_step']:.1f} ms per step (outside the step)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, torch.set_num_threads(1), CPU")
+    with tempfile.TemporaryDirectory() as tmp:
+        overhead("small MLP", mlp_case, args.rounds, args.steps, Path(tmp))
+        overhead("transformer", transformer_case, args.rounds, args.steps, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Phase timers of the training trace: the hooks and patches, and the intervals they see.
+
+Per event the work is one clock mark and one list append. Every hook and patch is undone
+by :meth:`PhaseTimers.remove`, which the session calls on every exit path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from opscope.profile.model import PRIORITY
+
+Hook = Callable[[], None]
+
+
+def _fresh() -> dict[str, list[Any]]:
+    return {p: [] for p in PRIORITY}
+
+
+class PhaseTimers:
+    """Installs the training-trace hooks and collects one step's phase intervals.
+
+    Args:
+        clock: a :mod:`~opscope.profile.clock` clock.
+        on_outer_call: called when the outermost module is about to run (step detection).
+        on_optimizer_step: called after each ``optimizer.step()`` (step detection).
+        poll: called at data-loader, zero_grad and backward entry (resolves a pending boundary).
+        fp_point / bp_point: module paths, or None for the automatic points.
+        detailed: False records step boundaries only (``training_trace=False``).
+    """
+
+    def __init__(
+        self,
+        clock: Any,
+        on_outer_call: Hook,
+        on_optimizer_step: Hook,
+        poll: Hook,
+        fp_point: str | None = None,
+        bp_point: str | None = None,
+        detailed: bool = True,
+    ) -> None:
+        self.clock = clock
+        self.mark = clock.mark
+        self.detailed = detailed
+        self.fp_point, self.bp_point = fp_point, bp_point
+        self.intervals = _fresh()
+        self.notes: list[str] = []
+        self.active = False
+        self._on_outer, self._on_opt, self._poll = on_outer_call, on_optimizer_step, poll
+        self._depth = 0
+        self._in_backward = 0
+        self._opt_depth = 0
+        self._opt_open: Any = None
+        self._fwd_open: Any = None
+        self._last_outer_end: Any = None
+        self._acc_host = -1
+        self._acc_token: Any = None
+        self._seen: set[int] = set()
+        self._hooked: set[int] = set()
+        self._found: dict[str, bool] = {k: False for k in (fp_point, bp_point) if k}
+        self._handles: list[Any] = []
+        self._patches: list[tuple[Any, str, Any, Any]] = []
+
+    # ------------------------------------------------------------------ install / remove
+    def install(self) -> None:
+        """Register the global hooks and patches. Call :meth:`remove` on every exit path."""
+        import torch
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim_module
+
+        self.active = True
+        self._handles.append(nn_module.register_module_forward_pre_hook(self._module_pre))
+        self._handles.append(nn_module.register_module_forward_hook(self._module_post, always_call=True))
+        self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
+        self._handles.append(optim_module.register_optimizer_step_post_hook(self._opt_post))
+        if not self.detailed:
+            return
+        from torch.utils.data import dataloader
+
+        self._patch(torch.autograd, "backward", self._wrap_backward)
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", lambda f: self._wrap_timed(f, "data_wait"))
+        self._patch(torch.optim.Optimizer, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad"))
+        self._patch(torch.nn.Module, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad"))
+        from opscope.profile import comm
+
+        self._patches.extend(comm.patch_collectives(self))
+
+    def remove(self) -> None:
+        """Undo every hook and patch; safe to call twice."""
+        self.active = False
+        while self._handles:
+            handle = self._handles.pop()
+            handle.remove()
+        while self._patches:
+            owner, name, original, wrapper = self._patches.pop()
+            if owner.__dict__.get(name) is wrapper:
+                setattr(owner, name, original)
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name]
+        wrapper = make(original)
+        setattr(owner, name, wrapper)
+        self._patches.append((owner, name, original, wrapper))
+
+    # ------------------------------------------------------------------ per-step data
+    def take(self, end: Any) -> dict[str, list[Any]]:
+        """This step's intervals, closed at ``end``; collectives still running carry over."""
+        host = self.clock.host
+        if self._fwd_open is not None:
+            last = self._last_outer_end
+            close = last if last is not None and host(last) >= host(self._fwd_open) else end
+            self.intervals["forward"].append((self._fwd_open, close))
+            self._fwd_open = None
+        out = self.intervals
+        comm, carry = [], []
+        for record in out["communication"]:
+            if record[1] is None:
+                comm.append((record[0], end))
+                carry.append(record)
+            else:
+                comm.append((record[0], record[1]))
+        out["communication"] = comm
+        self.intervals = _fresh()
+        self.intervals["communication"] = carry
+        return out
+
+    def unresolved_points(self) -> list[str]:
+        """fp_point / bp_point names that matched no module of any outermost module seen."""
+        return [name for name, found in self._found.items() if not found] if self._seen else []
+
+    def add_comm(self, record: list[Any]) -> None:
+        """A collective started: ``record`` is ``[start, None]``, its end is filled in later."""
+        self.intervals["communication"].append(record)
+
+    # ------------------------------------------------------------------ hooks
+    def _module_pre(self, module: Any, args: Any) -> None:
+        self._depth += 1
+        if self._depth != 1 or self._in_backward:
+            return
+        if id(module) not in self._seen:
+            self._discover(module)
+        self._on_outer()
+        if self.detailed and self._fwd_open is None and not (self.fp_point and self._found.get(self.fp_point)):
+            self._fwd_open = self.mark()
+
+    def _module_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._depth > 0:
+            self._depth -= 1
+        if self._depth == 0 and not self._in_backward and self.detailed:
+            self._last_outer_end = self.mark()
+
+    def _fp_pre(self, module: Any, args: Any) -> None:
+        if self._fwd_open is None and not self._in_backward:
+            self._fwd_open = self.mark()
+
+    def _on_accumulate(self, param: Any) -> None:
+        token = self.mark()
+        self._acc_token = token
+        self._acc_host = self.clock.host(token)
+
+    def _opt_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._opt_depth += 1
+        if self._opt_depth == 1 and self.detailed:
+            self._opt_open = self.mark()
+
+    def _opt_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._opt_depth = max(0, self._opt_depth - 1)
+        if self._opt_depth:
+            return
+        if self._opt_open is not None:
+            self.intervals["optimizer"].append((self._opt_open, self.mark()))
+            self._opt_open = None
+        self._on_opt()
+
+    # ------------------------------------------------------------------ wrappers
+    def _wrap_timed(self, original: Any, phase: str) -> Any:
+        timers = self
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not timers.active:
+                return original(*args, **kwargs)
+            timers._poll()
+            start = timers.mark()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timers.intervals[phase].append((start, timers.mark()))
+
+        return timed
+
+    def _wrap_backward(self, original: Any) -> Any:
+        timers = self
+
+        @functools.wraps(original)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if not timers.active or timers._in_backward:
+                return original(*args, **kwargs)
+            timers._poll()
+            start = timers.mark()
+            start_host = timers.clock.host(start)
+            if timers._fwd_open is not None:
+                timers.intervals["forward"].append((timers._fwd_open, start))
+                timers._fwd_open = None
+            timers._in_backward += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                timers._in_backward -= 1
+                end = timers.mark()
+                if timers._acc_host >= start_host:
+                    end = timers._acc_token
+                timers.intervals["backward"].append((start, end))
+
+        return backward
+
+    # ------------------------------------------------------------------ discovery
+    def _discover(self, module: Any) -> None:
+        """First call of a new outermost module: resolve fp/bp points, hook parameters, DDP."""
+        self._seen.add(id(module))
+        if not self.detailed:
+            return
+        named = dict(module.named_modules())
+        if self.fp_point:
+            target = _lookup(named, self.fp_point)
+            if target is not None and not self._found[self.fp_point]:
+                self._found[self.fp_point] = True
+                self._handles.append(target.register_forward_pre_hook(self._fp_pre))
+        bp_module = module
+        if self.bp_point:
+            bp_module = _lookup(named, self.bp_point)
+            if bp_module is None or self._found[self.bp_point]:
+                bp_module = None
+            else:
+                self._found[self.bp_point] = True
+        if bp_module is not None:
+            for param in bp_module.parameters():
+                if param.requires_grad and param.is_leaf and id(param) not in self._hooked:
+                    self._hooked.add(id(param))
+                    self._handles.append(param.register_post_accumulate_grad_hook(self._on_accumulate))
+        from opscope.profile import comm
+
+        note = comm.hook_ddp(module, self)
+        if note:
+            self.notes.append(note)
+
+
+def _lookup(named: dict[str, Any], path: str) -> Any:
+    """A module by path, also under a DDP/FSDP wrapper's ``module.`` prefix."""
+    for candidate in (path, f"module.{path}", path.removeprefix("module.")):
+        if candidate in named:
+            return named[candidate]
+    return None

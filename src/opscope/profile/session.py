@@ -1,0 +1,238 @@
+"""``opscope.profile``: training trace on every step, task trace on the chosen steps.
+
+>>> with opscope.profile("prof/run1", steps="5-10", task_trace=True) as p:  # doctest: +SKIP
+...     for x, y in loader:
+...         loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+...         p.step()
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from opscope.capture.steps import StepClock
+from opscope.config import ProfileConfig, profile_config
+from opscope.errors import ConfigError, ProfileError
+from opscope.profile import output
+from opscope.profile.breakdown import breakdown
+from opscope.profile.chrome_trace import TID_COMM, TID_PHASES, TID_STEPS, TraceWriter, span
+from opscope.profile.model import PRIORITY, ProfileResult, RawStep, StepRow
+
+_active: ProfileSession | None = None
+MAX_SPAN_STEPS = 10_000  # steps drawn as spans in trace.json.gz; the rest are in steps.parquet
+
+
+class ProfileWarning(UserWarning):
+    """Something about the profile the user should know (window never reached, ...)."""
+
+
+def profile(output: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> ProfileSession:
+    """Profile a training loop.
+
+    Args:
+        output: folder for the profile (Ascend ``output``); or ``"output"`` in the config.
+        config: a config file or mapping whose ``"profile"`` section holds the same keys.
+        **keys: ``steps``, ``ranks``, ``training_trace``, ``task_trace``, ``fp_point``,
+            ``bp_point``, ``record_shapes``, ``with_stack``, ``warmup``, ``clock``,
+            ``overwrite``, ``enable``, ``merge_timeout`` (see docs/profile.md).
+
+    Returns:
+        A :class:`ProfileSession`; use it as a context manager or call ``start()``/``stop()``.
+    """
+    return ProfileSession(profile_config(config, output=output, **keys))
+
+
+class ProfileSession:
+    """One profile of one process. ``stop()`` returns a :class:`ProfileResult`."""
+
+    def __init__(self, config: ProfileConfig) -> None:
+        if not (config.training_trace or config.task_trace):
+            raise ConfigError("profile: training_trace and task_trace are both off: nothing to record")
+        self.config = config
+        self.rank = 0
+        self.state = "new"
+        self.result: ProfileResult | None = None
+        self._rows: list[StepRow] = []
+        self._pending: list[RawStep] = []
+        self._raw: RawStep | None = None
+        self._spans: list[tuple[int, bool, int, int, dict[str, list[tuple[int, int]]]]] = []
+        self.task: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> ProfileSession:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.stop(error=exc)
+        return False
+
+    def start(self) -> ProfileSession:
+        """Install the timers and begin step 0."""
+        global _active
+        if self.state != "new":
+            raise ProfileError("this profile session was already started; make a new one with opscope.profile(...)")
+        from opscope.capture.torch.dist import current_rank, world_size
+
+        self.rank, self.world = current_rank(), world_size()
+        if not self.config.enable or (self.config.ranks is not None and self.rank not in self.config.ranks):
+            self.state = "skipped"
+            return self
+        if _active is not None:
+            raise ProfileError(f"another profile ({_active.config.output}) is running in this process; stop it first")
+        self.folder = output.prepare(Path(self.config.output), self.rank, self.config)
+        from opscope.profile.clock import pick_clock
+
+        self.clock = pick_clock(self.config.clock)
+        self.origin = time.perf_counter_ns()
+        self.trace = TraceWriter(self.folder / "trace.json.gz", self.rank)
+        if self.config.task_trace:
+            from opscope.profile.task_trace import TaskTrace
+
+            self.task = TaskTrace(self.trace, self.rank, self.origin, self.config.record_shapes, self.config.with_stack)
+        self.steps = StepClock(on_boundary=self._boundary)
+        self._install()
+        _active = self
+        self.state = "running"
+        self._begin(0)
+        return self
+
+    def _install(self) -> None:
+        from opscope.profile.phases import PhaseTimers
+
+        cfg = self.config
+        self.timers = PhaseTimers(
+            self.clock,
+            on_outer_call=self.steps.outer_module_call,
+            on_optimizer_step=self.steps.optimizer_step,
+            poll=self.steps.poll,
+            fp_point=cfg.fp_point,
+            bp_point=cfg.bp_point,
+            detailed=cfg.training_trace,
+        )
+        try:
+            self.timers.install()
+        except BaseException:
+            self.timers.remove()
+            self.trace.abort("hooks could not be installed")
+            raise
+
+    def step(self) -> None:
+        """Mark the end of a training step (optional: without it, optimizer steps count)."""
+        if self.state == "running":
+            self.steps.user_step()
+
+    def stop(self, error: BaseException | None = None) -> ProfileResult:
+        """Remove every hook, write the files and return the result (idempotent)."""
+        global _active
+        if self.result is not None:
+            return self.result
+        if self.state in ("new", "skipped"):
+            self.result = ProfileResult(self.config.output, self.rank, "skipped", [], {}, [])
+            return self.result
+        try:
+            self.timers.remove()
+            if error is None:
+                self.steps.poll()
+            self._finish_last(error)
+        finally:
+            self.timers.remove()
+            if self.task is not None:
+                self.task.abort()
+            _active = None
+            self.state = "stopped"
+        self.result = output.finish(self, error)
+        for message in self.result.warnings:
+            warnings.warn(message, ProfileWarning, stacklevel=2)
+        return self.result
+
+    # ------------------------------------------------------------------ steps
+    def _begin(self, step: int) -> None:
+        traced = self.task is not None and step in self.config.steps
+        if traced:
+            self.task.begin()
+        self._raw = RawStep(step=step, start=self.clock.mark(), task_trace=traced)
+
+    def _boundary(self, finished: int, following: int) -> None:
+        end = self.clock.mark()
+        self._close(end, complete=True)
+        self._begin(following)
+        missing = self.timers.unresolved_points() if finished == 0 else []
+        if missing:
+            raise ConfigError(
+                f"profile: fp_point/bp_point {missing} matched no module of the model; "
+                "give a module path as printed by model.named_modules(), or null for the automatic point"
+            )
+
+    def _close(self, end: Any, complete: bool) -> None:
+        raw = self._raw
+        raw.end, raw.complete = end, complete
+        raw.intervals = self.timers.take(end)
+        if raw.task_trace or raw.step in self.config.steps:
+            host = self._host_intervals(raw)
+            if raw.task_trace:
+                if complete:
+                    self.task.end(raw.step, host)
+                else:
+                    self.task.abort()
+                    raw.task_trace = False
+            if len(self._spans) < MAX_SPAN_STEPS:
+                # Written at stop: JSON work per step would cost more than the timers.
+                self._spans.append((raw.step, raw.complete, self.clock.host(raw.start), self.clock.host(raw.end), host))
+        self._pending.append(raw)
+        self._resolve(keep_last=self.clock.is_device)
+
+    def _finish_last(self, error: BaseException | None) -> None:
+        end = self.clock.mark()
+        raw = self._raw
+        intervals = self.timers.intervals
+        busy = any(intervals[p] for p in ("forward", "backward", "optimizer")) or self.timers._fwd_open is not None
+        idle_tail = error is None and raw.step > 0 and (not busy if self.config.training_trace else self.steps.manual)
+        if idle_tail:
+            self.timers.take(end)
+            if self.task is not None:
+                self.task.abort()
+        else:
+            self._close(end, complete=error is None)
+        self._resolve(keep_last=False)
+
+    def _resolve(self, keep_last: bool) -> None:
+        """Turn closed raw steps into rows; on a device clock the newest waits a step."""
+        while len(self._pending) > (1 if keep_last else 0):
+            raw = self._pending.pop(0)
+            self.clock.ready(raw.end)
+            self._rows.append(self._row(raw))
+
+    def _row(self, raw: RawStep) -> StepRow:
+        if self.clock.is_device:
+            resolve = self.clock.resolve
+            start, end = resolve(raw.start), resolve(raw.end)
+            intervals = {p: [(resolve(a), resolve(b)) for a, b in ivs] for p, ivs in raw.intervals.items()}
+        else:
+            start, end, intervals = raw.start, raw.end, raw.intervals
+        phases, comm_total, overlap = breakdown(start, end, intervals)
+        return StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap, raw.task_trace, raw.complete)
+
+    def _host_intervals(self, raw: RawStep) -> dict[str, list[tuple[int, int]]]:
+        host = self.clock.host
+        return {p: [(host(a), host(b)) for a, b in ivs] for p, ivs in raw.intervals.items()}
+
+    def write_spans(self) -> None:
+        """The buffered steps and their phase intervals as trace spans (host timeline)."""
+        origin, rank = self.origin, self.rank
+        for step, complete, start, end, host in self._spans:
+            label = f"step {step}" + ("" if complete else " (raised)")
+            self.trace.event(span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step}))
+            for phase in PRIORITY:
+                tid = TID_COMM if phase == "communication" else TID_PHASES
+                for lo, hi in host.get(phase, ()):
+                    self.trace.event(span(phase, rank, tid, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step}))
+        self._spans.clear()
+
+    @property
+    def rows(self) -> list[StepRow]:
+        """Steps resolved so far."""
+        return list(self._rows)
