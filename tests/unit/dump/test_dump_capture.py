@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from dump_helpers import bare, small_transformer, train
 
 import opscope
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize_one
-
-from dump_helpers import bare, small_transformer, train
 
 
 def test_dumping_never_changes_the_losses(tmp_path):
@@ -138,9 +137,8 @@ def test_awkward_tensors(tmp_path):
             h = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
         return x, y, z, c, i, b, m, h
 
-    with opscope.dump(tmp_path / "d", data="tensor"):
-        with torch.no_grad():
-            fn()
+    with opscope.dump(tmp_path / "d", data="tensor"), torch.no_grad():
+        fn()
     df = opscope.load(tmp_path / "d").records().to_pandas()
     assert {"complex64", "int64", "bool", "bfloat16"} <= set(df.dtype)
     assert (df[df.numel == 0].norm == 0).all()

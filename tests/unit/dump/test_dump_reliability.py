@@ -9,11 +9,10 @@ import textwrap
 
 import pytest
 import torch
+from dump_helpers import train
 
 import opscope
 from opscope.errors import ConfigError, DumpExistsError, DumpFormatError, DumpWriteError
-
-from dump_helpers import train
 
 
 def _no_hooks_left() -> None:
@@ -167,7 +166,8 @@ def test_show_names_the_first_nan_and_convert_writes_npy(tmp_path, run_cli):
     import csv
 
     import numpy as np
-    rows = list(csv.DictReader(open(tmp_path / "npy" / "index.csv")))
+    with open(tmp_path / "npy" / "index.csv") as f:
+        rows = list(csv.DictReader(f))
     arr = np.load(tmp_path / "npy" / rows[0]["file"], allow_pickle=False)
     assert "x".join(map(str, arr.shape)) == rows[0]["shape"]
     bad = run_cli("show", tmp_path / "nowhere")
