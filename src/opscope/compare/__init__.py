@@ -1,1 +1,26 @@
-"""opscope.compare."""
+"""opscope.compare: line two dumps up and name the operator where they start to differ.
+
+:func:`opscope.compare.api.compare` is the entry point. Metrics register in
+:mod:`opscope.compare.metrics`, thresholds live in :mod:`opscope.compare.tolerance`, verdict
+passes in :mod:`opscope.compare.verdict`. No torch here: numpy and pyarrow only.
+
+This package and the function share the name ``opscope.compare``: once the package is
+imported, Python binds ``opscope.compare`` to it, so the package itself is made callable
+(``opscope.compare(target, reference)`` works whichever import came first).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from opscope.compare.api import compare
+
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

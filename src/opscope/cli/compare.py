@@ -1,0 +1,98 @@
+"""``opscope compare TARGET REFERENCE [-o OUT]``: exit 0 when nothing diverged, 1 when
+something did, 2 when nothing could be compared."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opscope compare",
+        description="Compare two dumps and name the operator where they start to differ. "
+                    "Exit code: 0 nothing diverged, 1 something diverged, 2 nothing could be compared.")
+    p.add_argument("target", help="the dump under test")
+    p.add_argument("reference", help="the dump taken as right (e.g. the float64 or CPU run)")
+    p.add_argument("-o", "--out", help="write summary.json, pairs.parquet, pairs.csv and report.html here")
+    p.add_argument("--mapping", help="YAML or JSON file renaming the target's modules/ops/params (docs/compare.md)")
+    p.add_argument("--xlsx", action="store_true", help="also write pairs.xlsx (needs xlsxwriter)")
+    p.add_argument("--workers", type=int, default=None, help="processes reading tensors (default: every core)")
+    p.add_argument("--precision", default=None, help="precision the target ran in when dtypes do not say (e.g. tf32)")
+    p.add_argument("--steps", default=None, help="compare only these steps, e.g. 0,5,10")
+    p.add_argument("--ranks", default=None, help="compare only these ranks, e.g. 0,7")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run the comparison; returns the exit code."""
+    args = _parser().parse_args(argv)
+    from opscope.compare.api import compare
+
+    progress, stop = _progress(args.quiet)
+    try:
+        result = compare(args.target, args.reference, mapping=args.mapping, workers=args.workers,
+                         progress=progress, precision=args.precision,
+                         steps=_ints(args.steps, "--steps"), ranks=_ints(args.ranks, "--ranks"))
+    finally:
+        stop()
+    if args.out:
+        from opscope.report.compare_files import write_all
+
+        write_all(result, args.out, xlsx=args.xlsx)
+    if args.quiet:
+        first = result.first_divergence
+        print(f"{result.verdict}" + (f": {first.where}" if first else ""))
+    else:
+        from opscope.report.compare_console import render
+
+        print(render(result, color=sys.stdout.isatty()), end="")
+        if args.out:
+            print(f"files: {args.out}/summary.json, pairs.parquet, pairs.csv, report.html"
+                  + (", pairs.xlsx" if args.xlsx else ""))
+    return 1 if result.verdict == "diverged" else 0
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace("|", ",").split(",") if x.strip()]
+    except ValueError:
+        from opscope.errors import ConfigError
+
+        raise ConfigError(f"{flag} takes integers separated by commas, e.g. 0,5,10; got {text!r}") from None
+
+
+def _progress(quiet: bool) -> tuple[Any, Any]:
+    """A transient progress bar on stderr for long compares (a terminal, not --quiet)."""
+    if quiet or not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    bar = Progress("comparing", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                   console=Console(stderr=True), transient=True)
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "task" not in state:
+            if total < (256 << 20):  # short compares finish before a bar helps
+                return
+            bar.start()
+            state["task"] = bar.add_task("compare", total=total)
+        bar.update(state["task"], completed=done)
+
+    def stop() -> None:
+        if "task" in state:
+            bar.stop()
+
+    return update, stop

@@ -1,0 +1,259 @@
+"""Alignment: which record of the target goes with which record of the reference.
+
+Within one (rank, step), op calls are grouped by (phase, module path). Where both sides
+called the same ops in the same order, calls pair by position, which is the pairing by key
+(phase, module, op, call index); rows inside a call pair by (io, slot). Where the op
+sequences differ (an inserted cast, an extra op, a fused or decomposed op), the group is
+sequence-aligned, so the difference does not shift the pairing of what follows. Then:
+
+- *flow* pairs: a paired op whose inputs come from unpaired producers on both sides (a
+  fused op vs its decomposition) pairs those producers' outputs;
+- *identity* pairs: an op present on one side only, with nothing in its place on the other
+  side, is judged as an identity: its output against the other side's version of its input.
+
+Everything left is unpaired, and reported so.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.compare.mapping import Mapping
+
+PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
+INPUT_IO = ("input", "param", "grad")
+_DP_LIMIT = 250_000
+
+
+@dataclass
+class Pair:
+    """One aligned tensor pair (or one unpaired record, with the other side None).
+
+    ``kind``: exact | aligned | mapped | flow | identity | unpaired. For ``identity`` the
+    op ran on ``side`` only and its output is compared with the other side's input.
+    """
+
+    t: dict[str, Any] | None
+    r: dict[str, Any] | None
+    kind: str
+    side: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    mode: str = ""
+    status: str = ""
+    verdict: str = ""
+    error: float = math.nan
+    tolerance: float = math.nan
+    note: str = ""
+
+    @property
+    def home(self) -> dict[str, Any]:
+        """The row that places this pair in execution order (target's, unless target-less)."""
+        if self.kind == "identity":
+            return self.t if self.side == "target" else self.r  # type: ignore[return-value]
+        return self.t if self.t is not None else self.r  # type: ignore[return-value]
+
+
+@dataclass
+class OpCall:
+    side: str
+    seq: int
+    phase: str
+    module: str
+    op: str
+    rows: list[dict[str, Any]]
+
+    def outputs(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("io") == "output"]
+
+    def inputs(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("io") in INPUT_IO]
+
+
+def rename_target(rows: list[dict[str, Any]], mapping: Mapping) -> None:
+    """Apply the mapping to target rows in place; original names kept under ``orig_*``."""
+    if not mapping:
+        return
+    for row in rows:
+        for col, fn in (("module", mapping.module), ("op", mapping.op), ("param", mapping.param)):
+            new = fn(row.get(col))
+            if new != row.get(col):
+                row[f"orig_{col}"] = row.get(col)
+                row[col] = new
+
+
+def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) -> list[Pair]:
+    """Align the rows of one (rank, step); returns paired, identity and unpaired entries."""
+    t_calls, r_calls = _calls(t_rows, "target"), _calls(r_rows, "reference")
+    pairs: list[Pair] = []
+    partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
+    one_sided: list[tuple[OpCall, bool]] = []
+    for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
+        tc, rc = t_calls.get(key, []), r_calls.get(key, [])
+        for a, b, inserted in _align_calls(tc, rc):
+            if a is not None and b is not None:
+                kind = "exact" if len(tc) == len(rc) and _same_ops(tc, rc) else "aligned"
+                pairs.extend(_pair_rows(a, b, kind, partner))
+            else:
+                one_sided.append((a or b, inserted))  # type: ignore[arg-type]
+    by_id = {"target": {r["id"]: r for r in t_rows}, "reference": {r["id"]: r for r in r_rows}}
+    pairs.extend(_flow_pairs(pairs, by_id, partner))
+    one_sided.sort(key=lambda item: item[0].seq)
+    pairs.extend(_identity_pairs(one_sided, by_id, partner))
+    paired = {"target": set(partner["target"]), "reference": set(partner["reference"])}
+    judged = {(p.side, p.home["id"]) for p in pairs if p.kind == "identity"}
+    for side, rows in (("target", t_rows), ("reference", r_rows)):
+        for row in rows:
+            if row["id"] not in paired[side] and (side, row["id"]) not in judged:
+                pairs.append(Pair(row if side == "target" else None,
+                                  row if side == "reference" else None, "unpaired", side=side))
+    return pairs
+
+
+def _calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:
+    """Op calls per (phase, module), in execution order.
+
+    A call is identified by (phase, module, op, call index), so records of one call written
+    at different times (module entry and exit, an optimizer's parameter before and after
+    its update) form one call. Each row gets ``cseq``: the sequence number of its call's
+    last record, where the call's outputs are known.
+    """
+    by_call: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        call = row.get("call")
+        key = ("seq", row["seq"]) if call is None else (row.get("phase"), row.get("module"), row.get("op"), call)
+        by_call[key].append(row)
+    calls = []
+    for members in by_call.values():
+        first = min(members, key=lambda r: r["seq"])
+        last = max(r["seq"] for r in members)
+        for row in members:
+            row["cseq"] = last
+        calls.append(OpCall(side, first["seq"], first.get("phase") or "", first.get("module") or "",
+                            first.get("op") or "", members))
+    groups: dict[tuple[str, str], list[OpCall]] = defaultdict(list)
+    for call in sorted(calls, key=lambda c: c.seq):
+        groups[(call.phase, call.module)].append(call)
+    return groups
+
+
+def _same_ops(tc: list[OpCall], rc: list[OpCall]) -> bool:
+    return all(_matchable(a, b) for a, b in zip(tc, rc))
+
+
+def _matchable(a: OpCall, b: OpCall) -> bool:
+    """Same op, and outputs of the same sizes (a reordered sequence must not pair by name)."""
+    return a.op == b.op and [o.get("numel") for o in a.outputs()] == [o.get("numel") for o in b.outputs()]
+
+
+def _align_calls(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall | None, OpCall | None, bool]]:
+    """Pairs of calls in order; a one-sided call is ``inserted`` when its gap is empty opposite."""
+    if len(tc) == len(rc) and _same_ops(tc, rc):
+        return [(a, b, False) for a, b in zip(tc, rc)]
+    matches = _match(tc, rc)
+    out: list[tuple[OpCall | None, OpCall | None, bool]] = []
+    i = j = 0
+    for mi, mj in [*matches, (len(tc), len(rc))]:
+        gap_t, gap_r = tc[i:mi], rc[j:mj]
+        out += [(a, None, not gap_r) for a in gap_t]
+        out += [(None, b, not gap_t) for b in gap_r]
+        if mi < len(tc) and mj < len(rc):
+            out.append((tc[mi], rc[mj], False))
+        i, j = mi + 1, mj + 1
+    return out
+
+
+def _match(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[int, int]]:
+    """Indices of matched calls: dynamic programming on op names, ties broken by shapes and norms."""
+    n, m = len(tc), len(rc)
+    if n * m > _DP_LIMIT:
+        sm = difflib.SequenceMatcher(None, [c.op for c in tc], [c.op for c in rc], autojunk=False)
+        return [(b.a + k, b.b + k) for b in sm.get_matching_blocks() for k in range(b.size)]
+    score = [[0.0] * (m + 1) for _ in range(n + 1)]
+    for i in range(n - 1, -1, -1):
+        row, below = score[i], score[i + 1]
+        for j in range(m - 1, -1, -1):
+            best = max(below[j], row[j + 1])
+            if _matchable(tc[i], rc[j]):
+                best = max(best, below[j + 1] + _similarity(tc[i], rc[j]))
+            row[j] = best
+    matches, i, j = [], 0, 0
+    while i < n and j < m:
+        if _matchable(tc[i], rc[j]) and score[i][j] == score[i + 1][j + 1] + _similarity(tc[i], rc[j]):
+            matches.append((i, j))
+            i, j = i + 1, j + 1
+        elif score[i][j] == score[i + 1][j]:
+            i += 1
+        else:
+            j += 1
+    return matches
+
+
+def _similarity(a: OpCall, b: OpCall) -> float:
+    """2 for the same op, +1 for the same output shapes, +1 as output norms get closer."""
+    oa, ob = a.outputs(), b.outputs()
+    score = 2.0
+    if [list(o.get("shape") or []) for o in oa] == [list(o.get("shape") or []) for o in ob]:
+        score += 1.0
+    if oa and ob:
+        na, nb = oa[0].get("norm"), ob[0].get("norm")
+        if na is not None and nb is not None and math.isfinite(na) and math.isfinite(nb):
+            score += 1.0 - min(1.0, abs(na - nb) / max(abs(na), abs(nb), 1e-30))
+    return score
+
+
+def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
+    r_by_slot = {(r.get("io"), r.get("slot")): r for r in b.rows}
+    mapped = any("orig_op" in r or "orig_module" in r for r in a.rows)
+    out = []
+    for t in a.rows:
+        r = r_by_slot.get((t.get("io"), t.get("slot")))
+        if r is not None and r["id"] not in partner["reference"]:
+            partner["target"][t["id"]] = r
+            partner["reference"][r["id"]] = t
+            out.append(Pair(t, r, "mapped" if mapped else kind))
+    return out
+
+
+def _flow_pairs(pairs: list[Pair], by_id: dict, partner: dict) -> list[Pair]:
+    """Pair the unpaired producers of paired inputs (fused vs decomposed regions)."""
+    out = []
+    for p in pairs:
+        tp, rp = p.t.get("producer"), p.r.get("producer")  # type: ignore[union-attr]
+        if tp is None or rp is None or tp in partner["target"] or rp in partner["reference"]:
+            continue
+        t, r = by_id["target"].get(tp), by_id["reference"].get(rp)
+        if t is None or r is None or t.get("io") != "output" or r.get("io") != "output" \
+                or t.get("numel") != r.get("numel"):
+            continue
+        partner["target"][tp], partner["reference"][rp] = r, t
+        out.append(Pair(t, r, "flow"))
+    return out
+
+
+def _identity_pairs(one_sided: list[tuple[OpCall, bool]], by_id: dict, partner: dict) -> list[Pair]:
+    """Judge ops that ran on one side only as identities (output vs the input's partner)."""
+    out = []
+    for call, inserted in one_sided:
+        if not inserted or any(row["id"] in partner[call.side] for row in call.rows):
+            continue  # something in its place on the other side, or paired by data flow
+        for row in call.outputs():
+            source = _input_partner(call, row, partner[call.side])
+            if source is None:
+                continue
+            partner[call.side][row["id"]] = source  # later inserted ops chain through this one
+            pair = Pair(row, source, "identity", side="target") if call.side == "target" \
+                else Pair(source, row, "identity", side="reference")
+            pair.note = f"{call.op} ran on the {call.side} only: judged as an identity"
+            out.append(pair)
+    return out
+
+
+def _input_partner(call: OpCall, out_row: dict[str, Any], partner: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The other side's row holding this call's main input, with the output's element count."""
+    candidates = [partner[r["producer"]] for r in call.inputs() if r.get("producer") in partner]
+    candidates = [c for c in candidates if c.get("numel") == out_row.get("numel")]
+    return candidates[0] if candidates else None

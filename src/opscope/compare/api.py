@@ -1,0 +1,167 @@
+"""``opscope.compare(target, reference)``: align two dumps, measure, judge, blame."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opscope.compare import measure
+from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
+from opscope.compare.mapping import Mapping, load_mapping
+from opscope.compare.result import CompareResult
+from opscope.compare.table import pairs_table
+from opscope.compare.tolerance import NoiseModel
+from opscope.errors import NothingToCompareError
+
+WEAKER = ("some pairs were judged from statistics only (no full tensors on both sides): "
+          "their error is a lower bound, so a difference the statistics do not show can hide; "
+          "dump with data=\"tensor\" for a full verdict")
+
+
+def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any, *,
+            mapping: str | os.PathLike | dict[str, Any] | Mapping | None = None,
+            workers: int | None = None, progress: Callable[[int, int], None] | None = None,
+            precision: str | None = None, noise: NoiseModel | None = None,
+            ranks: list[int] | None = None, steps: list[int] | None = None) -> CompareResult:
+    """Compare two dumps and name the operator where they start to differ.
+
+    Args:
+        target: the dump under test (a path or an :class:`opscope.Dump`).
+        reference: the dump taken as right (e.g. the float64 or CPU run).
+        mapping: a YAML/JSON file (or dict) renaming the target's modules, ops and
+            parameters into the reference's (docs/compare.md).
+        workers: processes reading tensors; default every core, 1 for none.
+        progress: called as ``progress(bytes_done, bytes_total)`` while tensors are read.
+        precision: force the target's precision when dtypes do not show it (e.g. "tf32").
+        noise: thresholds of the verdict (:class:`~opscope.compare.tolerance.NoiseModel`).
+        ranks, steps: compare only these.
+
+    Returns:
+        A :class:`~opscope.compare.result.CompareResult`.
+
+    Raises:
+        DumpFormatError: a path is not a readable dump.
+        NothingToCompareError: the dumps share no record that could be compared.
+    """
+    from opscope.storage.reader import Dump, load
+
+    start = time.perf_counter()
+    t_dump = target if isinstance(target, Dump) else load(target)
+    r_dump = reference if isinstance(reference, Dump) else load(reference)
+    noise = noise or NoiseModel(precision=precision)
+    if precision and noise.precision != precision:
+        noise = NoiseModel(**{**noise.__dict__, "precision": precision})
+    names = load_mapping(mapping)
+    problems: list[str] = []
+    parts = _partitions(t_dump, r_dump, ranks, steps, problems)
+    pairs: list[Pair] = []
+    for rank, step in parts:
+        pairs += _align(t_dump, r_dump, rank, step, names, problems)
+    jobs = measure.plan(pairs, noise)
+    n_workers = max(1, int(workers or measure.default_workers()))
+    problems += measure.run(jobs, pairs, str(t_dump.path), str(r_dump.path), workers=n_workers, progress=progress)
+    from opscope.compare.verdict import run_passes
+
+    state = run_passes(pairs, noise)
+    pairs.sort(key=_order)
+    problems = _unique([*t_dump.problems, *r_dump.problems, *problems])
+    counts = _counts(pairs)
+    measured = counts["identical"] + counts["passed"] + counts["failed"]
+    if not measured:
+        raise NothingToCompareError(_nothing_message(t_dump, r_dump, counts, problems))
+    return _result(t_dump, r_dump, state, pairs, counts, problems, noise, names, n_workers,
+                   sum(j.nbytes for j in jobs), time.perf_counter() - start)
+
+
+def _partitions(t_dump: Any, r_dump: Any, ranks: list[int] | None, steps: list[int] | None,
+                problems: list[str]) -> list[tuple[int, int]]:
+    t_parts, r_parts = set(t_dump.partitions()), set(r_dump.partitions())
+    for side, only in (("target", t_parts - r_parts), ("reference", r_parts - t_parts)):
+        for rank, step in sorted(only):
+            if (ranks is None or rank in ranks) and (steps is None or step in steps):
+                problems.append(f"rank {rank} step {step} is in the {side} only: skipped")
+    return sorted((r, s) for r, s in t_parts & r_parts
+                  if (ranks is None or r in ranks) and (steps is None or s in steps))
+
+
+def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, problems: list[str]) -> list[Pair]:
+    t_rows = t_dump.records(rank=rank, step=step).to_pylist()
+    r_rows = r_dump.records(rank=rank, step=step).to_pylist()
+    for side, rows in (("target", t_rows), ("reference", r_rows)):
+        if not rows:
+            problems.append(f"rank {rank} step {step} has no readable records in the {side}: skipped")
+    if not t_rows or not r_rows:
+        return []
+    for rows in (t_rows, r_rows):
+        _inherit_data(rows)
+    rename_target(t_rows, names)
+    return align_partition(t_rows, r_rows)
+
+
+def _inherit_data(rows: list[dict[str, Any]]) -> None:
+    """An input row without its own tensor reads its producer's (the same tensor)."""
+    by_id = {row["id"]: row for row in rows}
+    for row in rows:
+        if not row.get("data") and row.get("producer") is not None:
+            producer = by_id.get(row["producer"])
+            if producer is not None and producer.get("data") and producer.get("numel") == row.get("numel"):
+                row["data"], row["key"] = producer["data"], producer["key"]
+
+
+def _order(pair: Pair) -> tuple[Any, ...]:
+    home = pair.home
+    return (home["rank"], home["step"], PHASE_ORDER.get(home.get("phase"), 9), home["seq"],
+            home.get("io") == "output", home.get("slot") or 0)
+
+
+def _counts(pairs: list[Pair]) -> dict[str, int]:
+    counts = dict.fromkeys(("pairs", "identical", "passed", "failed", "skipped",
+                            "unpaired_target", "unpaired_reference"), 0)
+    for pair in pairs:
+        if pair.kind in ("unpaired", "identity"):
+            counts[f"unpaired_{pair.side}"] += 1
+            continue
+        counts["pairs"] += 1
+        counts[pair.status if pair.status in counts else "skipped"] += 1
+    return counts
+
+
+def _verdict(counts: dict[str, int], culprits: int) -> str:
+    if culprits:
+        return "diverged"
+    exact = counts["identical"] == counts["pairs"] and not (
+        counts["skipped"] or counts["unpaired_target"] or counts["unpaired_reference"])
+    return "identical" if exact else "within_tolerance"
+
+
+def _result(t_dump: Any, r_dump: Any, state: Any, pairs: list[Pair], counts: dict[str, int],
+            problems: list[str], noise: NoiseModel, names: Mapping, workers: int, nbytes: int,
+            elapsed: float) -> CompareResult:
+    findings = state.findings
+    firsts = dict(sorted(state.first_by_rank.items()))
+    first = min(firsts.values(), key=lambda f: (f.step, -1 if f.kind == "root" else PHASE_ORDER.get(f.phase, 9),
+                                                f.seq, f.rank), default=None)
+    stats_only = any(p.mode == "statistics" for p in pairs)
+    settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                for k, v in noise.__dict__.items()}
+    settings.update(workers=workers, mapping=names.to_dict() if names else None)
+    return CompareResult(
+        target=str(t_dump.path), reference=str(r_dump.path), verdict=_verdict(counts, len(findings)),
+        first_divergence=first, culprits=findings, counts=counts, pairs_table=pairs_table(pairs),
+        problems=problems, first_divergence_by_rank=firsts, statistics_only=stats_only,
+        weaker=WEAKER if stats_only else None, settings=settings, elapsed_s=elapsed, bytes_compared=nbytes)
+
+
+def _nothing_message(t_dump: Any, r_dump: Any, counts: dict[str, int], problems: list[str]) -> str:
+    why = "; ".join(problems[:8]) if problems else "no record of one matches a record of the other"
+    return (f"nothing could be compared between {str(t_dump.path)!r} and {str(r_dump.path)!r} "
+            f"({counts['pairs']} pairs, {counts['skipped']} skipped, {counts['unpaired_target']} target "
+            f"and {counts['unpaired_reference']} reference records unpaired): {why}. Check that both "
+            "dumps come from the same model and steps, or give a mapping file (--mapping)")
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))

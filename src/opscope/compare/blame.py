@@ -1,0 +1,143 @@
+"""Findings: the culprits and roots the verdict passes found, described and ranked."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
+from opscope.compare.result import SUMMARY_METRICS, Finding
+from opscope.compare.verdict import PAIRED, Node, VerdictState, raw_error
+
+NEIGHBOURS = 12
+
+
+def describe(state: VerdictState) -> None:
+    """One :class:`Finding` per culprit call and per root tensor."""
+    for node in state.nodes:
+        if node.verdict == "culprit" and node.worst is not None:
+            state.findings.append(_culprit(state, node))
+    for pair, row, side in state.roots:
+        state.findings.append(_root(state, pair, row, side))
+
+
+def rank(state: VerdictState) -> None:
+    """Rank findings (earliest step first, then most out of proportion) and pick the first
+    divergence of each rank in execution order: roots at the start of their step, then
+    calls in forward, backward, optimizer order."""
+    state.findings.sort(key=lambda f: (f.step, -_finite(f.score), f.rank, f.seq))
+    for f in sorted(state.findings, key=execution_order):
+        state.first_by_rank.setdefault(f.rank, f)
+
+
+def execution_order(f: Finding) -> tuple[Any, ...]:
+    return (f.step, -1 if f.kind == "root" else PHASE_ORDER.get(f.phase, 9), f.seq, f.rank)
+
+
+def metrics_of(pair: Pair) -> dict[str, Any]:
+    """The summary metrics of a pair, plus how it was measured."""
+    m = pair.metrics or {}
+    out: dict[str, Any] = {"error": pair.error, "tolerance": pair.tolerance}
+    for name in SUMMARY_METRICS[2:]:
+        if name in m:
+            out[name] = m[name]
+    for name, value in m.items():  # user-registered metrics
+        if name not in out and name not in ("diff_norm", "ref_norm", "bit_exact") and isinstance(value, (int, float)):
+            out[name] = value
+    out["mode"] = pair.mode
+    out["dtype_target"] = (pair.t or {}).get("dtype")
+    out["dtype_reference"] = (pair.r or {}).get("dtype")
+    return out
+
+
+def _culprit(state: VerdictState, node: Node) -> Finding:
+    out = node.worst
+    assert out is not None
+    home = out.home
+    allowed = max(out.tolerance, state.noise.ratio * node.in_error, 1e-300)
+    f = _finding("culprit", home, out, out.error / allowed if math.isfinite(out.error) else math.inf)
+    f.side = "both" if out.kind in PAIRED else node.side
+    f.inputs = [_input(state, node, row) for row in node.rows if row.get("io") in INPUT_IO]
+    f.outputs = [_tensor(p.home, p) for p in node.outputs]
+    f.upstream = _upstream(state, node.side, node.rank, node.step, node.rows)
+    f.downstream = _downstream(state, node.side, node.rank, node.step, [p.home for p in node.outputs])
+    if out.kind == "identity":
+        f.note = out.note
+    return f
+
+
+def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Finding:
+    score = pair.error / max(pair.tolerance, 1e-300) if math.isfinite(pair.error) else math.inf
+    f = _finding("root", row, pair, score)
+    what = f"parameter {row['param']}" if row.get("param") else f"{row.get('io')} {row.get('slot')} of {row.get('op')}"
+    f.note = f"{what} already differs at the start of step {row['step']}"
+    f.inputs = [_tensor(row, pair)]
+    consumers = state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
+    f.downstream = _summarise_calls(state, side, row["rank"], row["step"], {row["cseq"]}) if consumers else []
+    return f
+
+
+def _finding(kind: str, home: dict[str, Any], pair: Pair, score: float) -> Finding:
+    return Finding(
+        kind=kind, rank=int(home["rank"]), step=int(home["step"]), phase=home.get("phase") or "",
+        module=home.get("orig_module", home.get("module")) or "", op=home.get("orig_op", home.get("op")) or "",
+        call=home.get("call"), io=home.get("io") or "", slot=home.get("slot"), seq=int(home["seq"]),
+        metrics=metrics_of(pair), score=score, param=home.get("param"), source=home.get("source"),
+        dtype=home.get("dtype") or "")
+
+
+def _tensor(row: dict[str, Any], pair: Pair | None) -> dict[str, Any]:
+    return {
+        "io": row.get("io"), "slot": row.get("slot"), "arg": row.get("arg"), "param": row.get("param"),
+        "dtype": row.get("dtype"), "shape": list(row.get("shape") or []),
+        "error": pair.error if pair is not None and math.isfinite(pair.error) else raw_error(pair),
+        "rel_l2": (pair.metrics or {}).get("rel_l2") if pair is not None else None,
+        "cosine": (pair.metrics or {}).get("cosine") if pair is not None else None,
+        "status": pair.status if pair is not None else "unpaired",
+    }
+
+
+def _input(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, Any]:
+    key = (node.side, node.rank, node.step, row["id"])
+    pair = state.entry.get(key)
+    if (pair is None or not pair.metrics) and row.get("producer") is not None:
+        pair = state.entry.get((node.side, node.rank, node.step, row["producer"]))
+    info = _tensor(row, pair)
+    producer = state.rows.get((node.side, node.rank, node.step, row.get("producer")))
+    info["producer_op"] = producer.get("op") if producer else None
+    return info
+
+
+def _upstream(state: VerdictState, side: str, rank: int, step: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seqs = set()
+    for row in rows:
+        if row.get("io") in INPUT_IO and row.get("producer") is not None:
+            producer = state.rows.get((side, rank, step, row["producer"]))
+            if producer is not None:
+                seqs.add(producer["cseq"])
+    return _summarise_calls(state, side, rank, step, seqs)
+
+
+def _downstream(state: VerdictState, side: str, rank: int, step: int, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seqs = {c["cseq"] for o in outputs for c in state.consumers.get((side, rank, step, o["id"]), [])}
+    return _summarise_calls(state, side, rank, step, seqs)
+
+
+def _summarise_calls(state: VerdictState, side: str, rank: int, step: int, seqs: set[int]) -> list[dict[str, Any]]:
+    out = []
+    for seq in sorted(seqs)[:NEIGHBOURS]:
+        rows = state.calls.get((side, rank, step, seq), [])
+        if not rows:
+            continue
+        pairs = [state.entry.get((side, rank, step, r["id"])) for r in rows if r.get("io") == "output"]
+        pairs = [p for p in pairs if p is not None]
+        worst = max(pairs, key=lambda p: _finite(p.error), default=None)
+        head = rows[0]
+        out.append({"seq": seq, "op": head.get("orig_op", head.get("op")), "module": head.get("orig_module", head.get("module")),
+                    "phase": head.get("phase"), "status": worst.status if worst else "unpaired",
+                    "verdict": worst.verdict if worst else "", "error": worst.error if worst else None})
+    return out
+
+
+def _finite(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else (1e300 if x is not None and not math.isnan(x) else 0.0)

@@ -1,0 +1,235 @@
+"""Measuring aligned pairs: from hashes, from full tensors (in a process pool), or from
+statistics only.
+
+Tensor reads are grouped into batches of about equal bytes and spread over a process pool
+(every core), each worker opening the two dumps itself and memory-mapping one tensor pair
+at a time, so memory stays at a few times the largest tensor whatever the dump's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from typing import Any
+
+from opscope.compare import metrics as M
+from opscope.compare.align import Pair
+from opscope.compare.tolerance import NoiseModel
+
+POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One tensor pair to read and measure."""
+
+    rank: int
+    step: int
+    t_ref: tuple[str, str]
+    r_ref: tuple[str, str]
+    rel_floor: float
+    rtol: float
+    nbytes: int
+    same_dtype: bool
+
+
+def plan(pairs: list[Pair], noise: NoiseModel) -> dict[Job, list[int]]:
+    """Fill what needs no tensor read; return the tensor reads needed, each with its pairs."""
+    jobs: dict[Job, list[int]] = {}
+    for index, pair in enumerate(pairs):
+        t, r = pair.t, pair.r
+        if t is None or r is None:
+            continue
+        job = _classify(pair, t, r, noise)
+        if job is not None:
+            jobs.setdefault(job, []).append(index)
+    return jobs
+
+
+def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel) -> Job | None:
+    n_t, n_r = t.get("numel"), r.get("numel")
+    if n_t is not None and n_r is not None and n_t != n_r:
+        pair.mode = "skipped"
+        pair.note = _join(pair.note, f"shapes differ: {list(t.get('shape') or [])} vs {list(r.get('shape') or [])}")
+        return None
+    same_dtype = t.get("dtype") == r.get("dtype")
+    if same_dtype and t.get("hash") is not None and t.get("hash") == r.get("hash"):
+        s = M.identical(int(n_r or 0))
+        norm = _float(r.get("norm"))
+        s.sum_sq_reference = s.sum_sq_target = s.dot = norm**2 if math.isfinite(norm) else 0.0
+        pair.mode, pair.metrics = "hash", M.finish(s)
+        return None
+    if t.get("data") and t.get("key") and r.get("data") and r.get("key"):
+        lower = noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+        absmax = _float(r.get("absmax"))
+        floor = max(noise.rel_floor * absmax, 1e-300) if math.isfinite(absmax) else 1e-30
+        nbytes = int(n_r or 0) * (_itemsize(t.get("dtype")) + _itemsize(r.get("dtype")))
+        return Job(int(t["rank"]), int(t["step"]), (t["data"], t["key"]), (r["data"], r["key"]),
+                   floor, noise.element_tolerance(lower), nbytes, same_dtype)
+    pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
+    return None
+
+
+def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: str, *,
+        workers: int = 1, progress: Progress | None = None) -> list[str]:
+    """Read and measure every job, in a pool when worth it; returns problems met."""
+    todo = list(jobs)
+    total = sum(j.nbytes for j in todo)
+    problems: list[str] = []
+    done = 0
+    batches = _batches(todo, workers * 4 if workers > 1 else 1)
+    results: list[tuple[Job, dict[str, Any] | str]]
+    if workers > 1 and total >= POOL_MIN_BYTES and len(batches) > 1:
+        results = []
+        with _pool(workers) as pool:
+            futures = [pool.submit(measure_batch, target, reference, b) for b in batches]
+            for future in as_completed(futures):
+                part = future.result()
+                results += part
+                done += sum(j.nbytes for j, _ in part)
+                if progress:
+                    progress(done, total)
+    else:
+        results = []
+        for b in batches:
+            part = measure_batch(target, reference, b)
+            results += part
+            done += sum(j.nbytes for j in b)
+            if progress:
+                progress(done, total)
+    for job, outcome in results:
+        for index in jobs[job]:
+            pair = pairs[index]
+            if isinstance(outcome, str):
+                pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(pair.t, pair.r))  # type: ignore[arg-type]
+                pair.note = _join(pair.note, f"tensor unreadable, statistics used: {outcome}")
+                if outcome not in problems:
+                    problems.append(outcome)
+            else:
+                pair.mode, pair.metrics = "tensor", dict(outcome)
+    return problems
+
+
+def _batches(jobs: list[Job], count: int) -> list[list[Job]]:
+    """Greedy split into ``count`` batches of about equal bytes, keeping a partition together."""
+    if count <= 1 or len(jobs) <= 1:
+        return [jobs] if jobs else []
+    bins: list[list[Job]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for job in sorted(jobs, key=lambda j: -j.nbytes):
+        k = loads.index(min(loads))
+        bins[k].append(job)
+        loads[k] += job.nbytes + 4096
+    return [b for b in bins if b]
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """Forked workers on Linux: they start at once and only touch numpy and memory maps
+    (no pyarrow, no threads), which is what makes fork safe here; spawn elsewhere."""
+    import multiprocessing as mp
+
+    method = "fork" if sys.platform.startswith("linux") else "spawn"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
+
+
+def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[Job, dict[str, Any] | str]]:
+    """Measure a batch of jobs in this process (a pool worker or the caller)."""
+    from opscope.errors import DumpFormatError
+    from opscope.storage.reader import Dump
+
+    t_dump, r_dump = Dump(target), Dump(reference)
+    out: list[tuple[Job, dict[str, Any] | str]] = []
+    blas = _OpenBlas.find()
+    previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
+    for job in sorted(batch, key=lambda j: (j.rank, j.step, j.t_ref)):
+        try:
+            a = t_dump.tensor(job.rank, job.step, *job.t_ref)
+            b = r_dump.tensor(job.rank, job.step, *job.r_ref)
+            if a.size != b.size:
+                raise DumpFormatError(f"tensor sizes differ on disk ({a.size} vs {b.size})")
+            s = M.accumulate(a, b, rel_floor=job.rel_floor, rtol=job.rtol)
+            if job.same_dtype and s.bit_exact is None:
+                s.bit_exact = s.sum_sq_diff == 0 and not s.nan_mismatch and not s.inf_mismatch
+            elif s.bit_exact is None:
+                s.bit_exact = False
+            out.append((job, M.finish(s)))
+        except (DumpFormatError, OSError, ValueError) as exc:
+            out.append((job, f"rank {job.rank} step {job.step} {job.t_ref[0]}/{job.r_ref[0]}: {exc}"))
+        a = b = None  # release the memory maps before the shards close
+    for dump in (t_dump, r_dump):
+        with contextlib.suppress(BufferError):
+            dump.close()
+    if blas and previous:
+        blas.set_threads(previous)
+    return out
+
+
+class _OpenBlas:
+    """numpy's OpenBLAS, found among the loaded libraries, to pin its thread count (best effort)."""
+
+    _cache: Any = False
+
+    def __init__(self, lib: Any, getter: Any, setter: Any) -> None:
+        self.lib, self.getter, self.setter = lib, getter, setter
+
+    @classmethod
+    def find(cls) -> _OpenBlas | None:
+        if cls._cache is not False:
+            return cls._cache
+        cls._cache = None
+        try:
+            import ctypes
+
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "openblas" in line.lower() and ".so" in line}
+            for path in sorted(paths):
+                lib = ctypes.CDLL(path)
+                for prefix in ("scipy_openblas", "openblas"):
+                    for suffix in ("64_", ""):
+                        getter = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                        setter = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                        if getter is not None and setter is not None:
+                            cls._cache = cls(lib, getter, setter)
+                            return cls._cache
+        except (OSError, AttributeError):
+            pass
+        return cls._cache
+
+    def set_threads(self, n: int) -> int:
+        """Set the thread count; returns the previous one."""
+        previous = int(self.getter())
+        self.setter(int(n))
+        return previous
+
+
+def default_workers() -> int:
+    """Every core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _itemsize(dtype: str | None) -> int:
+    name = str(dtype or "")
+    if name.startswith("float8") or name in ("bool", "uint8", "int8"):
+        return 1
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return max(1, int(digits) // 8) if digits else 4
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b

@@ -1,0 +1,322 @@
+"""Error metrics of one tensor pair: a registry of pure functions, computed in float64.
+
+The arrays are walked once, in chunks of :data:`CHUNK` elements (cache-sized, so memory
+stays bounded and numpy stays fast), accumulating a few sums in :class:`PairSums`. Every
+registered metric is then a function of those sums. A metric that needs the elements
+themselves registers with ``per_chunk=True``: it is called on each float64 chunk pair and
+its values are combined with ``combine`` ("sum" or "max").
+
+Add a metric::
+
+    from opscope.compare.metrics import register_metric
+
+    @register_metric("max_abs_over_norm")
+    def max_abs_over_norm(s):
+        return s.max_abs / max(s.ref_norm, 1e-30)
+
+Metric code never logs and never raises on odd data: it returns nan or inf.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+CHUNK = 16384
+
+
+@dataclass
+class PairSums:
+    """What one pass over a pair leaves behind (float64 accumulators, finite elements only)."""
+
+    n: int = 0
+    sum_sq_diff: float = 0.0
+    sum_abs_diff: float = 0.0
+    max_abs: float = 0.0
+    dot: float = 0.0
+    sum_sq_target: float = 0.0
+    sum_sq_reference: float = 0.0
+    max_rel: float = 0.0
+    sum_rel: float = 0.0
+    out_of_tolerance: int = 0
+    sum_sq_elem_rel: float = 0.0  # sum of min(1, |t - r| / |r|)^2: how noisy elements are
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    bit_exact: bool | None = None
+    lower_bound: bool = False  # statistics only: diff_norm is a lower bound
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def diff_norm(self) -> float:
+        return math.sqrt(self.sum_sq_diff)
+
+    @property
+    def ref_norm(self) -> float:
+        return math.sqrt(self.sum_sq_reference)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    fn: Callable[..., float]
+    per_chunk: bool = False
+    combine: str = "sum"
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(name: str, *, per_chunk: bool = False,
+                    combine: str = "sum") -> Callable[[Callable[..., float]], Callable[..., float]]:
+    """Register a metric under ``name``; refuses a name already taken.
+
+    Args:
+        name: the column name in pairs tables.
+        per_chunk: the function takes ``(target_chunk, reference_chunk)`` float64 arrays;
+            otherwise it takes the :class:`PairSums` of the pair.
+        combine: how per-chunk values combine: "sum" or "max".
+    """
+    if combine not in ("sum", "max"):
+        raise ValueError(f"combine must be 'sum' or 'max', not {combine!r}")
+
+    def decorator(fn: Callable[..., float]) -> Callable[..., float]:
+        if name in METRICS:
+            raise ValueError(f"a metric named {name!r} is already registered ({METRICS[name].fn!r})")
+        METRICS[name] = Metric(name, fn, per_chunk, combine)
+        return fn
+
+    return decorator
+
+
+def unregister_metric(name: str) -> None:
+    """Remove a metric (for tests and plug-ins that replace one of their own)."""
+    METRICS.pop(name, None)
+
+
+def _safe_div(a: float, b: float) -> float:
+    if b == 0:
+        return 0.0 if a == 0 else math.inf
+    return a / b
+
+
+@register_metric("cosine")
+def cosine(s: PairSums) -> float:
+    denom = math.sqrt(s.sum_sq_target) * math.sqrt(s.sum_sq_reference)
+    if denom == 0:
+        return 1.0 if s.sum_sq_diff == 0 else 0.0
+    return max(-1.0, min(1.0, s.dot / denom))
+
+
+@register_metric("max_abs")
+def max_abs(s: PairSums) -> float:
+    return s.max_abs
+
+
+@register_metric("mean_abs")
+def mean_abs(s: PairSums) -> float:
+    return _safe_div(s.sum_abs_diff, s.n) if s.n else 0.0
+
+
+@register_metric("max_rel")
+def max_rel(s: PairSums) -> float:
+    return s.max_rel
+
+
+@register_metric("mean_rel")
+def mean_rel(s: PairSums) -> float:
+    return s.sum_rel / s.n if s.n else 0.0
+
+
+@register_metric("rmse")
+def rmse(s: PairSums) -> float:
+    return math.sqrt(s.sum_sq_diff / s.n) if s.n else 0.0
+
+
+@register_metric("rel_l2")
+def rel_l2(s: PairSums) -> float:
+    return _safe_div(s.diff_norm, s.ref_norm)
+
+
+@register_metric("snr_db")
+def snr_db(s: PairSums) -> float:
+    if s.sum_sq_diff == 0:
+        return math.inf
+    if s.sum_sq_reference == 0:
+        return -math.inf
+    return 10.0 * math.log10(s.sum_sq_reference / s.sum_sq_diff)
+
+
+@register_metric("out_of_tolerance")
+def out_of_tolerance(s: PairSums) -> float:
+    return s.out_of_tolerance / s.n if s.n else 0.0
+
+
+@register_metric("elem_rel_rms")
+def elem_rel_rms(s: PairSums) -> float:
+    """RMS over elements of min(1, |t − r| / |r|): near 1 when elements are noise on both sides."""
+    return math.sqrt(s.sum_sq_elem_rel / s.n) if s.n else 0.0
+
+
+@register_metric("nan_mismatch")
+def nan_mismatch(s: PairSums) -> float:
+    return float(s.nan_mismatch)
+
+
+@register_metric("inf_mismatch")
+def inf_mismatch(s: PairSums) -> float:
+    return float(s.inf_mismatch)
+
+
+def finish(s: PairSums) -> dict[str, Any]:
+    """All registered metrics of a pair, plus the raw norms the verdict needs."""
+    out: dict[str, Any] = {name: m.fn(s) for name, m in METRICS.items() if not m.per_chunk}
+    out.update(s.extra)
+    out["diff_norm"] = s.diff_norm
+    out["ref_norm"] = s.ref_norm
+    out["bit_exact"] = s.bit_exact
+    return out
+
+
+# -- the chunked pass --------------------------------------------------------------------
+def accumulate(target: np.ndarray, reference: np.ndarray, *, rel_floor: float,
+               rtol: float) -> PairSums:
+    """One float64 pass over two same-size arrays, :data:`CHUNK` elements at a time.
+
+    Args:
+        target, reference: arrays of equal element count (any real dtype; flattened).
+        rel_floor: absolute floor of the element-wise relative error's denominator.
+        rtol: element-wise relative tolerance for the out-of-tolerance count.
+    """
+    a = target.reshape(-1)
+    b = reference.reshape(-1)
+    s = PairSums(n=a.size)
+    chunked = [m for m in METRICS.values() if m.per_chunk]
+    buf = _Buffers(min(CHUNK, max(a.size, 1)))
+    for start in range(0, a.size, CHUNK):
+        stop = min(start + CHUNK, a.size)
+        _chunk(a[start:stop], b[start:stop], s, buf, rel_floor, rtol, chunked)
+    if not (math.isfinite(s.sum_sq_diff) and math.isfinite(s.dot)) or s.nan_mismatch or s.inf_mismatch:
+        s = _accumulate_masked(a, b, rel_floor=rel_floor, rtol=rtol)
+    return s
+
+
+class _Buffers:
+    def __init__(self, size: int) -> None:
+        self.a = np.empty(size, np.float64)
+        self.b = np.empty(size, np.float64)
+        self.d = np.empty(size, np.float64)
+        self.r = np.empty(size, np.float64)
+        self.q = np.empty(size, np.float64)
+
+
+def _chunk(a: np.ndarray, b: np.ndarray, s: PairSums, buf: _Buffers, rel_floor: float,
+           rtol: float, chunked: list[Metric]) -> None:
+    n = a.size
+    a64, b64, d, r, q = buf.a[:n], buf.b[:n], buf.d[:n], buf.r[:n], buf.q[:n]
+    a64[...] = a
+    b64[...] = b
+    np.subtract(a64, b64, out=d)
+    s.sum_sq_diff += float(np.dot(d, d))
+    s.dot += float(np.dot(a64, b64))
+    s.sum_sq_target += float(np.dot(a64, a64))
+    s.sum_sq_reference += float(np.dot(b64, b64))
+    np.abs(d, out=d)
+    s.sum_abs_diff += float(d.sum())
+    s.max_abs = max(s.max_abs, float(d.max()) if n else 0.0)
+    np.abs(b64, out=r)
+    np.maximum(r, 1e-300, out=q)
+    np.divide(d, q, out=q)
+    np.minimum(q, 1.0, out=q)
+    s.sum_sq_elem_rel += float(np.dot(q, q))
+    np.maximum(r, rel_floor, out=r)
+    np.divide(d, r, out=r)
+    s.max_rel = max(s.max_rel, float(r.max()) if n else 0.0)
+    s.sum_rel += float(r.sum())
+    s.out_of_tolerance += int(np.count_nonzero(r > rtol))
+    for m in chunked:
+        value = float(m.fn(a64, b64))
+        old = s.extra.get(m.name)
+        s.extra[m.name] = value if old is None else (old + value if m.combine == "sum" else max(old, value))
+
+
+def _accumulate_masked(a: np.ndarray, b: np.ndarray, *, rel_floor: float, rtol: float) -> PairSums:
+    """The slow path for pairs holding NaN or Inf: mismatches counted, finite pairs measured."""
+    s = PairSums(n=0)
+    chunked = [m for m in METRICS.values() if m.per_chunk]
+    for start in range(0, a.size, CHUNK):
+        a64 = a[start:start + CHUNK].astype(np.float64)
+        b64 = b[start:start + CHUNK].astype(np.float64)
+        na, nb = np.isnan(a64), np.isnan(b64)
+        ia, ib = np.isinf(a64), np.isinf(b64)
+        s.nan_mismatch += int(np.count_nonzero(na != nb))
+        s.inf_mismatch += int(np.count_nonzero((ia != ib) | (ia & ib & (np.sign(a64) != np.sign(b64)))))
+        keep = ~(na | nb | ia | ib)
+        a64, b64 = a64[keep], b64[keep]
+        with np.errstate(over="ignore", invalid="ignore"):
+            part = PairSums(n=a64.size)
+            if a64.size:
+                _chunk(a64, b64, part, _Buffers(a64.size), rel_floor, rtol, chunked)
+        _merge(s, part)
+    return s
+
+
+def _merge(s: PairSums, part: PairSums) -> None:
+    s.n += part.n
+    for name in ("sum_sq_diff", "sum_abs_diff", "dot", "sum_sq_target", "sum_sq_reference",
+                 "sum_rel", "out_of_tolerance", "sum_sq_elem_rel"):
+        setattr(s, name, getattr(s, name) + getattr(part, name))
+    s.max_abs = max(s.max_abs, part.max_abs)
+    s.max_rel = max(s.max_rel, part.max_rel)
+    for key, value in part.extra.items():
+        m = METRICS.get(key)
+        old = s.extra.get(key)
+        s.extra[key] = value if old is None else (max(old, value) if m and m.combine == "max" else old + value)
+
+
+# -- statistics only -----------------------------------------------------------------------
+def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
+    """A lower bound of the pair's error from the two records' statistics.
+
+    Each of |Δnorm|, |Δmean|·√n, |Δstd|·√n, |Δmin|, |Δmax|, |Δabsmax| is at most ‖t − r‖
+    (triangle and Cauchy-Schwarz inequalities), so their maximum bounds the L2 error from
+    below: a difference the statistics show is real, but one they miss may exist.
+    """
+    n = int(r.get("numel") or t.get("numel") or 0)
+    s = PairSums(n=n, lower_bound=True)
+    ref_norm = _num(r.get("norm"))
+    tgt_norm = _num(t.get("norm"))
+    s.sum_sq_reference = ref_norm**2 if math.isfinite(ref_norm) else 0.0
+    s.sum_sq_target = tgt_norm**2 if math.isfinite(tgt_norm) else 0.0
+    s.nan_mismatch = abs(int(t.get("nan") or 0) - int(r.get("nan") or 0))
+    s.inf_mismatch = abs(int(t.get("inf") or 0) - int(r.get("inf") or 0))
+    root_n = math.sqrt(max(n, 1))
+    bounds = [abs(tgt_norm - ref_norm)]
+    for name, scale in (("mean", root_n), ("std", root_n), ("min", 1.0), ("max", 1.0), ("absmax", 1.0)):
+        bounds.append(abs(_num(t.get(name)) - _num(r.get(name))) * scale)
+    finite = [x for x in bounds if math.isfinite(x)]
+    diff = max(finite) if finite else 0.0
+    s.sum_sq_diff = diff**2
+    s.max_abs = max((abs(_num(t.get(k)) - _num(r.get(k))) for k in ("min", "max", "absmax")
+                     if math.isfinite(_num(t.get(k)) - _num(r.get(k)))), default=0.0)
+    # cosine from norms alone is unknown: assume the closest pair the bound allows
+    s.dot = (s.sum_sq_target + s.sum_sq_reference - s.sum_sq_diff) / 2
+    s.sum_abs_diff = diff * root_n if n else 0.0
+    s.max_rel = math.nan
+    s.sum_rel = math.nan
+    return s
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def identical(n: int) -> PairSums:
+    """The sums of a bit-exact pair, known from equal hashes without reading data."""
+    return PairSums(n=n, bit_exact=True)

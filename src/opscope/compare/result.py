@@ -1,0 +1,141 @@
+"""Result objects of a comparison: plain data that never prints (reporters show it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+VERDICTS = ("identical", "within_tolerance", "diverged")
+COUNT_KEYS = ("pairs", "identical", "passed", "failed", "skipped", "unpaired_target", "unpaired_reference")
+SUMMARY_METRICS = ("error", "tolerance", "input_error", "ratio", "rel_l2", "cosine", "max_abs",
+                   "mean_abs", "max_rel", "mean_rel", "rmse", "snr_db", "out_of_tolerance",
+                   "nan_mismatch", "inf_mismatch")
+
+
+@dataclass
+class Finding:
+    """An operator (or a parameter / model input, for ``kind == "root"``) blamed for a divergence.
+
+    ``io`` and ``slot`` name its worst output; ``metrics`` are that output's; ``inputs`` and
+    ``outputs`` list each tensor of the call with its error and status; ``upstream`` and
+    ``downstream`` are the calls that produced its inputs and consumed its outputs.
+    """
+
+    kind: str
+    rank: int
+    step: int
+    phase: str
+    module: str
+    op: str
+    call: int | None
+    io: str
+    slot: int | None
+    seq: int
+    metrics: dict[str, Any]
+    score: float = 0.0
+    side: str = "both"
+    param: str | None = None
+    source: str | None = None
+    dtype: str = ""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    upstream: list[dict[str, Any]] = field(default_factory=list)
+    downstream: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def where(self) -> str:
+        """One line naming it: module path, op, phase, step and rank."""
+        module = self.module or "(top level)"
+        what = f"parameter {self.param}" if self.kind == "root" and self.param else self.op
+        return f"{module} · {what} · {self.phase} · step {self.step} · rank {self.rank}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return _clean(asdict(self))
+
+
+@dataclass
+class CompareResult:
+    """What :func:`opscope.compare` found.
+
+    Attributes:
+        verdict: "identical", "within_tolerance" or "diverged".
+        first_divergence: the first culprit in execution order (forward, backward,
+            optimizer), or None.
+        first_divergence_by_rank: the same per rank.
+        culprits: every culprit and root, ranked (earliest step first, then most out of
+            proportion first).
+        counts: pairs, identical, passed, failed, skipped, unpaired_target, unpaired_reference.
+        problems: what could not be compared and why, one sentence each.
+        statistics_only: True when some pairs were judged from statistics alone (weaker).
+        pairs_table: one row per aligned tensor pair (and per unpaired record), as Arrow.
+    """
+
+    target: str
+    reference: str
+    verdict: str
+    first_divergence: Finding | None
+    culprits: list[Finding]
+    counts: dict[str, int]
+    pairs_table: pa.Table
+    problems: list[str] = field(default_factory=list)
+    first_divergence_by_rank: dict[int, Finding] = field(default_factory=dict)
+    statistics_only: bool = False
+    weaker: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    bytes_compared: int = 0
+
+    def __bool__(self) -> bool:
+        """True when nothing diverged (Polygraphy-style: a result is truthy when it passed)."""
+        return self.verdict != "diverged"
+
+    @property
+    def pairs(self) -> Any:
+        """The pairs as a pandas DataFrame (pandas installed), else the Arrow table."""
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            return self.pairs_table
+        return self.pairs_table.to_pandas()
+
+    def to_summary(self) -> dict[str, Any]:
+        """The ``summary.json`` document (docs/compare.md has the schema)."""
+        return _clean({
+            "schema": "opscope.compare.summary/1",
+            "target": self.target,
+            "reference": self.reference,
+            "verdict": self.verdict,
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "first_divergence_by_rank": {str(k): v.to_dict() for k, v in self.first_divergence_by_rank.items()},
+            "culprits": [c.to_dict() for c in self.culprits],
+            "counts": dict(self.counts),
+            "statistics_only": self.statistics_only,
+            "weaker": self.weaker,
+            "problems": list(self.problems),
+            "settings": dict(self.settings),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "bytes_compared": self.bytes_compared,
+        })
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_summary(), indent=1, allow_nan=False)
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become strings ("inf", "-inf", "nan")."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        return _clean(value.item())
+    return value

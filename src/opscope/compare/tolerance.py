@@ -1,0 +1,96 @@
+"""The noise model: how much two sides may differ because of their number formats.
+
+A pair is judged in the precision of the *lower* of its two sides (fp32 vs bf16 is judged
+as bf16), and an operator is judged against the error its inputs already carry
+(:mod:`opscope.compare.verdict`). Everything here is plain numbers: no arrays, no logging.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Unit roundoff (machine epsilon) of each format; "tf32" is float32 storage with a 10-bit
+# mantissa in matmuls (give precision="tf32" to compare() when the target ran with it).
+EPSILON: dict[str, float] = {
+    "float64": 2.0**-52,
+    "float32": 2.0**-23,
+    "tf32": 2.0**-10,
+    "float16": 2.0**-10,
+    "bfloat16": 2.0**-7,
+    "float8_e4m3fn": 2.0**-3,
+    "float8_e4m3fnuz": 2.0**-3,
+    "float8_e5m2": 2.0**-2,
+    "float8_e5m2fnuz": 2.0**-2,
+}
+COMPLEX = {"complex128": "float64", "complex64": "float32", "complex32": "float16"}
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """The thresholds of the verdict, in one place so a user can tune them.
+
+    Attributes:
+        abs_factor: an output whose inputs are exact may differ by this many epsilon of the
+            lower precision (rounding plus a different summation order, e.g. thread count).
+        ratio: an output may carry up to ``ratio`` times the relative error of its inputs;
+            healthy bf16 ops measure up to ~3, real faults ~40.
+        max_tolerance: cap of ``abs_factor * eps`` (float8 epsilons are large).
+        element_factor: per-element tolerance, in epsilon, for the out-of-tolerance fraction.
+        rel_floor: denominator floor of element-wise relative error, as a fraction of the
+            reference's largest magnitude, so near-zero references do not explode.
+        precision: force the precision of the target (e.g. "tf32"); None reads dtypes.
+    """
+
+    abs_factor: float = 16.0
+    ratio: float = 10.0
+    max_tolerance: float = 0.1
+    element_factor: float = 64.0
+    rel_floor: float = 1e-3
+    precision: str | None = None
+
+    def lower_dtype(self, dtype_a: str | None, dtype_b: str | None) -> str:
+        """The lower-precision of two dtype names (integers and bools count as exact)."""
+        a = _base(dtype_a if self.precision is None else _lower(dtype_a, self.precision))
+        b = _base(dtype_b)
+        return a if epsilon(a) >= epsilon(b) else b
+
+    def tolerance(self, dtype: str) -> float:
+        """Relative (norm-wise) error an exact-input operator may show in ``dtype``."""
+        eps = epsilon(dtype)
+        return min(self.abs_factor * eps, self.max_tolerance) if eps else 0.0
+
+    def element_tolerance(self, dtype: str) -> float:
+        """Per-element relative tolerance used by the out-of-tolerance fraction."""
+        eps = epsilon(dtype)
+        return min(self.element_factor * eps, self.max_tolerance) if eps else 0.0
+
+
+def epsilon(dtype: str | None) -> float:
+    """Epsilon of a dtype name; 0 for integer, bool and unknown types (compared exactly)."""
+    return EPSILON.get(_base(dtype), 0.0)
+
+
+def is_float(dtype: str | None) -> bool:
+    """True for floating-point (and complex) dtype names."""
+    return epsilon(dtype) > 0.0
+
+
+def _base(dtype: str | None) -> str:
+    name = str(dtype or "").replace("torch.", "")
+    return COMPLEX.get(name, name)
+
+
+def _lower(dtype: str | None, precision: str) -> str:
+    base = _base(dtype)
+    if not is_float(base):
+        return base
+    return precision if epsilon(precision) > epsilon(base) else base
+
+
+def eps_units(error: float, dtype: str) -> float:
+    """``error`` expressed in epsilon of ``dtype`` (inf for exact types with any error)."""
+    eps = epsilon(dtype)
+    if eps:
+        return error / eps
+    return 0.0 if error == 0 else math.inf

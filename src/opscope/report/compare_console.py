@@ -1,0 +1,145 @@
+"""Terminal report of a comparison: verdict, first divergence, top culprits, counts.
+
+Pure: :func:`render` returns the text (with ANSI colour when asked); the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opscope.compare.result import CompareResult, Finding
+
+VERDICT_STYLE = {"identical": "bold green", "within_tolerance": "bold green", "diverged": "bold red"}
+TOP = 5
+
+
+def render(result: CompareResult, *, color: bool = False, width: int = 110) -> str:
+    """The report as text."""
+    from rich.console import Console
+
+    console = Console(record=True, width=width, force_terminal=color, color_system="standard" if color else None,
+                      highlight=False, file=_Null())
+    for part in renderables(result):
+        console.print(part)
+    return console.export_text(styles=color)
+
+
+def renderables(result: CompareResult) -> list[Any]:
+    """The rich renderables, in order (for callers that print to their own console)."""
+    from rich.text import Text
+
+    out: list[Any] = []
+    verdict = Text("verdict: ", style="bold")
+    verdict.append(result.verdict.replace("_", " "), style=VERDICT_STYLE.get(result.verdict, "bold"))
+    verdict.append(f"   ({result.target} vs reference {result.reference})", style="dim")
+    out.append(verdict)
+    first = result.first_divergence
+    if first is not None:
+        out.append(_first(first))
+    if result.culprits:
+        out.append(_culprits(result.culprits[:TOP], len(result.culprits)))
+    out.append(_counts(result))
+    if result.weaker:
+        out.append(Text(f"note: {result.weaker}", style="yellow"))
+    for problem in result.problems[:20]:
+        out.append(Text(f"skipped: {problem}", style="yellow"))
+    if len(result.problems) > 20:
+        out.append(Text(f"... and {len(result.problems) - 20} more (summary.json lists all)", style="yellow"))
+    return out
+
+
+def _first(f: Finding) -> Any:
+    from rich.panel import Panel
+    from rich.table import Table
+
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    what = "root (differs at the start of the step)" if f.kind == "root" else "culprit (inputs agree, output does not)"
+    grid.add_row("what", what)
+    grid.add_row("module", f.module or "(top level)")
+    grid.add_row("op", f.op + (f"  [parameter {f.param}]" if f.param else ""))
+    grid.add_row("where", f"{f.phase}, step {f.step}, rank {f.rank}, call {f.call}, {f.io} {f.slot}")
+    grid.add_row("error", _metrics_line(f.metrics))
+    if f.source:
+        grid.add_row("source", f.source)
+    if f.inputs:
+        worst = max((_num(i.get("error")) for i in f.inputs), default=0.0)
+        grid.add_row("inputs", f"{len(f.inputs)} tensors, worst input error {_fmt(worst)}")
+    if f.note:
+        grid.add_row("note", f.note)
+    return Panel(grid, title="first divergence", title_align="left", border_style="red", expand=False)
+
+
+def _culprits(findings: list[Finding], total: int) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"top culprits ({min(len(findings), TOP)} of {total})", title_justify="left",
+                  show_edge=False, pad_edge=False)
+    for col, just in (("#", "right"), ("kind", "left"), ("module", "left"), ("op", "left"), ("phase", "left"),
+                      ("step", "right"), ("rank", "right"), ("error", "right"), ("x allowed", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for i, f in enumerate(findings, 1):
+        table.add_row(str(i), f.kind, f.module or "(top level)", f.param if f.kind == "root" and f.param else f.op,
+                      f.phase, str(f.step), str(f.rank), _fmt(f.metrics.get("error")), _fmt(f.score))
+    return table
+
+
+def _counts(result: CompareResult) -> Any:
+    from rich.text import Text
+
+    c = result.counts
+    text = Text("pairs ", style="bold")
+    text.append(f"{c['pairs']}: {c['identical']} identical, {c['passed']} passed, ")
+    text.append(f"{c['failed']} failed", style="red" if c["failed"] else "")
+    text.append(f", {c['skipped']} skipped; unpaired: {c['unpaired_target']} target, "
+                f"{c['unpaired_reference']} reference")
+    text.append(f"   ({_bytes(result.bytes_compared)} of tensors in {result.elapsed_s:.2f} s)", style="dim")
+    return text
+
+
+def _metrics_line(m: dict[str, Any]) -> str:
+    parts = [f"rel. error {_fmt(m.get('error'))} (allowed {_fmt(m.get('tolerance'))})"]
+    if m.get("input_error") is not None:
+        parts.append(f"inputs {_fmt(m.get('input_error'))}")
+    for name, label in (("cosine", "cosine"), ("max_abs", "max abs"), ("snr_db", "SNR dB")):
+        if m.get(name) is not None:
+            parts.append(f"{label} {_fmt(m.get(name))}")
+    if m.get("nan_mismatch") or m.get("inf_mismatch"):
+        parts.append(f"NaN/Inf mismatches {int(_num(m.get('nan_mismatch')))}/{int(_num(m.get('inf_mismatch')))}")
+    return ", ".join(parts)
+
+
+def _num(x: Any) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _fmt(x: Any) -> str:
+    v = _num(x)
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+class _Null:
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,77 @@
+from opscope.compare.align import align_partition
+
+
+class Rows:
+    """Rows of one side: op calls with one input (the previous output) and one output."""
+
+    def __init__(self):
+        self.rows, self.next_id, self.seq, self.last = [], 0, 0, None
+
+    def op(self, op, norm, module="m", shape=(4,)):
+        call = sum(1 for r in self.rows if r["op"] == op and r["io"] == "output" and r["module"] == module)
+        common = dict(rank=0, step=0, seq=self.seq, phase="forward", module=module, op=op, call=call)
+        if self.last is not None:
+            self.rows.append(dict(id=self.next_id, io="input", slot=0, producer=self.last, numel=4,
+                                  shape=list(shape), norm=None, **common))
+            self.next_id += 1
+        self.rows.append(dict(id=self.next_id, io="output", slot=0, producer=None, numel=4, shape=list(shape),
+                              norm=norm, **common))
+        self.last = self.next_id
+        self.next_id += 1
+        self.seq += 1
+        return self
+
+
+def _pairs_by_seq(pairs):
+    return {(p.t["seq"], p.r["seq"]) for p in pairs if p.t is not None and p.r is not None
+            and p.kind != "identity" and p.t["io"] == "output"}
+
+
+def test_identical_sequences_pair_by_position():
+    t = Rows().op("mm", 1).op("mul", 2).op("add", 3)
+    r = Rows().op("mm", 1).op("mul", 2).op("add", 3)
+    pairs = align_partition(t.rows, r.rows)
+    assert _pairs_by_seq(pairs) == {(0, 0), (1, 1), (2, 2)}
+    assert {p.kind for p in pairs} == {"exact"}
+
+
+def test_inserted_op_with_the_same_name_does_not_shift_pairs():
+    # target: mm, mul (inserted, keeps the norm), mul, add; reference: mm, mul, add
+    t = Rows().op("mm", 1.0).op("mul", 1.0).op("mul", 5.0).op("add", 6.0)
+    r = Rows().op("mm", 1.0).op("mul", 5.0).op("add", 6.0)
+    pairs = align_partition(t.rows, r.rows)
+    assert _pairs_by_seq(pairs) == {(0, 0), (2, 1), (3, 2)}
+    identity = [p for p in pairs if p.kind == "identity"]
+    assert len(identity) == 1 and identity[0].t["seq"] == 1 and identity[0].r["seq"] == 0
+    assert not [p for p in pairs if p.kind == "unpaired" and p.t is not None and p.t["io"] == "output"]
+
+
+def test_inserted_op_on_the_reference_side_is_judged_there():
+    t = Rows().op("mm", 1).op("add", 3)
+    r = Rows().op("mm", 1).op("_to_copy", 1).op("add", 3)
+    pairs = align_partition(t.rows, r.rows)
+    identity = [p for p in pairs if p.kind == "identity"]
+    assert len(identity) == 1 and identity[0].side == "reference" and identity[0].r["op"] == "_to_copy"
+    assert identity[0].t["op"] == "mm"
+
+
+def test_fused_versus_decomposed_pairs_the_region_output_by_data_flow():
+    t = Rows().op("mm", 1).op("gelu", 2).op("add", 3)
+    r = Rows().op("mm", 1).op("div", 9).op("erf", 8).op("mul", 2).op("add", 3)
+    pairs = align_partition(t.rows, r.rows)
+    flow = [p for p in pairs if p.kind == "flow"]
+    assert [(p.t["op"], p.r["op"]) for p in flow] == [("gelu", "mul")]
+    assert not [p for p in pairs if p.kind == "identity"]
+    unpaired_ref_ops = {p.r["op"] for p in pairs if p.kind == "unpaired" and p.r is not None}
+    assert unpaired_ref_ops == {"div", "erf", "mul"}
+
+
+def test_reordered_ops_of_different_sizes_do_not_pair_by_name():
+    t = Rows().op("detach", 1, shape=(4,)).op("detach", 2, shape=(8,))
+    r = Rows().op("detach", 2, shape=(8,)).op("detach", 1, shape=(4,))
+    for row in t.rows + r.rows:
+        row["numel"] = row["shape"][0]
+    pairs = align_partition(t.rows, r.rows)
+    for p in pairs:
+        if p.t is not None and p.r is not None and p.t["io"] == "output":
+            assert p.t["numel"] == p.r["numel"]
