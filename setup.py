@@ -8,7 +8,8 @@ setup(
         Extension(
             "opscope.capture.torch._fastats",
             sources=["src/opscope/capture/torch/_c/fastats.c"],
-            extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99"],
+            extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         )
     ]

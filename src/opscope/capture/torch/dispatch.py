@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opscope.capture.torch.recorder import encode_args
+from opscope.capture.torch.recorder import args_of
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
@@ -19,7 +19,7 @@ _current_node = torch._C._current_autograd_node
 class OpInfo:
     """What the schema of one aten overload says, computed once per overload."""
 
-    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs")
+    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs", "uninitialized")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)
@@ -31,6 +31,9 @@ class OpInfo:
                                   if r.alias_info is not None and not r.alias_info.is_write)
         self.written_outputs = tuple(i for i, r in enumerate(schema.returns)
                                      if r.alias_info is not None and r.alias_info.is_write)
+        # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
+        base = self.name.split(".")[1] if self.name.count(".") >= 1 else self.name
+        self.uninitialized = base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
 
 
 _INFO: dict[Any, OpInfo] = {}
@@ -121,7 +124,7 @@ class DumpDispatchMode(TorchDispatchMode):
         if written and not outputs:  # in-place ops returning nothing (_foreach_add_): their targets are the outputs
             outputs = [(i, None, t) for i, t in enumerate(written)]
             mutated = tuple(range(len(outputs)))
-        s.recorder.record(info.name, module, phase, inputs, outputs, args=encode_args(args, kwargs),
-                          views=info.view_outputs, mutated=mutated, fwd_op=fwd_op,
+        s.recorder.record(info.name, module, phase, inputs, outputs, args=args_of(args, kwargs),
+                          views=info.view_outputs, mutated=mutated, fwd_op=fwd_op, uninitialized=info.uninitialized,
                           node=node_name, source=s.source() if s.cfg.source else None)
         return out

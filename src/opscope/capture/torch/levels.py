@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode
 from opscope.capture.torch.modules import tensors_of
-from opscope.capture.torch.recorder import encode_args
+from opscope.capture.torch.recorder import args_of
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
@@ -107,7 +107,7 @@ class _ApiMode(TorchFunctionMode):
         if s.recorder.selected(module, name, s.phase):
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
             inputs = [(i, None, t) for i, t in enumerate(tensors_of((args, kwargs)))]
-            s.recorder.record(name, module, s.phase, inputs, outputs, args=encode_args(args, kwargs),
+            s.recorder.record(name, module, s.phase, inputs, outputs, args=args_of(args, kwargs),
                               mutated=tuple(range(len(outputs))) if name.endswith("_") else (),
                               source=s.source() if s.cfg.source else None)
             if "backward" in s.cfg.phases:

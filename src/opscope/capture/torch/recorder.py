@@ -8,14 +8,13 @@ only tensors seen for the first time (parameters, model inputs) are reduced on t
 
 from __future__ import annotations
 
-import json
 import weakref
 from typing import Any
 
 import torch
 
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
-from opscope.capture.torch.worker import StatsWorker, tensor_buffer
+from opscope.capture.torch.worker import NativeStats, tensor_buffer
 from opscope.config import DumpConfig
 from opscope.model.records import COL, COLUMNS, NO_STATS, STATS
 from opscope.storage.writer import DumpWriter
@@ -23,9 +22,18 @@ from opscope.storage.writer import DumpWriter
 _ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
 _MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
 _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
-_NCOL = len(COLUMNS)
-_TEMPLATE = [None] * _NCOL
-_TEMPLATE[STATS] = NO_STATS
+_STRIDED = torch.strided
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
+                   "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
+                   "source", "note", "stats"), "Recorder._new_row builds rows in this order"
+
+
+def dtype_name_cached(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
 
 
 def version_of(t: torch.Tensor) -> int:
@@ -54,7 +62,9 @@ class Recorder:
         self.rank = rank
         self.param_names = param_names
         self.engine = engine
-        self.worker = StatsWorker(self._store) if engine == "c" else None
+        self.worker = _native(self._store) if engine == "async" else None
+        if engine == "async" and self.worker is None:
+            self.engine = "sync"  # another capture holds the native thread
         self.want_inputs = cfg.mode in ("input", "all")
         self.want_outputs = cfg.mode in ("output", "all")
         self.next_id = 0
@@ -91,13 +101,14 @@ class Recorder:
 
     # -- recording -------------------------------------------------------------------
     def record(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
-               outputs: list[tuple[int, str | None, torch.Tensor]], *, args: str | None = None,
+               outputs: list[tuple[int, str | None, torch.Tensor]], *, args: Any = None,
                views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), fwd_op: str | None = None,
                node: str | None = None, source: str | None = None, input_io: str = "input",
-               call: int | None = None) -> int:
+               call: int | None = None, uninitialized: bool = False) -> int:
         """Record one op call; returns its call index. ``views``/``mutated`` list output slots
         that alias an input (same elements) or were written in place; ``call`` reuses the
-        index of an earlier record of the same call (module entry and exit)."""
+        index of an earlier record of the same call (module entry and exit);
+        ``uninitialized`` marks outputs of ``empty``-like ops, whose memory is not data yet."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
@@ -115,19 +126,24 @@ class Recorder:
         if self.want_outputs:
             for slot, arg, t in outputs:
                 src = first_input_row if slot in views else None
-                self._output_row(head, slot, arg, t, data, src, slot in mutated)
+                if uninitialized:
+                    row = self._new_row(head, "output", slot, arg, t)
+                    row[_NOTE] = "uninitialized memory (empty): not measured"
+                    self._register(t, row, version_of(t), None)
+                else:
+                    self._output_row(head, slot, arg, t, data, src, slot in mutated)
         return call
 
-    def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor) -> list[Any]:
-        # COLUMNS order: id rank step seq phase module op call io slot arg dtype shape device numel ...
-        row = _TEMPLATE.copy()
+    def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
+                 param: str | None = None, producer: int | None = None) -> list[Any]:
+        # one list display in COLUMNS order (checked at import): the hot path of every level
         rid = self.next_id
         self.next_id = rid + 1
-        row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7] = (
-            rid, self.rank, self.step, head[0], head[1], head[2], head[3], head[4])
-        row[8], row[9], row[10] = io, slot, arg
-        row[11], row[12], row[13], row[14] = dtype_name(t.dtype), list(t.shape), str(t.device), t.numel()
-        row[_ARGS], row[_SOURCE], row[_FWD], row[_NODE] = head[5], head[6], head[7], head[8]
+        dtype = t.dtype
+        row = [rid, self.rank, self.step, head[0], head[1], head[2], head[3], head[4], io, slot, arg,
+               _DTYPE_NAMES.get(dtype) or dtype_name_cached(dtype), list(t.shape),
+               "cpu" if t.is_cpu else str(t.device), t.numel(), None, None, producer, param,
+               head[7], head[8], head[5], head[6], None, NO_STATS]
         self.rows.append(row)
         return row
 
@@ -143,9 +159,7 @@ class Recorder:
         if entry is not None:
             if not self.want_inputs:
                 return entry[1]
-            row = self._new_row(head, "param" if entry[3] else input_io, slot, arg, t)
-            row[_PARAM] = entry[3]
-            row[_PRODUCER] = entry[1][_ID]
+            row = self._new_row(head, "param" if entry[3] else input_io, slot, arg, t, entry[3], entry[1][0])
             self.links.append((row, entry[1]))
             if not entry[4]:
                 entry[4] = True
@@ -154,8 +168,7 @@ class Recorder:
         if not self.want_inputs:
             return None
         pname = self.param_names.get(id(t))
-        row = self._new_row(head, "param" if pname else input_io, slot, arg, t)
-        row[_PARAM] = pname
+        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)
         self._measure(row, t, data)
         self._register(t, row, version_of(t), pname)
         return row
@@ -196,6 +209,9 @@ class Recorder:
                 self.flow.pop(key, None)
 
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
+        if self.worker is not None and t.is_cpu and t.layout is _STRIDED:
+            self.worker.submit(row, t, data)
+            return
         device = t.device.type
         if device == "meta":
             row[_NOTE] = "meta tensor: no data, not measured"
@@ -207,7 +223,7 @@ class Recorder:
         if device == "cpu" and self.worker is not None:
             self.worker.submit(row, t, data)
             return
-        if device == "cpu" and self.engine == "sync":
+        if device == "cpu" and self.engine != "torch":
             row[STATS] = cpu_stats(t)
         else:
             self.device_jobs.append((row, device_stats(t)))
@@ -250,6 +266,13 @@ class Recorder:
             self.worker.close()
 
 
+def _native(store: Any) -> NativeStats | None:
+    try:
+        return NativeStats(store)
+    except RuntimeError:
+        return None
+
+
 def _storage(t: torch.Tensor) -> Any:
     try:
         return t.untyped_storage()
@@ -274,22 +297,28 @@ def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
             node.metadata.setdefault("opscope", (producer[_MODULE], producer[_OP]))
 
 
-def encode_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """Non-tensor arguments as JSON (tensors as {"tensor": slot}), for replay; None when all are tensors."""
-    slot = [0]
+_SIMPLE = frozenset((int, float, bool, str, type(None)))
 
-    def clean(a: Any) -> Any:
-        if isinstance(a, torch.Tensor):
-            slot[0] += 1
-            return {"tensor": slot[0] - 1}
-        if a is None or isinstance(a, (bool, int, float, str)):
-            return a
-        if isinstance(a, (list, tuple)):
-            return [clean(x) for x in a]
-        return str(a)
 
-    cleaned = [clean(a) for a in args]
-    kw = {k: clean(v) for k, v in kwargs.items()}
-    if all(isinstance(c, dict) for c in cleaned) and not kw:
+def args_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list, dict] | None:
+    """The call's non-tensor arguments, for replay: ``([[position, value], ...], {name: value})``.
+
+    Tensors (and lists of tensors) are left out: they are the call's input rows, found by
+    ``arg`` (schema name) and ``slot``. Values other than numbers, strings and lists of
+    them (dtype, device, memory_format) are kept as their ``str``. Encoded as JSON when
+    the step is written, off the training thread.
+    """
+    pairs = []
+    for i, a in enumerate(args):
+        c = a.__class__
+        if c in _SIMPLE:
+            pairs.append((i, a))
+        elif c is list or c is tuple:
+            if not any(isinstance(x, torch.Tensor) for x in a):
+                pairs.append((i, [x if x.__class__ in _SIMPLE else str(x) for x in a]))
+        elif not isinstance(a, torch.Tensor):
+            pairs.append((i, str(a)))
+    kw = {k: (v if v.__class__ in _SIMPLE else str(v)) for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    if not pairs and not kw:
         return None
-    return json.dumps({"args": cleaned, "kwargs": kw} if kw else {"args": cleaned}, default=str)
+    return pairs, kw

@@ -239,10 +239,10 @@ def _engine(level: str) -> str:
     from opscope.capture.torch import stats
 
     choice = (env("STATS_BACKEND", "auto") or "auto").lower()
-    if choice not in ("auto", "c", "async", "torch"):
-        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, c, async, torch")
+    if choice not in ("auto", "sync", "async", "torch"):
+        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, sync, async, torch")
     if choice == "torch" or stats._fastats is None:
         return "torch"
-    # Measured (benchmarks/bench_dump.py): on small tensors the GIL hand-overs to a worker
-    # thread cost more than the reductions they move off the training thread.
-    return "c" if choice == "async" and level != "module" else "sync"
+    # module level sees few tensors and cannot see in-place ops between module calls, so
+    # it reduces at once; finer levels hand tensors to the native thread.
+    return "sync" if choice == "sync" or level == "module" else "async"

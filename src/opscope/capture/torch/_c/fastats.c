@@ -11,6 +11,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdlib.h>
 
 enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I8 = 4, U8 = 5, I16 = 6, I32 = 7, I64 = 8, BOOL = 9 };
 
@@ -259,7 +261,147 @@ done:
     return out;
 }
 
+/* A native worker thread: jobs are (address, numel, code) triples reduced in FIFO order
+ * without ever taking the GIL, so the training thread pays only for submitting them. */
+typedef struct {
+    unsigned long long ptr;
+    Py_ssize_t n;
+    int code;
+    acc_t acc;
+} job_t;
+
+static struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done_cv;
+    job_t *jobs;
+    Py_ssize_t cap, tail, next, done;
+    int started, stop;
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
+
+static void *worker_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&W.mu);
+    for (;;) {
+        while (W.next == W.tail && !W.stop) pthread_cond_wait(&W.work, &W.mu);
+        if (W.next == W.tail && W.stop) break;
+        Py_ssize_t i = W.next++;
+        job_t job = W.jobs[i];
+        pthread_mutex_unlock(&W.mu);
+        job.acc.mn = INFINITY;
+        job.acc.mx = -INFINITY;
+        if (job.n > 0) run((const void *)(uintptr_t)job.ptr, job.n, job.code, &job.acc);
+        pthread_mutex_lock(&W.mu);
+        W.jobs[i].acc = job.acc; /* the array may have moved while unlocked: index again */
+        W.done = i + 1;
+        pthread_cond_broadcast(&W.done_cv);
+    }
+    pthread_mutex_unlock(&W.mu);
+    return NULL;
+}
+
+/* A forked child has no worker thread: start afresh there if it ever submits. */
+static void child_after_fork(void) {
+    pthread_mutex_init(&W.mu, NULL);
+    pthread_cond_init(&W.work, NULL);
+    pthread_cond_init(&W.done_cv, NULL);
+    W.started = 0;
+    W.tail = W.next = W.done = 0;
+}
+
+static PyObject *w_submit(PyObject *self, PyObject *args) {
+    unsigned long long ptr;
+    Py_ssize_t n;
+    int code;
+    if (!PyArg_ParseTuple(args, "Kni", &ptr, &n, &code)) return NULL;
+    if (code < 0 || code > BOOL || n < 0) { PyErr_SetString(PyExc_ValueError, "bad dtype code or size"); return NULL; }
+    pthread_mutex_lock(&W.mu);
+    if (!W.started) {
+        W.stop = 0;
+        if (pthread_create(&W.thread, NULL, worker_main, NULL) != 0) {
+            pthread_mutex_unlock(&W.mu);
+            PyErr_SetString(PyExc_RuntimeError, "cannot start the statistics thread");
+            return NULL;
+        }
+        W.started = 1;
+    }
+    if (W.tail == W.cap) {
+        Py_ssize_t cap = W.cap ? 2 * W.cap : 4096;
+        job_t *jobs = realloc(W.jobs, sizeof(job_t) * cap);
+        if (!jobs) { pthread_mutex_unlock(&W.mu); return PyErr_NoMemory(); }
+        W.jobs = jobs;
+        W.cap = cap;
+    }
+    Py_ssize_t id = W.tail++;
+    memset(&W.jobs[id], 0, sizeof(job_t));
+    W.jobs[id].ptr = ptr; W.jobs[id].n = n; W.jobs[id].code = code;
+    pthread_cond_signal(&W.work);
+    pthread_mutex_unlock(&W.mu);
+    return PyLong_FromSsize_t(id);
+}
+
+static PyObject *w_wait(PyObject *self, PyObject *arg) {
+    Py_ssize_t id = PyLong_AsSsize_t(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&W.mu);
+    while (W.done <= id && id < W.tail) pthread_cond_wait(&W.done_cv, &W.mu);
+    pthread_mutex_unlock(&W.mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *w_done(PyObject *self, PyObject *unused) {
+    pthread_mutex_lock(&W.mu);
+    Py_ssize_t d = W.done;
+    pthread_mutex_unlock(&W.mu);
+    return PyLong_FromSsize_t(d);
+}
+
+/* results(start, end) -> [stats tuple] for finished jobs start..end-1. */
+static PyObject *w_results(PyObject *self, PyObject *args) {
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "nn", &start, &end)) return NULL;
+    pthread_mutex_lock(&W.mu);
+    if (start < 0 || end > W.done || start > end) {
+        pthread_mutex_unlock(&W.mu);
+        PyErr_SetString(PyExc_ValueError, "results asked for unfinished jobs");
+        return NULL;
+    }
+    Py_ssize_t m = end - start;
+    acc_t *accs = PyMem_Malloc(sizeof(acc_t) * (m ? m : 1));
+    Py_ssize_t *ns = PyMem_Malloc(sizeof(Py_ssize_t) * (m ? m : 1));
+    if (accs && ns)
+        for (Py_ssize_t j = 0; j < m; j++) { accs[j] = W.jobs[start + j].acc; ns[j] = W.jobs[start + j].n; }
+    pthread_mutex_unlock(&W.mu);
+    if (!accs || !ns) { PyMem_Free(accs); PyMem_Free(ns); return PyErr_NoMemory(); }
+    PyObject *out = PyList_New(m);
+    for (Py_ssize_t j = 0; out && j < m; j++) {
+        PyObject *t = finish(&accs[j], ns[j]);
+        if (!t) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, j, t);
+    }
+    PyMem_Free(accs); PyMem_Free(ns);
+    return out;
+}
+
+/* reset(): forget every job (all must be finished); ids start again at 0. */
+static PyObject *w_reset(PyObject *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&W.mu);
+    while (W.done < W.tail) pthread_cond_wait(&W.done_cv, &W.mu);
+    W.tail = W.next = W.done = 0;
+    pthread_mutex_unlock(&W.mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef METHODS[] = {
+    {"submit", w_submit, METH_VARARGS, "submit(ptr, numel, code) -> job id (reduced by a native thread)"},
+    {"wait", w_wait, METH_O, "wait(job_id): block, without the GIL, until that job is finished"},
+    {"done", w_done, METH_NOARGS, "done() -> number of finished jobs (a prefix of the ids)"},
+    {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
+    {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},
     {"stats_batch", stats_batch, METH_O, "stats_batch([(ptr, numel, code), ...]) -> [stats tuple, ...]"},
     {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash)"},
     {NULL, NULL, 0, NULL},
@@ -267,4 +409,7 @@ static PyMethodDef METHODS[] = {
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_fastats", NULL, -1, METHODS};
 
-PyMODINIT_FUNC PyInit__fastats(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__fastats(void) {
+    pthread_atfork(NULL, NULL, child_after_fork);
+    return PyModule_Create(&MODULE);
+}

@@ -1,0 +1,143 @@
+"""The flight recorder behind ``opscope.watch(action="record")``.
+
+A statistics dump runs all the time, but into a ring buffer in memory that holds the rows
+of the last ``history`` steps. When a trigger fires at the end of step S (NaN/Inf, a loss
+spike, a step-time spike), the ring is written out as an ordinary dump (steps S-history+1
+.. S, statistics) and step S+1 goes straight to that dump, with full tensors for the ops
+on the chain of the event. ``opscope show`` and ``opscope compare`` read it like any dump.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from opscope.capture.torch import levels
+from opscope.capture.torch.recorder import Recorder
+from opscope.capture.torch.session import DumpSession, _engine
+from opscope.config import DumpConfig, Filter, StepSelection
+from opscope.storage.writer import DumpWriter
+
+
+class RingWriter:
+    """Stands in for :class:`DumpWriter`: keeps the rows of the last ``history`` steps in
+    memory; while a real writer is attached (``sink``), passes everything on to it."""
+
+    def __init__(self, history: int) -> None:
+        self.steps: deque[tuple[int, list[list[Any]]]] = deque(maxlen=history)
+        self.manifest: dict[str, Any] = {}
+        self.sink: DumpWriter | None = None
+        self.sink_step: int | None = None
+        self.on_sink_done: Any = None
+        self._open: dict[int, list[list[Any]]] = {}
+
+    def add_tensor(self, step: int, key: str, dtype: str, shape: list[int], buffer: Any, nbytes: int) -> str:
+        if self.sink is not None:
+            return self.sink.add_tensor(step, key, dtype, shape, buffer, nbytes)
+        return ""  # statistics only while recording into the ring
+
+    def add_rows(self, step: int, rows: list[list[Any]]) -> None:
+        if self.sink is not None:
+            self.sink.add_rows(step, rows)
+        else:
+            self._open.setdefault(step, []).extend(rows)
+
+    def end_step(self, step: int) -> None:
+        if self.sink is not None:
+            self.sink.end_step(step)
+            if step == self.sink_step and self.on_sink_done is not None:
+                self.on_sink_done()
+            return
+        self.steps.append((step, self._open.pop(step, [])))
+
+    def check(self) -> None:
+        if self.sink is not None:
+            self.sink.check()
+
+    def close(self, status: str = "complete", error: str | None = None) -> None:
+        if self.on_sink_done is not None and self.sink is not None:
+            self.on_sink_done(status, error)
+
+
+class FlightRecorder(DumpSession):
+    """A statistics dump into a :class:`RingWriter`; its steps are driven by the watch."""
+
+    def __init__(self, path: str, level: str, history: int) -> None:
+        super().__init__(DumpConfig(path=path, steps=StepSelection("all"), level=level, data="statistics"))
+        self.history = history
+        self.written: list[str] = []
+        self.pending_notes: list[str] = []
+
+    def start(self) -> FlightRecorder:
+        # As DumpSession.start, with the ring in place of the on-disk writer.
+        self.started = True
+        if not self.active:
+            return self
+        self.writer = RingWriter(self.history)  # type: ignore[assignment]
+        self.writer.on_sink_done = self._sink_done
+        self.recorder = Recorder(self.cfg, self.writer, self.rank, self.modules.param_names,  # type: ignore[arg-type]
+                                 _engine(self.cfg.level))
+        self._level = levels.make(self.cfg.level, self)
+        self.modules.install()
+        from torch.optim import optimizer as opt
+
+        self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
+                         opt.register_optimizer_step_post_hook(self._optimizer_post)]
+        self.clock.manual = True  # steps end only when the watch says so
+        self._enter_step(0)
+        return self
+
+    @property
+    def ring(self) -> RingWriter:
+        return self.writer  # type: ignore[return-value]
+
+    def end_step(self) -> None:
+        """End the current step (the watch calls this at each of its boundaries)."""
+        if self.started and self.active:
+            self.clock.user_step()
+
+    def trigger(self, step: int, reason: str, tensor_ops: list[str], event: dict[str, Any] | None) -> str | None:
+        """Write the ring (which ends with ``step``) as a dump; the next step goes there too,
+        with full tensors for ``tensor_ops``. Returns the dump path (None if one is being written)."""
+        ring = self.ring
+        if not self.active or ring.sink is not None:
+            return None
+        path = _free_path(self.cfg.path)
+        manifest = self._manifest()
+        manifest["config"] = dict(manifest["config"], path=path, tensor_ops={"include": tensor_ops, "exclude": []})
+        kept = [s for s, _ in ring.steps]
+        manifest["flight_recorder"] = {"trigger": reason, "step": step, "history_steps": kept,
+                                       "tensor_step": step + 1, "tensor_ops": tensor_ops, "event": event}
+        self.pending_notes = [f"flight recorder: {reason} at step {step}; steps {kept} are statistics kept in memory, "
+                              f"step {step + 1} adds full tensors for {', '.join(tensor_ops) or 'no op'}"]
+        sink = DumpWriter(path, self.rank, manifest, queue_limit=int(self.cfg.queue_limit_mb * 2**20),
+                          shard_bytes=int(self.cfg.shard_mb * 2**20))
+        sink.open()
+        for s, rows in ring.steps:
+            if rows:
+                sink.add_rows(s, rows)
+            sink.end_step(s)
+        ring.steps.clear()
+        ring.sink, ring.sink_step = sink, step + 1
+        self.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
+        self.written.append(path)
+        return path
+
+    def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
+        ring = self.ring
+        sink, ring.sink, ring.sink_step = ring.sink, None, None
+        self.cfg.tensor_ops = Filter()
+        if sink is not None:
+            sink.manifest["notes"] = list(self.pending_notes)
+            sink.close(status, error)
+
+
+def _free_path(path: str) -> str:
+    """``path``, or ``path-2``, ``path-3``, ... when a dump is already there."""
+    candidate, n = path, 1
+    while Path(candidate).exists() and any(Path(candidate).iterdir()):
+        n += 1
+        candidate = f"{os.fspath(path)}-{n}"
+    return candidate
