@@ -10,6 +10,7 @@ from typing import Any
 
 from opscope.compare import measure
 from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
+from opscope.compare.blame import execution_order
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table
@@ -142,8 +143,7 @@ def _result(t_dump: Any, r_dump: Any, state: Any, pairs: list[Pair], counts: dic
             elapsed: float) -> CompareResult:
     findings = state.findings
     firsts = dict(sorted(state.first_by_rank.items()))
-    first = min(firsts.values(), key=lambda f: (f.step, -1 if f.kind == "root" else PHASE_ORDER.get(f.phase, 9),
-                                                f.seq, f.rank), default=None)
+    first = min(firsts.values(), key=execution_order, default=None)
     stats_only = any(p.mode == "statistics" for p in pairs)
     settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                 for k, v in noise.__dict__.items()}

@@ -31,7 +31,9 @@ def rank(state: VerdictState) -> None:
 
 
 def execution_order(f: Finding) -> tuple[Any, ...]:
-    return (f.step, -1 if f.kind == "root" else PHASE_ORDER.get(f.phase, 9), f.seq, f.rank)
+    """Step, then phase (a forward root, such as a parameter, before the step's first op), then call."""
+    start = f.kind == "root" and f.phase == "forward"
+    return (f.step, -1 if start else PHASE_ORDER.get(f.phase, 9), f.seq, f.rank)
 
 
 def metrics_of(pair: Pair) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.nesting import demote_enclosing
 from opscope.compare.tolerance import NoiseModel, is_float
 
 PAIRED = ("exact", "aligned", "mapped", "flow")
@@ -245,6 +246,13 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = _join(own.note, f"differs at the start of step {node.step}, as left by step "
                                    f"{info.get('previous_step')}")
         return bool(info["tainted_before"])
+    if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer")):
+        # a gradient or optimizer state whose producer was not captured (module / api
+        # levels), in a step that already diverged: it carries that divergence
+        own.status, own.verdict = "failed", "inherits"
+        own.note = _join(own.note, "no captured producer, in a step that had already diverged")
+        state.tainted.add(id(own))
+        return True
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
@@ -341,7 +349,7 @@ def _join(a: str, b: str) -> str:
 
 
 VerdictPass = Callable[[VerdictState], None]
-VERDICT_PASSES: list[VerdictPass] = [index, judge]
+VERDICT_PASSES: list[VerdictPass] = [index, judge, demote_enclosing]
 
 
 def register_pass(fn: VerdictPass, *, before: VerdictPass | None = None) -> VerdictPass:

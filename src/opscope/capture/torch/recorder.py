@@ -180,17 +180,22 @@ class Recorder:
         if mutated and version >= 0:
             version += 1  # torch bumps the counter only after the op returns
         pname = self.param_names.get(id(t))
-        if src is not None and not mutated and not data and src[14] == row[14]:
-            # a view: the same elements as its input, not read again (with full tensors a view
+        note = "view"
+        if src is None and not mutated:
+            entry = self.flow.get(id(t))
+            if entry is not None and entry[0]() is t and entry[2] == version:
+                src, note = entry[1], "alias"  # the very tensor an earlier record measured
+        if src is not None and not mutated and (not data or note == "alias") and src[14] == row[14]:
+            # the same elements as an earlier record, not read again (with full tensors a view
             # is stored in its own layout, so that reading it back gives the view)
             row[_PRODUCER] = src[_ID]
-            row[_NOTE] = "view"
+            row[_NOTE] = note
             pname = src[_PARAM] or pname
             self.links.append((row, src))
         else:
             self._measure(row, t, data)
         row[_PARAM] = pname
-        self._register(t, row, version, pname, view=src is not None)
+        self._register(t, row, version, pname, view=src is not None and note == "view")
 
     def _register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
                   view: bool = False) -> None:

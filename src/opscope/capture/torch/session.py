@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import platform
 import socket
@@ -202,7 +203,7 @@ class DumpSession:
         frame = sys._getframe(2)
         while frame is not None:
             name = frame.f_code.co_filename
-            if not any(part in name for part in _LIBRARY_PARTS):
+            if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
                 return f"{name}:{frame.f_lineno} ({frame.f_code.co_name})"
             frame = frame.f_back
         return None
@@ -228,7 +229,8 @@ class DumpSession:
         }
 
 
-_LIBRARY_PARTS = (f"{os.sep}torch{os.sep}", f"{os.sep}opscope{os.sep}", "<frozen", f"{os.sep}contextlib.py")
+# Frames inside these directories are library code, never "the user's line".
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["opscope"], contextlib))
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
