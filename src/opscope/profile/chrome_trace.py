@@ -7,12 +7,15 @@ files line by line, so no trace is ever held in memory whole.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from opscope.errors import ProfileError
 
 HEADER = '{"traceEvents":[\n'
 PARTIAL = ".partial"
@@ -23,7 +26,11 @@ TID_STREAM_BASE = 1_000_000
 
 
 class TraceWriter:
-    """Streams events into ``path + '.partial'``; :meth:`finish` renames it to ``path``."""
+    """Streams events into ``path + '.partial'``; :meth:`finish` renames it to ``path``.
+
+    A write error (disk full) never reaches the training loop: writing stops, and
+    :meth:`finish` reports it as a :class:`ProfileError`.
+    """
 
     def __init__(self, path: str | os.PathLike, rank: int) -> None:
         self.path = Path(path)
@@ -34,17 +41,32 @@ class TraceWriter:
         self._file = gzip.open(self.partial, "wt", encoding="utf-8", compresslevel=5)  # noqa: SIM115
         self._file.write(HEADER)
         self._first = True
+        self.failed: OSError | None = None
         self._known_threads: set[int] = set()
         for event in rank_metadata(rank):
             self.event(event)
 
     def event(self, event: dict[str, Any]) -> None:
         """Append one event."""
+        if self.failed is not None:
+            return
         line = json.dumps(event, separators=(",", ":"))
-        self._file.write(line if self._first else ",\n" + line)
+        try:
+            self._file.write(line if self._first else ",\n" + line)
+        except OSError as exc:
+            self.failed = exc
+            return
         self._first = False
         self.events += 1
         self.raw_bytes += len(line) + 2
+
+    def flush(self) -> None:
+        """Push everything written so far through the compressor to the file."""
+        if self.failed is None:
+            try:
+                self._file.flush()
+            except OSError as exc:
+                self.failed = exc
 
     def name_thread(self, rank: int, tid: int, name: str, sort_index: int) -> None:
         """Name a track once (Perfetto shows the name and sorts by the index)."""
@@ -56,16 +78,27 @@ class TraceWriter:
 
     def finish(self, other: dict[str, Any] | None = None) -> Path:
         """Close the event list and publish the file under its final name."""
-        self._file.write("\n" + _trailer(other))
-        self._file.close()
-        os.replace(self.partial, self.path)
+        try:
+            if self.failed is not None:
+                raise self.failed
+            self._file.write("\n" + _trailer(other))
+            self._file.close()
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            raise ProfileError(f"could not write {self.path}: {exc.strerror or exc}; check free space and "
+                               f"permissions (what was written is in {self.partial.name})") from exc
         return self.path
 
     def abort(self, reason: str) -> Path:
-        """Close what was written, still valid JSON, and leave it as ``.partial`` with the reason."""
+        """Close what was written and leave it as ``.partial`` with the reason (best effort:
+        when the disk itself failed, the partial file may end early)."""
         if not self._file.closed:
-            self._file.write("\n" + _trailer({"status": "partial", "reason": reason}))
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.write("\n" + _trailer({"status": "partial", "reason": reason}))
+            with contextlib.suppress(OSError):
+                self._file.close()
         return self.partial
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -106,7 +107,10 @@ def finish(session: Any, error: BaseException | None) -> ProfileResult:
     except BaseException as exc:
         session.trace.abort(f"writing failed: {exc}")
         info.update(status="write_failed", error=f"{message + '; ' if message else ''}{exc}")
-        writers.write_json(folder / "summary.json", info)
+        with contextlib.suppress(ProfileError):  # the disk that failed may refuse this too
+            writers.write_json(folder / "summary.json", info)
+        if isinstance(exc, ProfileError):
+            raise ProfileError(f"the profile in {folder} is incomplete: {exc}") from exc
         raise
     measured = summarize(rows, ops, warmup=cfg.warmup)
     measured["task_trace"].update(_task_numbers(session))

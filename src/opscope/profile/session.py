@@ -67,7 +67,13 @@ class ProfileSession:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.stop(error=exc)
+        if exc is None:
+            self.stop()
+            return False
+        try:
+            self.stop(error=exc)
+        except ProfileError as write_error:  # never hide the user's own exception behind ours
+            warnings.warn(str(write_error), ProfileWarning, stacklevel=2)
         return False
 
     def start(self) -> ProfileSession:

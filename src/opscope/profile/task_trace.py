@@ -66,6 +66,7 @@ class TaskTrace:
         profiler.stop()
         events = profiler.profiler.kineto_results.events()
         self.op_rows.extend(self._consume(step, events, phases))
+        self.writer.flush()  # each traced step reaches the disk: memory stays bounded, a crash keeps it
         self.steps.append(step)
         self.export_ns += time.perf_counter_ns() - t0
 
