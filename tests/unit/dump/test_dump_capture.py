@@ -150,3 +150,19 @@ def test_awkward_tensors(tmp_path):
     assert meta.note.str.contains("meta tensor").any()
     add_ = df[(df.op == "aten.add_.Tensor") & (df.io == "output")].iloc[0]
     assert add_["min"] == 2.0  # the in-place output is recorded with its new values
+
+
+def test_device_statistics_path_gives_the_same_records_on_cpu(tmp_path, monkeypatch):
+    """The CUDA path (reductions left on the device, one transfer per step) runs on CPU too."""
+    _, native = train(tmp_path / "native", 2, small_transformer)
+    monkeypatch.setenv("OPSCOPE_STATS_BACKEND", "torch")
+    _, device = train(tmp_path / "device", 2, small_transformer)
+    assert device.manifest["stats_backend"] == "torch" and native.manifest["stats_backend"] == "async"
+    a, b = native.records().to_pandas(), device.records().to_pandas()
+    assert len(a) == len(b) > 100
+    assert (a.hash.fillna(-1) == b.hash.fillna(-1)).all()
+    for col in ("min", "max", "mean", "norm"):
+        assert np.allclose(a[col], b[col], rtol=1e-5, atol=1e-7, equal_nan=True), col
+    monkeypatch.setenv("OPSCOPE_STATS_BACKEND", "gpu")
+    with pytest.raises(opscope.ConfigError, match="OPSCOPE_STATS_BACKEND"):
+        train(tmp_path / "bad", 1)

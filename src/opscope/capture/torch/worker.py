@@ -38,7 +38,7 @@ class NativeStats:
             raise RuntimeError("the native statistics thread is not available")
         self._store = store
         self._every = collect_every
-        self._jobs: list[tuple[list[Any], torch.Tensor] | None] = []
+        self._jobs: list[tuple[list[Any], Any] | None] = []
         self._collected = 0
         self._last: dict[int, int] = {}
 
@@ -53,7 +53,10 @@ class NativeStats:
             return
         ptr = tensor.data_ptr()
         job = _fastats.submit(ptr, tensor.numel(), code)
-        self._jobs.append((row, tensor))
+        # Keep the memory alive through its storage, not the tensor: an extra reference to
+        # the tensor would change what autograd does (AccumulateGrad steals a gradient
+        # only when nothing else holds it) and so the ops of the run being observed.
+        self._jobs.append((row, tensor.untyped_storage()))
         self._last[ptr - tensor.storage_offset() * tensor.element_size()] = job
         if job - self._collected >= self._every:
             self.poll()
