@@ -24,6 +24,13 @@ import torch
 import opscope
 from opscope.demo.models import mlp_task, train_step, transformer_task
 
+# The issue's reference shapes: a 2-layer transformer step (~20 ms bare here) and a small
+# MLP (~6 ms bare here).
+TASKS = {
+    "transformer": transformer_task,
+    "mlp": lambda: mlp_task(batch=64, d_in=256, hidden=512, depth=3),
+}
+
 
 def _time_steps(task, n: int, dump_keys: dict | None, root: str) -> list[float]:
     model, opt, batch = task()
@@ -81,13 +88,14 @@ def main() -> None:
         ("steps not selected (target <= 1.03x)", {"level": "aten", "steps": "1000"}),
         ("full tensors, aten level (target <= 3x)", {"level": "aten", "data": "tensor"}),
     ]
+    ours: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
-        for name, task in (("transformer", transformer_task), ("mlp", mlp_task)):
+        for name, task in TASKS.items():
             for label, keys in cases:
-                r = ratio(task, args.steps, keys, root)
+                r = ours[(name, label)] = ratio(task, args.steps, keys, root)
                 print(f"{name:12s} {label:58s} {r:5.2f}x")
         _tensor_throughput(root, args.steps)
-    _msprobe_note()
+        _msprobe(root, args.steps, ours)
 
 
 def _tensor_throughput(root: str, n: int) -> None:
@@ -104,12 +112,57 @@ def _tensor_throughput(root: str, n: int) -> None:
           f"the disk's own sequential write: {disk_throughput(root):.0f} MB/s")
 
 
-def _msprobe_note() -> None:
-    try:
-        import msprobe  # noqa: F401
-    except ImportError:
+MSPROBE_SCRIPT = """
+import json, statistics, sys, time, torch
+from msprobe.pytorch import PrecisionDebugger
+sys.path.insert(0, {bench_dir!r})
+from bench_dump import TASKS, train_step
+torch.set_num_threads(1)
+model, opt, batch = TASKS[{task!r}]()
+def steps(n, debug):
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        if debug:
+            PrecisionDebugger.start(model)
+        train_step(model, opt, *batch(i))
+        if debug:
+            PrecisionDebugger.stop(); PrecisionDebugger.step()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out[2:])
+bare = steps({n}, False)
+PrecisionDebugger(config_path={config!r})
+print(json.dumps(steps({n}, True) / bare))
+"""
+
+
+def _msprobe(root: str, n: int, ours: dict[tuple[str, str], float]) -> None:
+    """Run mindstudio-probe (msprobe) on the same models and steps, if it is installed."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("msprobe") is None:
         print("mindstudio-probe is not installed: no peer ratio printed "
-              "(measured elsewhere: 3.6x transformer / 6.2x MLP statistics, 16.5x tensors)")
+              "(measured elsewhere: 3.6x transformer / 6.2x MLP statistics at API level, 16.5x tensors)")
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    for task, (mode, ours_label) in [(t, m) for t in TASKS for m in (
+            ("statistics", "statistics, api level"), ("tensor", "full tensors, aten level (target <= 3x)"))]:
+        config = os.path.join(root, f"msprobe-{task}-{mode}.json")
+        with open(config, "w") as f:
+            json.dump({"task": mode, "dump_path": os.path.join(root, f"msprobe-{task}-{mode}"), "rank": [],
+                       "step": [], "level": "L1", mode: {"scope": [], "list": [], "data_mode": ["all"]}}, f)
+        script = MSPROBE_SCRIPT.format(bench_dir=here, task=task, n=n, config=config)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            print(f"msprobe {task} {mode}: failed ({proc.stderr.strip().splitlines()[-1:]})")
+            continue
+        theirs = float(proc.stdout.strip().splitlines()[-1])
+        mine = ours[(task, ours_label)]
+        print(f"{task:12s} msprobe {mode} (L1, API level) {theirs:5.2f}x   opscope {ours_label}: {mine:5.2f}x   "
+              f"opscope/msprobe = {mine / theirs:4.2f}")
 
 
 if __name__ == "__main__":
