@@ -56,6 +56,10 @@ class Dump:
             self.problems.append(f"{self.path} is still marked running: its last steps may be missing")
         elif self.status == "crashed":
             self.problems.append(f"{self.path} is from a run that crashed: {self.error or 'see rank.json'}")
+        runs = {s.get("run_id") for s in self.rank_status.values()}
+        if len(runs) > 1:
+            self.problems.append(f"{self.path} mixes rank folders of different runs (run ids {sorted(map(str, runs))}); "
+                                 "dump again with overwrite=True")
 
     def __repr__(self) -> str:
         return f"Dump({str(self.path)!r}, status={self.status!r}, ranks={self.ranks})"

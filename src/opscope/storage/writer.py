@@ -194,6 +194,7 @@ class DumpWriter:
         run_id = self.manifest.get("run_id")
         if self.overwrite:
             shutil.rmtree(rdir, ignore_errors=True)
+            _remove_other_runs(root, run_id)
         elif rdir.exists() or (manifest.exists() and not _same_run(manifest, run_id)):
             raise DumpExistsError(
                 f"{str(root)!r} already holds a dump; choose a new path or pass overwrite=True "
@@ -207,12 +208,27 @@ class DumpWriter:
             raise _write_error(exc, root) from None
 
     def _write_status(self, status: str, error: str | None = None) -> None:
-        self.manifest["status"] = status
-        fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
         fmt.write_json(fmt.rank_dir(self.root, self.rank) / fmt.RANK_STATUS, {
             "rank": self.rank, "status": status, "error": error, "steps": sorted(self.steps),
-            "records": self.records, "tensor_bytes": self.tensor_bytes,
+            "records": self.records, "tensor_bytes": self.tensor_bytes, "run_id": self.manifest.get("run_id"),
             "pid": os.getpid(), "updated": _now()})
+        # every rank rewrites the manifest; the last one to close lists them all
+        self.manifest["status"] = status
+        self.manifest["ranks"] = sorted(int(d.name[4:]) for d in self.root.glob("rank*") if d.name[4:].isdigit())
+        fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
+
+
+def _remove_other_runs(root: Path, run_id: str | None) -> None:
+    """With overwrite, rank folders an earlier run left must not mix with this run's."""
+    import json
+
+    for d in root.glob("rank*"):
+        try:
+            other = json.loads((d / fmt.RANK_STATUS).read_text()).get("run_id")
+        except (OSError, ValueError):
+            continue  # being created right now by another rank of this run
+        if not run_id or other != run_id:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _same_run(manifest: Path, run_id: str | None) -> bool:

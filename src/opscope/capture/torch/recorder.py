@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
+from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
 from opscope.config import DumpConfig
 from opscope.model.records import COL, COLUMNS, NO_STATS, STATS
@@ -71,6 +72,7 @@ class Recorder:
         self.step = -1
         self.meta_skipped = 0
         self._selected: dict[tuple[str, str, str], bool] = {}
+        self.plan = TensorPlan.make(cfg, rank)  # which calls keep full tensors; byte limit (suspects.py)
         self._reset()
 
     def _reset(self) -> None:
@@ -94,28 +96,29 @@ class Recorder:
             self._selected[key] = hit
         return hit
 
-    def wants_data(self, op: str) -> bool:
-        if self.cfg.tensor_ops:
-            return self.cfg.tensor_ops.matches(op)
-        return self.cfg.data == "tensor"
+    def wants_data(self, op: str, module: str = "", phase: str = "", call: int = 0) -> bool:
+        """Full tensors for this call (data, tensor_ops, suspects), until tensor_limit_mb is reached."""
+        plan = self.plan
+        return plan is not None and plan.wants(self.step, phase, module, op, call)
 
     # -- recording -------------------------------------------------------------------
     def record(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
                outputs: list[tuple[int, str | None, torch.Tensor]], *, args: Any = None,
                views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), fwd_op: str | None = None,
                node: str | None = None, source: str | None = None, input_io: str = "input",
-               call: int | None = None, uninitialized: bool = False) -> int:
+               call: int | None = None, uninitialized: bool = False, param: str | None = None) -> int:
         """Record one op call; returns its call index. ``views``/``mutated`` list output slots
         that alias an input (same elements) or were written in place; ``call`` reuses the
         index of an earlier record of the same call (module entry and exit);
-        ``uninitialized`` marks outputs of ``empty``-like ops, whose memory is not data yet."""
+        ``uninitialized`` marks outputs of ``empty``-like ops, whose memory is not data yet;
+        ``param`` names the parameter the inputs belong to (a gradient's parameter)."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
             self.calls[key] = call + 1
         seq = self.seq
         self.seq = seq + 1
-        data = self.wants_data(op)
+        data = self.wants_data(op, module, phase, call)
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = None
         if self.want_inputs or views:
@@ -123,6 +126,8 @@ class Recorder:
                 row = self._input_row(head, slot, arg, t, data, input_io)
                 if first_input_row is None:
                     first_input_row = row
+                if param is not None and row is not None:
+                    row[_PARAM] = param
         if self.want_outputs:
             for slot, arg, t in outputs:
                 src = first_input_row if slot in views else None
@@ -237,6 +242,8 @@ class Recorder:
 
     def _store(self, row: list[Any], copy: torch.Tensor) -> str:
         dtype, shape, raw, nbytes = tensor_buffer(copy)
+        if self.plan is not None and not self.plan.admit(row, nbytes, _where(row)):
+            return None  # past tensor_limit_mb: statistics only from here on
         key = f"r{row[_ID]}"
         row[_KEY] = key
         return self.writer.add_tensor(row[_STEP], key, dtype, shape, raw, nbytes)
@@ -264,11 +271,17 @@ class Recorder:
         if self.rows:
             self.writer.add_rows(self.step, self.rows)
         self.writer.end_step(self.step)
+        if self.plan is not None:
+            self.plan.end_step(self.step)
         self._reset()
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+
+
+def _where(row: list[Any]) -> tuple[Any, ...]:
+    return (row[_STEP], row[COL["phase"]], row[_MODULE], row[_OP], row[COL["io"]], row[COL["slot"]])
 
 
 def _native(store: Any) -> NativeStats | None:

@@ -87,6 +87,9 @@ class DumpSession:
         self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
                          opt.register_optimizer_step_post_hook(self._optimizer_post)]
         atexit.register(self._atexit)
+        # a process forked while capturing (a DataLoader worker) inherits the hooks and
+        # the dispatch mode; it must not capture, nor pay for capturing
+        os.register_at_fork(after_in_child=self._forked)
         self._enter_step(0)
         return self
 
@@ -130,6 +133,8 @@ class DumpSession:
             if status == "complete":
                 self._note_unreached()
             self.writer.manifest["notes"] = self.notes
+            if self.recorder.plan is not None:  # tensor sizes, estimate, where tensor_limit_mb stopped capture
+                self.recorder.plan.finish(self.writer.manifest)
             self.writer.close(status, error)
         if failure is not None and status == "crashed" and error == str(failure):
             raise failure
@@ -143,6 +148,10 @@ class DumpSession:
             h.remove()
         self._handles = []
 
+    def _forked(self) -> None:
+        self.active = self.capturing = False
+        self.started = False
+
     def _atexit(self) -> None:
         self._finish("complete")
 
@@ -154,6 +163,8 @@ class DumpSession:
 
     # -- steps -------------------------------------------------------------------------
     def _enter_step(self, step: int) -> None:
+        if not self.active:
+            return
         if step in self.cfg.steps:
             self.recorder.begin_step(step)
             self.capturing = True
@@ -181,7 +192,8 @@ class DumpSession:
             if self.recorder.selected(module, op, "optimizer"):
                 self.recorder.record(op, module, "optimizer", [(0, "param", p)], [], call=i)
                 if p.grad is not None:
-                    self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i)
+                    self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i,
+                                         param=self.modules.param_names.get(id(p)))
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.capturing:

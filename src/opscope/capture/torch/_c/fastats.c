@@ -276,14 +276,18 @@ static struct {
     pthread_cond_t work, done_cv;
     job_t *jobs;
     Py_ssize_t cap, tail, next, done;
-    int started, stop;
+    int started, stop, idle;
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
 
 static void *worker_main(void *unused) {
     (void)unused;
     pthread_mutex_lock(&W.mu);
     for (;;) {
-        while (W.next == W.tail && !W.stop) pthread_cond_wait(&W.work, &W.mu);
+        while (W.next == W.tail && !W.stop) {
+            W.idle = 1; /* submitters signal only an idle worker: no syscall per job otherwise */
+            pthread_cond_wait(&W.work, &W.mu);
+        }
+        W.idle = 0;
         if (W.next == W.tail && W.stop) break;
         Py_ssize_t i = W.next++;
         job_t job = W.jobs[i];
@@ -306,6 +310,7 @@ static void child_after_fork(void) {
     pthread_cond_init(&W.work, NULL);
     pthread_cond_init(&W.done_cv, NULL);
     W.started = 0;
+    W.idle = 0;
     W.tail = W.next = W.done = 0;
 }
 
@@ -335,7 +340,7 @@ static PyObject *w_submit(PyObject *self, PyObject *args) {
     Py_ssize_t id = W.tail++;
     memset(&W.jobs[id], 0, sizeof(job_t));
     W.jobs[id].ptr = ptr; W.jobs[id].n = n; W.jobs[id].code = code;
-    pthread_cond_signal(&W.work);
+    if (W.idle) pthread_cond_signal(&W.work);
     pthread_mutex_unlock(&W.mu);
     return PyLong_FromSsize_t(id);
 }
