@@ -1,0 +1,281 @@
+"""Start opscope in a process from its configuration alone, with no change to the script.
+
+``opscope run -c config.json -- CMD`` and ``OPSCOPE_CONFIG=config.json python train.py``
+both end here, at interpreter startup: the launcher through a ``sitecustomize`` it puts on
+``PYTHONPATH``, an installed opscope through its ``opscope-autostart.pth`` (which imports
+this module only when ``OPSCOPE_CONFIG`` is set). :func:`activate` then
+
+1. validates the config file (a bad one ends the process at once, with one message);
+2. waits, without importing torch, for the process to import torch (a post-import hook);
+3. waits for the first ``nn.Module`` call, and only then starts the configured sessions
+   (dump, profile, overflow watch), just before that call runs. A process that never
+   calls a module — pip, a compiler, torchrun's agent, ``mp.spawn``'s parent, a DataLoader
+   worker — starts nothing and writes nothing;
+4. stops the sessions at exit: normal exit, an uncaught exception (recorded as the
+   error) and SIGTERM (turned into ``SystemExit(143)`` so that everything is flushed).
+
+A script that imports opscope itself keeps control: autostart starts nothing there (the
+script's own ``opscope.dump()`` reads the same ``OPSCOPE_CONFIG``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+ENV_CONFIG = "OPSCOPE_CONFIG"
+
+_autostart: Autostart | None = None
+
+
+def activate(origin: str = "OPSCOPE_CONFIG") -> Autostart | None:
+    """Arm opscope in this process when ``$OPSCOPE_CONFIG`` names a config (idempotent).
+
+    Args:
+        origin: who called (``"opscope run"``, ``".pth"``), used in messages only.
+
+    Returns:
+        The :class:`Autostart` armed in this process, or None when no config is set.
+    """
+    global _autostart
+    if _autostart is not None:
+        return _autostart
+    path = os.environ.get(ENV_CONFIG)
+    if not path:
+        return None
+    path = os.path.abspath(path)
+    try:
+        sections = validate(path)
+    except Exception as exc:  # the config module raises ConfigError; anything else is as fatal
+        _fail(f"{ENV_CONFIG}={path}: {exc}")
+    _autostart = Autostart(path, sections, origin)
+    _autostart.arm()
+    return _autostart
+
+
+def validate(path: str | os.PathLike) -> dict[str, Any]:
+    """Resolve every section of a config file; returns ``{section: resolved config}``.
+
+    Raises:
+        ConfigError: a bad key or value in any section, or a file that enables nothing.
+    """
+    from opscope import config
+    from opscope.errors import ConfigError
+
+    data = config.load(path)
+    if not data:
+        raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile or overflow section")
+    names = [s for s in config.SECTIONS if s in data] or ["dump"]  # a flat file holds dump keys
+    resolve = {"dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config}
+    sections = {name: resolve[name](path) for name in names}
+    profile = sections.get("profile")
+    if profile is not None and not (profile.training_trace or profile.task_trace):
+        raise ConfigError("profile: training_trace and task_trace are both off: nothing to record")
+    return sections
+
+
+def _fail(message: str) -> None:
+    # Raising at interpreter startup would end in "Fatal Python error: init_import_site".
+    try:
+        sys.stderr.write(f"opscope: error: {message}\n")
+        sys.stderr.flush()
+    finally:
+        os._exit(2)
+
+
+class Autostart:
+    """The sessions one process runs because of its config. Created by :func:`activate`."""
+
+    def __init__(self, path: str, sections: dict[str, Any], origin: str) -> None:
+        self.path = path
+        self.sections = sections
+        self.origin = origin
+        self.state = "armed"  # armed -> started | skipped -> stopped
+        self.sessions: list[tuple[str, Any]] = []
+        self.error: BaseException | None = None
+        self._excepthook: Any = None
+
+    # -- waiting for torch, then for the first module call ------------------------------
+    def arm(self) -> None:
+        """Hook the import of torch (or the module call at once, if torch is already here)."""
+        if "torch" in sys.modules and hasattr(sys.modules["torch"], "nn"):
+            self._on_torch_imported()
+        else:
+            sys.meta_path.insert(0, _TorchImportHook(self._on_torch_imported))
+
+    def _on_torch_imported(self) -> None:
+        import torch
+
+        module_cls = torch.nn.Module
+        original = module_cls.__dict__["__call__"]
+        me = self
+
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            if module_cls.__dict__.get("__call__") is __call__:
+                module_cls.__call__ = original  # one shot: from here on torch runs unpatched
+                me._first_module_call()
+            return original(module, *args, **kwargs)
+
+        module_cls.__call__ = __call__
+
+    def _first_module_call(self) -> None:
+        if self.state != "armed":
+            return
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None or _script_uses_opscope():
+            # A DataLoader worker runs transforms, not the model; a script that imports
+            # opscope runs its own sessions (which read the same OPSCOPE_CONFIG).
+            self.state = "skipped"
+            return
+        self.start()
+
+    # -- sessions -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start every configured session that the script does not run itself."""
+        self.state = "started"
+        try:
+            for name, cfg in self.sections.items():
+                session = _make_session(name, cfg, self.path)
+                if session is not None:
+                    session.start()
+                    self.sessions.append((name, session))
+        except BaseException as exc:
+            self.stop(exc)
+            raise
+        import atexit
+
+        atexit.register(self._at_exit)  # after the sessions' own: runs before them
+        self._excepthook = sys.excepthook
+        sys.excepthook = self._record_exception
+        _handle_sigterm()
+
+    def stop(self, error: BaseException | None = None) -> None:
+        """Stop the sessions, last started first; a session that fails does not stop the others."""
+        if self.state == "stopped":
+            return
+        self.state = "stopped"
+        for name, session in reversed(self.sessions):
+            try:
+                if error is None:
+                    session.__exit__(None, None, None)
+                else:
+                    session.__exit__(type(error), error, error.__traceback__)
+            except BaseException as exc:  # report and go on: the other sessions still flush
+                sys.stderr.write(f"opscope: could not finish the {name} session: {exc}\n")
+
+    def _record_exception(self, exc_type: Any, exc: BaseException, tb: Any) -> None:
+        self.error = exc
+        self._excepthook(exc_type, exc, tb)
+
+    def _at_exit(self) -> None:
+        error = self.error
+        if error is None and _terminated.is_set():
+            error = SystemExit(f"terminated by SIGTERM (exit code {128 + signal.SIGTERM})")
+        self.stop(error)
+
+
+def _script_uses_opscope() -> bool:
+    """Whether the main script holds opscope or something from it (``import opscope``,
+    ``from opscope import dump``)."""
+    import types
+
+    main = sys.modules.get("__main__")
+    for value in list(vars(main).values()) if main is not None else []:
+        try:
+            name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+        except Exception:  # an object with a strange __getattr__ is not opscope's
+            continue
+        if isinstance(name, str) and (name == "opscope" or name.startswith("opscope.")):
+            return True
+    return False
+
+
+def _make_session(name: str, cfg: Any, path: str) -> Any:
+    if not cfg.enable:
+        return None
+    if name == "dump":
+        if "opscope.capture.torch.session" in sys.modules:
+            return None  # the script called opscope.dump itself
+        from opscope.capture.torch.session import DumpSession
+
+        return DumpSession(cfg)
+    if name == "profile":
+        from opscope.profile import session as profile_session
+
+        if profile_session._active is not None:
+            return None
+        return profile_session.ProfileSession(cfg)
+    return _watch_session(path)
+
+
+def _watch_session(path: str) -> Any:
+    if "opscope.capture.torch.watch" in sys.modules:
+        return None  # the script called opscope.watch itself
+    try:
+        from opscope.capture.torch.watch import watch
+    except ModuleNotFoundError as exc:
+        if exc.name in ("opscope.capture.torch.watch", "opscope.capture.torch"):
+            return None  # this opscope has no overflow watch
+        raise
+    return watch(config=path)
+
+
+# -- SIGTERM -------------------------------------------------------------------------------
+_terminated = threading.Event()
+
+
+def _handle_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so that the sessions flush; leave a user's handler alone."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no SIGTERM on this platform
+        pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _terminated.is_set():
+        return  # a second SIGTERM while flushing: let the flush finish
+    _terminated.set()
+    raise SystemExit(128 + signum)
+
+
+# -- post-import hook ------------------------------------------------------------------------
+class _TorchImportHook:
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` completes.
+
+    It never imports torch itself, and costs nothing in processes that do not import it.
+    """
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)  # one shot, and find_spec below must not find us
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+        callback = self.callback
+
+        def exec_then_arm(module: Any) -> None:
+            exec_module(module)
+            try:
+                callback()
+            except Exception as exc:  # never break `import torch` for the user
+                sys.stderr.write(f"opscope: could not arm capture after importing torch: {exc}\n")
+
+        spec.loader.exec_module = exec_then_arm
+        return spec
