@@ -50,8 +50,15 @@ def activate(origin: str = "OPSCOPE_CONFIG") -> Autostart | None:
     try:
         sections = validate(path)
     except Exception as exc:  # the config module raises ConfigError; anything else is as fatal
-        _fail(f"{ENV_CONFIG}={path}: {exc}")
+        if origin != ".pth":
+            _fail(f"{ENV_CONFIG}={path}: {exc}")
+        # Through the .pth every Python process sees the variable (pip too): only a process
+        # that starts a model fails, at its first module call, before any training.
+        sections, broken = {}, f"{ENV_CONFIG}={path}: {exc}"
+    else:
+        broken = None
     _autostart = Autostart(path, sections, origin)
+    _autostart.broken = broken
     _autostart.arm()
     return _autostart
 
@@ -96,6 +103,7 @@ class Autostart:
         self.state = "armed"  # armed -> started | skipped -> stopped
         self.sessions: list[tuple[str, Any]] = []
         self.error: BaseException | None = None
+        self.broken: str | None = None  # a config error waiting for the first module call
         self._excepthook: Any = None
 
     # -- waiting for torch, then for the first module call ------------------------------
@@ -136,6 +144,8 @@ class Autostart:
     # -- sessions -----------------------------------------------------------------------
     def start(self) -> None:
         """Start every configured session that the script does not run itself."""
+        if self.broken:
+            _fail(self.broken)
         self.state = "started"
         try:
             for name, cfg in self.sections.items():

@@ -277,7 +277,12 @@ def test_opscope_config_env_without_the_launcher(tmp_path, venvs, kind) -> None:
 
     (tmp_path / "bad.json").write_text(json.dumps({"dump": {"path": "d2", "level": "everything"}}))
     env["OPSCOPE_CONFIG"] = "bad.json"
-    bad = subprocess.run([python, "-c", "open('started', 'w').close()"], capture_output=True, text=True, env=env,
-                         cwd=tmp_path)
+    # every Python process sees the variable (pip too): one that runs no model is left alone...
+    other = subprocess.run([python, "-c", "open('started', 'w').close()"], capture_output=True, text=True, env=env,
+                           cwd=tmp_path)
+    assert other.returncode == 0 and (tmp_path / "started").exists(), other.stderr
+    # ...one that trains stops at its first module call, before any step, with one clear line
+    bad = subprocess.run([python, "train.py", "train"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=120)
     assert bad.returncode == 2 and "level: 'everything' is not allowed" in bad.stderr
-    assert bad.stderr.count("\n") == 1 and not (tmp_path / "started").exists()
+    assert bad.stderr.count("\n") == 1 and "done" not in bad.stdout and not (tmp_path / "d2").exists()
