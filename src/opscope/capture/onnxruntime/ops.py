@@ -107,7 +107,6 @@ ONNX_TO_TORCH: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "Greater": ("aten.gt", "torch.gt"),
     "Not": ("aten.logical_not", "aten.bitwise_not", "torch.logical_not"),
     # reductions
-    "ReduceMean": ("aten.mean", "torch.mean"),
     "ReduceSum": ("aten.sum", "torch.sum"),
     "ReduceMax": ("aten.amax", "aten.max", "torch.amax", "torch.max"),
     "ReduceMin": ("aten.amin", "aten.min", "torch.amin", "torch.min"),
@@ -118,6 +117,7 @@ ONNX_TO_TORCH: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "MaxPool": ("aten.max_pool2d", "aten.max_pool2d_with_indices", "aten.max_pool1d", "torch.nn.functional.max_pool2d"),
     "AveragePool": ("aten.avg_pool2d", "aten.avg_pool1d", "torch.nn.functional.avg_pool2d"),
     "GlobalAveragePool": ("aten.adaptive_avg_pool2d", "aten.mean", "torch.nn.functional.adaptive_avg_pool2d"),
+    "ReduceMean": ("aten.mean", "aten.adaptive_avg_pool2d", "torch.mean"),  # dynamo: AdaptiveAvgPool2d(1)
     "GlobalMaxPool": ("aten.adaptive_max_pool2d", "aten.amax"),
     # data movement (same elements, no arithmetic)
     "Reshape": ("aten.view", "aten.reshape", "aten._unsafe_view", "aten.flatten", "aten.unflatten",
@@ -204,7 +204,24 @@ NO_COUNTERPART: frozenset[str] = frozenset({
     "com.microsoft::MemcpyToHost", "com.microsoft::MemcpyFromHost",
 })
 
+# Ops that keep every element in place (a reshape, a copy, a cast): one that runs on one side
+# only can be judged as an identity between its input and its output. Transposes, slices and
+# broadcasts are not (their output is another arrangement of the elements).
+ORDER_PRESERVING: frozenset[str] = frozenset({
+    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.unflatten", "aten.squeeze",
+    "aten.unsqueeze", "aten.clone", "aten.contiguous", "aten.alias", "aten.detach", "aten.dropout",
+    "aten._to_copy", "aten.to", "aten.lift_fresh", "aten.expand",
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "CastLike", "Dropout", "Expand",
+    "Unflatten",  # module level: class names (Flatten, Dropout, Identity as above)
+})
+
 _ATEN = re.compile(r"^(?:torch\.ops\.)?aten(?:\.|::)([A-Za-z0-9_]+)")
+# torch API spellings: torch.add, torch.nn.functional.gelu, Tensor.add, torch.Tensor.__add__
+_API = re.compile(r"^(?:torch\.(?:nn\.functional\.|special\.|linalg\.)?|(?:torch\.)?Tensor\.)([A-Za-z0-9_]+)$")
+_DUNDER = {"matmul": "matmul", "rmatmul": "matmul", "add": "add", "radd": "add", "iadd": "add_",
+           "sub": "sub", "rsub": "rsub", "isub": "sub_", "mul": "mul", "rmul": "mul", "imul": "mul_",
+           "truediv": "div", "rtruediv": "div", "itruediv": "div_", "pow": "pow", "neg": "neg",
+           "getitem": "index"}
 
 
 def onnx_op_name(domain: str, op_type: str) -> str:
@@ -227,6 +244,19 @@ def torch_key(op: str) -> str:
     return op
 
 
+def torch_keys(op: str) -> frozenset[str]:
+    """Every table key a torch op name may be listed under: ``Tensor.matmul`` ->
+    {``Tensor.matmul``, ``aten.matmul``}; ``torch.Tensor.__truediv__`` -> {..., ``aten.div``}."""
+    key = torch_key(op)
+    m = _API.match(key)
+    if not m:
+        return frozenset({key})
+    base = m.group(1)
+    if base.startswith("__") and base.endswith("__"):
+        base = _DUNDER.get(base.strip("_"), base.strip("_"))
+    return frozenset({key, f"aten.{base}"})
+
+
 def _onnx_key(onnx_op: str) -> str:
     domain, op_type = split_onnx_op(onnx_op) if "::" in onnx_op else ("", onnx_op)
     return op_type if domain == "" else f"{domain}::{op_type}"
@@ -243,7 +273,7 @@ def torch_ops_for(onnx_op: str) -> frozenset[str]:
 
 def corresponds(onnx_op: str, torch_op: str) -> bool:
     """True when the ONNX node may compute what the torch op computes (its output may be paired)."""
-    return torch_key(torch_op) in torch_ops_for(onnx_op)
+    return not torch_keys(torch_op).isdisjoint(torch_ops_for(onnx_op))
 
 
 def is_internal(onnx_op: str) -> bool:
@@ -257,8 +287,35 @@ def is_decomposition(torch_op: str, onnx_ops: Iterable[str]) -> bool:
     Bookkeeping nodes are ignored; at least two arithmetic nodes must remain, all of them
     in the torch op's :data:`DECOMPOSITIONS` set.
     """
-    allowed = DECOMPOSITIONS.get(torch_key(torch_op))
-    if allowed is None:
+    allowed = frozenset().union(*(DECOMPOSITIONS.get(k, frozenset()) for k in torch_keys(torch_op)))
+    if not allowed:
         return False
     ops = [_onnx_key(o) for o in onnx_ops if not is_internal(o)]
     return len(ops) >= 2 and all(o in allowed for o in ops)
+
+
+def is_fusion(onnx_op: str, torch_ops: Iterable[str]) -> bool:
+    """True when one ONNX node (an ORT fusion such as ``com.microsoft::FusedMatMul``, or a
+    ``Gemm`` made from MatMul+Add) can stand for the torch ops ``torch_ops`` (in order).
+
+    Element-preserving torch ops (views, :data:`ORDER_PRESERVING`) in between are ignored;
+    at least two others must remain, all of them in the node's :data:`FUSED` set, and the
+    last one must be one of them (the fused node's output is the last op's output).
+    """
+    key = _onnx_key(onnx_op)
+    covered = FUSED.get(key if "::" in key else f"onnx::{key}")
+    if not covered:
+        return False
+    ops = list(torch_ops)
+    if not ops or preserves_order(ops[-1]):
+        return False
+    core = [o for o in ops if not preserves_order(o)]
+    return len(core) >= 2 and all(not torch_keys(o).isdisjoint(covered) for o in core)
+
+
+def preserves_order(op: str) -> bool:
+    """True for ops whose output holds their input's elements in the same order (:data:`ORDER_PRESERVING`):
+    ``aten.view``, ``Tensor.reshape``, ``onnx::Reshape``, ``onnx::Cast``, a ``Flatten`` module..."""
+    if "::" in op and not op.startswith("aten::"):
+        return _onnx_key(op) in ORDER_PRESERVING
+    return not torch_keys(op).isdisjoint(ORDER_PRESERVING)

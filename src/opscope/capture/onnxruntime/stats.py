@@ -7,9 +7,8 @@ needs a full float64 copy:
   NaN propagates as in numpy (a tensor holding one NaN has ``min`` = ``max`` = NaN);
   an Inf shows as ``max=inf`` / ``absmax=inf``. ``None`` for an empty tensor.
 - ``nan``, ``inf``, ``zeros``: element counts.
-- ``hash`` (``wsum64-v1``): the sum over elements, in row-major order, of the element's bit
-  pattern zero-extended to 64 bits times ``2*index + 1``, modulo 2**64. Bool and uint8 use
-  the byte value. Two tensors with the same dtype, shape and bits have the same hash.
+- ``hash`` (``wsum64-v1``): see :mod:`opscope.model.hashing`, the reference definition
+  shared with the PyTorch capture.
 """
 
 from __future__ import annotations
@@ -19,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from opscope.model.hashing import content_hash
+
 CHUNK = 1 << 16  # elements per pass; float64 chunks stay in L2
 
-_MASK = (1 << 64) - 1
 
 # numpy dtype name -> opscope (torch-style) dtype name
 _NUMPY_NAMES = {
@@ -36,27 +36,6 @@ _NUMPY_NAMES = {
 def dtype_name(arr: np.ndarray) -> str:
     """The torch-style dtype name of an array (``float32``, ``bool``...); ``object`` for strings."""
     return _NUMPY_NAMES.get(arr.dtype.name, "object" if arr.dtype.kind in "OUS" else arr.dtype.name)
-
-
-def _bits(arr: np.ndarray) -> np.ndarray:
-    """The elements' bit patterns as unsigned integers of the same width, row-major."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    if flat.dtype == np.bool_:
-        return flat.view(np.uint8)
-    return flat.view(f"<u{flat.dtype.itemsize}") if flat.dtype.byteorder != ">" else \
-        flat.astype(flat.dtype.newbyteorder("<")).view(f"<u{flat.dtype.itemsize}")
-
-
-def content_hash(arr: np.ndarray) -> int:
-    """``wsum64-v1`` content hash of ``arr`` (see the module docstring)."""
-    bits = _bits(arr)
-    total = 0
-    for start in range(0, bits.size, CHUNK):
-        part = bits[start:start + CHUNK].astype(np.uint64)
-        weights = np.arange(start, start + part.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-        # uint64 array arithmetic wraps modulo 2**64, which is the definition.
-        total = (total + int(np.sum(part * weights, dtype=np.uint64))) & _MASK
-    return total
 
 
 def _as_float64(chunk: np.ndarray) -> np.ndarray:

@@ -1,0 +1,576 @@
+"""Alignment across frameworks: a PyTorch dump against an ONNX Runtime dump (either side may
+be the target), or two ONNX Runtime dumps (an fp16 copy against its fp32 original, one
+provider or optimisation level against another).
+
+The two sides' op names differ (``aten.addmm.default`` / ``onnx::Gemm``) and one torch op
+may be several ONNX nodes or the reverse, so calls are not paired by name. Within one
+(rank, step), per module path:
+
+1. **Ops** (aten and api levels) are sequence-aligned with
+   :func:`opscope.capture.onnxruntime.ops.corresponds` as the match predicate. A torch op
+   may also match a run of ONNX nodes that :func:`~opscope.capture.onnxruntime.ops.is_decomposition`
+   accepts (GELU as Div/Erf/Add/Mul/Mul): its output pairs with the run's last node, the
+   inner nodes stay unpaired. One ONNX node may match a run of torch ops that
+   :func:`~opscope.capture.onnxruntime.ops.is_fusion` accepts (ORT's fused nodes), paired
+   with the run's last op. A BatchNorm folded into the preceding Conv pairs the ONNX
+   ``Conv`` output with the torch batch-norm output; the torch convolution is left unpaired.
+2. **Modules** (module level): a torch module's output pairs with the last output of its
+   module subtree on the ONNX side that leaves the subtree.
+3. **Inputs and parameters**: model inputs pair with graph inputs (same content first), and
+   parameters by name; an op's inputs pair where their producers are paired.
+4. An element-preserving op on one side only (a view, a reshape, a cast) is judged as an
+   identity, as in same-framework alignment; every other one-sided op is left unpaired
+   and its rows are folded into the call of the paired op that consumes its output (its
+   ``cseq``), so that call's verdict sees the inputs of the whole region it stands for.
+
+Two ONNX dumps pair nodes of the same name and op first, then the rest as above with op
+equality as the predicate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.capture.onnxruntime import ops as table
+from opscope.compare.align import INPUT_IO, OpCall, Pair, _calls
+from opscope.compare.crossmatch import Match, align_runs, has_activation, is_float_row, outputs_fit
+
+TORCH_LEVELS = ("aten", "api", "module")
+_BATCH_NORM = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+
+
+def dump_level(dump: Any) -> str | None:
+    """The capture level of a dump: ``onnx``, ``aten``, ``api``, ``module``, or None."""
+    manifest = getattr(dump, "manifest", None) or {}
+    level = manifest.get("level") or (manifest.get("config") or {}).get("level")
+    return str(level) if level else None
+
+
+def is_cross(t_level: str | None, r_level: str | None) -> bool:
+    """True when a side is an ONNX Runtime dump: align with :func:`align_partition`."""
+    return "onnx" in (t_level, r_level)
+
+
+def manifest_warnings(dump: Any, side: str) -> list[str]:
+    """The manifest's ``warnings`` (e.g. an fp16 capture that changed what ORT computes)."""
+    manifest = getattr(dump, "manifest", None) or {}
+    return [f"{side} {dump.path}: {w}" for w in manifest.get("warnings") or []]
+
+
+@dataclass
+class _Side:
+    name: str             # "target" or "reference"
+    level: str            # "onnx", "aten", "api", "module"
+    rows: list[dict[str, Any]]
+    calls: list[OpCall] = field(default_factory=list)
+    by_id: dict[int, dict[str, Any]] = field(default_factory=dict)
+    call_of: dict[int, OpCall] = field(default_factory=dict)     # row id -> its call
+    consumers: dict[int, list[OpCall]] = field(default_factory=lambda: defaultdict(list))
+    first_reads: dict[str, dict[str, Any]] | None = None  # graph input name -> its first read
+
+    @property
+    def onnx(self) -> bool:
+        return self.level == "onnx"
+
+
+class _Aligner:
+    def __init__(self, t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]], t_level: str, r_level: str) -> None:
+        self.t, self.r = _side("target", t_level, t_rows), _side("reference", r_level, r_rows)
+        self.pairs: list[Pair] = []
+        self.partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
+        self.matches: list[Match] = []
+        self.claimed: set[tuple[str, int]] = set()   # (side, seq) of calls in a match
+        self.notes: dict[tuple[str, int], str] = {}  # (side, seq) -> why it stays unpaired
+        self.fold_notes: dict[int, str] = {}  # torch module output id -> how its BatchNorm was folded
+
+    # -- driver -------------------------------------------------------------------------
+    def run(self) -> list[Pair]:
+        if self.t.onnx and self.r.onnx:
+            self._match_by_node_name()
+        if "module" in (self.t.level, self.r.level):
+            self._match_modules()
+        else:
+            self._match_folds()
+            self._match_ops()
+        for match in self.matches:
+            _mark_fold(match, self.t.onnx)
+        self._pair_leaves()
+        for match in sorted(self.matches, key=lambda m: m.t[-1].seq):
+            if self._founded(match):
+                self._pair_outputs(match)
+            else:
+                self._unclaim(match)
+        for match in self.matches:
+            self._pair_inputs(match)
+        self._pair_params_by_name()
+        self._identities()
+        self._absorb(self.t)
+        self._absorb(self.r)
+        return self._finish()
+
+    # -- op matching --------------------------------------------------------------------
+    def _match_by_node_name(self) -> None:
+        r_by_node = {(c.rows[0].get("node"), c.op): c for c in self.r.calls if c.rows[0].get("node")}
+        for a in self.t.calls:
+            b = r_by_node.get((a.rows[0].get("node"), a.op))
+            if b is not None and outputs_fit(a, b):
+                self._claim(Match([a], [b]))
+
+    def _match_ops(self) -> None:
+        groups: dict[str, tuple[list[OpCall], list[OpCall]]] = defaultdict(lambda: ([], []))
+        for side, k in ((self.t, 0), (self.r, 1)):
+            for call in side.calls:
+                if (side.name, call.seq) not in self.claimed and _forward(call):
+                    groups[call.module][k].append(call)
+        for module in sorted(groups, key=lambda m: min(c.seq for c in groups[m][0] + groups[m][1])):
+            tc, rc = groups[module]
+            if tc and rc:
+                for match in align_runs(tc, rc, self.t.onnx, self.r.onnx):
+                    self._claim(match)
+                    self._claim_pieces(match, tc, rc)
+
+    def _claim_pieces(self, match: Match, tc: list[OpCall], rc: list[OpCall]) -> None:
+        """A torch op with k outputs (split, chunk) against k ONNX nodes of one output (Slice):
+        each output takes the node of that op whose output statistics are closest (ONNX Runtime
+        may reorder the nodes), and none when no node is close."""
+        if len(match.t) != 1 or len(match.r) != 1:
+            return
+        (many, one, pool, side) = (match.t[0], match.r[0], rc, self.r) if len(match.t[0].outputs()) > 1 \
+            else (match.r[0], match.t[0], tc, self.t)
+        if len(one.outputs()) != 1 or len(many.outputs()) < 2:
+            return
+        self._unclaim(match)
+        free = [c for c in pool if c.op == one.op and (side.name, c.seq) not in self.claimed and c.outputs()]
+        for slot, out in enumerate(many.outputs()):
+            best = min(free, key=lambda c: _distance(c.outputs()[0], out), default=None)
+            if best is None or _distance(best.outputs()[0], out) > 1e-2:
+                continue
+            free.remove(best)
+            self._claim(Match([many], [best], slot=slot) if many in match.t else Match([best], [many], slot=slot))
+
+    def _match_folds(self) -> None:
+        """A torch batch norm whose input is a convolution's output, where the ONNX side has a
+        Conv (or Gemm) of that size and no BatchNormalization node: the norm was folded."""
+        onnx, torch = (self.t, self.r) if self.t.onnx and not self.r.onnx else (self.r, self.t)
+        if not onnx.onnx or torch.onnx:
+            return
+        for norm in torch.calls:
+            keys = table.torch_keys(norm.op)
+            if keys.isdisjoint(table.FOLDED) or not norm.outputs():
+                continue
+            conv = _producer_call(torch, norm)
+            if conv is None or any(c.op.endswith("::BatchNormalization") and c.module in (conv.module, norm.module)
+                                   for c in onnx.calls):
+                continue
+            if not any(table.corresponds(f"onnx::{o}", conv.op)
+                                       for o in table.FOLDED[next(iter(keys & set(table.FOLDED)))]):
+                continue
+            numel = norm.outputs()[0].get("numel")
+            fused = next((c for c in onnx.calls if (onnx.name, c.seq) not in self.claimed
+                          and c.module in (conv.module, norm.module) and table.corresponds(c.op, norm.op)
+                          and not has_activation(c)
+                          and c.outputs() and c.outputs()[0].get("numel") == numel), None)
+            if fused is None:
+                continue
+            note = (f"{norm.op} ({norm.module}) folded into {fused.op} ({fused.module}) by the exporter or "
+                    f"ONNX Runtime: the ONNX output is the batch norm's")
+            pair = Match([fused] if onnx is self.t else [norm], [norm] if onnx is self.t else [fused], note, fold=True)
+            self._claim(pair)
+            self.claimed.add((torch.name, conv.seq))
+            self.notes[(torch.name, conv.seq)] = (f"{conv.op} has no ONNX counterpart: {norm.op} was folded "
+                                                  f"into it ({fused.rows[0].get('node') or fused.op})")
+
+    def _match_modules(self) -> None:
+        """Module level: a torch module's outputs pair with the last outputs of its ONNX subtree
+        that leave the subtree (the innermost module wins a tensor several modules return)."""
+        onnx, torch = (self.t, self.r) if self.t.onnx else (self.r, self.t)
+        if not onnx.onnx:
+            return
+        escaping = _escaping_outputs(onnx)
+        chosen: dict[int, tuple[OpCall, dict[str, Any]]] = {}  # torch output id -> (onnx call, onnx row)
+        for call in torch.calls:
+            if not _forward(call):
+                continue
+            inside = [c for c in onnx.calls if _within(c.module, call.module) and not table.is_internal(c.op)
+                      and not (has_activation(c) and c.module == call.module)]
+            for out in call.outputs():
+                found = _last_escaping(inside, call.module, out, escaping)
+                if found is not None:
+                    chosen[out["id"]] = found
+        for call in torch.calls:  # a BatchNorm module with nothing in its ONNX subtree: folded
+            if call.op in _BATCH_NORM and call.outputs() and call.outputs()[0]["id"] not in chosen:
+                self._fold_module(torch, call, chosen)
+        for call in torch.calls:
+            for out in call.outputs():
+                if out["id"] in chosen:
+                    o_call, o_row = chosen[out["id"]]
+                    t_calls, r_calls = ([o_call], [call]) if onnx is self.t else ([call], [o_call])
+                    self.matches.append(Match(t_calls, r_calls, self.fold_notes.get(out["id"], ""), rows=(o_row, out)))
+
+    def _fold_module(self, torch: _Side, norm: OpCall, chosen: dict[int, tuple[OpCall, dict[str, Any]]]) -> None:
+        conv = _producer_call(torch, norm)
+        if conv is None or not conv.outputs() or conv.outputs()[0]["id"] not in chosen:
+            return
+        o_call, o_row = chosen[conv.outputs()[0]["id"]]
+        if table.split_onnx_op(o_call.op)[1] not in ("Conv", "ConvTranspose", "Gemm") \
+                or o_row.get("numel") != norm.outputs()[0].get("numel"):
+            return
+        del chosen[conv.outputs()[0]["id"]]
+        chosen[norm.outputs()[0]["id"]] = (o_call, o_row)
+        self.fold_notes[norm.outputs()[0]["id"]] = f"{norm.module} ({norm.op}) folded into {o_call.op} ({o_call.module})"
+        self.notes[(torch.name, conv.seq)] = f"output has no ONNX counterpart: {norm.module} was folded into {o_call.op}"
+
+    def _founded(self, match: Match) -> bool:
+        """A data-movement op (reshape, transpose, slice...) pairs only where its input is the
+        other side's input: many of them move tensors of one size, so position is no proof."""
+        if match.rows is not None or len(match.t) > 1 or len(match.r) > 1:
+            return True
+        if not any(_moves_data(c.op) for c in match.t + match.r):
+            return True
+        sources = {self._source(self.r, row) for c in match.r for row in c.inputs() if row.get("io") == "input"}
+        return any(self._source(self.t, row) in sources - {None} for c in match.t for row in c.inputs()
+                   if row.get("io") == "input")
+
+    def _unclaim(self, match: Match) -> None:
+        self.matches.remove(match)
+        for side, calls in ((self.t, match.t), (self.r, match.r)):
+            for call in calls:
+                self.claimed.discard((side.name, call.seq))
+
+    def _claim(self, match: Match) -> None:
+        self.matches.append(match)
+        for side, calls in ((self.t, match.t), (self.r, match.r)):
+            for call in calls:
+                self.claimed.add((side.name, call.seq))
+
+    # -- row pairing --------------------------------------------------------------------
+    def _add(self, t: dict[str, Any], r: dict[str, Any], kind: str = "aligned", note: str = "") -> Pair:
+        self.partner["target"].setdefault(t["id"], r)
+        self.partner["reference"].setdefault(r["id"], t)
+        pair = Pair(t, r, kind, note=note)
+        self.pairs.append(pair)
+        return pair
+
+    def _paired(self, side: _Side, row: dict[str, Any]) -> bool:
+        return row["id"] in self.partner[side.name]
+
+    def _pair_outputs(self, match: Match) -> None:
+        if match.rows is not None:  # module level: chosen rows
+            o_row, t_row = match.rows
+            t, r = (o_row, t_row) if self.t.onnx else (t_row, o_row)
+            self._add(t, r, note=match.note)
+            return
+        # the output of a run is its last call's; one-to-one calls pair slot by slot
+        t_outs, r_outs = match.t[-1].outputs(), match.r[-1].outputs()
+        if match.slot is not None:
+            t_outs, r_outs = (t_outs[match.slot:match.slot + 1], r_outs) if len(t_outs) > len(r_outs) \
+                else (t_outs, r_outs[match.slot:match.slot + 1])
+        note = match.note or _run_note(match)
+        for a, b in zip(t_outs, r_outs):
+            if a.get("numel") == b.get("numel") and not self._paired(self.t, a) and not self._paired(self.r, b):
+                self._add(a, b, note=note)
+
+    def _pair_leaves(self) -> None:
+        """Model inputs: the first read of each, same content first; then in order, when both
+        sides have as many left (a torch module's input made by unrecorded code is no leaf)."""
+        t_leaves, r_leaves = _leaf_reads(self.t), _leaf_reads(self.r)
+        for a in t_leaves:
+            b = next((b for b in r_leaves if not self._paired(self.r, b) and _same_content(a, b)), None)
+            if b is not None:
+                self._add(a, b, note="model input")
+        t_left = [a for a in t_leaves if not self._paired(self.t, a)]
+        r_left = [b for b in r_leaves if not self._paired(self.r, b)]
+        if len(t_left) == len(r_left) and all(a.get("numel") == b.get("numel") for a, b in zip(t_left, r_left)):
+            for a, b in zip(t_left, r_left):
+                self._add(a, b, note="model input")
+
+    def _pair_inputs(self, match: Match) -> None:
+        """Inputs of matched calls whose producers (or model inputs) are paired; parameters by name."""
+        t_ins = [r for c in match.t for r in c.inputs() if not self._paired(self.t, r)]
+        r_ins = [r for c in match.r for r in c.inputs() if not self._paired(self.r, r)]
+        for a in t_ins:
+            src = self._source(self.t, a)
+            for b in r_ins:
+                if self._paired(self.r, b) or a.get("numel") != b.get("numel"):
+                    continue
+                same_param = a.get("param") and a.get("param") == b.get("param")
+                if (src is not None and src == self._source(self.r, b)) or (same_param and not match.fold):
+                    self._add(a, b)
+                    break
+        if match.fold:
+            return
+        for a in t_ins:  # a weight the exporter shared between equal modules (norm1.weight for norm2.weight)
+            if self._paired(self.t, a) or not a.get("param"):
+                continue
+            b = next((b for b in r_ins if b.get("param") and not self._paired(self.r, b)
+                      and _suffix(b["param"]) == _suffix(a["param"]) and list(b.get("shape") or []) == list(a.get("shape") or [])), None)
+            if b is not None:
+                self._add(a, b, note=f"parameter {a['param']} against {b['param']}")
+
+    def _source(self, side: _Side, row: dict[str, Any]) -> int | None:
+        """Where an input row's tensor comes from, as a target-side record id (for matching);
+        through unpaired views and reshapes, which hold the same elements."""
+        root = _root(side, row)
+        for _ in range(16):
+            if root is None or root["id"] in self.partner[side.name] or root.get("io") != "output":
+                break
+            call = side.call_of.get(root["id"])
+            main = [r for r in call.inputs() if r.get("io") == "input"] if call is not None else []
+            if not main or not table.preserves_order(call.op) or main[0].get("numel") != root.get("numel"):
+                break
+            root = _root(side, main[0])
+        if root is None:
+            return None
+        if side is self.t:
+            return root["id"]
+        partner = self.partner["reference"].get(root["id"])
+        return partner["id"] if partner is not None else None
+
+    def _pair_params_by_name(self) -> None:
+        """Parameters left over, by name: a torch weight read through ``t()`` against the ONNX
+        node's initializer. An ONNX node that matched nothing keeps its initializers to itself
+        (ORT's fused nodes carry folded weights under the original name)."""
+        folded = {id(r) for m in self.matches if m.fold for c in m.t + m.r for r in c.rows}
+        for side in (self.t, self.r):
+            if side.onnx:
+                folded |= {id(r) for c in side.calls if (side.name, c.seq) not in self.claimed for r in c.rows}
+        r_by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.r.rows:
+            if row.get("io") == "param" and row.get("param") and not self._paired(self.r, row) and id(row) not in folded:
+                r_by_name[row["param"]].append(row)
+        for a in self.t.rows:
+            if a.get("io") != "param" or not a.get("param") or self._paired(self.t, a) or id(a) in folded:
+                continue
+            candidates = [b for b in r_by_name.get(a["param"], []) if not self._paired(self.r, b)
+                          and list(b.get("shape") or []) == list(a.get("shape") or [])]
+            if candidates:
+                self._add(a, candidates[0])
+
+    # -- one-sided calls ----------------------------------------------------------------
+    def _identities(self) -> None:
+        """Judge a one-sided element-preserving op (view, reshape, cast) as an identity."""
+        one_sided = [(side, c) for side in (self.t, self.r) for c in side.calls
+                     if (side.name, c.seq) not in self.claimed and table.preserves_order(c.op)
+                     and not any(self._paired(side, r) for r in c.outputs())]
+        one_sided.sort(key=lambda item: item[1].seq)
+        for side, call in one_sided:
+            main = [r for r in call.inputs() if r.get("io") == "input"]
+            for out in call.outputs():
+                source = self._version_of(side, main, out)
+                if source is None:
+                    continue
+                self.partner[side.name][out["id"]] = source
+                graph_output = side.onnx and source.get("arg") == out.get("arg")
+                pair = Pair(out, source, "aligned" if graph_output else "identity", side="" if graph_output else side.name) \
+                    if side is self.t else Pair(source, out, "aligned" if graph_output else "identity",
+                                                side="" if graph_output else side.name)
+                pair.note = "graph output of the same name" if graph_output else \
+                    f"{call.op} ran on the {side.name} only: judged as an identity"
+                self.pairs.append(pair)
+
+    def _version_of(self, side: _Side, inputs: list[dict[str, Any]], out: dict[str, Any]) -> dict[str, Any] | None:
+        partners = self.partner[side.name]
+        for row in inputs:
+            for key in (row.get("producer"), row["id"]):
+                source = partners.get(key) if key is not None else None
+                if source is not None and source.get("numel") == out.get("numel"):
+                    return source
+        return None
+
+    def _absorb(self, side: _Side) -> None:
+        """Fold each unpaired call into the paired call that consumes its output (transitively):
+        the verdict then judges that call against the inputs of the whole region."""
+        anchored = {c.seq for c in side.calls if any(self._paired(side, r) for r in c.outputs())}
+        home: dict[int, int] = {}
+        for call in sorted(side.calls, key=lambda c: -c.seq):
+            if call.seq in anchored:
+                continue
+            for consumer in sorted({id(c): c for o in call.outputs() for c in side.consumers.get(o["id"], [])}.values(),
+                                   key=lambda c: c.seq):
+                target = consumer.seq if consumer.seq in anchored else home.get(consumer.seq)
+                if target is not None and target > call.seq:
+                    home[call.seq] = target
+                    break
+        cseq = {c.seq: c.rows[0]["cseq"] for c in side.calls}
+        for call in side.calls:
+            if call.seq in home:
+                for row in call.rows:
+                    row["cseq"] = cseq[home[call.seq]]
+
+    def _finish(self) -> list[Pair]:
+        judged = {(p.side, p.home["id"]) for p in self.pairs if p.kind == "identity"}
+        for side in (self.t, self.r):
+            for call in side.calls:
+                note = self.notes.get((side.name, call.seq), "")
+                for row in call.rows:
+                    if not self._paired(side, row) and (side.name, row["id"]) not in judged:
+                        t, r = (row, None) if side is self.t else (None, row)
+                        self.pairs.append(Pair(t, r, "unpaired", side=side.name, note=note))
+        return self.pairs
+
+
+def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
+                    t_level: str | None, r_level: str | None) -> list[Pair]:
+    """Align one (rank, step) of two dumps of which at least one is an ONNX Runtime dump."""
+    return _Aligner(t_rows, r_rows, t_level or "aten", r_level or "aten").run()
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _side(name: str, level: str, rows: list[dict[str, Any]]) -> _Side:
+    side = _Side(name, level, rows)
+    groups = _calls(rows, name)
+    side.calls = sorted((c for calls in groups.values() for c in calls), key=lambda c: c.seq)
+    side.by_id = {r["id"]: r for r in rows}
+    for call in side.calls:
+        for row in call.rows:
+            side.call_of[row["id"]] = call
+    for call in side.calls:
+        for row in call.inputs():
+            producer = side.by_id.get(row.get("producer"))
+            while producer is not None and producer.get("io") != "output":
+                producer = side.by_id.get(producer.get("producer"))  # a re-read of a model input
+            if producer is not None and side.call_of.get(producer["id"]) is not call:
+                side.consumers[producer["id"]].append(call)
+    return side
+
+
+def _forward(call: OpCall) -> bool:
+    return call.phase in ("forward", "")
+
+
+def _within(module: str, scope: str) -> bool:
+    return scope == "" or module == scope or module.startswith(scope + ".")
+
+
+def _suffix(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _root(side: _Side, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The record an input reads: its producer's output, or the first read of a model input."""
+    seen = 0
+    while row.get("producer") is not None and seen < 64:
+        producer = side.by_id.get(row["producer"])
+        if producer is None:
+            return None
+        if producer.get("io") == "output":
+            return producer
+        row, seen = producer, seen + 1
+    if row.get("io") == "input" and side.onnx and row.get("arg"):
+        return _graph_input_first_read(side).get(row["arg"], row)
+    return row
+
+
+def _graph_input_first_read(side: _Side) -> dict[str, dict[str, Any]]:
+    if side.first_reads is None:
+        side.first_reads = {}
+        for row in sorted(side.rows, key=lambda r: (r["seq"], r.get("slot") or 0)):
+            if row.get("io") == "input" and row.get("producer") is None and row.get("arg"):
+                side.first_reads.setdefault(row["arg"], row)
+    return side.first_reads
+
+
+def _distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Relative difference of two records' norms and means (inf for other sizes)."""
+    if a.get("numel") != b.get("numel"):
+        return math.inf
+    worst = 0.0
+    for key in ("norm", "mean"):
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None or not (math.isfinite(x) and math.isfinite(y)):
+            return math.inf
+        worst = max(worst, abs(x - y) / max(abs(x), abs(y), 1e-30) if key == "norm" else
+                    abs(x - y) / max(abs(a.get("norm") or 0.0), 1e-30))
+    return worst
+
+
+def _same_content(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal hashes, or equal statistics (the hash is computed by each capture's own code)."""
+    if a.get("numel") != b.get("numel"):
+        return False
+    if a.get("hash") is not None and a.get("hash") == b.get("hash"):
+        return True
+    for key in ("norm", "min", "max", "mean"):
+        x, y = a.get(key), b.get(key)
+        if x is None or y is None or not (x == y or abs(x - y) <= 1e-6 * max(abs(x), abs(y))):
+            return False
+    return True
+
+
+def _leaf_reads(side: _Side) -> list[dict[str, Any]]:
+    """The first read of every model input (inputs that no record produced), in order."""
+    out, seen = [], set()
+    for row in sorted(side.rows, key=lambda r: (r["seq"], r.get("slot") or 0)):
+        if row.get("io") != "input" or row.get("producer") is not None or row.get("param"):
+            continue
+        key = row.get("arg") if side.onnx else row["id"]
+        if key not in seen:
+            seen.add(key)
+            out.append(row)
+    return out
+
+
+def _producer_call(side: _Side, call: OpCall) -> OpCall | None:
+    """The call that produced a call's first input."""
+    for row in call.inputs():
+        if row.get("io") == "input":
+            root = _root(side, row)
+            return side.call_of.get(root["id"]) if root is not None and root.get("io") == "output" else None
+    return None
+
+
+def _escaping_outputs(onnx: _Side) -> dict[int, set[str]]:
+    """ONNX output row id -> modules of the nodes that read it."""
+    readers: dict[int, set[str]] = defaultdict(set)
+    for producer_id, calls in onnx.consumers.items():
+        readers[producer_id] |= {c.module for c in calls}
+    return readers
+
+
+def _last_escaping(inside: list[OpCall], scope: str, out: dict[str, Any],
+                   readers: dict[int, set[str]]) -> tuple[OpCall, dict[str, Any]] | None:
+    for call in sorted(inside, key=lambda c: -c.seq):
+        for row in call.outputs():
+            if row.get("numel") != out.get("numel") or is_float_row(row) != is_float_row(out):
+                continue
+            modules = readers.get(row["id"], set())
+            if not modules or any(not _within(m, scope) for m in modules):
+                return call, row
+    return None
+
+
+_MOVEMENT = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice", "Split", "Gather",
+                       "Expand", "Identity", "Cast", "Concat", "Tile", "Pad", "Dropout"})
+
+
+def _moves_data(op: str) -> bool:
+    """ONNX nodes that only move or copy elements (see :func:`_Aligner._founded`)."""
+    return "::" in op and not op.startswith("aten::") and table.split_onnx_op(op)[1] in _MOVEMENT
+
+
+def _mark_fold(match: Match, t_onnx: bool) -> None:
+    """A Conv (or Gemm) paired with a batch norm computes both: its weights are not the
+    convolution's (whatever name the exporter left on them), so its parameters never pair."""
+    onnx, torch = (match.t, match.r) if t_onnx else (match.r, match.t)
+    if match.fold or any(c.op.startswith("onnx::") for c in torch):
+        return
+    conv = next((c for c in onnx if table.split_onnx_op(c.op)[1] in ("Conv", "ConvTranspose", "Gemm")), None)
+    norm = next((c for c in torch if c.op in _BATCH_NORM or not table.torch_keys(c.op).isdisjoint(table.FOLDED)), None)
+    if conv is not None and norm is not None:
+        match.fold = True
+        match.note = match.note or f"{norm.op} ({norm.module}) folded into {conv.op} ({conv.module})"
+
+
+def _run_note(match: Match) -> str:
+    if len(match.t) == 1 and len(match.r) == 1:
+        return ""
+    many, one = (match.t, match.r[0]) if len(match.t) > 1 else (match.r, match.t[0])
+    names = ", ".join(c.op.split("::")[-1].split(".")[-1 if "::" in c.op else 1] for c in many
+                      if not table.is_internal(c.op))
+    return f"{one.op} against {len(many)} ops ({names}): the last one's output; the others have no counterpart"
+
+
+__all__ = ["INPUT_IO", "TORCH_LEVELS", "align_partition", "dump_level", "is_cross", "manifest_warnings"]
