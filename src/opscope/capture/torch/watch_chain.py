@@ -38,9 +38,10 @@ from opscope.capture.torch.watch_event import ChainLink, OverflowEvent, TensorSu
 ZERO_SENSITIVE = {
     "div": (1,), "div_": (1,), "reciprocal": (0,), "reciprocal_": (0,), "rsqrt": (0,), "rsqrt_": (0,),
     "log": (0,), "log_": (0,), "log2": (0,), "log10": (0,), "fmod": (1,), "remainder": (1,),
-    "sqrt": (), "pow": (0,),
+    "sqrt": (0,), "sqrt_": (0,), "pow": (0,),  # sqrt keeps a zero a zero: follow it back to the variance
 }
 NEGATIVE_SENSITIVE = frozenset("log log_ log2 log10 sqrt sqrt_ rsqrt rsqrt_ pow".split())
+SPREAD_OPS = frozenset("var var_mean std std_mean norm linalg_vector_norm".split())
 EXP_LIKE = frozenset("exp exp_ exp2 expm1 sinh cosh".split())
 MAX_LINKS = 64
 MAX_SCAN = 20000
@@ -64,8 +65,8 @@ def producer(entries: list[list[Any]], tensor_id: int, before: int) -> tuple[int
     return None
 
 
-def suspicion(rec: list[Any], consumer: list[Any], slot: int, limit: float) -> str | None:
-    """What is abnormal about output ``rec`` as input ``slot`` of ``consumer``, or None."""
+def suspicion(rec: list[Any], consumer: list[Any], slot: int, limit: float, made_by: str = "") -> str | None:
+    """What is abnormal about output ``rec`` (of op ``made_by``) as input ``slot`` of ``consumer``."""
     lo, hi = rec[O_LO], rec[O_HI]
     if lo is None:
         return None
@@ -81,7 +82,8 @@ def suspicion(rec: list[Any], consumer: list[Any], slot: int, limit: float) -> s
         if hi > ceiling:
             return f"large values (max {hi:.4g}) feeding {op}, which overflows above {ceiling:.4g}"
     if slot in ZERO_SENSITIVE.get(op, ()) and lo <= 0 <= hi and _has_zero(rec):
-        what = "a zero variance or norm" if lo == 0 else "zeros"
+        spread = base_name(made_by) in SPREAD_OPS
+        what = ("a zero variance" if "var" in made_by else "a zero norm") if spread else "zeros"
         return f"{what} feeding {op}"
     if op in NEGATIVE_SENSITIVE and slot == 0 and lo < 0:
         return f"negative values (min {lo:.4g}) feeding {op}"
@@ -112,7 +114,8 @@ def chain(entries: list[list[Any]], index: int, slot: int, kind: str, limit: flo
             found = producer(entries, tid, cur)
             if found is None:
                 continue
-            why = suspicion(entries[found[0]][OUTS][found[1]], consumer, in_slot, limit)
+            made_by = entries[found[0]]
+            why = suspicion(made_by[OUTS][found[1]], consumer, in_slot, limit, made_by[NAME])
             if why and (best is None or found[0] < best[0]):
                 best = (found[0], found[1], why)
         if best is None:
@@ -153,13 +156,14 @@ def origin_of(entries: list[list[Any]], tensor_id: int, before: int, param_names
     return f"{e[NAME]} in {e[MODULE] or '(top level)'} ({e[PHASE]})"
 
 
-def input_summaries(entries: list[list[Any]], index: int, args: Any, param_names: dict[int, str]
-                    ) -> list[TensorSummary]:
+def input_summaries(entries: list[list[Any]], index: int, args: Any, param_names: dict[int, str],
+                    names: list[str] | None = None) -> list[TensorSummary]:
     """Statistics of the hit op's inputs: live tensors when at hand, else their producers' ranges."""
     out = []
     if args is not None:
         for i, t in enumerate(_tensors(args)):
-            out.append(summarize(t, i, param_names.get(id(t)), origin_of(entries, id(t), index, param_names)))
+            name = names[i] if names and i < len(names) else param_names.get(id(t))
+            out.append(summarize(t, i, name, origin_of(entries, id(t), index, param_names)))
         return out
     for i, tid in enumerate(entries[index][IN_IDS]):
         origin = origin_of(entries, tid, index, param_names)
@@ -190,7 +194,8 @@ def _tensors(args: Any) -> list[torch.Tensor]:
 
 def build_event(entries: list[list[Any]], index: int, slot: int, kind: str, t: torch.Tensor | None, args: Any, *,
                 step: int, rank: int, level: str, limit: float, param_names: dict[int, str],
-                source: str | None = None, param: str | None = None) -> OverflowEvent:
+                source: str | None = None, param: str | None = None, names: list[str] | None = None
+                ) -> OverflowEvent:
     """Everything the user needs about one hit."""
     entry = entries[index]
     rec = entry[OUTS][slot]
@@ -202,6 +207,6 @@ def build_event(entries: list[list[Any]], index: int, slot: int, kind: str, t: t
         with torch._C._DisableTorchDispatch():
             d = t.detach()
             event.nan, event.inf = int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
-    event.inputs = input_summaries(entries, index, args, param_names)
+    event.inputs = input_summaries(entries, index, args, param_names, names)
     event.chain = chain(entries, index, slot, kind, limit)
     return event

@@ -34,7 +34,7 @@ _INF = math.inf
 # entry layout (lists, cheap on the hot path)
 NAME, MODULE, PHASE, FWD, NODE, IN_IDS, OUTS, VIEW = range(8)
 # output record layout
-O_ID, O_REF, O_VER, O_LO, O_HI, O_DTYPE, O_SHAPE = range(7)
+O_ID, O_REF, O_VER, O_LO, O_HI, O_DTYPE = range(6)
 
 # Ops that only move or fill values: -Inf in their output was put there (a mask), not made.
 SELECT_OPS = frozenset("""
@@ -43,8 +43,18 @@ index_put index_put_ masked_scatter masked_scatter_ triu triu_ tril tril_ cat st
 _to_copy expand repeat constant_pad_nd index_select gather scatter scatter_ maximum minimum max min amax amin
 unsqueeze_copy view_copy _unsafe_view contiguous narrow_copy slice_scatter select_scatter _reshape_alias
 """.split())
+# Ops whose output holds copies of their first input's values (checked already): not read
+# again, and transparent to the chain, like views. (_to_copy only when the dtype does not narrow.)
+PASSTHROUGH = frozenset("""
+clone _unsafe_view contiguous alias_copy detach_copy embedding index_select gather select_backward
+slice_backward expand_copy permute_copy transpose_copy t_copy view_copy _reshape_copy _to_copy
+""".split())
+# Ops through which an additive mask (-Inf where masked, 0 elsewhere) is applied.
+ADDITIVE = frozenset("add add_ sub sub_ baddbmm addmm _efficientzerotensor".split())
 # Ops whose output is uninitialised memory, filled in place afterwards: never checked.
 UNINITIALISED = frozenset("empty empty_like empty_strided new_empty new_empty_strided set_ resize_".split())
+_WIDENS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float64),
+           (torch.float16, torch.float64), (torch.bfloat16, torch.float64)}
 
 
 def base_name(op: str) -> str:
@@ -54,14 +64,16 @@ def base_name(op: str) -> str:
 
 
 class _OpKind:
-    __slots__ = ("name", "view", "written", "select", "skip")
+    __slots__ = ("name", "info", "transparent", "cast", "select", "skip")
 
     def __init__(self, func: Any) -> None:
         info = op_info(func)
         self.name = info.name
+        self.info = info
         base = base_name(info.name)
-        self.written = info
-        self.view = bool(info.view_outputs) and not info.written_outputs
+        view = bool(info.view_outputs) and not info.written_outputs
+        self.cast = base == "_to_copy"
+        self.transparent = view or (base in PASSTHROUGH and not self.cast)
         self.select = base in SELECT_OPS
         self.skip = base in UNINITIALISED
 
@@ -87,9 +99,10 @@ class Checker:
 
     Args:
         modules: the module tracker (module path of the op being run).
-        limit: values beyond ``±limit`` are abnormal (``inf`` = only NaN/Inf).
+        limit: values beyond ``±limit`` are abnormal (None = only NaN/Inf).
         on_hit: ``on_hit(entry_index, out_index, kind, tensor_or_None, args_or_None)``,
-            called in execution order for each abnormal output.
+            called in execution order for each abnormal output where it *starts* (an
+            output whose input was already NaN/Inf is not reported again).
     """
 
     def __init__(self, modules: Any, limit: float | None, on_hit: Callable[..., None]) -> None:
@@ -97,30 +110,23 @@ class Checker:
         self.limit = _INF if limit is None else float(limit)
         self.on_hit = on_hit
         self.on = False
+        self.defer = False  # read results once per step, as on an accelerator (set by tests on CPU)
+        self.tag_nodes = True  # aten level: backward ops find their module through the autograd node
+        self.ops_on = True  # off while an optimizer step runs at aten level (checked per parameter)
         self.phase = "forward"
-        self.entries: list[list[Any]] = []
-        self.pending: dict[torch.dtype, list[tuple[list[Any], Any]]] = {}
-        self.masked: set[int] = set()
-        self.bad: set[int] = set()
+        self.reset()
 
     def reset(self) -> None:
-        self.entries = []
-        self.pending = {}
-        self.masked = set()
-        self.bad = set()
+        self.entries: list[list[Any]] = []
+        self.pending: dict[torch.dtype, list[tuple[Any, ...]]] = {}
+        self.masked: set[int] = set()
+        self.bad: set[int] = set()
+        self.groups: list[tuple[str, str, list[tuple[Any, ...]], torch.Tensor]] = []
+        self.params: dict[int, str] = {}  # entry index -> parameter name (group entries)
+        self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}  # entry index -> named inputs (group entries)
+        self.made: dict[int, tuple[str, str]] = {}  # forward tensor id -> (module, op) that made it
 
     # -- observing -----------------------------------------------------------------------
-    def where(self) -> tuple[str, str, str | None, str | None]:
-        """(module, phase, fwd_op, node name) of the op being executed."""
-        node = _current_node()
-        if node is None:
-            stack = self.modules.stack
-            return (stack[-1] if stack else ""), self.phase, None, None
-        tag = node.metadata.get("opscope")
-        if tag:
-            return tag[0], "backward", tag[1], node.name()
-        return "", "backward", None, node.name()
-
     def op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Check one aten op's outputs (called by the dispatch mode after the op ran)."""
         kind = _KINDS.get(func)
@@ -130,45 +136,91 @@ class Checker:
             outs: Any = (out,)
         else:
             outs = [t for _, _, t in flat_outputs(out)]
-            if not outs and kind.written.written:  # _foreach_add_ and friends return nothing
-                outs = written_tensors(kind.written, args, kwargs)
-        module, phase, fwd, node = self.where()
+            if not outs and kind.info.written:  # _foreach_add_ and friends return nothing
+                outs = written_tensors(kind.info, args, kwargs)
+        node = _current_node()
+        if node is None:
+            stack = self.modules.stack
+            module, phase, fwd, nname = (stack[-1] if stack else ""), self.phase, None, None
+        else:
+            tag = node.metadata.get("opscope")
+            module, fwd = tag if tag else ("", None)
+            phase, nname = "backward", node.name()
         in_ids = _ids(args, kwargs)
-        self.observe(kind.name, module, phase, fwd, node, in_ids, outs, args,
-                     check=not kind.skip, view=kind.view, select=kind.select)
+        if phase == "forward" and self.tag_nodes:
+            self._tag(args)
+        transparent = kind.transparent
+        if kind.cast and args and isinstance(args[0], _Tensor):
+            transparent = args[0].dtype is out.dtype or (args[0].dtype, out.dtype) in _WIDENS
+        if transparent:
+            self.entries.append([kind.name, module, phase, fwd, nname, in_ids,
+                                 [[id(t), None, 0, None, None, None] for t in outs], True])
+            if self.masked or self.bad:
+                self._carry(in_ids, outs)
+            if phase == "forward":
+                for t in outs:
+                    self.made[id(t)] = (module, kind.name)
+            return
+        self.observe(kind.name, module, phase, fwd, nname, in_ids, outs, args, check=not kind.skip,
+                     select=kind.select)
+
+    def _tag(self, args: tuple[Any, ...]) -> None:
+        """Tag the autograd nodes of this op's inputs with the forward module and op that made
+        them, so that backward ops can name them. (An op's own output gets its ``grad_fn`` only
+        after ``__torch_dispatch__`` returns, so nodes are tagged when their tensor is used.)"""
+        made = self.made
+        for a in args:
+            if type(a) is _Tensor and a.requires_grad:
+                fn = a.grad_fn
+                if fn is not None:
+                    meta = fn.metadata
+                    if "opscope" not in meta:
+                        tag = made.get(id(a))
+                        if tag is not None:
+                            meta["opscope"] = tag
+
+    def _carry(self, in_ids: tuple[int, ...], outs: Any) -> None:
+        """A view or copy holds its input's values: it is a mask / already bad when its input is."""
+        for marks in (self.masked, self.bad):
+            hit = bool(in_ids) and in_ids[0] in marks
+            for t in outs:
+                if hit:
+                    marks.add(id(t))
+                elif id(t) not in in_ids:
+                    marks.discard(id(t))
 
     def observe(self, name: str, module: str, phase: str, fwd: str | None, node: str | None,
                 in_ids: tuple[int, ...], outs: Any, args: Any = None, *, check: bool = True,
-                view: bool = False, select: bool = False, strict: bool = False) -> int:
+                select: bool = False, strict: bool = False) -> int:
         """Record one call and check its floating outputs; returns the entry index."""
         entries = self.entries
         index = len(entries)
-        recs = []
-        entry = [name, module, phase, fwd, node, in_ids, recs, view]
-        entries.append(entry)
-        masked, bad = self.masked, self.bad
+        recs: list[list[Any]] = []
+        entries.append([name, module, phase, fwd, node, in_ids, recs, False])
+        masked, bad, limit = self.masked, self.bad, self.limit
         for t in outs:
             tid = id(t)
             if (masked or bad) and tid not in in_ids:
                 masked.discard(tid)  # a new tensor may reuse the id of a freed one
                 bad.discard(tid)
-            rec = [tid, None, 0, None, None, None, None]
+            rec = [tid, None, 0, None, None, None]
             recs.append(rec)
-            if view or not check or not t.dtype.is_floating_point or t.device.type == "meta" or not t.numel():
+            if not check or not t.dtype.is_floating_point or t.is_meta or not t.numel():
                 continue
-            if phase == "forward" and t.requires_grad:
-                fn = t.grad_fn
-                if fn is not None:  # backward ops find their forward module through this tag
-                    fn.metadata.setdefault("opscope", (module, name))
+            if phase == "forward":
+                self.made[tid] = (module, name)
             rec[O_REF] = weakref.ref(t)
-            rec[O_VER] = _version(t)
+            rec[O_VER] = t._version if not t.is_inference() else -1
             rec[O_DTYPE] = t.dtype
             with _no_dispatch():
                 mn, mx = torch.aminmax(t.detach())
-            if t.is_cpu:
-                lo = rec[O_LO] = mn.item()
-                hi = rec[O_HI] = mx.item()
-                if not (lo > -self.limit and hi < self.limit):
+                if t.is_cpu and not self.defer:
+                    lo = rec[O_LO] = mn.item()
+                    hi = rec[O_HI] = mx.item()
+                else:
+                    lo = None
+            if lo is not None:
+                if not (lo > -limit and hi < limit):
                     self.judge(index, len(recs) - 1, t, args, select, strict)
             else:
                 self.pending.setdefault(mn.dtype, []).append((rec, mn, mx, index, len(recs) - 1, select, strict))
@@ -184,7 +236,7 @@ class Checker:
             return
         in_ids = entry[IN_IDS]
         if kind == "-inf" and not strict and entry[PHASE] == "forward" and (
-                select or any(i in self.masked for i in in_ids)):
+                select or any(i in self.masked for i in in_ids) or self._constant_mask(entry, args)):
             self.masked.add(rec[O_ID])  # a mask: its -Inf is there on purpose
             if not hi > self.limit:
                 return
@@ -197,8 +249,56 @@ class Checker:
                 return
         self.on_hit(index, slot, kind, t, args)
 
+    def _constant_mask(self, entry: list[Any], args: Any) -> bool:
+        """Is one of the inputs a mask built before this step (a buffer or an attribute made in
+        ``__init__``: not produced by any op watched in this step) holding -Inf?"""
+        made = self.made
+        if args is None:  # read at the step's end: the inputs are gone; judge by the op
+            return base_name(entry[NAME]) in ADDITIVE and any(i not in made for i in entry[IN_IDS])
+        for a in args:
+            for t in (a if type(a) in (list, tuple) else (a,)):
+                if isinstance(t, _Tensor) and id(t) not in made and t.dtype.is_floating_point and t.numel():
+                    with _no_dispatch():
+                        if t.detach().min().item() == -_INF:
+                            self.masked.add(id(t))
+                            return True
+        return False
+
+    def group(self, label: str, phase: str, items: list[tuple[str, torch.Tensor, list[tuple[str, torch.Tensor]]]]
+              ) -> None:
+        """Strict check of named tensors (gradients, parameters, optimizer state) in one fused
+        call. The L2 norm is NaN/Inf when any element is, and >= the abs-max; a tensor whose
+        norm is not finite or beyond the limit is checked exactly (the norm of large finite
+        values may overflow), so the norm only filters.
+
+        ``items``: ``(name, tensor, named inputs)``; the inputs are shown on a hit.
+        """
+        items = [i for i in items if i[1].dtype.is_floating_point and not i[1].is_meta and i[1].numel()
+                 and i[1].layout == torch.strided]
+        if not items:
+            return
+        with _no_dispatch():
+            norms = torch._foreach_norm([i[1].detach() for i in items])
+            flat = torch.stack([n if n.dtype is torch.float32 else n.float() for n in norms])
+        if flat.is_cpu and not self.defer:
+            self._group_done(label, phase, items, flat.tolist())
+        else:  # read with the rest of the step
+            self.groups.append((label, phase, items, flat))
+
+    def _group_done(self, label: str, phase: str, items: list[tuple[Any, ...]], norms: list[float]) -> None:
+        for (name, t, inputs), norm in zip(items, norms, strict=True):
+            if not norm <= self.limit:
+                index = len(self.entries)
+                self.params[index] = name
+                self.inputs[index] = inputs
+                self.observe(label, name.partition(" ")[0].rpartition(".")[0], phase, None, None,
+                             tuple(id(x) for _, x in inputs) or (id(t),), [t], strict=True)
+
     def resolve(self) -> None:
         """Read every pending device result (one transfer per dtype) and judge them in order."""
+        groups, self.groups = self.groups, []
+        for label, phase, items, flat in groups:
+            self._group_done(label, phase, items, flat.tolist())
         if not self.pending:
             return
         found = []
@@ -217,17 +317,10 @@ class Checker:
             self.judge(index, slot, ref() if ref is not None else None, None, select, strict)
 
 
-def _version(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors have no version counter
-        return -1
-
-
 def _ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:
     ids = []
     for a in args:
-        if type(a) is _Tensor or isinstance(a, _Tensor):
+        if isinstance(a, _Tensor):
             ids.append(id(a))
         elif type(a) in (list, tuple):
             ids.extend(id(x) for x in a if isinstance(x, _Tensor))
@@ -247,6 +340,7 @@ class WatchDispatchMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         out = func(*args, **kwargs)
-        if self.checker.on:
-            self.checker.op(func, args, kwargs, out)
+        checker = self.checker
+        if checker.on and checker.ops_on:
+            checker.op(func, args, kwargs, out)
         return out

@@ -123,3 +123,20 @@ class OverflowEvent:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class WatchResult:
+    """What a finished ``opscope.watch`` saw: ``stop()`` returns it.
+
+    ``events`` are the hits where a NaN/Inf (or a value beyond the limit, or a spike) started,
+    in order; ``dumps`` the flight-recorder dumps written; ``bool(result)`` is True when
+    nothing was found.
+    """
+
+    events: list[OverflowEvent] = field(default_factory=list)
+    dumps: list[str] = field(default_factory=list)
+    steps: int = 0
+
+    def __bool__(self) -> bool:
+        return not self.events

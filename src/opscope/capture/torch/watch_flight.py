@@ -50,7 +50,9 @@ class RingWriter:
             if step == self.sink_step and self.on_sink_done is not None:
                 self.on_sink_done()
             return
-        self.steps.append((step, self._open.pop(step, [])))
+        rows = self._open.pop(step, [])
+        if rows:  # an empty step (the run stopped right after a boundary) evicts nothing
+            self.steps.append((step, rows))
 
     def check(self) -> None:
         if self.sink is not None:
@@ -122,13 +124,23 @@ class FlightRecorder(DumpSession):
         ring.steps.clear()
         ring.sink, ring.sink_step = sink, step + 1
         self.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
+        self._replan()
         self.written.append(path)
         return path
+
+    def _replan(self) -> None:
+        """The recorder decides which calls keep tensors from its config when it is built
+        (its ``plan``): rebuild that decision after ``tensor_ops`` changed."""
+        if self.recorder is not None and hasattr(self.recorder, "plan"):
+            from opscope.capture.torch.suspects import TensorPlan
+
+            self.recorder.plan = TensorPlan.make(self.cfg, self.rank)
 
     def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
         ring = self.ring
         sink, ring.sink, ring.sink_step = ring.sink, None, None
         self.cfg.tensor_ops = Filter()
+        self._replan()
         if sink is not None:
             sink.manifest["notes"] = list(self.pending_notes)
             sink.close(status, error)

@@ -1,0 +1,393 @@
+"""``opscope.watch``: catch the first operator that makes NaN or Inf, cheaply enough to leave on.
+
+Every op output (aten level: every dispatcher op, forward, backward and optimizer; module
+level: every module output) gets one fused reduction; gradients, updated parameters, the
+loss and the model's inputs are checked too. On a hit: the op, module path, phase, step,
+rank, source line, its inputs' statistics and the chain back to the earliest abnormal
+output (see :mod:`~opscope.capture.torch.watch_chain`). Then, per ``action``:
+
+- ``raise``: :class:`opscope.OverflowDetected` at the end of the op (CPU) or of the step
+  (accelerators, where the flags are read once per step);
+- ``warn``: one log line (logger ``opscope.watch``) per op, and go on;
+- ``record``: the flight recorder (:mod:`~opscope.capture.torch.watch_flight`) writes the
+  last ``history`` steps' statistics as a dump, plus the next step with full tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+import weakref
+from collections import deque
+from typing import Any
+
+import torch
+
+from opscope.capture.steps import StepClock
+from opscope.capture.torch.dist import current_rank
+from opscope.capture.torch.modules import ModuleTracker, tensors_of
+from opscope.capture.torch.watch_chain import build_event
+from opscope.capture.torch.watch_check import MODULE, NAME, PHASE, Checker, WatchDispatchMode
+from opscope.capture.torch.watch_event import OverflowEvent, WatchResult
+from opscope.capture.torch.watch_modes import (
+    enter_under,
+    exit_mode,
+    optimizer_params,
+    top_mode,
+    user_source,
+)
+from opscope.config import WatchConfig, watch_config
+from opscope.errors import ConfigError, OverflowDetected
+from opscope.report.overflow_console import render
+
+log = logging.getLogger("opscope.watch")
+_current_node = torch._C._current_autograd_node
+
+
+def watch(action: str | None = None, *, config: Any = None, **keys: Any) -> WatchSession:
+    """Check every op output for NaN/Inf (and values beyond ``limit``) while training runs.
+
+    Use as a context manager around the loop, with ``w.step(loss=loss)`` at each step's
+    end (or let opscope find steps from ``optimizer.step()``), or ``start()``/``stop()``.
+
+    Args:
+        action: ``raise`` (default), ``warn`` or ``record`` (flight recorder).
+        config: a config file (JSON, YAML, TOML) or mapping with an ``overflow`` section;
+            ``$OPSCOPE_CONFIG`` if None.
+        **keys: level (``aten``/``module``), limit, path, history, loss_spike, time_spike,
+            steps, ranks, enable (see docs/overflow.md).
+
+    Returns:
+        A :class:`WatchSession`; its ``stop()`` returns a :class:`WatchResult`.
+
+    Raises:
+        ConfigError: a bad key or value, before anything is installed.
+    """
+    return WatchSession(watch_config(config, action=action, **keys))
+
+
+class WatchSession:
+    """A running (or ready) watch. See :func:`watch`."""
+
+    def __init__(self, cfg: WatchConfig) -> None:
+        self.cfg = cfg
+        self.rank = current_rank()
+        self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
+        self.started = False
+        self.events: list[OverflowEvent] = []
+        self.clock = StepClock(self._boundary)
+        module_level = cfg.level == "module"
+        self.modules = ModuleTracker(self.clock.outer_module_call, self._enter, self._exit if module_level else None)
+        self.checker = Checker(self.modules, cfg.limit, self._hit)
+        self.checker.tag_nodes = not module_level
+        self.flight: Any = None
+        self._mode: WatchDispatchMode | None = None
+        self._handles: list[Any] = []
+        self._step_events: list[OverflowEvent] = []
+        self._warned: set[tuple[str, ...]] = set()
+        self._seen: dict[int, int] = {}
+        self._roots: list[weakref.ref] = []
+        self._losses: deque[float] = deque(maxlen=cfg.history)
+        self._times: deque[float] = deque(maxlen=cfg.history)
+        self._step_start = 0.0
+        self._optimizer_seen = False
+        self._mode_suspended = False
+        self._resolving: int | None = None
+        self._last_dump_step = -10**9
+        self._dumped: set[tuple[str, ...]] = set()
+
+    @property
+    def step_index(self) -> int:
+        """The step being executed (0-based)."""
+        return self.clock.step
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> WatchSession:
+        """Install the checks. A rank not in ``ranks`` (or ``enable=False``) installs nothing."""
+        if self.started:
+            raise ConfigError("this watch was already started; create a new opscope.watch(...) to watch again")
+        self.started = True
+        if not self.active:
+            return self
+        try:
+            if self.cfg.action == "record":
+                from opscope.capture.torch.watch_flight import FlightRecorder
+
+                self.flight = FlightRecorder(self.cfg.path or "opscope-overflow", self.cfg.level, self.cfg.history)
+                self.flight.start()
+            self.modules.install()
+            from torch.optim import optimizer as opt
+
+            self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
+                             opt.register_optimizer_step_post_hook(self._optimizer_post)]
+            if self.cfg.level == "aten":
+                # Slid under the modes already on the stack: a dump entered before the watch
+                # leaves its mode per step with a plain pop of the top, which must be its own.
+                self._mode = WatchDispatchMode(self.checker)
+                enter_under(self._mode)
+        except BaseException:
+            self._remove_hooks("crashed", "failed to start")
+            raise
+        self.checker.on = 0 in self.cfg.steps
+        self._sync_mode()
+        self._step_start = time.perf_counter()
+        return self
+
+    def step(self, loss: Any = None) -> None:
+        """End the current step; pass the loss to have it checked (and watched for spikes)."""
+        if not (self.active and self.started):
+            return
+        if loss is not None and self.checker.on:
+            self._check_loss(loss)
+        self.clock.user_step()
+
+    def stop(self) -> WatchResult:
+        """Check what is still pending, remove every hook; returns the :class:`WatchResult`."""
+        self._finish(None)
+        return self.result()
+
+    def result(self) -> WatchResult:
+        return WatchResult(events=list(self.events), dumps=list(self.flight.written) if self.flight else [],
+                           steps=self.clock.step + 1)
+
+    def __enter__(self) -> WatchSession:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._finish(exc)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if not self.started or not self.active:
+            self.started = False
+            return
+        self.started = False
+        status, error = ("complete", None) if exc is None else ("crashed", f"{type(exc).__name__}: {exc}")
+        try:
+            if exc is None and self.checker.on:
+                self.checker.resolve()  # may raise OverflowDetected (action="raise" on a device)
+                self._record_events(self.clock.step)
+            elif exc is not None and self.flight is not None and not isinstance(exc, OverflowDetected):
+                self.flight.end_step()
+                self.flight.trigger(self.clock.step, f"exception {type(exc).__name__}: {exc}", [], None)
+        finally:
+            self._remove_hooks(status, error)
+
+    def _remove_hooks(self, status: str, error: str | None) -> None:
+        try:
+            if self._mode is not None:
+                if not self._mode_suspended:
+                    exit_mode(self._mode)
+                self._mode = None
+            self.modules.remove()
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            self.checker.on = False
+            self.checker.reset()
+        finally:
+            if self.flight is not None and self.flight.started:
+                self.flight._finish(status, error)
+
+    # -- steps -------------------------------------------------------------------------
+    def _boundary(self, finished: int, step: int) -> None:
+        now = time.perf_counter()
+        elapsed, self._step_start = now - self._step_start, now
+        if self.flight is not None:
+            self.flight.end_step()  # the ring now ends with `finished`
+        self._resolving = finished  # events found now belong to the step that just ended
+        try:
+            if self.checker.on:
+                if not self._optimizer_seen:
+                    self._check_parameters()
+                self.checker.resolve()
+                self._check_time(finished, elapsed)
+            self._record_events(finished)
+        finally:
+            self._resolving = None
+            self.checker.reset()
+            self._seen.clear()
+            self._step_events = []
+            self._optimizer_seen = False
+            self.checker.on = step in self.cfg.steps
+            self._sync_mode()
+
+    def _record_events(self, step: int) -> None:
+        events, self._step_events = self._step_events, []
+        if not events or self.flight is None:
+            return
+        keys = {(e.kind, e.op, e.module) for e in events}
+        if keys <= self._dumped or step - self._last_dump_step < self.cfg.history:
+            return
+        ops = list(dict.fromkeys(op for e in events for op in e.chain_ops))
+        first = events[0]
+        reason = f"{first.kind} in {first.op} ({first.module or 'top level'}, {first.phase})"
+        path = self.flight.trigger(step, reason, ops, first.to_json())
+        if path is not None:
+            self._dumped |= keys
+            self._last_dump_step = step
+            log.warning("%s\nflight recorder: writing steps up to %d and the next one to %s", render(first), step, path)
+
+    # -- hits --------------------------------------------------------------------------
+    def _hit(self, index: int, slot: int, kind: str, t: torch.Tensor | None, args: Any,
+             detail: str | None = None) -> None:
+        entry = self.checker.entries[index]
+        key = (entry[NAME], entry[MODULE], entry[PHASE], kind)
+        if self.cfg.action == "warn" and key in self._warned:
+            return
+        immediate = t is not None and t.is_cpu and not self.checker.pending
+        param = self.checker.params.get(index)
+        named = self.checker.inputs.get(index)
+        names = None
+        if named is not None:
+            names, args = [n for n, _ in named], [x for _, x in named]
+        step = self.clock.step if self._resolving is None else self._resolving
+        event = build_event(self.checker.entries, index, slot, kind, t, args, step=step, rank=self.rank,
+                            level=self.cfg.level, limit=self.checker.limit, param_names=self.modules.param_names,
+                            source=user_source() if immediate else None, param=param, names=names)
+        event.detail = detail
+        self.events.append(event)
+        self._step_events.append(event)
+        if self.cfg.action == "raise":
+            raise OverflowDetected(render(event), event)
+        if self.cfg.action == "warn":
+            self._warned.add(key)
+            log.warning("%s", render(event))
+
+    def _spike(self, kind: str, op: str, step: int, detail: str) -> None:
+        event = OverflowEvent(kind=kind, op=op, module="", phase="forward", step=step, rank=self.rank,
+                              level=self.cfg.level, detail=detail)
+        self.events.append(event)
+        self._step_events.append(event)
+        if self.cfg.action == "raise":
+            raise OverflowDetected(render(event), event)
+        if self.cfg.action == "warn":
+            log.warning("%s", render(event))
+
+    # -- step-level checks -------------------------------------------------------------
+    def _check_loss(self, loss: Any) -> None:
+        if isinstance(loss, torch.Tensor):
+            if loss.dtype.is_floating_point and loss.numel():
+                self.checker.observe("<loss>", "", "forward", None, None, (id(loss),), [loss], strict=True)
+                self.checker.resolve()  # the loss is read now anyway (float(loss) below)
+            value = float(loss.detach().float().mean()) if loss.numel() else math.nan
+        else:
+            value = float(loss)
+        if not math.isfinite(value):
+            return
+        history = list(self._losses)
+        self._losses.append(value)
+        if self.cfg.loss_spike and len(history) >= 2:
+            median = statistics.median(history)
+            if value - median > (self.cfg.loss_spike - 1) * abs(median):
+                self._spike("loss_spike", "<loss>", self.clock.step,
+                            f"loss {value:.6g} at step {self.clock.step} against a median of {median:.6g} over the "
+                            f"previous {len(history)} steps (loss_spike={self.cfg.loss_spike:g})")
+
+    def _check_time(self, step: int, elapsed: float) -> None:
+        history = list(self._times)
+        if step > 0:  # step 0 includes warm-up
+            self._times.append(elapsed)
+        if self.cfg.time_spike and len(history) >= 2:
+            median = statistics.median(history)
+            if elapsed > self.cfg.time_spike * median:
+                self._spike("time_spike", "<step time>", step,
+                            f"step {step} took {elapsed:.4g} s, {elapsed / median:.1f}x the median {median:.4g} s "
+                            f"of the previous {len(history)} steps (time_spike={self.cfg.time_spike:g})")
+
+    def _check_parameters(self) -> None:
+        """No optimizer ran this step: check the gradients and parameters of the models seen."""
+        grads, params = [], []
+        for ref in self._roots:
+            root = ref()
+            if root is None:
+                continue
+            for name, p in root.named_parameters():
+                params.append((name, p, []))
+                if p.grad is not None:
+                    grads.append((f"{name} (grad)", p.grad, [(name, p)]))
+        if self.cfg.level == "module":
+            self.checker.group("<grad>", "backward", grads)
+        self.checker.group("<param>", "optimizer", params)
+
+    # -- hooks -------------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.clock.poll()
+        checker = self.checker
+        checker.phase = "optimizer"
+        self._optimizer_seen = True
+        if not checker.on:
+            return
+        if self._mode is not None:
+            # aten level: gradients were checked as backward ops' outputs; the optimizer's
+            # own ops are checked per parameter after the step (param and state, one fused
+            # call), which costs a fraction of ~10 ops per parameter through the mode.
+            checker.ops_on = False
+            self._sync_mode()
+        else:
+            checker.group("<grad>", "backward", [(f"{self._param_name(p)} (grad)", p.grad, [])
+                                                 for p in optimizer_params(optimizer) if p.grad is not None])
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        checker = self.checker
+        checker.ops_on = True
+        self._sync_mode()
+        if checker.on:
+            items = []
+            for p in optimizer_params(optimizer):
+                name = self._param_name(p)
+                state = [(f"{name} ({k})", v) for k, v in optimizer.state.get(p, {}).items()
+                         if isinstance(v, torch.Tensor) and v.numel() > 1]
+                grad = [(f"{name} (grad)", p.grad)] if p.grad is not None else []
+                items.append((name, p, grad + state))
+                items += [(sname, v, [(name, p)] + grad) for sname, v in state]
+            checker.group(f"{type(optimizer).__name__}.step", "optimizer", items)
+        checker.phase = "forward"
+        self.clock.optimizer_step()
+
+    def _sync_mode(self) -> None:
+        """Leave the dispatch mode while nothing is to be checked (steps not selected, the
+        optimizer step) and come back after; only when it is on top of the mode stack, since
+        another session's mode above it expects to leave first."""
+        mode = self._mode
+        if mode is None:
+            return
+        wanted = self.checker.on and self.checker.ops_on
+        if wanted and self._mode_suspended:
+            self._mode_suspended = False
+            enter_under(mode)
+        elif not wanted and not self._mode_suspended and top_mode() is mode:
+            mode.__exit__(None, None, None)
+            self._mode_suspended = True
+
+    def _param_name(self, p: torch.Tensor) -> str:
+        return self.modules.param_names.get(id(p)) or f"<unnamed {tuple(p.shape)}>"
+
+    def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
+        if len(self.modules.stack) != 1:
+            return
+        if not any(r() is module for r in self._roots):
+            self._roots.append(weakref.ref(module))
+        if self.checker.on:
+            inputs = [t for t in tensors_of(args) if t.dtype.is_floating_point]
+            if inputs:
+                self.checker.observe("<model input>", path, self.checker.phase, None, None, (), inputs, select=True)
+
+    def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
+        checker = self.checker
+        if not checker.on or output is None:
+            return
+        outs = (output,) if type(output) is torch.Tensor else tensors_of(output)
+        seen = self._seen
+        fresh = []
+        for t in outs:
+            key, version = id(t), (-1 if t.is_inference() else t._version)
+            if seen.get(key, -2) != version:
+                seen[key] = version
+                fresh.append(t)
+        if not fresh:
+            return
+        in_ids = tuple(id(a) for a in (args if type(args) is tuple else (args,)) if isinstance(a, torch.Tensor))
+        phase = "backward" if _current_node() is not None else checker.phase
+        checker.observe(type(module).__name__, path, phase, None, None, in_ids, fresh)
