@@ -219,6 +219,8 @@ class DumpConfig:
     enable: bool = True
     queue_limit_mb: float = 512
     shard_mb: float = 256
+    suspects: str | None = None  # a compare summary.json: full tensors for its culprits and their producers
+    tensor_limit_mb: float | None = None  # stop storing tensors (never the run) past this many MB per rank
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -261,7 +263,21 @@ _DUMP_PARSERS = {
     "enable": lambda v: _bool("enable", v),
     "queue_limit_mb": lambda v: _number("queue_limit_mb", v, 1),
     "shard_mb": lambda v: _number("shard_mb", v, 1),
+    "suspects": lambda v: _suspects(v),
+    "tensor_limit_mb": lambda v: None if v is None else _number("tensor_limit_mb", v, 0),
 }
+
+
+def _suspects(value: Any) -> str | None:
+    """A compare ``-o`` directory or its summary.json, resolved to the summary.json path."""
+    if value is None or value == "":
+        return None
+    path = Path(_path("suspects", value))
+    summary = path / "summary.json" if path.is_dir() else path
+    if not summary.is_file():
+        raise ConfigError(f"suspects: {str(value)!r} has no summary.json; give the -o directory of "
+                          "`opscope compare` (or its summary.json)")
+    return str(summary)
 
 
 def _path(key: str, value: Any) -> str:
@@ -376,11 +392,13 @@ class WatchConfig:
     history: int = 4
     loss_spike: float | None = None
     time_spike: float | None = None
+    steps: StepSelection = field(default_factory=StepSelection)
     ranks: tuple[int, ...] | None = None
     enable: bool = True
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["steps"] = self.steps.to_json()
         out["ranks"] = None if self.ranks is None else list(self.ranks)
         return out
 
@@ -393,6 +411,7 @@ _WATCH_PARSERS = {
     "history": lambda v: int(_number("history", v, 1)),
     "loss_spike": lambda v: None if v is None else _number("loss_spike", v, 1),
     "time_spike": lambda v: None if v is None else _number("time_spike", v, 1),
+    "steps": StepSelection,
     "ranks": _ranks,
     "enable": lambda v: _bool("enable", v),
 }

@@ -23,6 +23,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default=None, help="compare only these steps, e.g. 0,5,10")
     p.add_argument("--ranks", default=None, help="compare only these ranks, e.g. 0,7")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
+    p.add_argument("--replay", type=int, default=0, metavar="N",
+                   help="re-run the top N culprits in float64 on each side's own inputs and say which side "
+                        "is wrong (needs torch and full tensors; docs/replay.md)")
     return p
 
 
@@ -35,7 +38,8 @@ def main(argv: list[str]) -> int:
     try:
         result = compare(args.target, args.reference, mapping=args.mapping, workers=args.workers,
                          progress=progress, precision=args.precision,
-                         steps=_ints(args.steps, "--steps"), ranks=_ints(args.ranks, "--ranks"))
+                         steps=_ints(args.steps, "--steps"), ranks=_ints(args.ranks, "--ranks"),
+                         replay=max(0, args.replay))
     finally:
         stop()
     if args.out:

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opscope.compare import measure
+from opscope.compare import crossframework, measure
 from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
+from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table
@@ -26,7 +27,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
             mapping: str | os.PathLike | dict[str, Any] | Mapping | None = None,
             workers: int | None = None, progress: Callable[[int, int], None] | None = None,
             precision: str | None = None, noise: NoiseModel | None = None,
-            ranks: list[int] | None = None, steps: list[int] | None = None) -> CompareResult:
+            ranks: list[int] | None = None, steps: list[int] | None = None, replay: int = 0) -> CompareResult:
     """Compare two dumps and name the operator where they start to differ.
 
     Args:
@@ -39,6 +40,8 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         precision: force the target's precision when dtypes do not show it (e.g. "tf32").
         noise: thresholds of the verdict (:class:`~opscope.compare.tolerance.NoiseModel`).
         ranks, steps: compare only these.
+        replay: re-run the top ``replay`` culprits in float64 on each side's inputs
+            (:mod:`opscope.replay`, needs torch and full tensors); each gets ``.replay``.
 
     Returns:
         A :class:`~opscope.compare.result.CompareResult`.
@@ -56,7 +59,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     if precision and noise.precision != precision:
         noise = NoiseModel(**{**noise.__dict__, "precision": precision})
     names = load_mapping(mapping)
-    problems: list[str] = []
+    problems: list[str] = [*manifest_warnings(t_dump, "target"), *manifest_warnings(r_dump, "reference")]
     parts = _partitions(t_dump, r_dump, ranks, steps, problems)
     pairs: list[Pair] = []
     for rank, step in parts:
@@ -67,14 +70,20 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     from opscope.compare.verdict import run_passes
 
     state = run_passes(pairs, noise)
+    _identify(state)
     pairs.sort(key=_order)
     problems = _unique([*t_dump.problems, *r_dump.problems, *problems])
     counts = _counts(pairs)
     measured = counts["identical"] + counts["passed"] + counts["failed"]
     if not measured:
         raise NothingToCompareError(_nothing_message(t_dump, r_dump, counts, problems))
-    return _result(t_dump, r_dump, state, pairs, counts, problems, noise, names, n_workers,
-                   sum(j.nbytes for j in jobs), time.perf_counter() - start)
+    result = _result(t_dump, r_dump, state, pairs, counts, problems, noise, names, n_workers,
+                     sum(j.nbytes for j in jobs), time.perf_counter() - start)
+    if replay:
+        from opscope.replay import replay_culprits  # imports torch: only when asked
+
+        replay_culprits(result, replay, t_dump, r_dump, noise=noise)
+    return result
 
 
 def _partitions(t_dump: Any, r_dump: Any, ranks: list[int] | None, steps: list[int] | None,
@@ -99,6 +108,9 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
     for rows in (t_rows, r_rows):
         _inherit_data(rows)
     rename_target(t_rows, names)
+    levels = dump_level(t_dump), dump_level(r_dump)
+    if is_cross(*levels):  # an ONNX Runtime dump: pair through the op correspondence table
+        return crossframework.align_partition(t_rows, r_rows, *levels)
     return align_partition(t_rows, r_rows)
 
 
@@ -165,3 +177,33 @@ def _nothing_message(t_dump: Any, r_dump: Any, counts: dict[str, int], problems:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
+
+
+def _identify(state: Any) -> None:
+    """Give each finding an ``id`` and, for culprits, the ``calls`` that replay and a second,
+    tensor-capturing dump need: per side, its record seq and the keys (phase, module, op,
+    call) of the call itself and of the calls that produced its inputs."""
+    from opscope.compare.align import INPUT_IO
+
+    nodes = {(n.side, n.rank, n.step, int(n.worst.home["seq"])): n for n in state.nodes
+             if n.verdict == "culprit" and n.worst is not None}
+    for f in state.findings:
+        home = "reference" if f.side == "reference" else "target"
+        f.id = f"{f.rank}:{f.step}:{'r' if home == 'reference' else ''}{f.seq}"
+        node = nodes.get((home, f.rank, f.step, f.seq)) if f.kind == "culprit" else None
+        if node is None:
+            continue
+        worst = node.worst
+        for side, row in (("target", worst.t), ("reference", worst.r)):
+            if row is None or (worst.kind == "identity" and side != home):
+                continue
+            keys: list[list[Any]] = []
+            rows = [row] + [state.rows.get((side, row["rank"], row["step"], r["producer"]))
+                            for r in state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
+                            if r.get("io") in INPUT_IO and r.get("producer") is not None]
+            for r in rows:
+                key = r and [r.get("phase"), r.get("orig_module", r.get("module")) or "",
+                             r.get("orig_op", r.get("op")), r.get("call")]
+                if key and key not in keys:
+                    keys.append(key)
+            f.calls[side] = {"seq": int(row["seq"]), "capture": keys}

@@ -46,6 +46,9 @@ class Finding:
     upstream: list[dict[str, Any]] = field(default_factory=list)
     downstream: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    id: str = ""  # "rank:step:seq" of its call ("r" before a reference-side seq); opscope replay --op ID
+    calls: dict[str, Any] = field(default_factory=dict)  # per side: {"seq", "capture": [[phase, module, op, call]]}
+    replay: dict[str, Any] | None = None  # opscope.replay.ReplayResult.to_dict(), when replayed
 
     @property
     def where(self) -> str:

@@ -69,6 +69,8 @@ def _first(f: Finding) -> Any:
         grid.add_row("inputs", f"{len(f.inputs)} tensors, worst input error {_fmt(worst)}")
     if f.note:
         grid.add_row("note", f.note)
+    if f.replay:
+        grid.add_row("replay", f"{_replay_text(f.replay)}: {f.replay.get('reason', '')}")
     return Panel(grid, title="first divergence", title_align="left", border_style="red", expand=False)
 
 
@@ -77,13 +79,29 @@ def _culprits(findings: list[Finding], total: int) -> Any:
 
     table = Table(title=f"top culprits ({min(len(findings), TOP)} of {total})", title_justify="left",
                   show_edge=False, pad_edge=False)
-    for col, just in (("#", "right"), ("kind", "left"), ("module", "left"), ("op", "left"), ("phase", "left"),
-                      ("step", "right"), ("rank", "right"), ("error", "right"), ("x allowed", "right")):
+    replayed = any(f.replay for f in findings)
+    for col, just in (("#", "right"), ("id", "left"), ("kind", "left"), ("module", "left"), ("op", "left"),
+                      ("phase", "left"), ("step", "right"), ("rank", "right"), ("error", "right"),
+                      ("x allowed", "right"), *((("replay", "left"),) if replayed else ())):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for i, f in enumerate(findings, 1):
-        table.add_row(str(i), f.kind, f.module or "(top level)", f.param if f.kind == "root" and f.param else f.op,
-                      f.phase, str(f.step), str(f.rank), _fmt(f.metrics.get("error")), _fmt(f.score))
+        cells = [str(i), f.id, f.kind, f.module or "(top level)", f.param if f.kind == "root" and f.param else f.op,
+                 f.phase, str(f.step), str(f.rank), _fmt(f.metrics.get("error")), _fmt(f.score)]
+        table.add_row(*cells, *((_replay_text(f.replay, short=True) if f.replay else "-",) if replayed else ()))
     return table
+
+
+def _replay_text(replay: dict[str, Any], short: bool = False) -> str:
+    """``target wrong (812 eps bfloat16 / 0.4 eps float32)``: the verdict and each side's local error."""
+    from opscope.replay.result import VERDICT_TEXT
+
+    text = VERDICT_TEXT.get(replay.get("verdict", ""), str(replay.get("verdict")))
+    sides = [replay.get(s) for s in ("target", "reference") if replay.get(s)]
+    if short:
+        return text
+    if sides:
+        text += " (" + " / ".join(f"{_fmt(s.get('units'))} eps {s.get('dtype')}" for s in sides) + ")"
+    return text
 
 
 def _counts(result: CompareResult) -> Any:

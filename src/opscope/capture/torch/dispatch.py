@@ -19,7 +19,7 @@ _current_node = torch._C._current_autograd_node
 class OpInfo:
     """What the schema of one aten overload says, computed once per overload."""
 
-    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs", "uninitialized")
+    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs", "uninitialized", "random")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)
@@ -34,6 +34,7 @@ class OpInfo:
         # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
         base = self.name.split(".")[1] if self.name.count(".") >= 1 else self.name
         self.uninitialized = base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
+        self.random = torch.Tag.nondeterministic_seeded in func.tags  # replay needs its generator state
 
 
 _INFO: dict[Any, OpInfo] = {}
@@ -107,6 +108,7 @@ class DumpDispatchMode(TorchDispatchMode):
                 worker.before_write(t)
             if s.recorder.views:
                 s.recorder.invalidate(t)
+        rng = rng_state(args, kwargs) if info.random else None
         out = func(*args, **kwargs)
         node = _current_node()
         if node is not None:
@@ -124,7 +126,34 @@ class DumpDispatchMode(TorchDispatchMode):
         if written and not outputs:  # in-place ops returning nothing (_foreach_add_): their targets are the outputs
             outputs = [(i, None, t) for i, t in enumerate(written)]
             mutated = tuple(range(len(outputs)))
-        s.recorder.record(info.name, module, phase, inputs, outputs, args=args_of(args, kwargs),
+        call_args = args_of(args, kwargs) if rng is None else args_with_rng(args_of(args, kwargs), rng)
+        s.recorder.record(info.name, module, phase, inputs, outputs, args=call_args,
                           views=info.view_outputs, mutated=mutated, fwd_op=fwd_op, uninitialized=info.uninitialized,
                           node=node_name, source=s.source() if s.cfg.source else None)
         return out
+
+
+def rng_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:
+    """``(device, state)`` of the generator a random op is about to draw from (state None
+    when it cannot be read), so that replay can draw the same numbers."""
+    gen = kwargs.get("generator")
+    if gen is not None:
+        return str(gen.device), gen.get_state()
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    device = torch.device(kwargs.get("device") or device or "cpu")
+    if device.type == "cpu":
+        return "cpu", torch.get_rng_state()
+    if device.type == "cuda":
+        return str(device), torch.cuda.get_rng_state(device)
+    return str(device), None
+
+
+def args_with_rng(call_args: tuple[list, dict] | None, rng: tuple[str, Any]) -> str:
+    """The ``args`` JSON of a random op, with ``"rng": {"device", "state" (base64)}`` added."""
+    import base64
+    import json
+
+    pairs, kw = call_args or ([], {})
+    state = None if rng[1] is None else base64.b64encode(rng[1].numpy().tobytes()).decode("ascii")
+    return json.dumps({"args": [list(p) for p in pairs], "kwargs": kw, "rng": {"device": rng[0], "state": state}},
+                      default=str)

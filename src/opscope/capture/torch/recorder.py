@@ -240,7 +240,7 @@ class Recorder:
         if data:
             row[_DATA] = self._store(row, t.detach().to("cpu", copy=True).contiguous())
 
-    def _store(self, row: list[Any], copy: torch.Tensor) -> str:
+    def _store(self, row: list[Any], copy: torch.Tensor) -> str | None:
         dtype, shape, raw, nbytes = tensor_buffer(copy)
         if self.plan is not None and not self.plan.admit(row, nbytes, _where(row)):
             return None  # past tensor_limit_mb: statistics only from here on

@@ -4,8 +4,8 @@ The capture thread submits ``(row, tensor)``; the C extension's own thread (no G
 Python) reduces each tensor in one pass while the step goes on. The capture thread pays
 ~1 µs per tensor. Results are collected in order and written into the rows; tensors are
 released as soon as their result is collected. Before an op writes to a tensor in place,
-the capture thread calls :meth:`NativeStats.before_write`, which waits (without the GIL)
-until the last pending job on that storage is done, so a statistic is never taken of a
+the capture thread calls :meth:`NativeStats.before_write`, which reduces the pending jobs
+on that storage right away (or waits for the one running), so a statistic is never taken of a
 half-updated tensor ("the same run twice" gives identical dumps).
 """
 
@@ -40,7 +40,7 @@ class NativeStats:
         self._every = collect_every
         self._jobs: list[tuple[list[Any], Any] | None] = []
         self._collected = 0
-        self._last: dict[int, int] = {}
+        self._last: dict[int, list[int]] = {}  # storage -> jobs still reading it
 
     def submit(self, row: list[Any], tensor: torch.Tensor, want_data: bool) -> None:
         """Queue the statistics of a CPU tensor with strided layout."""
@@ -57,16 +57,24 @@ class NativeStats:
         # the tensor would change what autograd does (AccumulateGrad steals a gradient
         # only when nothing else holds it) and so the ops of the run being observed.
         self._jobs.append((row, tensor.untyped_storage()))
-        self._last[ptr - tensor.storage_offset() * tensor.element_size()] = job
+        storage = ptr - tensor.storage_offset() * tensor.element_size()
+        pending = self._last.get(storage)
+        if pending is None:
+            self._last[storage] = [job]
+        else:
+            pending.append(job)
         if job - self._collected >= self._every:
             self.poll()
 
     def before_write(self, tensor: torch.Tensor) -> None:
-        """Wait until no pending job reads the storage of ``tensor``."""
+        """Make sure no pending job will read the storage of ``tensor`` once it is written:
+        jobs not started yet are reduced right here, a running one is waited for."""
         if self._last:
-            job = self._last.get(_storage_ptr(tensor))
-            if job is not None and job >= self._collected:
-                _fastats.wait(job)
+            jobs = self._last.pop(_storage_ptr(tensor), None)
+            if jobs:
+                for job in jobs:
+                    if job >= self._collected:
+                        _fastats.take(job)
 
     def poll(self) -> None:
         """Collect every finished result into its row and let go of its tensor."""

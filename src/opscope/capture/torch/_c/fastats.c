@@ -267,6 +267,8 @@ typedef struct {
     unsigned long long ptr;
     Py_ssize_t n;
     int code;
+    int taken;    /* reduced by the submitting thread itself (see take) */
+    int finished; /* a taken job's result is in place */
     acc_t acc;
 } job_t;
 
@@ -290,6 +292,12 @@ static void *worker_main(void *unused) {
         W.idle = 0;
         if (W.next == W.tail && W.stop) break;
         Py_ssize_t i = W.next++;
+        if (W.jobs[i].taken) { /* reduced by the submitter: wait for its result, then move on */
+            while (!W.jobs[i].finished) pthread_cond_wait(&W.done_cv, &W.mu);
+            W.done = i + 1;
+            pthread_cond_broadcast(&W.done_cv);
+            continue;
+        }
         job_t job = W.jobs[i];
         pthread_mutex_unlock(&W.mu);
         job.acc.mn = INFINITY;
@@ -356,6 +364,34 @@ static PyObject *w_wait(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* take(job_id): make sure nobody will read that job's memory after this returns. A job
+ * the worker has not started is reduced right here (GIL released), so a thread about to
+ * write a tensor in place does not wait for the whole queue ahead of it. */
+static PyObject *w_take(PyObject *self, PyObject *arg) {
+    Py_ssize_t id = PyLong_AsSsize_t(arg);
+    if (id == -1 && PyErr_Occurred()) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&W.mu);
+    if (id >= W.next && id < W.tail && !W.jobs[id].taken) {
+        W.jobs[id].taken = 1;
+        job_t job = W.jobs[id];
+        pthread_mutex_unlock(&W.mu);
+        job.acc.mn = INFINITY;
+        job.acc.mx = -INFINITY;
+        if (job.n > 0) run((const void *)(uintptr_t)job.ptr, job.n, job.code, &job.acc);
+        pthread_mutex_lock(&W.mu);
+        W.jobs[id].acc = job.acc;
+        W.jobs[id].finished = 1;
+        pthread_cond_broadcast(&W.done_cv);
+    } else {
+        while (id < W.tail && W.done <= id && !(W.jobs[id].taken && W.jobs[id].finished))
+            pthread_cond_wait(&W.done_cv, &W.mu);
+    }
+    pthread_mutex_unlock(&W.mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *w_done(PyObject *self, PyObject *unused) {
     pthread_mutex_lock(&W.mu);
     Py_ssize_t d = W.done;
@@ -404,6 +440,7 @@ static PyObject *w_reset(PyObject *self, PyObject *unused) {
 static PyMethodDef METHODS[] = {
     {"submit", w_submit, METH_VARARGS, "submit(ptr, numel, code) -> job id (reduced by a native thread)"},
     {"wait", w_wait, METH_O, "wait(job_id): block, without the GIL, until that job is finished"},
+    {"take", w_take, METH_O, "take(job_id): reduce it here if not started, else wait for it"},
     {"done", w_done, METH_NOARGS, "done() -> number of finished jobs (a prefix of the ids)"},
     {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
     {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},

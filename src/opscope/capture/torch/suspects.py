@@ -1,0 +1,209 @@
+"""Which op calls get full tensors, and how many bytes of them a dump may store.
+
+- **Two-pass dumping**: ``suspects`` names a compare result (its ``-o`` directory or
+  summary.json). Its culprits list, per side, the call itself and the calls that produced
+  its inputs as (phase, module, op, call index); those calls, at the culprit's rank and
+  step, get full tensors, everything else statistics. Both sides' calls are taken, so the
+  same config serves the target's and the reference's second run. Before capture starts,
+  the size is estimated from the first pass's own records (numel x dtype size of the rows
+  that will hold a tensor).
+- **Size**: for a plain tensor dump (``data="tensor"`` / ``tensor_ops``) the first captured
+  step is measured while it is written; its size and the projection over the selected
+  steps are reported when it ends, before later steps write tensors.
+- **Limit**: ``tensor_limit_mb`` caps the bytes of tensors stored per rank; past it tensor
+  capture stops (the run goes on, statistics go on) and the manifest says where.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from opscope.config import DumpConfig
+from opscope.errors import ConfigError
+
+LOG = logging.getLogger("opscope.dump")
+LARGE = 1 << 30  # a per-step estimate this big is a warning, not just a log line
+ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "uint64": 8, "float32": 4, "int32": 4,
+            "uint32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
+            "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1}
+CallKey = tuple[int, str, str, str, int]  # step, phase, module, op, call
+
+
+class TensorDumpSize(UserWarning):
+    """How big a tensor dump will be, or where its tensor limit stopped it."""
+
+
+class TensorPlan:
+    """Decides per op call whether full tensors are stored, and keeps the byte budget.
+
+    Args:
+        cfg: the dump configuration (``data``, ``tensor_ops``, ``suspects``, ``tensor_limit_mb``).
+        rank: this process's rank (suspects are per rank).
+    """
+
+    def __init__(self, cfg: DumpConfig, rank: int) -> None:
+        self.rank = rank
+        self.every = cfg.data == "tensor"
+        self.tensor_ops = cfg.tensor_ops if cfg.tensor_ops else None
+        self.limit_mb = cfg.tensor_limit_mb
+        self.limit = None if cfg.tensor_limit_mb is None else int(cfg.tensor_limit_mb * 2**20)
+        self.selected_steps = cfg.steps.steps
+        self.keys: frozenset[CallKey] | None = None
+        self.stored = 0
+        self.step_bytes: dict[int, list[int]] = {}  # step -> [bytes, tensors]
+        self.stopped: dict[str, Any] | None = None
+        self.estimate: dict[str, Any] | None = None
+        self.notes: list[str] = []
+        if cfg.suspects:
+            self.keys, self.estimate = load_suspects(cfg.suspects, rank)
+            _say(self.estimate["message"], warn=True)
+
+    @classmethod
+    def make(cls, cfg: DumpConfig, rank: int) -> TensorPlan | None:
+        """A plan when the dump may store tensors at all, else None (nothing to decide)."""
+        if cfg.data == "tensor" or cfg.tensor_ops or cfg.suspects:
+            return cls(cfg, rank)
+        return None
+
+    def wants(self, step: int, phase: str, module: str, op: str, call: int) -> bool:
+        """Full tensors for this call? Runs per op: set lookups only."""
+        if self.stopped is not None:
+            return False
+        if self.keys is not None and (step, phase, module, op, call) in self.keys:
+            return True
+        if self.tensor_ops is not None:
+            return self.tensor_ops.matches(op)
+        return self.every
+
+    def admit(self, row: list[Any], nbytes: int, where: tuple[Any, ...]) -> bool:
+        """Count a tensor about to be stored; False (and capture stops) past the limit."""
+        if self.stopped is not None:
+            return False
+        if self.limit is not None and self.stored + nbytes > self.limit:
+            self._stop(nbytes, where)
+            return False
+        self.stored += nbytes
+        step = self.step_bytes.setdefault(where[0], [0, 0])
+        step[0] += nbytes
+        step[1] += 1
+        return True
+
+    def end_step(self, step: int) -> None:
+        """After the first step that stored tensors: report its size and the projection."""
+        if self.estimate is not None or step not in self.step_bytes or len(self.step_bytes) != 1:
+            return
+        nbytes, count = self.step_bytes[step]
+        steps = None if self.selected_steps is None else len(self.selected_steps)
+        total = f"the {steps} selected steps will hold about {human(nbytes * steps)}" if steps else \
+            "every step is selected: about that much per step"
+        if self.stopped is not None:
+            total = "then tensor_limit_mb stopped tensor capture (the manifest says where)"
+        msg = (f"opscope dump: step {step} on rank {self.rank} stored {human(nbytes)} of full tensors "
+               f"({count} tensors); {total}. Narrow it with tensor_ops or scope, or cap it with tensor_limit_mb")
+        self.estimate = {"basis": f"measured while step {step} was written", "bytes_per_step": {str(step): nbytes},
+                         "message": msg}
+        _say(msg, warn=nbytes >= LARGE or (self.limit is not None and nbytes * (steps or 1) > self.limit))
+
+    def finish(self, manifest: dict[str, Any]) -> None:
+        """Put sizes, the estimate and where the limit stopped capture into the manifest."""
+        manifest["tensor_capture"] = {
+            "limit_mb": self.limit_mb,
+            "stored_bytes": self.stored,
+            "bytes_per_step": {str(s): b for s, (b, _) in sorted(self.step_bytes.items())},
+            "estimate": None if self.estimate is None else {k: v for k, v in self.estimate.items() if k != "message"},
+            "stopped": self.stopped,
+            "suspect_calls": None if self.keys is None else len(self.keys),
+        }
+        manifest["notes"] = [*manifest.get("notes", []), *self.notes]
+
+    def _stop(self, nbytes: int, where: tuple[Any, ...]) -> None:
+        step, phase, module, op, io, slot = where
+        self.stopped = {"step": step, "phase": phase, "module": module, "op": op, "io": io, "slot": slot,
+                        "stored_bytes": self.stored}
+        msg = (f"tensor capture stopped at the limit tensor_limit_mb={self.limit_mb:g} "
+               f"({human(self.stored)} stored, the next tensor {human(nbytes)}): rank {self.rank}, step {step}, "
+               f"{phase}, {module or '(top level)'} {op} {io} {slot}; later records hold statistics only")
+        self.notes.append(msg)
+        _say(f"opscope dump: {msg}", warn=True)
+
+
+def load_suspects(summary: str, rank: int) -> tuple[frozenset[CallKey], dict[str, Any]]:
+    """The (step, phase, module, op, call) keys of this rank's culprits and their producers,
+    and the size estimate from the first pass's records."""
+    doc = _read_summary(summary)
+    keys: set[CallKey] = set()
+    culprits = [c for c in doc.get("culprits") or [] if c.get("kind") == "culprit" and c.get("calls")]
+    if not culprits:
+        raise ConfigError(f"suspects: {summary!r} lists no culprit with its calls (nothing diverged, only "
+                          "roots, or a summary from an older opscope): nothing to capture in full")
+    mine = [c for c in culprits if int(c.get("rank", 0)) == rank]
+    for c in mine:
+        for side in c["calls"].values():
+            for phase, module, op, call in side.get("capture") or []:
+                keys.add((int(c["step"]), phase, module or "", op, int(call if call is not None else -1)))
+    return frozenset(keys), _estimate(doc, summary, keys, rank, len(mine))
+
+
+def _read_summary(summary: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(summary).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"suspects: cannot read {summary!r} ({exc})") from None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("opscope.compare.summary/"):
+        raise ConfigError(f"suspects: {summary!r} is not an opscope compare summary.json")
+    return doc
+
+
+def _estimate(doc: dict[str, Any], summary: str, keys: set[CallKey], rank: int, culprits: int) -> dict[str, Any]:
+    per_step: dict[int, int] = {}
+    basis = None
+    for side in ("target", "reference"):
+        try:
+            per_step = _first_pass_bytes(doc.get(side) or "", keys, rank)
+            basis = f"the first-pass records of {doc.get(side)}"
+            break
+        except Exception:  # a moved or partial first-pass dump: the estimate is only advice
+            continue
+    steps = sorted({k[0] for k in keys})
+    if basis is None:
+        size = "size unknown (the first-pass dumps named in the summary are not readable)"
+    else:
+        size = "; ".join(f"about {human(per_step.get(s, 0))} at step {s}" for s in steps) or "nothing"
+    msg = (f"opscope dump: two-pass capture from {summary}: full tensors for {culprits} culprits "
+           f"({len(keys)} op calls with their input producers) on rank {rank}: {size}"
+           f"{f' (from {basis})' if basis else ''}; statistics for everything else")
+    return {"basis": basis or "unknown", "bytes_per_step": {str(s): per_step.get(s, 0) for s in steps},
+            "message": msg}
+
+
+def _first_pass_bytes(path: str, keys: set[CallKey], rank: int) -> dict[int, int]:
+    """numel x dtype size of the rows that will hold a tensor: outputs, and inputs seen first."""
+    from opscope.storage.reader import load
+
+    dump = load(path)
+    out: dict[int, int] = {}
+    cols = ["step", "phase", "module", "op", "call", "io", "producer", "numel", "dtype"]
+    for step in sorted({k[0] for k in keys}):
+        for r in dump.records(rank=rank, step=step, columns=cols).to_pylist():
+            key = (step, r["phase"], r["module"] or "", r["op"], r["call"] if r["call"] is not None else -1)
+            if key in keys and (r["io"] == "output" or r["producer"] is None):
+                out[step] = out.get(step, 0) + int(r["numel"] or 0) * ITEMSIZE.get(r["dtype"], 4)
+    return out
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def _say(msg: str, warn: bool) -> None:
+    LOG.info(msg)
+    if warn:
+        warnings.warn(msg, TensorDumpSize, stacklevel=3)
