@@ -166,3 +166,14 @@ def test_device_statistics_path_gives_the_same_records_on_cpu(tmp_path, monkeypa
     monkeypatch.setenv("OPSCOPE_STATS_BACKEND", "gpu")
     with pytest.raises(opscope.ConfigError, match="OPSCOPE_STATS_BACKEND"):
         train(tmp_path / "bad", 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int8, torch.bool, torch.complex64])
+def test_hash_matches_the_numpy_reference_definition(dtype):
+    from opscope.capture.torch.worker import tensor_buffer
+    from opscope.model.hashing import content_hash
+
+    x = (torch.randn(70001) * 9).to(dtype) if dtype != torch.complex64 else torch.randn(333, dtype=dtype)
+    _, _, raw, _ = tensor_buffer(x.contiguous())
+    assert cpu_stats(x)[9] == content_hash(raw) == materialize_one(device_stats(x))[9]
