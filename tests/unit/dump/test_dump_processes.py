@@ -64,3 +64,30 @@ def test_forked_dataloader_workers_do_not_capture(tmp_path):
         assert d.capturing
     assert seen.sum().item() == 0.0
     assert load(tmp_path / "d").status == "complete"
+
+
+def test_a_mode_pushed_after_the_dump_is_never_popped_by_it(tmp_path):
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Linear(2, 2)
+    d = opscope.dump(tmp_path / "d", steps="0").start()
+    mine = Counting()
+    mine.__enter__()
+    model(torch.zeros(1, 2))
+    d.step()  # step 1 is not selected: the dump leaves capture, but must not pop `mine`
+    assert _get_current_dispatch_mode() is mine
+    before = Counting.calls
+    model(torch.zeros(1, 2))
+    assert Counting.calls > before
+    d.stop()  # takes its own mode out from under `mine`
+    assert _get_current_dispatch_mode() is mine
+    mine.__exit__(None, None, None)
+    assert _get_current_dispatch_mode() is None
+    assert load(tmp_path / "d").steps() == [0]

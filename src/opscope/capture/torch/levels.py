@@ -48,9 +48,45 @@ class _ModeLevel(Level):
             self.on = True
 
     def deactivate(self) -> None:
-        if self.on:
+        """Leave the mode stack, unless someone pushed a mode above ours since: leaving pops
+        the top, which would be theirs. Then the mode stays, passing every op through (the
+        session is not capturing), and leaves at a later boundary or at stop."""
+        if self.on and self._on_top():
             self.on = False
             self.mode.__exit__(None, None, None)
+
+    def remove(self) -> None:
+        if self.on and not self._on_top():
+            # stop() with a foreign mode still above ours: take ours out from under it
+            _remove_from_stack(self.mode)
+            self.on = False
+        self.deactivate()
+
+    def _on_top(self) -> bool:
+        return _current_mode(self.mode) is self.mode
+
+
+def _current_mode(mode: Any) -> Any:
+    if isinstance(mode, TorchFunctionMode):
+        from torch.overrides import _get_current_function_mode
+
+        return _get_current_function_mode()
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode()
+
+
+def _remove_from_stack(mode: Any) -> None:
+    """Pop the modes above ``mode``, pop ``mode``, push the others back in their order."""
+    above = []
+    while _current_mode(mode) is not mode and _current_mode(mode) is not None:
+        top = _current_mode(mode)
+        top.__exit__(None, None, None)
+        above.append(top)
+    if _current_mode(mode) is mode:
+        mode.__exit__(None, None, None)
+    for other in reversed(above):
+        other.__enter__()
 
 
 class AtenLevel(_ModeLevel):
