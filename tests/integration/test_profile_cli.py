@@ -49,7 +49,7 @@ TRAIN = textwrap.dedent(
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         x, y = torch.randn(512, 256), torch.randn(512, 8)
         with opscope.profile(out, steps="6-9", task_trace=True, overwrite=True) as p:
-            for _ in range(16):
+            for _ in range(24):
                 opt.zero_grad()
                 nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
@@ -88,7 +88,7 @@ def test_show_prints_phases_ops_and_files_exist(runs) -> None:
     for word in ("backward", "forward", "optimizer", "aten::addmm", "task trace cost"):
         assert word in done.stdout
     summary = json.loads(opscope_cli("show", str(base), "--json").stdout)
-    assert summary["steps"]["recorded"] == 16 and summary["steps"]["task_traced"] == 4
+    assert summary["steps"]["recorded"] == 24 and summary["steps"]["task_traced"] == 4
     header = (base / "steps.csv").read_text().splitlines()[0].split(",")
     assert {"wall_ns", "forward_ns", "backward_ns", "other_ns"} <= set(header)
 

@@ -5,7 +5,7 @@ of every rank; for each op, its self time per task-traced step in each phase. A 
 *flagged* only when the medians differ by more than the noise band, ``k`` standard errors
 of the difference of the two medians (each 1.2533 x sigma / sqrt(n), sigma = 1.4826 x MAD
 over steps), and by more than a relative floor (``min_change`` of A's median) and an
-absolute floor (1% of A's median step time, at least 20 us). The band says the shift is
+absolute floor (2% of A's median step time, at least 20 us). The band says the shift is
 not chance; the floors say it matters and absorb the few percent two runs of the same code
 drift apart on a shared machine.
 """
@@ -23,7 +23,7 @@ from opscope.profile.summary import MS, steady_steps
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median, in sigma / sqrt(n), for normal noise
 ABS_FLOOR_MS = 0.02
-STEP_FLOOR = 0.01
+STEP_FLOOR = 0.02  # two runs of the same code drift by ~1% of the step on a shared machine
 
 
 @dataclass
