@@ -75,6 +75,69 @@ def startup(args: list[str]) -> float:
     return timed(lambda: subprocess.run(cmd, capture_output=True, check=False), repeat=3)
 
 
+MSPROBE_DUMP = """
+import json, sys, torch
+from msprobe.pytorch import PrecisionDebugger
+from opscope.demo.models import transformer_task, train_step
+torch.set_num_threads(1)
+out, fault = sys.argv[1], sys.argv[2] == "fault"
+json.dump({"task": "tensor", "dump_path": out, "rank": [], "step": [0], "level": "L1",
+           "tensor": {"scope": [], "list": [], "data_mode": ["all"]}}, open(out + ".json", "w"))
+model, opt, batch = transformer_task()
+if fault:
+    model.layers[1].act.approximate = "tanh"
+PrecisionDebugger(config_path=out + ".json")
+PrecisionDebugger.start(model)
+train_step(model, opt, *batch(0))
+PrecisionDebugger.stop(); PrecisionDebugger.step()
+"""
+
+
+def _opscope_dump(out: Path, fault: bool) -> None:
+    import opscope
+    from opscope.demo.models import train_step, transformer_task
+
+    model, opt, batch = transformer_task()
+    if fault:
+        model.layers[1].act.approximate = "tanh"
+    with opscope.dump(out, level="api", data="tensor", steps="0"):
+        train_step(model, opt, *batch(0))
+
+
+def _wall(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode not in (0, 1):  # 1: a divergence was found, as it should be here
+        raise RuntimeError(f"{cmd[0]} failed: {proc.stderr[-500:]}")
+    return time.perf_counter() - t0
+
+
+def _mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def same_runs(root: Path) -> None:
+    """With mindstudio-probe installed: both tools dump the same two runs (reference, and a
+    tanh-GELU fault) at API level with full tensors, and both compare them from the CLI."""
+    import importlib.util
+
+    if importlib.util.find_spec("msprobe") is None:
+        print("msprobe (mindstudio-probe) not installed: peer figures above are the measured ones from the issue")
+        return
+    for side, mode in (("ref", "ok"), ("tgt", "fault")):
+        subprocess.run([sys.executable, "-c", MSPROBE_DUMP, str(root / f"msp-{side}"), mode], capture_output=True,
+                       check=True, timeout=1800)
+        _opscope_dump(root / f"ops-{side}", mode == "fault")
+    theirs = _wall(["msprobe", "compare", "-tp", str(root / "msp-tgt" / "step0"), "-gp",
+                    str(root / "msp-ref" / "step0"), "-o", str(root / "msp-out")])
+    ours = _wall([sys.executable, "-m", "opscope", "compare", str(root / "ops-tgt"), str(root / "ops-ref"),
+                  "-o", str(root / "ops-out"), "-q"])
+    msp_mb, ops_mb = _mb(root / "msp-tgt") + _mb(root / "msp-ref"), _mb(root / "ops-tgt") + _mb(root / "ops-ref")
+    print(f"same runs (transformer step, API level, full tensors): msprobe compare {theirs:.2f} s for "
+          f"{msp_mb:.0f} MB ({msp_mb / theirs:.0f} MB/s); opscope compare {ours:.2f} s for {ops_mb:.0f} MB "
+          f"({ops_mb / ours:.0f} MB/s); opscope/msprobe time = {ours / theirs:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=256, help="tensor MB per dump")
@@ -109,11 +172,7 @@ def main() -> None:
         whole_s = startup(["compare", str(root / "tiny-t"), str(root / "tiny-r"), "-q"])
         print(f"start-up: opscope --help {help_s:.3f} s, opscope compare --help {compare_s:.3f} s, a whole "
               f"opscope compare of two 4 MB dumps {whole_s:.3f} s (target < 0.5 s; msprobe ~4 s)")
-        if shutil.which("msprobe"):
-            print("msprobe is installed: run it on the same runs dumped in its own format to compare "
-                  "(not automated here: it reads only its own dump layout)")
-        else:
-            print("msprobe (mindstudio-probe) not installed: peer figures above are the measured ones from the issue")
+        same_runs(root)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -94,8 +94,9 @@ def _profile(out: Path, steps: int) -> None:
             p.step()
     from opscope.cli import profile as profile_cli
 
-    print()
+    print("\n== where the time goes (training trace of every step, task trace of two)")
     profile_cli.main(["show", str(out / "profile")])
+    print(f"   report: {out / 'profile' / 'report.html'}   trace for Perfetto: {out / 'profile' / 'trace.json.gz'}")
     del torch
 
 
