@@ -288,9 +288,28 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
         denom = max(ref, floor)
         error = 0.0 if diff == 0 else (diff / denom if denom > 0 else math.inf)
     out.error, out.tolerance = error, tol
+    in_error *= _cancellation(node, out)
     m["input_error"] = in_error
     m["ratio"] = error / in_error if in_error > 0 else (0.0 if error == 0 else math.inf)
     out.status = _output_status(state, node, out, error, tol, in_error, in_taint, is_float(lower))
+
+
+def _cancellation(node: Node, out: Pair) -> float:
+    """How much a sum or mean can magnify its input's relative error: summing r elements
+    gives |Δout| <= sqrt(r)·|Δin|, so relative to the output, ||in||·sqrt(r)/||out|| (large when
+    the terms cancel, as in a bias gradient summed over a batch). 1 for other ops."""
+    op = str(out.home.get("op") or "")
+    if "sum" not in op and "mean" not in op:
+        return 1.0
+    out_norm, out_numel = out.metrics.get("ref_norm") or 0.0, out.home.get("numel") or 0
+    inputs = [r for r in node.rows if r.get("io") in INPUT_IO and (r.get("numel") or 0) > out_numel]
+    if not inputs or out_norm <= 0 or out_numel <= 0:
+        return 1.0
+    big = max(inputs, key=lambda r: r.get("numel") or 0)
+    in_norm = big.get("norm") or 0.0
+    if not math.isfinite(in_norm) or in_norm <= 0:
+        return 1.0
+    return max(1.0, in_norm * math.sqrt(big["numel"] / out_numel) / out_norm)
 
 
 def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol: float,
