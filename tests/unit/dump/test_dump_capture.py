@@ -177,3 +177,23 @@ def test_hash_matches_the_numpy_reference_definition(dtype):
     x = (torch.randn(70001) * 9).to(dtype) if dtype != torch.complex64 else torch.randn(333, dtype=dtype)
     _, _, raw, _ = tensor_buffer(x.contiguous())
     assert cpu_stats(x)[9] == content_hash(raw) == materialize_one(device_stats(x))[9]
+
+
+def test_tensor_dump_size_is_said_before_the_window_opens(tmp_path):
+    import warnings
+
+    from opscope.capture.torch.suspects import TensorDumpSize
+    from opscope.demo.models import train_step
+
+    model, opt, batch = small_transformer()
+    seen_before_window = []
+    with warnings.catch_warnings(record=True) as caught, opscope.dump(tmp_path / "d", data="tensor", steps="3|4") as d:
+        warnings.simplefilter("always")
+        for i in range(5):
+            train_step(model, opt, *batch(i))
+            d.step()
+            if i == 2:  # step 3, the first tensor step, has not started yet
+                seen_before_window = [str(w.message) for w in caught if issubclass(w.category, TensorDumpSize)]
+    assert len(seen_before_window) == 1 and "measured on step 2, just before the window" in seen_before_window[0]
+    capture = opscope.load(tmp_path / "d").manifest["tensor_capture"]
+    assert capture["estimate"]["bytes_per_step"] == capture["bytes_per_step"]["3"] > 0  # the estimate was exact

@@ -71,6 +71,7 @@ class Recorder:
         self.next_id = 0
         self.step = -1
         self.meta_skipped = 0
+        self.probing = False
         self._selected: dict[tuple[str, str, str], bool] = {}
         self.plan = TensorPlan.make(cfg, rank)  # which calls keep full tensors; byte limit (suspects.py)
         self._reset()
@@ -118,7 +119,7 @@ class Recorder:
             self.calls[key] = call + 1
         seq = self.seq
         self.seq = seq + 1
-        data = self.wants_data(op, module, phase, call)
+        data = not self.probing and self.wants_data(op, module, phase, call)
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = None
         if self.want_inputs or views:
@@ -219,6 +220,8 @@ class Recorder:
                 self.flow.pop(key, None)
 
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
+        if self.probing:
+            return  # a size probe: shapes and dtypes are all it needs
         if self.worker is not None and t.is_cpu and t.layout is _STRIDED:
             self.worker.submit(row, t, data)
             return
@@ -249,9 +252,12 @@ class Recorder:
         return self.writer.add_tensor(row[_STEP], key, dtype, shape, raw, nbytes)
 
     # -- steps -----------------------------------------------------------------------
-    def begin_step(self, step: int) -> None:
+    def begin_step(self, step: int, probe: bool = False) -> None:
+        """Start recording ``step``; with ``probe``, only to measure what a tensor dump of
+        such a step would store (nothing is written)."""
         self._reset()
         self.step = step
+        self.probing = probe
 
     def drain(self) -> None:
         """Wait for pending statistics (before tensors are changed behind the dispatcher)."""
@@ -260,6 +266,11 @@ class Recorder:
 
     def end_step(self) -> None:
         """Finish the step's statistics, resolve data-flow links, hand rows to the writer."""
+        if self.probing:
+            self.probing = False
+            self.plan.estimate_from(self.step, self.rows, self.wants_data)
+            self._reset()
+            return
         self.drain()
         if self.device_jobs:
             for (row, _), stats in zip(self.device_jobs, materialize([j for _, j in self.device_jobs]), strict=True):

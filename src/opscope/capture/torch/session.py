@@ -165,13 +165,19 @@ class DumpSession:
     def _enter_step(self, step: int) -> None:
         if not self.active:
             return
-        if step in self.cfg.steps:
-            self.recorder.begin_step(step)
+        probe = step not in self.cfg.steps and self._probe_due(step)
+        if step in self.cfg.steps or probe:
+            self.recorder.begin_step(step, probe=probe)
             self.capturing = True
             self._level.activate()
         else:
             self.capturing = False
             self._level.deactivate()
+
+    def _probe_due(self, step: int) -> bool:
+        """Measure the step just before a tensor window opens, to say its size beforehand."""
+        plan, selected = self.recorder.plan, self.cfg.steps.steps
+        return plan is not None and plan.estimate is None and bool(selected) and step + 1 == min(selected)
 
     def _boundary(self, finished: int, step: int) -> None:
         if self.capturing:

@@ -24,8 +24,11 @@ from typing import Any
 
 from opscope.config import DumpConfig
 from opscope.errors import ConfigError
+from opscope.model.records import COL
 
 LOG = logging.getLogger("opscope.dump")
+_PRODUCER, _NOTE, _NUMEL, _DTYPE = COL["producer"], COL["note"], COL["numel"], COL["dtype"]
+_OP, _MODULE, _PHASE, _CALL = COL["op"], COL["module"], COL["phase"], COL["call"]
 LARGE = 1 << 30  # a per-step estimate this big is a warning, not just a log line
 ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "uint64": 8, "float32": 4, "int32": 4,
             "uint32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
@@ -107,6 +110,26 @@ class TensorPlan:
         self.estimate = {"basis": f"measured while step {step} was written", "bytes_per_step": {str(step): nbytes},
                          "message": msg}
         _say(msg, warn=nbytes >= LARGE or (self.limit is not None and nbytes * (steps or 1) > self.limit))
+
+    def estimate_from(self, step: int, rows: list[list[Any]], wants: Any) -> None:
+        """Estimate a tensor step's size from the rows of a size probe of ``step`` (the step
+        just before the window), and say it before any tensor is written."""
+        nbytes = count = 0
+        for row in rows:
+            # rows that would store their own data: measured ones, and views (stored in their
+            # own layout in a tensor dump); inputs that link to a producer share its data
+            own = (row[_PRODUCER] is None and row[_NOTE] is None) or row[_NOTE] == "view"
+            if own and wants(row[_OP], row[_MODULE], row[_PHASE], row[_CALL]):
+                nbytes += row[_NUMEL] * ITEMSIZE.get(row[_DTYPE], 4)
+                count += 1
+        steps = None if self.selected_steps is None else len(self.selected_steps)
+        total = f"; the {steps} selected steps will hold about {human(nbytes * steps)}" if steps else ""
+        msg = (f"opscope dump: about {human(nbytes)} of full tensors per step on rank {self.rank} ({count} tensors, "
+               f"measured on step {step}, just before the window){total}. Narrow it with tensor_ops or scope, "
+               "or cap it with tensor_limit_mb")
+        self.estimate = {"basis": f"size probe of step {step}, before the window", "bytes_per_step": nbytes,
+                         "tensors_per_step": count, "message": msg}
+        _say(msg, warn=True)  # said before the first tensor is written, whatever the size
 
     def finish(self, manifest: dict[str, Any]) -> None:
         """Put sizes, the estimate and where the limit stopped capture into the manifest."""
