@@ -66,3 +66,19 @@ def test_trace_is_streamed_to_disk_step_by_step(tmp_path):
     # events leave memory as each traced step ends: the file grows during the run
     assert len(sizes) >= 5 and sizes[-1] > sizes[0] > 0
     assert (tmp_path / "prof" / "rank0" / "trace.json.gz").exists() and not partial.exists()
+
+
+def test_task_trace_keeps_stderr_clean(tmp_path):
+    """The profiler library prints a USDT line at every start and stop; opscope drops those."""
+    script = textwrap.dedent(f"""
+        import sys, opscope
+        from opscope.demo.models import mlp_task, train_step
+        model, opt, batch = mlp_task()
+        with opscope.profile({str(tmp_path / 'p')!r}, steps="1-3", task_trace=True) as p:
+            for i in range(5):
+                train_step(model, opt, *batch(i)); p.step()
+        print("a line of the user's", file=sys.stderr)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert "USDT" not in proc.stderr and "a line of the user's" in proc.stderr

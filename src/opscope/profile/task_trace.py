@@ -8,8 +8,11 @@ time: each step's events go straight to the trace file and into per-op totals.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from opscope.profile.chrome_trace import TID_STREAM_BASE, TraceWriter, span
@@ -55,7 +58,8 @@ class TaskTrace:
             activities.append(ProfilerActivity.CUDA)
         t0 = time.perf_counter_ns()
         self._profiler = profile(activities=activities, record_shapes=self.record_shapes, with_stack=self.with_stack)
-        self._profiler.start()
+        with kineto_quiet():
+            self._profiler.start()
         self._offset_ns = time.time_ns() - time.perf_counter_ns()
         self.export_ns += time.perf_counter_ns() - t0
 
@@ -63,7 +67,8 @@ class TaskTrace:
         """Stop the profiler after ``step``; stream its events, attribute ops to ``phases`` (host ns)."""
         t0 = time.perf_counter_ns()
         profiler, self._profiler = self._profiler, None
-        profiler.stop()
+        with kineto_quiet():
+            profiler.stop()
         events = profiler.profiler.kineto_results.events()
         self.op_rows.extend(self._consume(step, events, phases))
         self.writer.flush()  # each traced step reaches the disk: memory stays bounded, a crash keeps it
@@ -134,6 +139,29 @@ class TaskTrace:
         record = span(kernel.name(), self.rank, tid, (start - self.origin_ns) / 1000, kernel.duration_ns() / 1000)
         record["cat"] = kernel.activity_type() if hasattr(kernel, "activity_type") else "kernel"
         self.writer.event(record)
+
+
+@contextlib.contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Drop the ``USDT:... profiler_start/stop`` lines the profiler library prints to stderr
+    at every start and stop (one pair per traced step); anything else it prints is kept."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (embedded interpreter): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def _self_times(items: list[list[Any]]) -> None:
