@@ -28,7 +28,7 @@ from opscope.demo.models import mlp_task, train_step, transformer_task
 # MLP (~6 ms bare here).
 TASKS = {
     "transformer": transformer_task,
-    "mlp": lambda: mlp_task(batch=64, d_in=256, hidden=512, depth=3),
+    "mlp": lambda: mlp_task(batch=256, d_in=512, hidden=512, depth=3),
 }
 
 
