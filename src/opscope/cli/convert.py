@@ -45,7 +45,7 @@ def convert(dump: Dump, out: Path) -> tuple[int, int]:
                 if not row["data"]:
                     skipped += 1
                     continue
-                key = (rank, step, row["data"], row["key"])
+                key = (rank, step, row["data"], row["key"], row.get("view"))
                 if key not in written:
                     written[key] = _write(dump, row, out)
                 arr_dtype = "float32" if row["dtype"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else row["dtype"]

@@ -121,7 +121,7 @@ def _inherit_data(rows: list[dict[str, Any]]) -> None:
         if not row.get("data") and row.get("producer") is not None:
             producer = by_id.get(row["producer"])
             if producer is not None and producer.get("data") and producer.get("numel") == row.get("numel"):
-                row["data"], row["key"] = producer["data"], producer["key"]
+                row["data"], row["key"], row["view"] = producer["data"], producer["key"], producer.get("view")
 
 
 def _order(pair: Pair) -> tuple[Any, ...]:

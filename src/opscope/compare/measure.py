@@ -31,8 +31,8 @@ class Job:
 
     rank: int
     step: int
-    t_ref: tuple[str, str]
-    r_ref: tuple[str, str]
+    t_ref: tuple[str, str, str | None]  # data, key, view geometry (a view stored as its input's data)
+    r_ref: tuple[str, str, str | None]
     rel_floor: float
     rtol: float
     nbytes: int
@@ -70,7 +70,8 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
         absmax = _float(r.get("absmax"))
         floor = max(noise.rel_floor * absmax, 1e-300) if math.isfinite(absmax) else 1e-30
         nbytes = int(n_r or 0) * (_itemsize(t.get("dtype")) + _itemsize(r.get("dtype")))
-        return Job(int(t["rank"]), int(t["step"]), (t["data"], t["key"]), (r["data"], r["key"]),
+        return Job(int(t["rank"]), int(t["step"]), (t["data"], t["key"], t.get("view")),
+                   (r["data"], r["key"], r.get("view")),
                    floor, noise.element_tolerance(lower), nbytes, same_dtype)
     pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
     return None
@@ -147,10 +148,10 @@ def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[J
     out: list[tuple[Job, dict[str, Any] | str]] = []
     blas = _OpenBlas.find()
     previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
-    for job in sorted(batch, key=lambda j: (j.rank, j.step, j.t_ref)):
+    for job in sorted(batch, key=lambda j: (j.rank, j.step, j.t_ref[:2])):
         try:
-            a = t_dump.tensor(job.rank, job.step, *job.t_ref)
-            b = r_dump.tensor(job.rank, job.step, *job.r_ref)
+            a = t_dump.tensor(job.rank, job.step, *job.t_ref[:2], view=job.t_ref[2])
+            b = r_dump.tensor(job.rank, job.step, *job.r_ref[:2], view=job.r_ref[2])
             if a.size != b.size:
                 raise DumpFormatError(f"tensor sizes differ on disk ({a.size} vs {b.size})")
             s = M.accumulate(a, b, rel_floor=job.rel_floor, rtol=job.rtol)

@@ -49,6 +49,7 @@ SCHEMA_FIELDS: tuple[tuple[str, str], ...] = (
     ("args", "string"),
     ("source", "string"),
     ("note", "string"),
+    ("view", "string"),
 )
 
 STAT_NAMES = ("min", "max", "mean", "std", "norm", "absmax", "nan", "inf", "zeros", "hash")

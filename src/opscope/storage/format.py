@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from opscope.model.records import SCHEMA_FIELDS
 
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"  # 1.1: the `view` column
 MANIFEST = "manifest.json"
 RANK_STATUS = "rank.json"
 HASH_ALGORITHM = "wsum64-v1"  # sum of element bits * (2*index + 1) mod 2**64, row-major order

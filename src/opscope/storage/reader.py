@@ -138,7 +138,8 @@ class Dump:
         return pa.concat_tables(tables, promote_options="default")
 
     # -- tensors ---------------------------------------------------------------------
-    def tensor(self, rank: int, step: int, data: str | None, key: str | None, raw: bool = False) -> np.ndarray:
+    def tensor(self, rank: int, step: int, data: str | None, key: str | None, raw: bool = False,
+               view: str | None = None) -> np.ndarray:
         """The full tensor of one record (its ``data`` and ``key`` columns) as numpy.
 
         bfloat16 and float8 are widened to float32 exactly unless ``raw`` is set.
@@ -156,15 +157,19 @@ class Dump:
         if shard is None:
             shard = self._shards[str(path)] = ShardReader(path)
         dtype, arr = shard.raw(key)
-        if raw:
-            return arr
-        from opscope.storage.safetensors_io import widen
+        if not raw:
+            from opscope.storage.safetensors_io import widen
 
-        return widen(arr, dtype)
+            arr = widen(arr, dtype)
+        return _place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
 
     def row_tensor(self, row: dict[str, Any], raw: bool = False) -> np.ndarray:
-        """The full tensor of a record given as a dict (e.g. one row of ``records().to_pylist()``)."""
-        arr = self.tensor(row["rank"], row["step"], row.get("data"), row.get("key"), raw=raw)
+        """The full tensor of a record given as a dict (e.g. one row of ``records().to_pylist()``).
+
+        A view recorded with full tensors shares its input's data; its ``view`` column places
+        it in that data (shape, strides and offset in elements), and the view is rebuilt here.
+        """
+        arr = self.tensor(row["rank"], row["step"], row.get("data"), row.get("key"), raw=raw, view=row.get("view"))
         if str(row.get("dtype", "")).startswith("complex") and not raw:
             arr = arr.view(np.complex64 if arr.dtype == np.float32 else np.complex128)[..., 0]
         return arr
@@ -173,3 +178,15 @@ class Dump:
         for shard in self._shards.values():
             shard.close()
         self._shards.clear()
+
+
+def _place_view(base: np.ndarray, geometry: dict[str, Any]) -> np.ndarray:
+    """Rebuild a view from its base's contiguous data, as a new array (never aliasing the file)."""
+    flat = np.ascontiguousarray(base).reshape(-1)
+    shape, stride, offset = geometry["shape"], geometry["stride"], int(geometry["offset"])
+    extent = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0) + 1 if all(shape) else offset
+    if offset < 0 or extent > flat.size or any(st < 0 for st in stride):
+        raise DumpFormatError(f"view geometry {geometry} does not fit its data ({flat.size} elements)")
+    view = np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=[st * flat.itemsize for st in stride],
+                                           writeable=False)
+    return np.array(view)

@@ -197,3 +197,20 @@ def test_tensor_dump_size_is_said_before_the_window_opens(tmp_path):
     assert len(seen_before_window) == 1 and "measured on step 2, just before the window" in seen_before_window[0]
     capture = opscope.load(tmp_path / "d").manifest["tensor_capture"]
     assert capture["estimate"]["bytes_per_step"] == capture["bytes_per_step"]["3"] > 0  # the estimate was exact
+
+
+def test_full_tensor_views_share_their_inputs_data_and_read_back_as_views(tmp_path):
+    model = torch.nn.Linear(3, 5)
+    x = torch.randn(4, 3)
+    with opscope.dump(tmp_path / "d", data="tensor"), torch.no_grad():
+        model(x)
+        x.t()[1:].contiguous()
+    dump = opscope.load(tmp_path / "d")
+    rows = dump.records().to_pylist()
+    t_out = next(r for r in rows if r["op"] == "aten.t.default" and r["io"] == "output")
+    weight = next(r for r in rows if r["op"] == "aten.t.default" and r["io"] == "param")
+    assert t_out["view"] and (t_out["data"], t_out["key"]) == (weight["data"], weight["key"])  # no second copy
+    assert np.array_equal(dump.row_tensor(t_out), model.weight.detach().numpy().T)
+    sliced = next(r for r in rows if r["op"] == "aten.slice.Tensor" and r["io"] == "output")
+    got = dump.row_tensor(sliced)  # a view of a view: strides and offset into x's data
+    assert np.array_equal(got, x.t()[1:].numpy())

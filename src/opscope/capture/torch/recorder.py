@@ -23,11 +23,12 @@ from opscope.storage.writer import DumpWriter
 _ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
 _MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
 _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
+_VIEW = COL["view"]
 _STRIDED = torch.strided
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
-                   "source", "note", "stats"), "Recorder._new_row builds rows in this order"
+                   "source", "note", "view", "stats"), "Recorder._new_row builds rows in this order"
 
 
 def dtype_name_cached(dtype: torch.dtype) -> str:
@@ -121,12 +122,12 @@ class Recorder:
         self.seq = seq + 1
         data = not self.probing and self.wants_data(op, module, phase, call)
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
-        first_input_row = None
+        first_input_row = first_input = None
         if self.want_inputs or views:
             for slot, arg, t in inputs:
                 row = self._input_row(head, slot, arg, t, data, input_io)
                 if first_input_row is None:
-                    first_input_row = row
+                    first_input_row, first_input = row, t
                 if param is not None and row is not None:
                     row[_PARAM] = param
         if self.want_outputs:
@@ -137,7 +138,8 @@ class Recorder:
                     row[_NOTE] = "uninitialized memory (empty): not measured"
                     self._register(t, row, version_of(t), None)
                 else:
-                    self._output_row(head, slot, arg, t, data, src, slot in mutated)
+                    self._output_row(head, slot, arg, t, data, src, slot in mutated,
+                                     first_input if src is not None else None)
         return call
 
     def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
@@ -149,7 +151,7 @@ class Recorder:
         row = [rid, self.rank, self.step, head[0], head[1], head[2], head[3], head[4], io, slot, arg,
                _DTYPE_NAMES.get(dtype) or dtype_name_cached(dtype), list(t.shape),
                "cpu" if t.is_cpu else str(t.device), t.numel(), None, None, producer, param,
-               head[7], head[8], head[5], head[6], None, NO_STATS]
+               head[7], head[8], head[5], head[6], None, None, NO_STATS]
         self.rows.append(row)
         return row
 
@@ -180,7 +182,7 @@ class Recorder:
         return row
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
-                    src: list[Any] | None, mutated: bool) -> None:
+                    src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None) -> None:
         row = self._new_row(head, "output", slot, arg, t)
         version = version_of(t)
         if mutated and version >= 0:
@@ -191,7 +193,14 @@ class Recorder:
             entry = self.flow.get(id(t))
             if entry is not None and entry[0]() is t and entry[2] == version:
                 src, note = entry[1], "alias"  # the very tensor an earlier record measured
-        if src is not None and not mutated and (not data or note == "alias") and src[14] == row[14]:
+        # a view can share its input's data only when every tensor is stored (data="tensor");
+        # with tensor_ops or suspects its input may hold statistics only
+        shared = self.plan is not None and self.plan.every and self.plan.keys is None and self.plan.tensor_ops is None
+        stored = data or (self.probing and self.wants_data(head[3], head[2], head[1], head[4]))
+        geometry_ = _view_geometry(t, base) if shared and stored and src is not None and note == "view" else None
+        if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14]:
+            if geometry_:  # a full-tensor view is kept as its input's data plus this geometry
+                row[_VIEW] = geometry_
             # the same elements as an earlier record, not read again (with full tensors a view
             # is stored in its own layout, so that reading it back gives the view)
             row[_PRODUCER] = src[_ID]
@@ -277,6 +286,8 @@ class Recorder:
                 row[STATS] = stats
         for row, src in self.links:
             row[STATS], row[_DATA], row[_KEY] = src[STATS], src[_DATA], src[_KEY]
+            if src[_VIEW] and row[_VIEW] is None and row[14] == src[14] and row[12] == src[12]:
+                row[_VIEW] = src[_VIEW]  # an input that is a view recorded earlier: the same geometry
             if src[_NOTE] and src[_NOTE] != "view" and not row[_NOTE]:
                 row[_NOTE] = src[_NOTE]  # e.g. "meta tensor: not measured" travels with the data
         if self.rows:
@@ -293,6 +304,19 @@ class Recorder:
 
 def _where(row: list[Any]) -> tuple[Any, ...]:
     return (row[_STEP], row[COL["phase"]], row[_MODULE], row[_OP], row[COL["io"]], row[COL["slot"]])
+
+
+def _view_geometry(view: torch.Tensor, base: torch.Tensor | None) -> str | None:
+    """JSON ``{"shape", "stride", "offset"}`` placing ``view`` in the contiguous data of
+    ``base`` (in elements), or None when ``view`` cannot be read back that way."""
+    if base is None or not base.is_contiguous() or base.dtype != view.dtype or base.device != view.device:
+        return None
+    offset, size = view.data_ptr() - base.data_ptr(), view.element_size()
+    if offset < 0 or offset % size:
+        return None
+    import json
+
+    return json.dumps({"shape": list(view.shape), "stride": list(view.stride()), "offset": offset // size})
 
 
 def _native(store: Any) -> NativeStats | None:

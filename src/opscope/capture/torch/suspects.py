@@ -29,6 +29,7 @@ from opscope.model.records import COL
 LOG = logging.getLogger("opscope.dump")
 _PRODUCER, _NOTE, _NUMEL, _DTYPE = COL["producer"], COL["note"], COL["numel"], COL["dtype"]
 _OP, _MODULE, _PHASE, _CALL = COL["op"], COL["module"], COL["phase"], COL["call"]
+_VIEW = COL["view"]
 LARGE = 1 << 30  # a per-step estimate this big is a warning, not just a log line
 ITEMSIZE = {"float64": 8, "int64": 8, "complex64": 8, "complex128": 16, "uint64": 8, "float32": 4, "int32": 4,
             "uint32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1,
@@ -116,9 +117,9 @@ class TensorPlan:
         just before the window), and say it before any tensor is written."""
         nbytes = count = 0
         for row in rows:
-            # rows that would store their own data: measured ones, and views (stored in their
-            # own layout in a tensor dump); inputs that link to a producer share its data
-            own = (row[_PRODUCER] is None and row[_NOTE] is None) or row[_NOTE] == "view"
+            # rows that would store their own data: measured ones, and views that cannot be
+            # placed in their input's data; inputs that link to a producer share its data
+            own = (row[_PRODUCER] is None and row[_NOTE] is None) or (row[_NOTE] == "view" and row[_VIEW] is None)
             if own and wants(row[_OP], row[_MODULE], row[_PHASE], row[_CALL]):
                 nbytes += row[_NUMEL] * ITEMSIZE.get(row[_DTYPE], 4)
                 count += 1
@@ -204,7 +205,8 @@ def _estimate(doc: dict[str, Any], summary: str, keys: set[CallKey], rank: int, 
 
 
 def _first_pass_bytes(path: str, keys: set[CallKey], rank: int) -> dict[int, int]:
-    """numel x dtype size of the rows that will hold a tensor: outputs, and inputs seen first."""
+    """numel x dtype size of the rows that will hold a tensor: outputs (views included: with
+    suspects they are stored in their own layout), and inputs seen first."""
     from opscope.storage.reader import load
 
     dump = load(path)
