@@ -172,3 +172,26 @@ def test_show_names_the_first_nan_and_convert_writes_npy(tmp_path, run_cli):
     assert "x".join(map(str, arr.shape)) == rows[0]["shape"]
     bad = run_cli("show", tmp_path / "nowhere")
     assert bad.returncode == 2 and "is not a directory" in bad.stderr
+
+
+def test_an_internal_error_stops_capture_not_the_run(tmp_path, monkeypatch):
+    from dump_helpers import bare
+
+    from opscope.capture.torch import recorder as recorder_module
+
+    calls = {"n": 0}
+    real = recorder_module.Recorder.record
+
+    def flaky(self, *args, **kwargs):  # opscope's own code failing in the middle of step 1
+        calls["n"] += 1
+        if self.step == 1 and calls["n"] > 5:
+            raise KeyError("simulated opscope bug")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(recorder_module.Recorder, "record", flaky)
+    with pytest.warns(RuntimeWarning, match="stopped capturing at step 1 after an internal error"):
+        losses, dump = train(tmp_path / "d", 3)
+    assert losses == bare(3)  # the run went on, bit for bit
+    _no_hooks_left()
+    assert dump.status == "crashed" and "internal error" in dump.error
+    assert 0 in dump.steps() and dump.records(step=0).num_rows > 0

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opscope.capture.torch.recorder import args_of
+from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
@@ -100,16 +101,38 @@ class DumpDispatchMode(TorchDispatchMode):
         s = self.session
         if not s.capturing:
             return func(*args, **kwargs)
-        info = op_info(func)
-        written = written_tensors(info, args, kwargs) if info.written else ()
-        worker = s.recorder.worker
-        for t in written:
-            if worker is not None:
-                worker.before_write(t)
-            if s.recorder.views:
-                s.recorder.invalidate(t)
-        rng = rng_state(args, kwargs) if info.random else None
+        try:
+            info = op_info(func)
+            written = self._before_write(info, args, kwargs)
+            rng = rng_state(args, kwargs) if info.random else None
+        except OpscopeError:
+            raise
+        except Exception as exc:  # opscope's own failure must never stop the user's op
+            s.internal_error(exc)
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        try:
+            self._record(info, args, kwargs, out, written, rng)
+        except OpscopeError:
+            raise
+        except Exception as exc:
+            s.internal_error(exc)
+        return out
+
+    def _before_write(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Tensors the op writes in place, once no pending statistic reads them any more."""
+        written = written_tensors(info, args, kwargs) if info.written else ()
+        recorder = self.session.recorder
+        for t in written:
+            if recorder.worker is not None:
+                recorder.worker.before_write(t)
+            if recorder.views:
+                recorder.invalidate(t)
+        return written
+
+    def _record(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, written: Any,
+                rng: Any) -> None:
+        s = self.session
         node = _current_node()
         if node is not None:
             tag = node.metadata.get("opscope")
@@ -119,7 +142,7 @@ class DumpDispatchMode(TorchDispatchMode):
             module, fwd_op, node_name = s.modules.path, None, None
             phase = s.phase
         if not s.recorder.selected(module, info.name, phase):
-            return out
+            return
         inputs = flat_inputs(info, args, kwargs)
         outputs = flat_outputs(out)
         mutated = info.written_outputs
@@ -130,7 +153,6 @@ class DumpDispatchMode(TorchDispatchMode):
         s.recorder.record(info.name, module, phase, inputs, outputs, args=call_args,
                           views=info.view_outputs, mutated=mutated, fwd_op=fwd_op, uninitialized=info.uninitialized,
                           node=node_name, source=s.source() if s.cfg.source else None)
-        return out
 
 
 def rng_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:

@@ -64,7 +64,7 @@ class Recorder:
         self.rank = rank
         self.param_names = param_names
         self.engine = engine
-        self.worker = _native(self._store) if engine == "async" else None
+        self.worker = _native(self._store, self._publish) if engine == "async" else None
         if engine == "async" and self.worker is None:
             self.engine = "sync"  # another capture holds the native thread
         self.want_inputs = cfg.mode in ("input", "all")
@@ -252,6 +252,17 @@ class Recorder:
         if data:
             row[_DATA] = self._store(row, t.detach().to("cpu", copy=True).contiguous())
 
+    def _publish(self, row: list[Any], buffer: Any) -> str | None:
+        """Hand the writer the bytes the native thread copied for ``row`` (dtype and shape
+        are the row's own)."""
+        if getattr(self.writer, "error", None) is not None:
+            return None  # the disk failed: the error reaches the user once, from the step
+        if self.plan is not None and not self.plan.admit(row, buffer.nbytes, _where(row)):
+            return None  # past tensor_limit_mb: statistics only from here on
+        key = f"r{row[_ID]}"
+        row[_KEY] = key
+        return self.writer.add_tensor(row[_STEP], key, row[11], row[12], buffer, buffer.nbytes)
+
     def _store(self, row: list[Any], copy: torch.Tensor) -> str | None:
         dtype, shape, raw, nbytes = tensor_buffer(copy)
         if self.plan is not None and not self.plan.admit(row, nbytes, _where(row)):
@@ -319,9 +330,9 @@ def _view_geometry(view: torch.Tensor, base: torch.Tensor | None) -> str | None:
     return json.dumps({"shape": list(view.shape), "stride": list(view.stride()), "offset": offset // size})
 
 
-def _native(store: Any) -> NativeStats | None:
+def _native(store: Any, publish: Any) -> NativeStats | None:
     try:
-        return NativeStats(store)
+        return NativeStats(store, publish=publish)
     except RuntimeError:
         return None
 

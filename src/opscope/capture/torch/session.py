@@ -19,7 +19,7 @@ from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import DumpConfig, dump_config, env
-from opscope.errors import ConfigError
+from opscope.errors import ConfigError, OpscopeError
 from opscope.storage import format as fmt
 from opscope.storage.writer import DumpWriter
 
@@ -56,6 +56,7 @@ class DumpSession:
         self.phase = "forward"
         self.started = False
         self.notes: list[str] = []
+        self.failure: BaseException | None = None
         self.clock = StepClock(self._boundary)
         self.modules = ModuleTracker(self.clock.outer_module_call)
         self.recorder: Recorder | None = None  # type: ignore[assignment]
@@ -129,9 +130,12 @@ class DumpSession:
             failure, status, error = exc, "crashed", error or str(exc)
         finally:
             self._remove_hooks()
-            self.recorder.close()
+            with contextlib.suppress(Exception):  # already reported above; the status must still be written
+                self.recorder.close()
             if status == "complete":
                 self._note_unreached()
+            if self.failure is not None and status == "complete":
+                status, error = "crashed", f"opscope internal error: {type(self.failure).__name__}: {self.failure}"
             self.writer.manifest["notes"] = self.notes
             if self.recorder.plan is not None:  # tensor sizes, estimate, where tensor_limit_mb stopped capture
                 self.recorder.plan.finish(self.writer.manifest)
@@ -148,6 +152,21 @@ class DumpSession:
             h.remove()
         self._handles = []
 
+    def internal_error(self, exc: BaseException) -> None:
+        """An error inside opscope itself: stop capturing, keep what was captured, say so once.
+        The user's run goes on untouched."""
+        if self.failure is None:
+            self.failure = exc
+            self.capturing = False
+            message = (f"opscope dump stopped capturing at step {self.clock.step} after an internal error "
+                       f"({type(exc).__name__}: {exc}); your run goes on. Please report this with the traceback.")
+            self.notes.append(message)
+            import traceback
+            import warnings
+
+            self.notes.append("".join(traceback.format_exception(exc))[-2000:])
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
     def _forked(self) -> None:
         self.active = self.capturing = False
         self.started = False
@@ -163,7 +182,7 @@ class DumpSession:
 
     # -- steps -------------------------------------------------------------------------
     def _enter_step(self, step: int) -> None:
-        if not self.active:
+        if not self.active or self.failure is not None:
             return
         probe = step not in self.cfg.steps and self._probe_due(step)
         if step in self.cfg.steps or probe:
@@ -182,7 +201,12 @@ class DumpSession:
     def _boundary(self, finished: int, step: int) -> None:
         if self.capturing:
             self.capturing = False
-            self.recorder.end_step()
+            try:
+                self.recorder.end_step()
+            except OpscopeError:
+                raise
+            except Exception as exc:
+                self.internal_error(exc)
         self._enter_step(step)
 
     # -- optimizer ---------------------------------------------------------------------

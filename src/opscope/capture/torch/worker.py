@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from opscope.capture.torch.stats import CODES, _fastats, cpu_stats
@@ -33,30 +34,36 @@ class NativeStats:
             number of tensors kept alive).
     """
 
-    def __init__(self, store: Callable[[list[Any], torch.Tensor], str] | None, collect_every: int = 256) -> None:
+    def __init__(self, store: Callable[[list[Any], torch.Tensor], str] | None, collect_every: int = 256,
+                 publish: Callable[[list[Any], Any], str | None] | None = None) -> None:
         if _fastats is None or not _OWNER.acquire(blocking=False):
             raise RuntimeError("the native statistics thread is not available")
         self._store = store
+        self._publish = publish  # publish(row, bytes copied by the native thread) -> shard name
         self._every = collect_every
-        self._jobs: list[tuple[list[Any], Any] | None] = []
+        self._jobs: list[tuple[list[Any], Any, Any] | None] = []
         self._collected = 0
         self._last: dict[int, list[int]] = {}  # storage -> jobs still reading it
 
     def submit(self, row: list[Any], tensor: torch.Tensor, want_data: bool) -> None:
         """Queue the statistics of a CPU tensor with strided layout."""
-        if want_data and self._store is not None:
+        code = CODES.get(tensor.dtype)
+        fast = code is not None and code != 2 and tensor.is_contiguous()  # float16: torch beats scalar C
+        if want_data and (not fast or self._publish is None) and self._store is not None:
             tensor = tensor.detach().clone(memory_format=torch.contiguous_format)  # a stable copy
             row[_DATA] = self._store(row, tensor)
-        code = CODES.get(tensor.dtype)
-        if code is None or code == 2 or not tensor.is_contiguous():  # float16: torch beats scalar C
+            want_data = False
+        if not fast:
             row[STATS] = cpu_stats(tensor)
             return
-        ptr = tensor.data_ptr()
-        job = _fastats.submit(ptr, tensor.numel(), code)
+        ptr, numel = tensor.data_ptr(), tensor.numel()
+        # full tensors: the native thread copies the bytes out in the same pass, off this thread
+        buffer = np.empty(numel * tensor.element_size(), dtype=np.uint8) if want_data else None
+        job = _fastats.submit(ptr, numel, code, 0 if buffer is None else buffer.ctypes.data)
         # Keep the memory alive through its storage, not the tensor: an extra reference to
         # the tensor would change what autograd does (AccumulateGrad steals a gradient
         # only when nothing else holds it) and so the ops of the run being observed.
-        self._jobs.append((row, tensor.untyped_storage()))
+        self._jobs.append((row, tensor.untyped_storage(), buffer))
         storage = ptr - tensor.storage_offset() * tensor.element_size()
         pending = self._last.get(storage)
         if pending is None:
@@ -81,9 +88,12 @@ class NativeStats:
         done = _fastats.done()
         if done > self._collected:
             for i, stats in enumerate(_fastats.results(self._collected, done), self._collected):
-                self._jobs[i][0][STATS] = stats
+                row, _, buffer = self._jobs[i]
                 self._jobs[i] = None
-            self._collected = done
+                self._collected = i + 1  # even if publishing below raises, this job is done
+                row[STATS] = stats
+                if buffer is not None:
+                    row[_DATA] = self._publish(row, buffer)
 
     def drain(self) -> None:
         """Finish and collect every job; the queue starts empty again."""

@@ -265,6 +265,7 @@ done:
  * without ever taking the GIL, so the training thread pays only for submitting them. */
 typedef struct {
     unsigned long long ptr;
+    unsigned long long dst; /* when set, the elements are also copied there (full-tensor dumps) */
     Py_ssize_t n;
     int code;
     int taken;    /* reduced by the submitting thread itself (see take) */
@@ -280,6 +281,19 @@ static struct {
     Py_ssize_t cap, tail, next, done;
     int started, stop, idle;
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
+
+static const size_t ITEMSIZE[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
+
+/* Reduce one job and, for full-tensor dumps, copy its bytes out while they are in cache. */
+static void run_job(job_t *job) {
+    job->acc.mn = INFINITY;
+    job->acc.mx = -INFINITY;
+    if (job->n > 0) {
+        run((const void *)(uintptr_t)job->ptr, job->n, job->code, &job->acc);
+        if (job->dst)
+            memcpy((void *)(uintptr_t)job->dst, (const void *)(uintptr_t)job->ptr, (size_t)job->n * ITEMSIZE[job->code]);
+    }
+}
 
 static void *worker_main(void *unused) {
     (void)unused;
@@ -300,9 +314,7 @@ static void *worker_main(void *unused) {
         }
         job_t job = W.jobs[i];
         pthread_mutex_unlock(&W.mu);
-        job.acc.mn = INFINITY;
-        job.acc.mx = -INFINITY;
-        if (job.n > 0) run((const void *)(uintptr_t)job.ptr, job.n, job.code, &job.acc);
+        run_job(&job);
         pthread_mutex_lock(&W.mu);
         W.jobs[i].acc = job.acc; /* the array may have moved while unlocked: index again */
         W.done = i + 1;
@@ -323,10 +335,10 @@ static void child_after_fork(void) {
 }
 
 static PyObject *w_submit(PyObject *self, PyObject *args) {
-    unsigned long long ptr;
+    unsigned long long ptr, dst = 0;
     Py_ssize_t n;
     int code;
-    if (!PyArg_ParseTuple(args, "Kni", &ptr, &n, &code)) return NULL;
+    if (!PyArg_ParseTuple(args, "Kni|K", &ptr, &n, &code, &dst)) return NULL;
     if (code < 0 || code > BOOL || n < 0) { PyErr_SetString(PyExc_ValueError, "bad dtype code or size"); return NULL; }
     pthread_mutex_lock(&W.mu);
     if (!W.started) {
@@ -347,7 +359,7 @@ static PyObject *w_submit(PyObject *self, PyObject *args) {
     }
     Py_ssize_t id = W.tail++;
     memset(&W.jobs[id], 0, sizeof(job_t));
-    W.jobs[id].ptr = ptr; W.jobs[id].n = n; W.jobs[id].code = code;
+    W.jobs[id].ptr = ptr; W.jobs[id].dst = dst; W.jobs[id].n = n; W.jobs[id].code = code;
     if (W.idle) pthread_cond_signal(&W.work);
     pthread_mutex_unlock(&W.mu);
     return PyLong_FromSsize_t(id);
@@ -376,9 +388,7 @@ static PyObject *w_take(PyObject *self, PyObject *arg) {
         W.jobs[id].taken = 1;
         job_t job = W.jobs[id];
         pthread_mutex_unlock(&W.mu);
-        job.acc.mn = INFINITY;
-        job.acc.mx = -INFINITY;
-        if (job.n > 0) run((const void *)(uintptr_t)job.ptr, job.n, job.code, &job.acc);
+        run_job(&job);
         pthread_mutex_lock(&W.mu);
         W.jobs[id].acc = job.acc;
         W.jobs[id].finished = 1;
@@ -438,7 +448,7 @@ static PyObject *w_reset(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef METHODS[] = {
-    {"submit", w_submit, METH_VARARGS, "submit(ptr, numel, code) -> job id (reduced by a native thread)"},
+    {"submit", w_submit, METH_VARARGS, "submit(ptr, numel, code[, dst]) -> job id (reduced, and copied to dst, by a native thread)"},
     {"wait", w_wait, METH_O, "wait(job_id): block, without the GIL, until that job is finished"},
     {"take", w_take, METH_O, "take(job_id): reduce it here if not started, else wait for it"},
     {"done", w_done, METH_NOARGS, "done() -> number of finished jobs (a prefix of the ids)"},
