@@ -11,7 +11,7 @@ from typing import Any
 from opscope.compare import crossframework, measure
 from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
-from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
+from opscope.compare.crosslevels import dump_level, is_cross, manifest_warnings
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table

@@ -35,6 +35,7 @@ from typing import Any
 
 from opscope.capture.onnxruntime import ops as table
 from opscope.compare.align import OpCall, Pair, _calls
+from opscope.compare.crosslevels import TORCH_LEVELS, dump_level, is_cross, manifest_warnings
 from opscope.compare.crossmatch import Match, align_runs, has_activation, outputs_fit
 from opscope.compare.crosssides import (
     _BATCH_NORM,
@@ -52,26 +53,6 @@ from opscope.compare.crosssides import (
     _suffix,
     _within,
 )
-
-TORCH_LEVELS = ("aten", "api", "module")
-
-
-def dump_level(dump: Any) -> str | None:
-    """The capture level of a dump: ``onnx``, ``aten``, ``api``, ``module``, or None."""
-    manifest = getattr(dump, "manifest", None) or {}
-    level = manifest.get("level") or (manifest.get("config") or {}).get("level")
-    return str(level) if level else None
-
-
-def is_cross(t_level: str | None, r_level: str | None) -> bool:
-    """True when a side is an ONNX Runtime dump: align with :func:`align_partition`."""
-    return "onnx" in (t_level, r_level)
-
-
-def manifest_warnings(dump: Any, side: str) -> list[str]:
-    """The manifest's ``warnings`` (e.g. an fp16 capture that changed what ORT computes)."""
-    manifest = getattr(dump, "manifest", None) or {}
-    return [f"{side} {dump.path}: {w}" for w in manifest.get("warnings") or []]
 
 
 @dataclass

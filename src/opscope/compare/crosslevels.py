@@ -1,0 +1,25 @@
+"""Which dumps need the cross-framework alignment: the capture level of each side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TORCH_LEVELS = ("aten", "api", "module")
+
+
+def dump_level(dump: Any) -> str | None:
+    """The capture level of a dump: ``onnx``, ``aten``, ``api``, ``module``, or None."""
+    manifest = getattr(dump, "manifest", None) or {}
+    level = manifest.get("level") or (manifest.get("config") or {}).get("level")
+    return str(level) if level else None
+
+
+def is_cross(t_level: str | None, r_level: str | None) -> bool:
+    """True when a side is an ONNX Runtime dump: align with :func:`align_partition`."""
+    return "onnx" in (t_level, r_level)
+
+
+def manifest_warnings(dump: Any, side: str) -> list[str]:
+    """The manifest's ``warnings`` (e.g. an fp16 capture that changed what ORT computes)."""
+    manifest = getattr(dump, "manifest", None) or {}
+    return [f"{side} {dump.path}: {w}" for w in manifest.get("warnings") or []]
