@@ -75,6 +75,10 @@ class Recorder:
         self.probing = False
         self._selected: dict[tuple[str, str, str], bool] = {}
         self.plan = TensorPlan.make(cfg, rank)  # which calls keep full tensors; byte limit (suspects.py)
+        # a view can share its input's data only when every tensor is stored (data="tensor");
+        # with tensor_ops or suspects its input may hold statistics only
+        plan = self.plan
+        self.views_share_data = plan is not None and plan.every and plan.keys is None and plan.tensor_ops is None
         self._reset()
 
     def _reset(self) -> None:
@@ -193,11 +197,10 @@ class Recorder:
             entry = self.flow.get(id(t))
             if entry is not None and entry[0]() is t and entry[2] == version:
                 src, note = entry[1], "alias"  # the very tensor an earlier record measured
-        # a view can share its input's data only when every tensor is stored (data="tensor");
-        # with tensor_ops or suspects its input may hold statistics only
-        shared = self.plan is not None and self.plan.every and self.plan.keys is None and self.plan.tensor_ops is None
-        stored = data or (self.probing and self.wants_data(head[3], head[2], head[1], head[4]))
-        geometry_ = _view_geometry(t, base) if shared and stored and src is not None and note == "view" else None
+        geometry_ = None
+        if src is not None and note == "view" and self.views_share_data and (
+                data or (self.probing and self.wants_data(head[3], head[2], head[1], head[4]))):
+            geometry_ = _view_geometry(t, base)
         if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14]:
             if geometry_:  # a full-tensor view is kept as its input's data plus this geometry
                 row[_VIEW] = geometry_

@@ -110,14 +110,6 @@ class NativeStats:
             _OWNER.release()
 
 
-def fast_spec(t: torch.Tensor) -> tuple[int, int, int] | None:
-    """``(address, numel, dtype code)`` when the C kernel can read ``t`` directly."""
-    code = CODES.get(t.dtype)
-    if code is None or code == 2 or _fastats is None or not t.is_contiguous() or t.device.type != "cpu":
-        return None
-    return (t.data_ptr(), t.numel(), code)
-
-
 def _storage_ptr(t: torch.Tensor) -> int:
     try:  # cheaper than untyped_storage().data_ptr(), which builds a storage object
         return t.data_ptr() - t.storage_offset() * t.element_size()

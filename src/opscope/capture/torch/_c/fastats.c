@@ -228,39 +228,6 @@ static PyObject *finish(const acc_t *a, Py_ssize_t n) {
                          (unsigned long long)a->inf, (unsigned long long)a->zeros, (unsigned long long)a->hash);
 }
 
-/* stats_batch([(ptr, numel, code), ...]) -> [final tuple, ...], the GIL released once. */
-static PyObject *stats_batch(PyObject *self, PyObject *arg) {
-    PyObject *seq = PySequence_Fast(arg, "stats_batch expects a list of (ptr, numel, code)");
-    if (!seq) return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
-    unsigned long long *ptrs = PyMem_Malloc(sizeof(unsigned long long) * (m ? m : 1));
-    Py_ssize_t *ns = PyMem_Malloc(sizeof(Py_ssize_t) * (m ? m : 1));
-    int *codes = PyMem_Malloc(sizeof(int) * (m ? m : 1));
-    acc_t *accs = PyMem_Calloc(m ? m : 1, sizeof(acc_t));
-    PyObject *out = NULL;
-    if (!ptrs || !ns || !codes || !accs) { PyErr_NoMemory(); goto done; }
-    for (Py_ssize_t j = 0; j < m; j++) {
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, j), "Kni", &ptrs[j], &ns[j], &codes[j])) goto done;
-        if (codes[j] < 0 || codes[j] > BOOL || ns[j] < 0) { PyErr_SetString(PyExc_ValueError, "bad dtype code or size"); goto done; }
-        accs[j].mn = INFINITY; accs[j].mx = -INFINITY;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t j = 0; j < m; j++)
-        if (ns[j] > 0) run((const void *)(uintptr_t)ptrs[j], ns[j], codes[j], &accs[j]);
-    Py_END_ALLOW_THREADS
-    out = PyList_New(m);
-    if (!out) goto done;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        PyObject *t = finish(&accs[j], ns[j]);
-        if (!t) { Py_CLEAR(out); goto done; }
-        PyList_SET_ITEM(out, j, t);
-    }
-done:
-    PyMem_Free(ptrs); PyMem_Free(ns); PyMem_Free(codes); PyMem_Free(accs);
-    Py_DECREF(seq);
-    return out;
-}
-
 /* A native worker thread: jobs are (address, numel, code) triples reduced in FIFO order
  * without ever taking the GIL, so the training thread pays only for submitting them. */
 typedef struct {
@@ -454,7 +421,6 @@ static PyMethodDef METHODS[] = {
     {"done", w_done, METH_NOARGS, "done() -> number of finished jobs (a prefix of the ids)"},
     {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
     {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},
-    {"stats_batch", stats_batch, METH_O, "stats_batch([(ptr, numel, code), ...]) -> [stats tuple, ...]"},
     {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash)"},
     {NULL, NULL, 0, NULL},
 };
