@@ -82,6 +82,7 @@ class DumpConfig:
     shard_mb: float = 256
     suspects: str | None = None  # a compare summary.json: full tensors for its culprits and their producers
     tensor_limit_mb: float | None = None  # stop storing tensors (never the run) past this many MB per rank
+    estimate_from: str | None = None  # an earlier dump of this model: the tensor size is estimated from its records
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -126,6 +127,7 @@ _DUMP_PARSERS = {
     "shard_mb": lambda v: _number("shard_mb", v, 1),
     "suspects": lambda v: _suspects(v),
     "tensor_limit_mb": lambda v: None if v is None else _number("tensor_limit_mb", v, 0),
+    "estimate_from": lambda v: _estimate_from(v),
 }
 
 
@@ -139,6 +141,23 @@ def _suspects(value: Any) -> str | None:
         raise ConfigError(f"suspects: {str(value)!r} has no summary.json; give the -o directory of "
                           "`opscope compare` (or its summary.json)")
     return str(summary)
+
+
+def _estimate_from(value: Any) -> str | None:
+    """An earlier opscope dump of the same model (any data mode): a directory with a manifest.
+    It is read at start (:func:`opscope.capture.torch.suspects.read_source`)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigError(f"estimate_from: {value!r} is not a path; give the directory of an earlier dump of "
+                          'this model, such as "dumps/stats"')
+    path = Path(value)
+    if not (path / "manifest.json").is_file():
+        what = ("does not exist" if not path.exists() else "is a file, not a dump directory" if not path.is_dir()
+                else "has no manifest.json: it is not an opscope dump")
+        raise ConfigError(f"estimate_from: {str(value)!r} {what}; give the directory of an earlier dump of this "
+                          'model (e.g. from a cheap run with data="statistics", steps=0)')
+    return os.fspath(value)
 
 
 def _build(cls: type, parsers: dict, aliases: dict, section: str, values: Mapping[str, Any]) -> Any:

@@ -1,4 +1,5 @@
-"""``opscope show DUMP``: what a dump holds, and the first NaN/Inf with where it came from."""
+"""``opscope show DUMP``: what a dump holds, what its full tensors take per step, and the first
+NaN/Inf with where it came from."""
 
 from __future__ import annotations
 
@@ -39,12 +40,49 @@ def render(dump: Dump) -> str:
         rows = df.groupby("phase").size()
         lines.append("ops        " + ", ".join(f"{p}: {int(ops.get(p, 0))} calls / {int(rows.get(p, 0))} tensors"
                                                for p in ("forward", "backward", "optimizer") if p in rows))
+    lines += _tensor_sizes(dump)
     lines += _first_nonfinite(dump)
     for note in dump.manifest.get("notes", []):
         lines.append(f"note       {note}")
     for problem in dump.problems:
         lines.append(f"warning    {problem}")
     return "\n".join(lines)
+
+
+def _tensor_sizes(dump: Dump) -> list[str]:
+    """Per rank, at its first step: what full tensors of every op take (estimated from the
+    records by the rule a tensor dump stores them), or what this dump stored there."""
+    from opscope.capture.torch.suspects import human
+
+    lines = []
+    for rank in dump.ranks:
+        steps = dump.steps(rank)
+        if not steps:
+            continue
+        nbytes, count, stored, kept = _step_tensor_size(dump, rank, steps[0])
+        if kept:
+            lines.append(f"full tensors  {human(stored)} stored at step {steps[0]} (rank {rank}; {kept} tensors)"
+                         + ("" if stored >= nbytes else f"; of every op about {human(nbytes)} per step"))
+        elif count:
+            lines.append(f"full tensors  about {human(nbytes)} per step (rank {rank}, step {steps[0]}; "
+                         f"{count} tensors)")
+    return lines
+
+
+def _step_tensor_size(dump: Dump, rank: int, step: int) -> tuple[int, int, int, int]:
+    """(bytes, tensors) that full tensors of every op take at this step, by the rule a tensor
+    dump stores them (``tensor_bytes``), and (bytes, tensors) this dump stored there."""
+    from opscope.capture.torch.suspects import ITEMSIZE, places_views, table_rows, tensor_bytes
+    from opscope.model.records import COL
+
+    table = dump.records(rank=rank, step=step, columns=["id", "phase", "module", "op", "call", "dtype", "shape",
+                                                         "numel", "producer", "note", "view", "data", "key"])
+    rows = table_rows(table)
+    nbytes, count = tensor_bytes(rows, lambda *_: True, place_views=True,
+                                 views_known=places_views(dump.manifest))
+    stored = {(row[COL["data"]], row[COL["key"]]): int(row[COL["numel"]] or 0) * ITEMSIZE.get(row[COL["dtype"]], 4)
+              for row in rows if row[COL["key"]] is not None}
+    return nbytes, count, sum(stored.values()), len(stored)
 
 
 def _first_nonfinite(dump: Dump) -> list[str]:

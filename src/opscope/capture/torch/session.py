@@ -34,7 +34,8 @@ def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: A
         path: the dump directory (or ``path`` in the config).
         config: a config file path (JSON, YAML, TOML) or mapping; ``$OPSCOPE_CONFIG`` if None.
         **keys: any dump key: steps, ranks, mode, level, data, scope, ops, tensor_ops,
-            phases, source, overwrite, queue_limit_mb, shard_mb (see docs/dump.md).
+            phases, source, overwrite, queue_limit_mb, shard_mb, suspects, tensor_limit_mb,
+            estimate_from (see docs/dump.md).
 
     Returns:
         A :class:`DumpSession`; its ``stop()`` returns the written :class:`opscope.Dump`.
@@ -78,10 +79,17 @@ class DumpSession:
         if not self.active:
             return self
         cfg = self.cfg
+        source = None  # the records estimate_from names, read before anything is written
+        if cfg.estimate_from and (cfg.data == "tensor" or cfg.tensor_ops):
+            from opscope.capture.torch.suspects import read_source
+
+            source = read_source(cfg, self.rank)
         self.writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
                                  shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
         self.writer.open()
         self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
+        if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
+            self.recorder.plan.before_start(source, self.recorder.selected)
         self._level = levels.make(cfg.level, self)
         self.modules.install()
         from torch.optim import optimizer as opt
@@ -194,7 +202,8 @@ class DumpSession:
             self._level.deactivate()
 
     def _probe_due(self, step: int) -> bool:
-        """Measure the step just before a tensor window opens, to say its size beforehand."""
+        """Measure the step just before a tensor window opens, to say its size beforehand
+        (not needed when the size is known already: suspects, estimate_from)."""
         plan, selected = self.recorder.plan, self.cfg.steps.steps
         return plan is not None and plan.estimate is None and bool(selected) and step + 1 == min(selected)
 
