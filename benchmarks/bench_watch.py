@@ -53,6 +53,8 @@ def _time_steps(task, n: int, keys: dict | None, root: str) -> list[float]:
         return times
     path = os.path.join(root, "flight")
     shutil.rmtree(path, ignore_errors=True)
+    keys = dict(keys)
+    os.environ["OPSCOPE_WATCH_BACKEND"] = keys.pop("backend", "native")
     with opscope.watch(path=path, **keys) as w:
         for i in range(n):
             t0 = time.perf_counter()
@@ -73,6 +75,8 @@ def ratio(task, n: int, keys: dict, root: str, rounds: int) -> float:
 CASES = [
     ("empty TorchDispatchMode (floor of any aten-level check)", {"special": "empty"}),
     ("watch, aten level (target <= 1.2x transformer)", {"level": "aten", "action": "raise"}),
+    ("watch, aten level, Python dispatch mode (no C++ compiler)", {"level": "aten", "action": "raise",
+                                                                  "backend": "python"}),
     ("watch, module level (target <= 1.05x)", {"level": "module", "action": "raise"}),
     ("watch, steps not selected", {"level": "aten", "action": "raise", "steps": "100000"}),
     ("flight recorder, module level (record, history 4)", {"level": "module", "action": "record"}),
@@ -85,11 +89,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default="transformer,mlp", help="comma-separated: transformer, mlp")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} interleaved rounds")
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
-        for name, task in (("transformer", transformer_task), ("mlp", mlp_task)):
+        tasks = {"transformer": transformer_task, "mlp": mlp_task}
+        for name in args.models.split(","):
+            task = tasks[name]
             for label, keys in CASES:
                 with contextlib.redirect_stderr(open(os.devnull, "w")):  # noqa: SIM115 (anomaly mode warns)
                     r = ratio(task, args.steps, keys, root, args.rounds)

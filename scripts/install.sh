@@ -11,3 +11,7 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 target="."
 [ -n "${EXTRAS:-}" ] && target=".[${EXTRAS}]"
 .venv/bin/python -m pip install -q "$TORCH_SPEC" -e "$target"
+# The native aten observer of opscope.watch links the installed torch: build it now (once
+# per torch version, a few seconds) rather than at the first watch. Without a compiler
+# opscope still works (watch then uses a slower Python dispatch mode).
+.venv/bin/python -m opscope.native || echo "opscope: continuing without the native observer" >&2

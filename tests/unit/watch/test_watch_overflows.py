@@ -7,6 +7,7 @@ import torch
 from watch_models import ExpHead, LogRelu, PairDistance, ZeroVarNorm, train
 
 import opscope
+from opscope.capture.torch.watch_check import base_name
 
 
 def _caught(model, inputs, **keys):
@@ -37,7 +38,7 @@ def test_division_by_a_zero_variance_leads_back_to_the_variance():
     exc, _ = _caught(ZeroVarNorm(), [torch.randn(4, 8), torch.ones(4, 8)])
     e = exc.event
     assert (e.op, e.kind, e.step) == ("aten.div.Tensor", "nan", 1)
-    assert [link.op for link in e.chain] == ["aten.var.correction", "aten.sqrt.default", "aten.div.Tensor"]
+    assert [base_name(link.op) for link in e.chain] == ["var", "sqrt", "div"]  # var.dim natively
     assert "zero variance" in e.chain[0].reason
     denominator = e.inputs[1]
     assert denominator.zeros == 4 and denominator.max == 0 and "aten.sqrt.default" in denominator.origin
@@ -55,7 +56,7 @@ def test_log_of_zero_is_an_alarm_with_the_relu_zeros_as_origin():
 def test_nan_only_in_backward_is_attributed_to_the_forward_op_and_module():
     exc, _ = _caught(PairDistance(), [torch.randn(16, 8)])
     e = exc.event
-    assert e.phase == "backward" and e.kind == "inf"
+    assert e.phase == "backward" and e.kind in ("inf", "-inf")  # the sign follows the random init
     assert e.fwd_op == "aten.sqrt.default" and e.node.startswith("SqrtBackward")
     assert e.step == 0
     first = str(exc).splitlines()[0]
@@ -106,7 +107,7 @@ def test_deferred_reading_raises_at_the_end_of_the_step_with_the_same_chain():
     assert reached == 1  # raised by w.step(), not inside the op
     e = info.value.event
     assert (e.op, e.kind, e.step) == ("aten.div.Tensor", "nan", 1)
-    assert [link.op for link in e.chain] == ["aten.var.correction", "aten.sqrt.default", "aten.div.Tensor"]
+    assert [base_name(link.op) for link in e.chain] == ["var", "sqrt", "div"]  # var.dim natively
     assert e.source is None
 
 

@@ -15,9 +15,8 @@ output (see :mod:`~opscope.capture.torch.watch_chain`). Then, per ``action``:
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
-import statistics
 import time
 import weakref
 from collections import deque
@@ -38,6 +37,8 @@ from opscope.capture.torch.watch_modes import (
     top_mode,
     user_source,
 )
+from opscope.capture.torch.watch_native import NativeChecker, load_backend, param_names_by_impl
+from opscope.capture.torch.watch_steps import StepChecks
 from opscope.config import WatchConfig, watch_config
 from opscope.errors import ConfigError, OverflowDetected
 from opscope.report.overflow_console import render
@@ -68,7 +69,7 @@ def watch(action: str | None = None, *, config: Any = None, **keys: Any) -> Watc
     return WatchSession(watch_config(config, action=action, **keys))
 
 
-class WatchSession:
+class WatchSession(StepChecks):
     """A running (or ready) watch. See :func:`watch`."""
 
     def __init__(self, cfg: WatchConfig) -> None:
@@ -79,8 +80,12 @@ class WatchSession:
         self.events: list[OverflowEvent] = []
         self.clock = StepClock(self._boundary)
         module_level = cfg.level == "module"
-        self.modules = ModuleTracker(self.clock.outer_module_call, self._enter, self._exit if module_level else None)
-        self.checker = Checker(self.modules, cfg.limit, self._hit)
+        backend = None if module_level or not self.active else load_backend()
+        self.modules = ModuleTracker(self.clock.outer_module_call, self._enter,
+                                     self._exit if module_level else self._exit_op_level)
+        self.checker: Checker = (Checker(self.modules, cfg.limit, self._hit) if backend is None
+                                 else NativeChecker(self.modules, cfg.limit, self._hit, backend))
+        self.native = backend is not None
         self.checker.tag_nodes = not module_level
         self.flight: Any = None
         self._mode: WatchDispatchMode | None = None
@@ -122,7 +127,9 @@ class WatchSession:
 
             self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
                              opt.register_optimizer_step_post_hook(self._optimizer_post)]
-            if self.cfg.level == "aten":
+            if self.native:
+                self.checker.install()
+            elif self.cfg.level == "aten":
                 # Slid under the modes already on the stack: a dump entered before the watch
                 # leaves its mode per step with a plain pop of the top, which must be its own.
                 self._mode = WatchDispatchMode(self.checker)
@@ -139,8 +146,10 @@ class WatchSession:
         """End the current step; pass the loss to have it checked (and watched for spikes)."""
         if not (self.active and self.started):
             return
+        self._reraise()
         if loss is not None and self.checker.on:
-            self._check_loss(loss)
+            with self._quiet():
+                self._check_loss(loss)
         self.clock.user_step()
 
     def stop(self) -> WatchResult:
@@ -176,6 +185,8 @@ class WatchSession:
 
     def _remove_hooks(self, status: str, error: str | None) -> None:
         try:
+            if self.native:
+                self.checker.uninstall()
             if self._mode is not None:
                 if not self._mode_suspended:
                     exit_mode(self._mode)
@@ -192,6 +203,10 @@ class WatchSession:
 
     # -- steps -------------------------------------------------------------------------
     def _boundary(self, finished: int, step: int) -> None:
+        with self._quiet():
+            self._end_step(finished, step)
+
+    def _end_step(self, finished: int, step: int) -> None:
         now = time.perf_counter()
         elapsed, self._step_start = now - self._step_start, now
         if self.flight is not None:
@@ -244,8 +259,9 @@ class WatchSession:
             names, args = [n for n, _ in named], [x for _, x in named]
         step = self.clock.step if self._resolving is None else self._resolving
         event = build_event(self.checker.entries, index, slot, kind, t, args, step=step, rank=self.rank,
-                            level=self.cfg.level, limit=self.checker.limit, param_names=self.modules.param_names,
-                            source=user_source() if immediate else None, param=param, names=names)
+                            level=self.cfg.level, limit=self.checker.limit, param_names=self._param_names(),
+                            source=user_source() if immediate else None, param=param, names=names,
+                            ident=self.checker.ident)
         event.detail = detail
         self.events.append(event)
         self._step_events.append(event)
@@ -254,47 +270,6 @@ class WatchSession:
         if self.cfg.action == "warn":
             self._warned.add(key)
             log.warning("%s", render(event))
-
-    def _spike(self, kind: str, op: str, step: int, detail: str) -> None:
-        event = OverflowEvent(kind=kind, op=op, module="", phase="forward", step=step, rank=self.rank,
-                              level=self.cfg.level, detail=detail)
-        self.events.append(event)
-        self._step_events.append(event)
-        if self.cfg.action == "raise":
-            raise OverflowDetected(render(event), event)
-        if self.cfg.action == "warn":
-            log.warning("%s", render(event))
-
-    # -- step-level checks -------------------------------------------------------------
-    def _check_loss(self, loss: Any) -> None:
-        if isinstance(loss, torch.Tensor):
-            if loss.dtype.is_floating_point and loss.numel():
-                self.checker.observe("<loss>", "", "forward", None, None, (id(loss),), [loss], strict=True)
-                self.checker.resolve()  # the loss is read now anyway (float(loss) below)
-            value = float(loss.detach().float().mean()) if loss.numel() else math.nan
-        else:
-            value = float(loss)
-        if not math.isfinite(value):
-            return
-        history = list(self._losses)
-        self._losses.append(value)
-        if self.cfg.loss_spike and len(history) >= 2:
-            median = statistics.median(history)
-            if value - median > (self.cfg.loss_spike - 1) * abs(median):
-                self._spike("loss_spike", "<loss>", self.clock.step,
-                            f"loss {value:.6g} at step {self.clock.step} against a median of {median:.6g} over the "
-                            f"previous {len(history)} steps (loss_spike={self.cfg.loss_spike:g})")
-
-    def _check_time(self, step: int, elapsed: float) -> None:
-        history = list(self._times)
-        if step > 0:  # step 0 includes warm-up
-            self._times.append(elapsed)
-        if self.cfg.time_spike and len(history) >= 2:
-            median = statistics.median(history)
-            if elapsed > self.cfg.time_spike * median:
-                self._spike("time_spike", "<step time>", step,
-                            f"step {step} took {elapsed:.4g} s, {elapsed / median:.1f}x the median {median:.4g} s "
-                            f"of the previous {len(history)} steps (time_spike={self.cfg.time_spike:g})")
 
     def _check_parameters(self) -> None:
         """No optimizer ran this step: check the gradients and parameters of the models seen."""
@@ -313,6 +288,7 @@ class WatchSession:
 
     # -- hooks -------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._reraise()
         self.clock.poll()
         checker = self.checker
         checker.phase = "optimizer"
@@ -352,6 +328,8 @@ class WatchSession:
         another session's mode above it expects to leave first."""
         mode = self._mode
         if mode is None:
+            if self.native:
+                self.checker.on = self.checker.on  # pushes on/ops_on to the observer
             return
         wanted = self.checker.on and self.checker.ops_on
         if wanted and self._mode_suspended:
@@ -361,10 +339,28 @@ class WatchSession:
             mode.__exit__(None, None, None)
             self._mode_suspended = True
 
+    def _param_names(self) -> dict[int, str]:
+        return param_names_by_impl(self._roots) if self.native else self.modules.param_names
+
+    def _quiet(self) -> Any:
+        return self.checker.quiet() if self.native else contextlib.nullcontext()
+
+    def _reraise(self) -> None:
+        if self.native:
+            self.checker.reraise()
+
+    def _exit_op_level(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
+        if self.native:
+            self.checker.module_changed(self.modules.path)
+            self._reraise()
+
     def _param_name(self, p: torch.Tensor) -> str:
         return self.modules.param_names.get(id(p)) or f"<unnamed {tuple(p.shape)}>"
 
     def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
+        if self.native:
+            self._reraise()
+            self.checker.module_changed(path)
         if len(self.modules.stack) != 1:
             return
         if not any(r() is module for r in self._roots):

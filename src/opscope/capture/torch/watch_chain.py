@@ -9,6 +9,7 @@ producer, since that input was alive when the consumer ran).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -157,13 +158,14 @@ def origin_of(entries: list[list[Any]], tensor_id: int, before: int, param_names
 
 
 def input_summaries(entries: list[list[Any]], index: int, args: Any, param_names: dict[int, str],
-                    names: list[str] | None = None) -> list[TensorSummary]:
+                    names: list[str] | None = None, ident: Callable[[torch.Tensor], int] = id
+                    ) -> list[TensorSummary]:
     """Statistics of the hit op's inputs: live tensors when at hand, else their producers' ranges."""
     out = []
     if args is not None:
         for i, t in enumerate(_tensors(args)):
-            name = names[i] if names and i < len(names) else param_names.get(id(t))
-            out.append(summarize(t, i, name, origin_of(entries, id(t), index, param_names)))
+            name = names[i] if names and i < len(names) else param_names.get(ident(t))
+            out.append(summarize(t, i, name, origin_of(entries, ident(t), index, param_names)))
         return out
     for i, tid in enumerate(entries[index][IN_IDS]):
         origin = origin_of(entries, tid, index, param_names)
@@ -194,8 +196,8 @@ def _tensors(args: Any) -> list[torch.Tensor]:
 
 def build_event(entries: list[list[Any]], index: int, slot: int, kind: str, t: torch.Tensor | None, args: Any, *,
                 step: int, rank: int, level: str, limit: float, param_names: dict[int, str],
-                source: str | None = None, param: str | None = None, names: list[str] | None = None
-                ) -> OverflowEvent:
+                source: str | None = None, param: str | None = None, names: list[str] | None = None,
+                ident: Callable[[torch.Tensor], int] = id) -> OverflowEvent:
     """Everything the user needs about one hit."""
     entry = entries[index]
     rec = entry[OUTS][slot]
@@ -207,6 +209,6 @@ def build_event(entries: list[list[Any]], index: int, slot: int, kind: str, t: t
         with torch._C._DisableTorchDispatch():
             d = t.detach()
             event.nan, event.inf = int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
-    event.inputs = input_summaries(entries, index, args, param_names, names)
+    event.inputs = input_summaries(entries, index, args, param_names, names, ident)
     event.chain = chain(entries, index, slot, kind, limit)
     return event

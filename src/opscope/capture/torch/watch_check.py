@@ -46,7 +46,7 @@ unsqueeze_copy view_copy _unsafe_view contiguous narrow_copy slice_scatter selec
 # Ops whose output holds copies of their first input's values (checked already): not read
 # again, and transparent to the chain, like views. (_to_copy only when the dtype does not narrow.)
 PASSTHROUGH = frozenset("""
-clone _unsafe_view contiguous alias_copy detach_copy embedding index_select gather select_backward
+clone _unsafe_view contiguous alias_copy detach_copy detach_ embedding index_select gather select_backward
 slice_backward expand_copy permute_copy transpose_copy t_copy view_copy _reshape_copy _to_copy
 """.split())
 # Ops through which an additive mask (-Inf where masked, 0 elsewhere) is applied.
@@ -114,6 +114,7 @@ class Checker:
         self.tag_nodes = True  # aten level: backward ops find their module through the autograd node
         self.ops_on = True  # off while an optimizer step runs at aten level (checked per parameter)
         self.phase = "forward"
+        self.ident: Callable[[torch.Tensor], int] = id  # a tensor's identity in entries
         self.reset()
 
     def reset(self) -> None:
@@ -226,6 +227,10 @@ class Checker:
                 self.pending.setdefault(mn.dtype, []).append((rec, mn, mx, index, len(recs) - 1, select, strict))
         return index
 
+    def count(self) -> int:
+        """Number of entries this step."""
+        return len(self.entries)
+
     # -- judging -------------------------------------------------------------------------
     def judge(self, index: int, slot: int, t: torch.Tensor | None, args: Any, select: bool, strict: bool) -> None:
         entry = self.entries[index]
@@ -288,11 +293,12 @@ class Checker:
     def _group_done(self, label: str, phase: str, items: list[tuple[Any, ...]], norms: list[float]) -> None:
         for (name, t, inputs), norm in zip(items, norms, strict=True):
             if not norm <= self.limit:
-                index = len(self.entries)
+                index = self.count()
                 self.params[index] = name
                 self.inputs[index] = inputs
+                ident = self.ident
                 self.observe(label, name.partition(" ")[0].rpartition(".")[0], phase, None, None,
-                             tuple(id(x) for _, x in inputs) or (id(t),), [t], strict=True)
+                             tuple(ident(x) for _, x in inputs) or (ident(t),), [t], strict=True)
 
     def resolve(self) -> None:
         """Read every pending device result (one transfer per dtype) and judge them in order."""

@@ -1,0 +1,218 @@
+"""The aten-level watch run natively: a C++ ``at::RecordFunction`` observer (``_c/watchobs.cpp``,
+built on first use by :mod:`opscope.native`) does the per-op work of
+:class:`~opscope.capture.torch.watch_check.Checker` — one fused range pass per output, the
+mask and propagation marks, the entries for the chain back — without entering Python per op.
+A Python :class:`~torch.utils._python_dispatch.TorchDispatchMode` alone costs more than the
+whole native check (see benchmarks/bench_watch.py).
+
+Python keeps the rules (which ops are views, casts, select ops, additive-mask ops: asked once
+per overload) and everything done on a hit. Tensor identities are ``TensorImpl`` addresses
+(``tensor._cdata``) instead of ``id(tensor)``.
+
+What is observed is the outermost op of each call on the watching thread and its autograd
+threads, forward, backward (ops run inside an autograd node; attributed to the forward op
+with the node's sequence number) and the optimizer. Ops that run inside another op — a
+composite op's decomposition, a kernel's helpers — are part of the outer op: a NaN made
+inside ``linear`` is reported as ``aten.linear``. ``OPSCOPE_WATCH_BACKEND=python`` selects
+the Python dispatch mode instead (it sees the decomposed ops).
+
+A hit found inside an op cannot raise through the op (torch swallows observer errors):
+``action="raise"`` raises at the next module call or return, optimizer step or ``step()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from opscope import native
+from opscope.capture.torch.watch_check import _KINDS, ADDITIVE, Checker, _OpKind, base_name
+
+log = logging.getLogger("opscope.watch")
+_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
+_PHASE_NAMES = {v: k for k, v in _PHASES.items()}
+_DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
+_NODE_PREFIX = "autograd::engine::evaluate_function: "
+_CASTS = frozenset(("to", "_to_copy", "type_as", "_autocast_to_reduced_precision", "_autocast_to_full_precision"))
+_warned = False
+
+
+def load_backend() -> Any:
+    """The native module, or None when ``OPSCOPE_WATCH_BACKEND=python`` or it cannot be built
+    (then said once, with the reason)."""
+    global _warned
+    choice = os.environ.get("OPSCOPE_WATCH_BACKEND", "native").lower()
+    if choice == "python":
+        return None
+    module = native.load("_opscope_watch")
+    if module is None and not _warned:
+        _warned = True
+        log.warning("opscope watch: the native aten observer is not available (%s); using the slower "
+                    "Python dispatch mode. Install a C++ compiler (g++) to get it.", native.error("_opscope_watch"))
+    return module
+
+
+def classify_op(qualname: str) -> tuple[bool, bool, bool, bool, bool, tuple[int, ...]]:
+    """(transparent, cast, select, skip, additive, written argument positions) of an overload
+    named like ``aten.add_.Tensor``: the rules of the Python checker, asked once per overload."""
+    ns, _, rest = qualname.partition(".")
+    op, _, overload = rest.rpartition(".")
+    try:
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
+        kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
+    except Exception:  # not a registered overload (a profiler range, a custom namespace)
+        return (False, False, False, False, False, ())
+    base = base_name(kind.name)
+    if base in _CASTS:  # seen before its decomposition into _to_copy: a cast, not a view
+        return (False, True, False, False, False, ())
+    return (kind.transparent, kind.cast, kind.select, kind.skip, base in ADDITIVE, tuple(kind.info.written))
+
+
+class NativeChecker(Checker):
+    """:class:`Checker` whose per-op work and entries live in the native observer."""
+
+    def __init__(self, modules: Any, limit: float | None, on_hit: Callable[..., None], backend: Any) -> None:
+        self._n = backend
+        self._on = self._ops_on = self._defer = False
+        self._hush = 0  # > 0 while opscope runs its own torch ops
+        self._phase = "forward"
+        self._paths: dict[str, int] = {"": -1}
+        self._path_list: list[str] = []
+        self._entries: list[list[Any]] = []
+        self.raised: BaseException | None = None
+        super().__init__(modules, limit, on_hit)
+        self.ident = _ident
+
+    # -- configuration pushed to the observer ---------------------------------------------
+    def _push(self) -> None:
+        if hasattr(self, "limit"):
+            self._n.configure(self._on and self._ops_on and not self._hush, _PHASES[self._phase], self._defer, self.limit)
+
+    on = property(lambda self: self._on, lambda self, v: self._set("_on", v))
+    ops_on = property(lambda self: self._ops_on, lambda self, v: self._set("_ops_on", v))
+    defer = property(lambda self: self._defer, lambda self, v: self._set("_defer", v))
+    phase = property(lambda self: self._phase, lambda self, v: self._set("_phase", v))
+
+    def _set(self, name: str, value: Any) -> None:
+        setattr(self, name, value)
+        self._push()
+
+    def install(self) -> None:
+        self._n.install(self._native_hit, classify_op)
+        self._push()
+
+    def uninstall(self) -> None:
+        self._n.uninstall()
+
+    def module_changed(self, path: str) -> None:
+        """The module being executed (a module was entered or left)."""
+        index = self._paths.get(path)
+        if index is None:
+            index = self._paths[path] = len(self._path_list)
+            self._path_list.append(path)
+        self._n.set_module(index)
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """opscope's own torch ops in this block are not observed."""
+        self._hush += 1
+        self._push()
+        try:
+            yield
+        finally:
+            self._hush -= 1
+            self._push()
+
+    # -- the Checker interface -------------------------------------------------------------
+    def reset(self) -> None:
+        if hasattr(self, "_n"):
+            self._n.reset()
+        self._entries = []
+        self.groups: list[tuple[str, str, list[tuple[Any, ...]], torch.Tensor]] = []
+        self.params: dict[int, str] = {}
+        self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}
+
+    @property
+    def entries(self) -> list[list[Any]]:  # type: ignore[override]
+        """The step's entries as the chain code reads them (converted on each read: on hits;
+        ranges read at the step's end fill in later, so nothing is cached)."""
+        self._entries = []
+        for e in self._n.entries(0):
+            e[1] = self._path_list[e[1]] if e[1] >= 0 else ""
+            e[2] = _PHASE_NAMES[e[2]]
+            if e[4] is not None:
+                e[4] = e[4].removeprefix(_NODE_PREFIX)
+            for rec in e[6]:
+                t = rec[1]
+                rec[1] = (lambda t=t: t) if t is not None else None
+                rec[5] = _DTYPES.get(rec[5], rec[5])
+            self._entries.append(e)
+        return self._entries
+
+    def count(self) -> int:
+        return self._n.count()
+
+    @property
+    def pending(self) -> int:  # type: ignore[override]
+        return self._n.pending()
+
+    def observe(self, name: str, module: str, phase: str, fwd: str | None, node: str | None,
+                in_ids: tuple[int, ...], outs: Any, args: Any = None, *, check: bool = True,
+                select: bool = False, strict: bool = False) -> int:
+        self.module_changed(module)
+        index = self._n.observe(name, self._paths[module], _PHASES[phase], tuple(in_ids), list(outs),
+                                check, select, strict)
+        self.module_changed(self.modules.path)
+        self.reraise()
+        return index
+
+    def group(self, label: str, phase: str, items: list[tuple[str, torch.Tensor, list[tuple[str, torch.Tensor]]]]
+              ) -> None:
+        with self.quiet():
+            super().group(label, phase, items)
+
+    def resolve(self) -> None:
+        groups, self.groups = self.groups, []
+        for label, phase, items, flat in groups:
+            self._group_done(label, phase, items, flat.tolist())
+        self._n.resolve()
+        self.reraise()
+
+    # -- hits ----------------------------------------------------------------------------
+    def _native_hit(self, index: int, slot: int, kind: str, t: torch.Tensor | None, args: Any) -> None:
+        if self.raised is not None:
+            return
+        try:
+            with self.quiet():
+                self.on_hit(index, slot, kind, t, args)
+        except BaseException as exc:  # raised later, where Python can: see reraise()
+            self.raised = exc
+
+    def reraise(self) -> None:
+        """Raise what a hit inside an op could not raise there."""
+        exc, self.raised = self.raised, None
+        if exc is not None:
+            raise exc
+
+
+def _ident(t: torch.Tensor) -> int:
+    return t._cdata
+
+
+def param_names_by_impl(roots: list[Any]) -> dict[int, str]:
+    """Parameter and buffer names keyed by ``TensorImpl`` address (the native identity)."""
+    names: dict[int, str] = {}
+    for ref in roots:
+        root = ref()
+        if root is None:
+            continue
+        for name, p in root.named_parameters(remove_duplicate=False):
+            names.setdefault(p._cdata, name)
+        for name, b in root.named_buffers(remove_duplicate=False):
+            names.setdefault(b._cdata, name)
+    return names

@@ -1,0 +1,139 @@
+"""The native aten observer of opscope.watch: its range pass, its place next to the Python
+dispatch mode, the fallback when it cannot be built, and concurrent builds."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from watch_models import ExpHead, MaskedAttention, PairDistance, ZeroVarNorm, train
+
+import opscope
+from opscope import native
+from opscope.capture.torch.watch_check import base_name
+
+
+@pytest.fixture(scope="module")
+def backend():
+    module = native.load("_opscope_watch")
+    assert module is not None, f"the native watch observer did not build: {native.error('_opscope_watch')}"
+    return module
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_native_range_pass_agrees_with_torch_aminmax(backend, dtype):
+    torch.manual_seed(0)
+    for n in (1, 7, 8, 15, 16, 17, 33, 1000, 4099):
+        for inject in (None, "nan", "inf", "-inf"):
+            for pos in ((0, n // 2, n - 1) if inject else (None,)):
+                t = (torch.randn(n) * 100).to(dtype)
+                if inject:
+                    t[pos] = float(inject)
+                lo, hi = backend.range_of(t)
+                ref = torch.aminmax(t)
+                if math.isnan(ref.min) or math.isnan(ref.max):
+                    assert math.isnan(lo) and math.isnan(hi), (n, inject, pos)
+                else:
+                    assert (lo, hi) == (float(ref.min), float(ref.max)), (n, inject, pos)
+    assert backend.range_of(torch.randn(4, 6).t()) is None  # not contiguous: torch does it
+
+
+def _event(backend_name, model, inputs, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_WATCH_BACKEND", backend_name)
+    torch.manual_seed(0)
+    w = opscope.watch(action="raise")
+    assert w.native == (backend_name == "native")
+    with pytest.raises(opscope.OverflowDetected) as info, w:
+        train(model, inputs, w)
+    return info.value.event
+
+
+@pytest.mark.parametrize("name", ["native", "python"])
+def test_both_backends_name_the_same_overflows(name, monkeypatch):
+    torch.manual_seed(0)
+    e = _event(name, ExpHead(scale=40.0), [torch.randn(4, 8)], monkeypatch)
+    assert (e.op, e.kind, e.phase, e.module) == ("aten.exp.default", "inf", "forward", "")
+    assert "large values" in e.chain[0].reason
+    e = _event(name, ZeroVarNorm(), [torch.randn(4, 8), torch.ones(4, 8)], monkeypatch)
+    assert (base_name(e.op), e.kind, e.step) == ("div", "nan", 1)
+    assert [base_name(link.op) for link in e.chain] == ["var", "sqrt", "div"]
+    assert e.source and "watch_models.py" in e.source  # the user's line, read inside the op
+    e = _event(name, PairDistance(), [torch.randn(16, 8)], monkeypatch)
+    assert (e.phase, e.fwd_op, e.step) == ("backward", "aten.sqrt.default", 0)
+    assert e.node.startswith("SqrtBackward") and e.inputs[0].origin.startswith("aten.mm")
+
+
+@pytest.mark.parametrize("name", ["native", "python"])
+def test_both_backends_let_masks_pass(name, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_WATCH_BACKEND", name)
+    torch.manual_seed(0)
+    model = MaskedAttention()
+    with opscope.watch(action="raise") as w:
+        losses = train(model, [torch.randn(2, 8, 16) for _ in range(2)], w)
+    assert w.native == (name == "native")
+    assert not w.result().events and all(math.isfinite(v) for v in losses)
+
+
+def test_a_hit_inside_an_op_raises_at_the_next_module_boundary(backend):
+    """torch swallows errors of RecordFunction observers: the exception waits for Python."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Identity())
+    reached = []
+    model[1].register_forward_pre_hook(lambda m, a: reached.append("identity"))
+    with torch.no_grad():
+        model[0].weight[0] = 1e38  # finite, but the product overflows float32
+    with pytest.raises(opscope.OverflowDetected) as info, opscope.watch(action="raise"):
+        model(torch.full((2, 4), 1e3))
+    assert info.value.event.op == "aten.linear.default" and info.value.event.module == "0"
+    assert reached == []  # raised when module 0 returned, before the next module ran
+
+
+def test_steps_not_selected_are_not_observed_at_all(backend):
+    w = opscope.watch(action="raise", steps="5")
+    with w:
+        x = torch.randn(3)
+        (x / 0).exp()
+        assert w.checker.count() == 0  # the callback is not even registered
+    assert not w.result().events
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=600)
+
+
+def test_without_a_compiler_watch_falls_back_to_the_python_mode_and_says_why(tmp_path):
+    code = """
+        import logging, torch, opscope
+        logging.basicConfig(level=logging.WARNING)
+        w = opscope.watch(action="warn")
+        with w:
+            torch.log(torch.zeros(3))
+        print("native", w.native, "events", [e.op for e in w.result().events])
+    """
+    proc = _run(code, {"OPSCOPE_CACHE_DIR": str(tmp_path), "CXX": "/bin/false"})
+    assert proc.returncode == 0, proc.stderr
+    assert "native False events ['aten.log.default']" in proc.stdout
+    assert "native aten observer is not available" in proc.stderr and "Install a C++ compiler" in proc.stderr
+    assert proc.stderr.count("not available") == 1
+
+
+@pytest.mark.slow
+def test_concurrent_first_builds_wait_for_one_another(tmp_path):
+    code = """
+        from opscope import native
+        assert native.load("_opscope_watch") is not None, native.error("_opscope_watch")
+        print("ok")
+    """
+    env = {"OPSCOPE_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env={**os.environ, **env}) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 and out.strip() == "ok" for p, (out, _) in zip(procs, outs)), outs
+    built = list(tmp_path.rglob("_opscope_watch*.so"))
+    assert len(built) == 1  # one build, the other process waited for it and loaded it
