@@ -295,7 +295,7 @@ class WatchSession(StepChecks):
         self._optimizer_seen = True
         if not checker.on:
             return
-        if self._mode is not None:
+        if self._mode is not None or self.native:
             # aten level: gradients were checked as backward ops' outputs; the optimizer's
             # own ops are checked per parameter after the step (param and state, one fused
             # call), which costs a fraction of ~10 ops per parameter through the mode.

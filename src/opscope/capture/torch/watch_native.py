@@ -38,7 +38,6 @@ _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
 _PHASE_NAMES = {v: k for k, v in _PHASES.items()}
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
 _NODE_PREFIX = "autograd::engine::evaluate_function: "
-_CASTS = frozenset(("to", "_to_copy", "type_as", "_autocast_to_reduced_precision", "_autocast_to_full_precision"))
 _warned = False
 
 
@@ -57,20 +56,21 @@ def load_backend() -> Any:
     return module
 
 
-def classify_op(qualname: str) -> tuple[bool, bool, bool, bool, bool, tuple[int, ...]]:
-    """(transparent, cast, select, skip, additive, written argument positions) of an overload
-    named like ``aten.add_.Tensor``: the rules of the Python checker, asked once per overload."""
+def classify_op(qualname: str) -> tuple[bool, bool, bool, bool, bool, tuple[int, ...], bool] | None:
+    """(transparent, cast, select, skip, additive, written argument positions, composite) of
+    an overload named like ``aten.add_.Tensor``: the rules of the Python checker, asked once
+    per overload. ``composite``: a CompositeImplicitAutograd op, which a dispatch mode never
+    sees (its decomposition is seen instead). None: not a dispatcher op."""
     ns, _, rest = qualname.partition(".")
     op, _, overload = rest.rpartition(".")
     try:
         func = getattr(getattr(getattr(torch.ops, ns), op), overload)
         kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
-    except Exception:  # not a registered overload (a profiler range, a custom namespace)
-        return (False, False, False, False, False, ())
-    base = base_name(kind.name)
-    if base in _CASTS:  # seen before its decomposition into _to_copy: a cast, not a view
-        return (False, True, False, False, False, ())
-    return (kind.transparent, kind.cast, kind.select, kind.skip, base in ADDITIVE, tuple(kind.info.written))
+        composite = func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except Exception:  # not a registered overload (a profiler range, a manual record)
+        return None
+    return (kind.transparent, kind.cast, kind.select, kind.skip, base_name(kind.name) in ADDITIVE,
+            tuple(kind.info.written), bool(composite))
 
 
 class NativeChecker(Checker):
@@ -101,9 +101,16 @@ class NativeChecker(Checker):
     def _set(self, name: str, value: Any) -> None:
         setattr(self, name, value)
         self._push()
+        if name in ("_on", "_ops_on") and hasattr(self, "_registered"):
+            wanted = self._on and self._ops_on
+            if wanted != self._registered:  # changed between steps or around the optimizer step only
+                self._registered = wanted
+                self._n.register(wanted)
 
     def install(self) -> None:
         self._n.install(self._native_hit, classify_op)
+        self._registered = self._on and self._ops_on
+        self._n.register(self._registered)
         self._push()
 
     def uninstall(self) -> None:

@@ -48,6 +48,7 @@ const char* KIND_TEXT[] = {"", "nan", "inf", "-inf", "limit"};
 struct OpKind {
   int name = -1;          // interned "aten.add_.Tensor"
   bool transparent = false, cast = false, select = false, skip = false, additive = false;
+  bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded
   std::vector<int> written;  // argument positions written in place
 };
 
@@ -116,7 +117,13 @@ struct Owner {
 std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted by seq
 
 // ---- per thread ------------------------------------------------------------------------
-thread_local int t_depth = 0;
+// Which ops are recorded: those a Python dispatch mode would see, i.e. the ops called at the
+// autograd level. A CompositeImplicitAutograd op (linear, var.dim, to.dtype, matmul...) is
+// not recorded but its decomposition is; any other op is recorded, and the ops its kernel
+// calls are not (they run below autograd, unseen by a dispatch mode too).
+thread_local int t_opaque = 0;                          // open recorded-kind ops on this thread
+thread_local std::vector<std::pair<const OpKind*, uint8_t>> t_open;  // (kind, OPAQUE|RECORD)
+constexpr uint8_t OPAQUE = 1, RECORD = 2;
 thread_local std::vector<c10::IValue> t_args;
 thread_local std::vector<std::pair<int64_t, int>> t_nodes;  // (sequence nr, node name)
 thread_local std::unordered_map<OpKey, const OpKind*, PairHash> t_kinds;
@@ -291,10 +298,19 @@ const OpKind& kind_of(const at::RecordFunction& fn) {
   if (colon != std::string::npos) qual.replace(colon, 2, ".");
   qual += ".";
   qual += (overload && *overload) ? overload : "default";
+  static const OpKind wrapper = [] {
+    OpKind w;
+    w.composite = true;
+    return w;
+  }();
+  if (!g_classify) return wrapper;  // uninstalled: nothing is recorded, nothing is cached
   OpKind k;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* r = g_classify ? PyObject_CallFunction(g_classify, "s", qual.c_str()) : nullptr;
-  if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 6) {
+  if (r == Py_None) {
+    k.composite = true;  // not a dispatcher op (a profiler range, a manual record): a wrapper
+  } else if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 7) {
+    k.composite = PyObject_IsTrue(PyTuple_GET_ITEM(r, 6));
     k.transparent = PyObject_IsTrue(PyTuple_GET_ITEM(r, 0));
     k.cast = PyObject_IsTrue(PyTuple_GET_ITEM(r, 1));
     k.select = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2));
@@ -508,8 +524,7 @@ bool widens(at::ScalarType from, at::ScalarType to) {
   return (low && (to == at::kFloat || to == at::kDouble)) || (from == at::kFloat && to == at::kDouble);
 }
 
-void on_op(const at::RecordFunction& fn) {
-  const OpKind& k = kind_of(fn);
+void on_op(const at::RecordFunction& fn, const OpKind& k) {
   std::vector<at::Tensor>& args = t_in;
   std::vector<at::Tensor>& outs = t_out;
   args.clear(), outs.clear();
@@ -577,6 +592,7 @@ bool engine_record(const char* name) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!g_installed) return nullptr;
   const char* name = fn.name();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(name)) {
     // ops inside a node, and the engine's own ops on its outputs (reducing a gradient to its
@@ -589,29 +605,39 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     t_nodes.emplace_back(fn.seqNr(), intern(node));
     return nullptr;
   }
-  if (++t_depth == 1 && g_on) {
+  const OpKind& k = kind_of(fn);
+  uint8_t flags = k.composite ? 0 : OPAQUE;
+  if (t_opaque == 0 && !k.composite && g_on) {
+    flags |= RECORD;
     auto in = fn.inputs();
     t_args.assign(in.begin(), in.end());
   }
+  t_opaque += flags & OPAQUE;
+  t_open.emplace_back(&k, flags);
   return nullptr;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (!g_installed) return;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(fn.name())) {
     if (!t_nodes.empty()) t_nodes.pop_back();
     return;
   }
-  if (--t_depth != 0) return;
+  if (t_open.empty()) return;  // started before the observer was registered
+  auto [k, flags] = t_open.back();
+  t_open.pop_back();
+  t_opaque -= flags & OPAQUE;
+  if (!(flags & RECORD)) return;
   if (g_on) {
-    t_depth = 1;  // ops run while judging (and on a hit, in Python) are not the user's
+    ++t_opaque;  // ops run while judging (and on a hit, in Python) are not the user's
     try {
-      on_op(fn);
+      on_op(fn, *k);
     } catch (const std::exception& e) {
       PyGILState_STATE gil = PyGILState_Ensure();
       PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "opscope watch: native check failed: %s", e.what());
       PyGILState_Release(gil);
     }
-    t_depth = 0;
+    --t_opaque;
   }
   t_args.clear();
 }
@@ -627,7 +653,8 @@ PyObject* py_install(PyObject*, PyObject* a) {
   Py_INCREF(on_hit), Py_INCREF(classify);
   g_on_hit = on_hit, g_classify = classify;
   g_installed = true;
-  t_depth = 0;
+  t_opaque = 0;
+  t_open.clear();
   Py_RETURN_NONE;
 }
 
@@ -670,10 +697,17 @@ PyObject* py_configure(PyObject*, PyObject* a) {
   int on, phase, defer;
   double limit;
   if (!PyArg_ParseTuple(a, "pipd", &on, &phase, &defer, &limit)) return nullptr;
-  {
-    std::lock_guard<std::recursive_mutex> lock(mu);
-    g_on = on, g_phase = static_cast<int8_t>(phase), g_defer = defer, g_limit = limit;
-  }
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  g_on = on, g_phase = static_cast<int8_t>(phase), g_defer = defer, g_limit = limit;
+  Py_RETURN_NONE;
+}
+
+// register(on): add or remove the thread-local callback. Only between steps and around the
+// optimizer step: inside backward the engine restores this thread's callbacks when it
+// returns, so a callback registered there would be lost and one removed there come back.
+PyObject* py_register(PyObject*, PyObject* a) {
+  int on = PyObject_IsTrue(a);
+  if (on < 0) return nullptr;
   set_registered(on);
   Py_RETURN_NONE;
 }
@@ -837,6 +871,7 @@ PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS, "install(on_hit, classify): observe this thread's ops"},
     {"uninstall", py_uninstall, METH_NOARGS, "remove the observer and forget everything"},
     {"configure", py_configure, METH_VARARGS, "configure(on, phase, defer, limit)"},
+    {"register", py_register, METH_O, "register(on): the callback is registered only while checking"},
     {"set_module", py_set_module, METH_O, "set_module(index): the module being executed (-1: none)"},
     {"reset", py_reset, METH_NOARGS, "forget the step's entries and marks"},
     {"observe", py_observe, METH_VARARGS, "observe(name, module, phase, in_ids, outs, check, select, strict)"},
