@@ -162,7 +162,7 @@ def test_without_a_compiler_watch_falls_back_to_the_python_mode_and_says_why(tmp
             torch.log(torch.zeros(3))
         print("native", w.native, "events", [e.op for e in w.result().events])
     """
-    proc = _run(code, {"OPSCOPE_CACHE_DIR": str(tmp_path), "CXX": "/bin/false"})
+    proc = _run(code, {"OPSCOPE_CACHE_DIR": str(tmp_path), "CXX": "/bin/false", "OPSCOPE_WATCH_BACKEND": "native"})
     assert proc.returncode == 0, proc.stderr
     assert "native False events ['aten.log.default']" in proc.stdout
     assert "native aten observer is not available" in proc.stderr and "Install a C++ compiler" in proc.stderr

@@ -34,6 +34,7 @@ from opscope.capture.torch.watch_modes import (
     enter_under,
     exit_mode,
     optimizer_params,
+    optimizer_tensors,
     top_mode,
     user_source,
 )
@@ -80,12 +81,14 @@ class WatchSession(StepChecks):
         self.events: list[OverflowEvent] = []
         self.clock = StepClock(self._boundary)
         module_level = cfg.level == "module"
-        backend = None if module_level or not self.active else load_backend()
+        backend = None if not self.active else load_backend()
         self.modules = ModuleTracker(self.clock.outer_module_call, self._enter,
                                      self._exit if module_level else self._exit_op_level)
-        self.checker: Checker = (Checker(self.modules, cfg.limit, self._hit) if backend is None
-                                 else NativeChecker(self.modules, cfg.limit, self._hit, backend))
-        self.native = backend is not None
+        self.native = backend is not None and not module_level  # module level: native range pass only
+        self.checker: Checker = (NativeChecker(self.modules, cfg.limit, self._hit, backend) if self.native
+                                 else Checker(self.modules, cfg.limit, self._hit))
+        if backend is not None:
+            self.checker.range_of, self.checker.ranges_of = backend.range_of, backend.ranges_of
         self.checker.tag_nodes = not module_level
         self.flight: Any = None
         self._mode: WatchDispatchMode | None = None
@@ -273,18 +276,12 @@ class WatchSession(StepChecks):
 
     def _check_parameters(self) -> None:
         """No optimizer ran this step: check the gradients and parameters of the models seen."""
-        grads, params = [], []
-        for ref in self._roots:
-            root = ref()
-            if root is None:
-                continue
-            for name, p in root.named_parameters():
-                params.append((name, p, []))
-                if p.grad is not None:
-                    grads.append((f"{name} (grad)", p.grad, [(name, p)]))
+        named = [(name, p) for ref in self._roots if ref() is not None for name, p in ref().named_parameters()]
         if self.cfg.level == "module":
-            self.checker.group("<grad>", "backward", grads)
-        self.checker.group("<param>", "optimizer", params)
+            with_grad = [(name, p) for name, p in named if p.grad is not None]
+            self.checker.group("<grad>", "backward", [p.grad for _, p in with_grad],
+                               lambda i: (f"{with_grad[i][0]} (grad)", [with_grad[i]]))
+        self.checker.group("<param>", "optimizer", [p for _, p in named], lambda i: (named[i][0], []))
 
     # -- hooks -------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -302,23 +299,17 @@ class WatchSession(StepChecks):
             checker.ops_on = False
             self._sync_mode()
         else:
-            checker.group("<grad>", "backward", [(f"{self._param_name(p)} (grad)", p.grad, [])
-                                                 for p in optimizer_params(optimizer) if p.grad is not None])
+            with_grad = [p for p in optimizer_params(optimizer) if p.grad is not None]
+            checker.group("<grad>", "backward", [p.grad for p in with_grad],
+                          lambda i: (f"{self._param_name(with_grad[i])} (grad)", []))
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         checker = self.checker
         checker.ops_on = True
         self._sync_mode()
         if checker.on:
-            items = []
-            for p in optimizer_params(optimizer):
-                name = self._param_name(p)
-                state = [(f"{name} ({k})", v) for k, v in optimizer.state.get(p, {}).items()
-                         if isinstance(v, torch.Tensor) and v.numel() > 1]
-                grad = [(f"{name} (grad)", p.grad)] if p.grad is not None else []
-                items.append((name, p, grad + state))
-                items += [(sname, v, [(name, p)] + grad) for sname, v in state]
-            checker.group(f"{type(optimizer).__name__}.step", "optimizer", items)
+            tensors, describe = optimizer_tensors(optimizer, self._param_name)
+            checker.group(f"{type(optimizer).__name__}.step", "optimizer", tensors, describe)
         checker.phase = "forward"
         self.clock.optimizer_step()
 

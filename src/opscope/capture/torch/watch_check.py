@@ -115,6 +115,8 @@ class Checker:
         self.ops_on = True  # off while an optimizer step runs at aten level (checked per parameter)
         self.phase = "forward"
         self.ident: Callable[[torch.Tensor], int] = id  # a tensor's identity in entries
+        self.range_of: Callable[[torch.Tensor], tuple[float, float] | None] | None = None  # native pass
+        self.ranges_of: Callable[[list[torch.Tensor]], list[Any]] | None = None  # the same, for a list
         self.reset()
 
     def reset(self) -> None:
@@ -213,13 +215,17 @@ class Checker:
             rec[O_REF] = weakref.ref(t)
             rec[O_VER] = t._version if not t.is_inference() else -1
             rec[O_DTYPE] = t.dtype
-            with _no_dispatch():
-                mn, mx = torch.aminmax(t.detach())
-                if t.is_cpu and not self.defer:
-                    lo = rec[O_LO] = mn.item()
-                    hi = rec[O_HI] = mx.item()
-                else:
-                    lo = None
+            r = self.range_of(t) if self.range_of is not None and t.is_cpu and not self.defer else None
+            if r is not None:
+                lo, hi = rec[O_LO], rec[O_HI] = r
+            else:
+                with _no_dispatch():
+                    mn, mx = torch.aminmax(t.detach())
+                    if t.is_cpu and not self.defer:
+                        lo = rec[O_LO] = mn.item()
+                        hi = rec[O_HI] = mx.item()
+                    else:
+                        lo = None
             if lo is not None:
                 if not (lo > -limit and hi < limit):
                     self.judge(index, len(recs) - 1, t, args, select, strict)
@@ -269,42 +275,57 @@ class Checker:
                             return True
         return False
 
-    def group(self, label: str, phase: str, items: list[tuple[str, torch.Tensor, list[tuple[str, torch.Tensor]]]]
-              ) -> None:
-        """Strict check of named tensors (gradients, parameters, optimizer state) in one fused
-        call. The L2 norm is NaN/Inf when any element is, and >= the abs-max; a tensor whose
-        norm is not finite or beyond the limit is checked exactly (the norm of large finite
-        values may overflow), so the norm only filters.
+    def group(self, label: str, phase: str, tensors: list[torch.Tensor],
+              describe: Callable[[int], tuple[str, list[tuple[str, torch.Tensor]]]]) -> None:
+        """Strict check of tensors that have names (gradients, parameters, optimizer state).
 
-        ``items``: ``(name, tensor, named inputs)``; the inputs are shown on a hit.
+        ``describe(i)`` gives tensor ``i``'s name and its named inputs (shown on a hit); it is
+        called on hits only. CPU tensors get the native range pass (exact); others one fused
+        ``_foreach_norm`` (the L2 norm is NaN/Inf when any element is, and >= the abs-max; a
+        tensor whose norm is not finite or beyond the limit is checked exactly, since the norm
+        of large finite values may overflow: the norm only filters).
         """
-        items = [i for i in items if i[1].dtype.is_floating_point and not i[1].is_meta and i[1].numel()
-                 and i[1].layout == torch.strided]
-        if not items:
+        picked = [i for i, t in enumerate(tensors) if t.dtype.is_floating_point and not t.is_meta and t.numel()
+                  and t.layout == torch.strided]
+        if self.ranges_of is not None and not self.defer:
+            hits, rest, limit = [], [], self.limit
+            for i, r in zip(picked, self.ranges_of([tensors[i] for i in picked]), strict=True):
+                if r is None:
+                    rest.append(i)
+                elif not (r[0] > -limit and r[1] < limit):
+                    hits.append(i)
+            self._group_done(label, phase, tensors, describe, hits)
+            picked = rest
+        if not picked:
             return
         with _no_dispatch():
-            norms = torch._foreach_norm([i[1].detach() for i in items])
+            norms = torch._foreach_norm([tensors[i].detach() for i in picked])
             flat = torch.stack([n if n.dtype is torch.float32 else n.float() for n in norms])
         if flat.is_cpu and not self.defer:
-            self._group_done(label, phase, items, flat.tolist())
+            self._group_done(label, phase, tensors, describe, _beyond(picked, flat.tolist(), self.limit))
         else:  # read with the rest of the step
-            self.groups.append((label, phase, items, flat))
+            self.groups.append((label, phase, tensors, describe, picked, flat))
 
-    def _group_done(self, label: str, phase: str, items: list[tuple[Any, ...]], norms: list[float]) -> None:
-        for (name, t, inputs), norm in zip(items, norms, strict=True):
-            if not norm <= self.limit:
-                index = self.count()
-                self.params[index] = name
-                self.inputs[index] = inputs
-                ident = self.ident
-                self.observe(label, name.partition(" ")[0].rpartition(".")[0], phase, None, None,
-                             tuple(ident(x) for _, x in inputs) or (ident(t),), [t], strict=True)
+    def _group_done(self, label: str, phase: str, tensors: list[torch.Tensor], describe: Callable[..., Any],
+                    hits: list[int]) -> None:
+        ident = self.ident
+        for i in hits:
+            name, inputs = describe(i)
+            t = tensors[i]
+            index = self.count()
+            self.params[index] = name
+            self.inputs[index] = inputs
+            self.observe(label, name.partition(" ")[0].rpartition(".")[0], phase, None, None,
+                         tuple(ident(x) for _, x in inputs) or (ident(t),), [t], strict=True)
+
+    def _resolve_groups(self) -> None:
+        groups, self.groups = self.groups, []
+        for label, phase, tensors, describe, picked, flat in groups:
+            self._group_done(label, phase, tensors, describe, _beyond(picked, flat.tolist(), self.limit))
 
     def resolve(self) -> None:
         """Read every pending device result (one transfer per dtype) and judge them in order."""
-        groups, self.groups = self.groups, []
-        for label, phase, items, flat in groups:
-            self._group_done(label, phase, items, flat.tolist())
+        self._resolve_groups()
         if not self.pending:
             return
         found = []
@@ -321,6 +342,10 @@ class Checker:
         for rec, _, _, index, slot, select, strict in sorted(found, key=lambda i: (i[3], i[4])):
             ref = rec[O_REF]
             self.judge(index, slot, ref() if ref is not None else None, None, select, strict)
+
+
+def _beyond(picked: list[int], norms: list[float], limit: float) -> list[int]:
+    return [i for i, norm in zip(picked, norms, strict=True) if not norm <= limit]
 
 
 def _ids(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...]:

@@ -17,6 +17,31 @@ def optimizer_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def optimizer_tensors(optimizer: torch.optim.Optimizer, name_of: Any) -> tuple[list[torch.Tensor], Any]:
+    """Every parameter of ``optimizer`` and its state tensors, and ``describe(i)`` giving
+    tensor ``i``'s name and named inputs (built on a hit only: names cost per step)."""
+    params = optimizer_params(optimizer)
+    tensors, where = [], []
+    for j, p in enumerate(params):
+        tensors.append(p)
+        where.append((j, None))
+        for k, v in optimizer.state.get(p, {}).items():
+            if isinstance(v, torch.Tensor) and v.numel() > 1:
+                tensors.append(v)
+                where.append((j, k))
+
+    def describe(i: int) -> tuple[str, list[tuple[str, torch.Tensor]]]:
+        j, key = where[i]
+        p = params[j]
+        name = name_of(p)
+        grad = [(f"{name} (grad)", p.grad)] if p.grad is not None else []
+        state = [(f"{name} ({k})", v) for k, v in optimizer.state.get(p, {}).items()
+                 if isinstance(v, torch.Tensor) and v.numel() > 1]
+        return (name, grad + state) if key is None else (f"{name} ({key})", [(name, p), *grad])
+
+    return tensors, describe
+
+
 def user_source() -> str | None:
     """The user's innermost frame outside torch and opscope, as ``file:line (function)``."""
     frame = sys._getframe(1)

@@ -87,6 +87,7 @@ class NativeChecker(Checker):
         self.raised: BaseException | None = None
         super().__init__(modules, limit, on_hit)
         self.ident = _ident
+        self.range_of, self.ranges_of = backend.range_of, backend.ranges_of
 
     # -- configuration pushed to the observer ---------------------------------------------
     def _push(self) -> None:
@@ -178,15 +179,12 @@ class NativeChecker(Checker):
         self.reraise()
         return index
 
-    def group(self, label: str, phase: str, items: list[tuple[str, torch.Tensor, list[tuple[str, torch.Tensor]]]]
-              ) -> None:
+    def group(self, label: str, phase: str, tensors: list[torch.Tensor], describe: Callable[..., Any]) -> None:
         with self.quiet():
-            super().group(label, phase, items)
+            super().group(label, phase, tensors, describe)
 
     def resolve(self) -> None:
-        groups, self.groups = self.groups, []
-        for label, phase, items, flat in groups:
-            self._group_done(label, phase, items, flat.tolist())
+        self._resolve_groups()
         self._n.resolve()
         self.reraise()
 

@@ -816,6 +816,28 @@ PyObject* py_range_of(PyObject*, PyObject* a) {
   return Py_BuildValue("dd", lo, hi);
 }
 
+// ranges_of(tensors) -> [(min, max) or None]: range_of over a list in one call
+PyObject* py_ranges_of(PyObject*, PyObject* a) {
+  PyObject* fast = PySequence_Fast(a, "a sequence of tensors is expected");
+  if (!fast) return nullptr;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject* out = PyList_New(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* o = PySequence_Fast_GET_ITEM(fast, i);
+    double lo, hi;
+    PyObject* item;
+    if (THPVariable_Check(o) && native_range(THPVariable_Unpack(o), lo, hi)) {
+      item = Py_BuildValue("dd", lo, hi);
+    } else {
+      Py_INCREF(Py_None);
+      item = Py_None;
+    }
+    PyList_SET_ITEM(out, i, item);
+  }
+  Py_DECREF(fast);
+  return out;
+}
+
 PyObject* py_count(PyObject*, PyObject*) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   return PyLong_FromSize_t(entries.size());
@@ -877,6 +899,7 @@ PyMethodDef methods[] = {
     {"observe", py_observe, METH_VARARGS, "observe(name, module, phase, in_ids, outs, check, select, strict)"},
     {"resolve", py_resolve, METH_NOARGS, "read pending device ranges and judge them"},
     {"range_of", py_range_of, METH_O, "range_of(tensor): (min, max) by the native pass, None if not native"},
+    {"ranges_of", py_ranges_of, METH_O, "ranges_of(tensors): range_of of each, in one call"},
     {"count", py_count, METH_NOARGS, "number of entries this step"},
     {"pending", py_pending, METH_NOARGS, "number of ranges not read yet"},
     {"entries", py_entries, METH_O, "entries(start): the step's entries from start, as Python lists"},
