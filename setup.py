@@ -58,6 +58,7 @@ setup(
         Extension(
             "opscope.capture.torch._fastats",
             sources=["src/opscope/capture/torch/_c/fastats.c"],
+            depends=["src/opscope/capture/torch/_c/fastats_avx2.h"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

@@ -28,6 +28,8 @@ CODES = {
     torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3, torch.int8: 4,
     torch.uint8: 5, torch.int16: 6, torch.int32: 7, torch.int64: 8, torch.bool: 9,
 }
+# float16 through the C kernel only with its SIMD path (the portable loop is slower than torch)
+F16_FAST = _fastats is not None and bool(getattr(_fastats, "SIMD", 0))
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _GOLD, _MIX, _M32 = 0x9E3779B9, 0x85EBCA6B, 0xFFFFFFFF
 
@@ -58,7 +60,7 @@ def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     """Statistics of a CPU tensor in one C pass (torch fallback for other dtypes)."""
     t = _as_real(t)
     code = CODES.get(t.dtype)
-    if _fastats is None or code is None or code == 2:  # float16: torch is faster than scalar C
+    if _fastats is None or code is None or (code == 2 and not F16_FAST):  # scalar C float16 is slow
         return materialize_one(device_stats(t))
     if not t.is_contiguous():
         t = t.contiguous()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from opscope.capture.torch.stats import CODES, _fastats, cpu_stats
+from opscope.capture.torch.stats import CODES, F16_FAST, _fastats, cpu_stats
 from opscope.model.records import COL, STATS
 
 _DATA = COL["data"]
@@ -48,7 +48,7 @@ class NativeStats:
     def submit(self, row: list[Any], tensor: torch.Tensor, want_data: bool) -> None:
         """Queue the statistics of a CPU tensor with strided layout."""
         code = CODES.get(tensor.dtype)
-        fast = code is not None and code != 2 and tensor.is_contiguous()  # float16: torch beats scalar C
+        fast = code is not None and (code != 2 or F16_FAST) and tensor.is_contiguous()
         if want_data and (not fast or self._publish is None) and self._store is not None:
             tensor = tensor.detach().clone(memory_format=torch.contiguous_format)  # a stable copy
             row[_DATA] = self._store(row, tensor)
