@@ -41,7 +41,8 @@ def _target(name: str) -> Path:
     import torch
 
     flags = " ".join(_command(Path("src"), Path("out")))  # a change of flags is a new build too
-    digest = hashlib.sha256(_SOURCES[name].read_bytes() + flags.encode()).hexdigest()[:12]
+    sources = [_SOURCES[name], *sorted(_SOURCES[name].parent.glob("*.h"))]  # and the shared headers
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags.encode()).hexdigest()[:12]
     tag = f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return cache_dir() / tag / f"{name}{suffix}"
@@ -56,7 +57,7 @@ def _command(source: Path, out: Path) -> list[str]:
     includes = [f"-I{p}" for p in [*ce.include_paths(), sysconfig.get_paths()["include"]]]
     libs = ce.library_paths()
     return [cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-w", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            str(source), "-o", str(out), *includes, *[f"-L{p}" for p in libs],
+            str(source), "-o", str(out), f"-I{source.parent}", *includes, *[f"-L{p}" for p in libs],
             *[f"-Wl,-rpath,{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
 
 

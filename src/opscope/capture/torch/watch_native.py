@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from opscope import native
-from opscope.capture.torch.watch_check import _KINDS, ADDITIVE, Checker, _OpKind, base_name
+from opscope.capture.torch.native_ops import classify_op
+from opscope.capture.torch.watch_check import Checker
 
 log = logging.getLogger("opscope.watch")
 _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
@@ -54,23 +55,6 @@ def load_backend() -> Any:
         log.warning("opscope watch: the native aten observer is not available (%s); using the slower "
                     "Python dispatch mode. Install a C++ compiler (g++) to get it.", native.error("_opscope_watch"))
     return module
-
-
-def classify_op(qualname: str) -> tuple[bool, bool, bool, bool, bool, tuple[int, ...], bool] | None:
-    """(transparent, cast, select, skip, additive, written argument positions, composite) of
-    an overload named like ``aten.add_.Tensor``: the rules of the Python checker, asked once
-    per overload. ``composite``: a CompositeImplicitAutograd op, which a dispatch mode never
-    sees (its decomposition is seen instead). None: not a dispatcher op."""
-    ns, _, rest = qualname.partition(".")
-    op, _, overload = rest.rpartition(".")
-    try:
-        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
-        kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
-        composite = func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
-    except Exception:  # not a registered overload (a profiler range, a manual record)
-        return None
-    return (kind.transparent, kind.cast, kind.select, kind.skip, base_name(kind.name) in ADDITIVE,
-            tuple(kind.info.written), bool(composite))
 
 
 class NativeChecker(Checker):

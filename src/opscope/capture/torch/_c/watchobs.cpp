@@ -11,46 +11,20 @@
 // backward (inside a BACKWARD_FUNCTION record: the autograd node) and the optimizer.
 // Ops nested inside another op (a composite's decomposition, a kernel's helpers) are not
 // recorded: their effect shows in the outer op's outputs.
-#include <Python.h>
+#include "observer.h"
 
-#include <ATen/core/ivalue.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/stack.h>
-#include <ATen/record_function.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <ATen/core/grad_mode.h>
-#include <c10/util/Half.h>
-#include <c10/util/BFloat16.h>
-#include <torch/csrc/autograd/python_variable.h>
 
-#include <cmath>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-#include <cstdint>
-#include <cstring>
-#include <algorithm>
 #include <map>
 #include <optional>
-#include <mutex>
-#include <string>
-#include <unordered_map>
 #include <unordered_set>
-#include <utility>
-#include <vector>
 
 namespace {
 
-enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2 };
 enum Kind : int { K_NONE = 0, K_NAN = 1, K_INF = 2, K_NEGINF = 3, K_LIMIT = 4 };
 const char* KIND_TEXT[] = {"", "nan", "inf", "-inf", "limit"};
 
-struct OpKind {
-  int name = -1;          // interned "aten.add_.Tensor"
-  bool transparent = false, cast = false, select = false, skip = false, additive = false;
-  bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded
-  std::vector<int> written;  // argument positions written in place
-};
 
 struct Rec {
   intptr_t id = 0;
@@ -84,193 +58,17 @@ struct Hit {
 };
 
 // ---- shared state (one watch at a time) -------------------------------------------------
-std::recursive_mutex mu;
-bool g_on = false;
 bool g_defer = false;
-int8_t g_phase = FORWARD;
-int g_module = -1;
 double g_limit = INFINITY;
 PyObject* g_on_hit = nullptr;
-PyObject* g_classify = nullptr;
-at::CallbackHandle g_handle = 0;
-bool g_installed = false;
 
-std::vector<std::string> names;
-std::unordered_map<std::string, int> name_index;
-struct PairHash {
-  size_t operator()(const std::pair<const char*, const char*>& p) const {
-    return std::hash<const void*>()(p.first) * 31u ^ std::hash<const void*>()(p.second);
-  }
-};
-using OpKey = std::pair<const char*, const char*>;  // (name, overload) as the dispatcher keeps them
-std::unordered_map<OpKey, OpKind, PairHash> kinds;
-int g_generation = 0;  // bumped when `kinds` is cleared: per-thread caches drop their pointers
 std::vector<Entry> entries;
 std::vector<intptr_t> in_ids;
 std::vector<Rec> recs;
 std::vector<Pending> pending;
 std::unordered_set<intptr_t> masked, bad, made;
-struct Owner {
-  int64_t seq;
-  int module, op;
-};
-std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted by seq
-
-// ---- per thread ------------------------------------------------------------------------
-// Which ops are recorded: those a Python dispatch mode would see, i.e. the ops called at the
-// autograd level. A CompositeImplicitAutograd op (linear, var.dim, to.dtype, matmul...) is
-// not recorded but its decomposition is; any other op is recorded, and the ops its kernel
-// calls are not (they run below autograd, unseen by a dispatch mode too).
-thread_local int t_opaque = 0;                          // open recorded-kind ops on this thread
-thread_local std::vector<std::pair<const OpKind*, uint8_t>> t_open;  // (kind, OPAQUE|RECORD)
-constexpr uint8_t OPAQUE = 1, RECORD = 2;
-thread_local std::vector<c10::IValue> t_args;
-thread_local std::vector<std::pair<int64_t, int>> t_nodes;  // (sequence nr, node name)
-thread_local std::unordered_map<OpKey, const OpKind*, PairHash> t_kinds;
-thread_local int t_generation = -1;
 thread_local std::vector<at::Tensor> t_in, t_out;  // reused per op
 thread_local std::vector<intptr_t> t_ids;
-
-struct Internal {  // opscope's own ops: not observed, not seen by Python dispatch modes, no autograd
-  at::RecordFunctionGuard record{false};
-  c10::impl::ExcludeDispatchKeyGuard python{c10::DispatchKey::Python};
-  c10::impl::ExcludeDispatchKeyGuard snapshot{c10::DispatchKey::PythonTLSSnapshot};
-  at::NoGradGuard no_grad;
-};
-
-int intern(const std::string& s) {
-  auto it = name_index.find(s);
-  if (it != name_index.end()) return it->second;
-  names.push_back(s);
-  return name_index[s] = static_cast<int>(names.size()) - 1;
-}
-
-// ---- ranges ------------------------------------------------------------------------------
-// min and max in one pass; NaN anywhere makes both NaN (as torch.aminmax does). On x86 with
-// AVX2 the loop is explicit SIMD (~100 GB/s from cache, ten times the compiler's scalar loop).
-float bf16(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-template <typename T, typename F>
-void scan_scalar(const T* p, int64_t n, F to_float, double& lo, double& hi, bool nan = false) {
-  double mn = lo, mx = hi;
-  for (int64_t i = 0; i < n; ++i) {
-    double v = to_float(p[i]);
-    mn = v < mn ? v : mn;
-    mx = v > mx ? v : mx;
-    nan |= (v != v);
-  }
-  lo = nan ? NAN : mn;
-  hi = nan ? NAN : mx;
-}
-
-#if defined(__x86_64__)
-struct LoadF32 {
-  __attribute__((target("avx2,f16c"))) static __m256 at(const float* p) { return _mm256_loadu_ps(p); }
-};
-struct LoadBF16 {
-  __attribute__((target("avx2,f16c"))) static __m256 at(const uint16_t* p) {
-    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  }
-};
-struct LoadF16 {
-  __attribute__((target("avx2,f16c"))) static __m256 at(const uint16_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-};
-
-template <typename Load, typename T, typename F>
-__attribute__((target("avx2,f16c"))) void scan_avx2(const T* p, int64_t n, F to_float, double& lo, double& hi) {
-  __m256 mn0 = _mm256_set1_ps(INFINITY), mn1 = mn0, mx0 = _mm256_set1_ps(-INFINITY), mx1 = mx0;
-  __m256 bad = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m256 a = Load::at(p + i), b = Load::at(p + i + 8);
-    mn0 = _mm256_min_ps(mn0, a), mn1 = _mm256_min_ps(mn1, b);
-    mx0 = _mm256_max_ps(mx0, a), mx1 = _mm256_max_ps(mx1, b);
-    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, b, _CMP_UNORD_Q));
-  }
-  alignas(32) float mn[8], mx[8];
-  _mm256_store_ps(mn, _mm256_min_ps(mn0, mn1));
-  _mm256_store_ps(mx, _mm256_max_ps(mx0, mx1));
-  lo = INFINITY, hi = -INFINITY;
-  for (int j = 0; j < 8; ++j) lo = mn[j] < lo ? mn[j] : lo, hi = mx[j] > hi ? mx[j] : hi;
-  scan_scalar(p + i, n - i, to_float, lo, hi, _mm256_movemask_ps(bad) != 0);
-}
-
-__attribute__((target("avx2"))) void scan_f64_avx2(const double* p, int64_t n, double& lo, double& hi) {
-  __m256d mn = _mm256_set1_pd(INFINITY), mx = _mm256_set1_pd(-INFINITY), bad = _mm256_setzero_pd();
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    __m256d a = _mm256_loadu_pd(p + i);
-    mn = _mm256_min_pd(mn, a), mx = _mm256_max_pd(mx, a);
-    bad = _mm256_or_pd(bad, _mm256_cmp_pd(a, a, _CMP_UNORD_Q));
-  }
-  alignas(32) double a[4], b[4];
-  _mm256_store_pd(a, mn);
-  _mm256_store_pd(b, mx);
-  lo = INFINITY, hi = -INFINITY;
-  for (int j = 0; j < 4; ++j) lo = a[j] < lo ? a[j] : lo, hi = b[j] > hi ? b[j] : hi;
-  scan_scalar(p + i, n - i, [](double v) { return v; }, lo, hi, _mm256_movemask_pd(bad) != 0);
-}
-
-const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-#endif
-
-// The range of a CPU contiguous tensor in one pass; false when it must go through torch.
-bool native_range(const at::Tensor& t, double& lo, double& hi) {
-  if (!t.is_cpu() || !t.is_contiguous() || t.is_conj() || t.is_neg()) return false;
-  const void* p = t.const_data_ptr();
-  int64_t n = t.numel();
-  auto f32 = [](float v) { return v; };
-  auto f16 = [](uint16_t v) { return static_cast<float>(c10::Half(v, c10::Half::from_bits())); };
-  lo = INFINITY, hi = -INFINITY;
-  switch (t.scalar_type()) {
-#if defined(__x86_64__)
-    case at::kFloat:
-      has_avx2 ? scan_avx2<LoadF32>(static_cast<const float*>(p), n, f32, lo, hi)
-               : scan_scalar(static_cast<const float*>(p), n, f32, lo, hi);
-      return true;
-    case at::kDouble:
-      has_avx2 ? scan_f64_avx2(static_cast<const double*>(p), n, lo, hi)
-               : scan_scalar(static_cast<const double*>(p), n, [](double v) { return v; }, lo, hi);
-      return true;
-    case at::kBFloat16:
-      has_avx2 ? scan_avx2<LoadBF16>(static_cast<const uint16_t*>(p), n, bf16, lo, hi)
-               : scan_scalar(static_cast<const uint16_t*>(p), n, bf16, lo, hi);
-      return true;
-    case at::kHalf:
-      has_avx2 ? scan_avx2<LoadF16>(static_cast<const uint16_t*>(p), n, f16, lo, hi)
-               : scan_scalar(static_cast<const uint16_t*>(p), n, f16, lo, hi);
-      return true;
-#else
-    case at::kFloat:
-      scan_scalar(static_cast<const float*>(p), n, f32, lo, hi);
-      return true;
-    case at::kDouble:
-      scan_scalar(static_cast<const double*>(p), n, [](double v) { return v; }, lo, hi);
-      return true;
-    case at::kBFloat16:
-      scan_scalar(static_cast<const uint16_t*>(p), n, bf16, lo, hi);
-      return true;
-    case at::kHalf:
-      scan_scalar(static_cast<const uint16_t*>(p), n, f16, lo, hi);
-      return true;
-#endif
-    default:
-      return false;
-  }
-}
-
-bool measurable(const at::Tensor& t) {
-  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && t.numel() > 0 &&
-         t.layout() == at::kStrided;
-}
 
 int classify_range(double lo, double hi) {
   if (lo != lo || hi != hi) return K_NAN;
@@ -278,68 +76,6 @@ int classify_range(double lo, double hi) {
   if (lo == -INFINITY) return K_NEGINF;
   if (hi > g_limit || lo < -g_limit) return K_LIMIT;
   return K_NONE;
-}
-
-// ---- Python calls (with the GIL) -----------------------------------------------------------
-const OpKind& kind_of(const at::RecordFunction& fn) {
-  OpKey key{fn.name(), fn.overload_name()};
-  if (t_generation != g_generation) t_kinds.clear(), t_generation = g_generation;
-  auto cached = t_kinds.find(key);
-  if (cached != t_kinds.end()) return *cached->second;
-  const char* name = key.first;
-  const char* overload = key.second;
-  {
-    std::lock_guard<std::recursive_mutex> lock(mu);
-    auto it = kinds.find(key);
-    if (it != kinds.end()) return *(t_kinds[key] = &it->second);
-  }
-  std::string qual(name);
-  auto colon = qual.find("::");
-  if (colon != std::string::npos) qual.replace(colon, 2, ".");
-  qual += ".";
-  qual += (overload && *overload) ? overload : "default";
-  static const OpKind wrapper = [] {
-    OpKind w;
-    w.composite = true;
-    return w;
-  }();
-  if (!g_classify) return wrapper;  // uninstalled: nothing is recorded, nothing is cached
-  OpKind k;
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* r = g_classify ? PyObject_CallFunction(g_classify, "s", qual.c_str()) : nullptr;
-  if (r == Py_None) {
-    k.composite = true;  // not a dispatcher op (a profiler range, a manual record): a wrapper
-  } else if (r && PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 7) {
-    k.composite = PyObject_IsTrue(PyTuple_GET_ITEM(r, 6));
-    k.transparent = PyObject_IsTrue(PyTuple_GET_ITEM(r, 0));
-    k.cast = PyObject_IsTrue(PyTuple_GET_ITEM(r, 1));
-    k.select = PyObject_IsTrue(PyTuple_GET_ITEM(r, 2));
-    k.skip = PyObject_IsTrue(PyTuple_GET_ITEM(r, 3));
-    k.additive = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
-    PyObject* w = PyTuple_GET_ITEM(r, 5);
-    for (Py_ssize_t i = 0; PyTuple_Check(w) && i < PyTuple_GET_SIZE(w); ++i)
-      k.written.push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(w, i))));
-  } else {
-    PyErr_Clear();  // an op the Python side cannot resolve: checked like any other op
-  }
-  Py_XDECREF(r);
-  PyGILState_Release(gil);
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  k.name = intern(qual);
-  OpKind& stored = kinds[key] = k;
-  t_kinds[key] = &stored;
-  return stored;
-}
-
-at::Tensor alive(const Rec& r) {
-  if (!r.ref) return at::Tensor();
-  auto strong = r.ref->lock();
-  return strong ? at::Tensor(std::move(strong)) : at::Tensor();
-}
-
-PyObject* wrap(const at::Tensor& t) {
-  if (!t.defined()) Py_RETURN_NONE;
-  return THPVariable_Wrap(t);
 }
 
 void report(std::vector<Hit>& hits) {
@@ -497,31 +233,23 @@ void flatten(const std::vector<c10::IValue>& args, std::vector<at::Tensor>& out)
   }
 }
 
-// The forward op that created autograd node `seq`: the last outermost op that saw the
-// sequence counter at `seq` (the counter moves on once the node is made); a node made inside
-// a composite op belongs to the nearest earlier number.
-void own(int64_t seq, int module, int op) {
-  if (seq_owner.empty() || seq_owner.back().seq < seq) {
-    seq_owner.push_back({seq, module, op});
-    return;
-  }
-  auto it = std::lower_bound(seq_owner.begin(), seq_owner.end(), seq,
-                             [](const Owner& o, int64_t s) { return o.seq < s; });
-  if (it != seq_owner.end() && it->seq == seq)
-    *it = {seq, module, op};
-  else
-    seq_owner.insert(it, {seq, module, op});
-}
-
-const Owner* owner_of(int64_t seq) {
-  auto it = std::upper_bound(seq_owner.begin(), seq_owner.end(), seq,
-                             [](int64_t s, const Owner& o) { return s < o.seq; });
-  return it == seq_owner.begin() ? nullptr : &*(it - 1);
-}
-
 bool widens(at::ScalarType from, at::ScalarType to) {
   bool low = from == at::kHalf || from == at::kBFloat16;
   return (low && (to == at::kFloat || to == at::kDouble)) || (from == at::kFloat && to == at::kDouble);
+}
+
+at::Tensor alive(const Rec& r) {
+  if (!r.ref) return at::Tensor();
+  auto strong = r.ref->lock();
+  return strong ? at::Tensor(std::move(strong)) : at::Tensor();
+}
+
+void before_write(const OpKind&) {}
+
+void on_error(const char* what) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "opscope watch: native check failed: %s", what);
+  PyGILState_Release(gil);
 }
 
 void on_op(const at::RecordFunction& fn, const OpKind& k) {
@@ -584,64 +312,6 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
   report(hits);
 }
 
-// The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" record
-// (FUNCTION scope): not an op, so the ops of the node stay outermost.
-bool engine_record(const char* name) {
-  static const char prefix[] = "autograd::engine::";
-  return name[0] == 'a' && name[1] == 'u' && std::strncmp(name, prefix, sizeof(prefix) - 1) == 0;
-}
-
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (!g_installed) return nullptr;
-  const char* name = fn.name();
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(name)) {
-    // ops inside a node, and the engine's own ops on its outputs (reducing a gradient to its
-    // input's shape), are backward ops of that node
-    const char* colon = std::strstr(name, ": ");
-    std::string node(colon ? colon + 2 : name);
-    std::lock_guard<std::recursive_mutex> lock(mu);
-    if (!t_nodes.empty() && t_nodes.back().first < 0 && fn.seqNr() >= 0)
-      t_nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
-    t_nodes.emplace_back(fn.seqNr(), intern(node));
-    return nullptr;
-  }
-  const OpKind& k = kind_of(fn);
-  uint8_t flags = k.composite ? 0 : OPAQUE;
-  if (t_opaque == 0 && !k.composite && g_on) {
-    flags |= RECORD;
-    auto in = fn.inputs();
-    t_args.assign(in.begin(), in.end());
-  }
-  t_opaque += flags & OPAQUE;
-  t_open.emplace_back(&k, flags);
-  return nullptr;
-}
-
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (!g_installed) return;
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(fn.name())) {
-    if (!t_nodes.empty()) t_nodes.pop_back();
-    return;
-  }
-  if (t_open.empty()) return;  // started before the observer was registered
-  auto [k, flags] = t_open.back();
-  t_open.pop_back();
-  t_opaque -= flags & OPAQUE;
-  if (!(flags & RECORD)) return;
-  if (g_on) {
-    ++t_opaque;  // ops run while judging (and on a hit, in Python) are not the user's
-    try {
-      on_op(fn, *k);
-    } catch (const std::exception& e) {
-      PyGILState_STATE gil = PyGILState_Ensure();
-      PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "opscope watch: native check failed: %s", e.what());
-      PyGILState_Release(gil);
-    }
-    --t_opaque;
-  }
-  t_args.clear();
-}
-
 // ---- module functions ----------------------------------------------------------------------
 PyObject* py_install(PyObject*, PyObject* a) {
   PyObject *on_hit, *classify;
@@ -656,20 +326,6 @@ PyObject* py_install(PyObject*, PyObject* a) {
   t_opaque = 0;
   t_open.clear();
   Py_RETURN_NONE;
-}
-
-// The callback is registered only while checking is on: ops of steps not selected (and of
-// the optimizer step) pay nothing, not even the boxing of their arguments.
-void set_registered(bool on) {
-  if (on && !g_handle && g_installed) {
-    g_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
-                                              .needsInputs(true)
-                                              .needsOutputs(true)
-                                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
-  } else if (!on && g_handle) {
-    at::removeCallback(g_handle);
-    g_handle = 0;
-  }
 }
 
 void clear_step() {

@@ -1,0 +1,46 @@
+"""What the native observers learn about an op overload, once, from the same rules as the
+Python capture (:mod:`~opscope.capture.torch.dispatch` for dumps,
+:mod:`~opscope.capture.torch.watch_check` for watch): see ``_c/observer.h``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from opscope.capture.torch.watch_check import _KINDS, ADDITIVE, _OpKind, base_name
+
+# schema argument types the native side turns into torch's spelling (str(value) in Python)
+_ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
+
+
+def _arg_kind(type_name: str) -> int:
+    if type_name.startswith("Optional[") and type_name.endswith("]"):
+        type_name = type_name[len("Optional["):-1]
+    return _ARG_KINDS.get(type_name, 0)
+
+
+def classify_op(qualname: str) -> dict[str, Any] | None:
+    """What an overload named like ``aten.add_.Tensor`` is, or None when it is not a
+    dispatcher op (a profiler range, a manual record).
+
+    ``composite``: a CompositeImplicitAutograd op, which a dispatch mode never sees (its
+    decomposition is seen instead). Watch: ``transparent``, ``cast``, ``select``, ``skip``,
+    ``additive``. Dump: ``view_outputs``, ``written_outputs``, ``uninitialized``,
+    ``random``, ``args`` (name, keyword-only, kind). Both: ``written`` argument positions.
+    """
+    ns, _, rest = qualname.partition(".")
+    op, _, overload = rest.rpartition(".")
+    try:
+        func = getattr(getattr(getattr(torch.ops, ns), op), overload)
+        kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
+        composite = func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+    except Exception:  # not a registered overload
+        return None
+    info = kind.info
+    args = tuple((a.name, bool(a.kwarg_only), _arg_kind(str(a.real_type))) for a in func._schema.arguments)
+    return {"composite": bool(composite), "transparent": kind.transparent, "cast": kind.cast,
+            "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
+            "written": tuple(info.written), "view_outputs": tuple(info.view_outputs),
+            "written_outputs": tuple(info.written_outputs), "uninitialized": info.uninitialized,
+            "random": info.random, "args": args}
