@@ -108,6 +108,7 @@ def test_injected_backward_delay_is_flagged_in_backward(runs) -> None:
     assert flagged["backward"]["delta_ms"] > 20
     assert "forward" not in flagged and "optimizer" not in flagged
     assert any(h.startswith("backward") and "slower" in h for h in result["headlines"])
+    assert result["machine"]["speed"] is not None, "both profiles carry a machine calibration"
 
 
 def test_wider_layer_is_flagged_with_the_matmul(runs) -> None:

@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--min-change", type=float, default=0.1, help="smallest relative change to flag (default 0.1 = 10%%)")
     diff.add_argument("--top", type=int, default=10, help="operator changes to list (default 10)")
     diff.add_argument("--json", action="store_true", help="print the diff as JSON")
+    diff.add_argument("--ignore-machine", action="store_true", help="do not account for a machine that was busier or slower during one run (its calibration)")
     return parser
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     for data in (a, b):
         if not data.steps:
             raise ProfileError(f"{data.path} holds no recorded step; nothing to compare")
-    result = diff(a, b, k=args.k, min_change=args.min_change)
+    result = diff(a, b, k=args.k, min_change=args.min_change, machine=not args.ignore_machine)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -6,8 +6,25 @@ of every rank; for each op, its self time per task-traced step in each phase. A 
 of the difference of the two medians (each 1.2533 x sigma / sqrt(n), sigma = 1.4826 x MAD
 over steps), and by more than a relative floor (``min_change`` of A's median) and an
 absolute floor (2% of A's median step time, at least 20 us). The band says the shift is
-not chance; the floors say it matters and absorb the few percent two runs of the same code
-drift apart on a shared machine.
+not chance; the floors say it matters.
+
+Then the machine (:mod:`opscope.profile.calibration`): a change that passes is judged a
+second time with what the machine explains taken out, in the change's direction only, so
+the correction can hide a change but never make one:
+
+* the run-queue wait (time ready to run but without a CPU) is subtracted: from both runs'
+  values where it is known for that value (the step; a phase, when it was split by phase,
+  i.e. on the host clock), else from B's for a slowdown and from A's for a speed-up (a
+  phase gets its whole step's wait: a bound); an op gets its phase's wait share of its
+  own time (an estimate: the wait is not known per op);
+* when the calibration workload ran significantly slower during B (faster, for a
+  speed-up), B's times are divided by that ratio, and the band widens by its uncertainty.
+
+A change flagged raw but not after this is *explained by the machine*. So is one the
+calibration speed explains at least half of (after the wait), when no operator of that
+phase (of any phase, for the step) changed beyond its noise: a machine that is slower for
+the code than for the calibration workload. Profiles without a calibration (older
+opscope) are compared as before.
 """
 
 from __future__ import annotations
@@ -17,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from opscope.profile.calibration import Speed, compatible, speed
 from opscope.profile.model import PHASES, OpRow, StepRow
 from opscope.profile.summary import MS, steady_steps
 
@@ -24,6 +42,8 @@ MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533  # standard error of a median, in sigma / sqrt(n), for normal noise
 ABS_FLOOR_MS = 0.02
 STEP_FLOOR = 0.02  # two runs of the same code drift by ~1% of the step on a shared machine
+
+Shares = dict[tuple[int, int, str], float]
 
 
 @dataclass
@@ -41,6 +61,14 @@ class Change:
     a_n: int
     b_n: int
     flagged: bool
+    wait_ms: float = 0.0  # part of delta_ms that was waiting for a CPU (judged changes only)
+    speed_ms: float = 0.0  # part of delta_ms the calibration speed ratio accounts for
+    explained_by_machine: bool = False  # beyond noise raw, not once the machine is taken out
+
+    @property
+    def machine_ms(self) -> float:
+        """Part of ``delta_ms`` the machine accounts for."""
+        return round(self.wait_ms + self.speed_ms, 4)
 
     @property
     def direction(self) -> str:
@@ -48,6 +76,34 @@ class Change:
         if not self.flagged:
             return "same"
         return "slower" if self.delta_ms > 0 else "faster"
+
+
+@dataclass
+class Wait:
+    """Run-queue wait per steady step (ms) of A and B: time lost, measured, not estimated."""
+
+    a_mean: float
+    b_mean: float
+    a_median: float
+    b_median: float
+    significant: bool  # the mean differs by at least the absolute floor of the diff
+
+
+@dataclass
+class Machine:
+    """The machine during B against A: calibration speed ratio and per-step run-queue wait."""
+
+    speed: Speed | None = None
+    wait: Wait | None = None  # None = not measured in both profiles
+    why_not: str | None = None  # why the calibrations cannot be compared
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {
+            "speed": None if self.speed is None else asdict(self.speed),
+            "sched_wait": None if self.wait is None else asdict(self.wait),
+            "note": self.why_not,
+        }
 
 
 @dataclass
@@ -62,6 +118,7 @@ class ProfileDiff:
     notes: list[str] = field(default_factory=list)
     k: float = 3.0
     min_change: float = 0.1
+    machine: Machine | None = None
 
     @property
     def regressions(self) -> list[Change]:
@@ -79,19 +136,28 @@ class ProfileDiff:
             "b": self.b,
             "k": self.k,
             "min_change": self.min_change,
-            "phases": [asdict(c) | {"direction": c.direction} for c in self.phases],
-            "ops": [asdict(c) | {"direction": c.direction} for c in self.ops],
+            "machine": None if self.machine is None else self.machine.to_json(),
+            "phases": [_change_json(c) for c in self.phases],
+            "ops": [_change_json(c) for c in self.ops],
             "causes": {p: c.name for p, c in self.causes.items()},
             "headlines": headlines(self),
             "notes": self.notes,
         }
 
 
-def compare_series(kind: str, name: str, phase: str, a: Sequence[float], b: Sequence[float], floor_ms: float, k: float, min_change: float) -> Change:
-    """Compare two series of per-step times (ms) with the noise rule of the module docstring."""
+def _change_json(change: Change) -> dict[str, Any]:
+    return asdict(change) | {"direction": change.direction, "machine_ms": change.machine_ms}
+
+
+def compare_series(
+    kind: str, name: str, phase: str, a: Sequence[float], b: Sequence[float], floor_ms: float, k: float, min_change: float, rel_sigma: float = 0.0
+) -> Change:
+    """Compare two series of per-step times (ms) with the noise rule of the module docstring;
+    ``rel_sigma`` adds a relative uncertainty of B's median (the machine-speed ratio's)."""
     med_a = statistics.median(a) if a else 0.0
     med_b = statistics.median(b) if b else 0.0
-    noise = k * MEDIAN_SE * ((_sigma(a) ** 2 / max(len(a), 1) + _sigma(b) ** 2 / max(len(b), 1)) ** 0.5)
+    variance = MEDIAN_SE**2 * (_sigma(a) ** 2 / max(len(a), 1) + _sigma(b) ** 2 / max(len(b), 1)) + (med_b * rel_sigma) ** 2
+    noise = k * variance**0.5
     delta = med_b - med_a
     relative = delta / med_a if med_a > 0 else None
     beyond = abs(delta) > noise and abs(delta) >= floor_ms and (relative is None or abs(relative) >= min_change)
@@ -104,6 +170,43 @@ def _sigma(values: Sequence[float]) -> float:
         return 0.0
     median = statistics.median(values)
     return MAD_TO_SIGMA * statistics.median(abs(v - median) for v in values)
+
+
+@dataclass
+class _Judge:
+    """Compares series raw, then with what the machine explains taken out."""
+
+    machine: Machine | None
+    floor: float
+    k: float
+    min_change: float
+
+    def __call__(self, key: tuple[str, str, str], a: Sequence[float], b: Sequence[float], waits: tuple[Sequence[float], Sequence[float]], exact: bool = False) -> Change:
+        """``waits``: per step of A and of B, the run-queue wait to take out of that value."""
+        raw = compare_series(*key, a, b, self.floor, self.k, self.min_change)
+        machine = self.machine
+        if not raw.flagged or machine is None or (machine.speed is None and machine.wait is None):
+            return raw
+        sign = 1 if raw.delta_ms > 0 else -1
+        measured = machine.wait is not None
+        a1 = _net(a, waits[0] if measured and (exact or sign < 0) else None)
+        b1 = _net(b, waits[1] if measured and (exact or sign > 0) else None)
+        factor = machine.speed.factor if machine.speed is not None else 1.0
+        rescale = (factor - 1) * sign > 0  # only toward A: the machine can explain, not accuse
+        b2 = [v / factor for v in b1] if rescale else b1
+        after_wait = compare_series(*key, a1, b1, self.floor, self.k, self.min_change)
+        after = compare_series(*key, a1, b2, self.floor, self.k, self.min_change, machine.speed.sigma if rescale else 0.0)
+        raw.wait_ms = round(raw.delta_ms - after_wait.delta_ms, 4)
+        raw.speed_ms = round(after_wait.delta_ms - after.delta_ms, 4)
+        if not (after.flagged and after.delta_ms * sign > 0):
+            raw.flagged, raw.explained_by_machine = False, True
+        return raw
+
+
+def _net(values: Sequence[float], waits: Sequence[float] | None) -> list[float]:
+    if not waits:
+        return list(values)
+    return [max(0.0, v - w) for v, w in zip(values, waits, strict=True)]
 
 
 def _phase_series(rows: Sequence[StepRow], phase: str) -> list[float]:
@@ -124,55 +227,171 @@ def _op_series(ops: Iterable[OpRow]) -> tuple[dict[tuple[str, str], dict[tuple[i
     return table, steps
 
 
-def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1) -> ProfileDiff:
-    """Compare two loaded profiles (:class:`~opscope.profile.reader.ProfileData`)."""
+def measure_machine(a: Any, b: Any, rows_a: Sequence[StepRow], rows_b: Sequence[StepRow], floor: float) -> Machine:
+    """What the calibrations of A and B say; an empty :class:`Machine` when they cannot."""
+    blocks_a = list(getattr(a, "calibration", {}).values())
+    blocks_b = list(getattr(b, "calibration", {}).values())
+    why_not = compatible(blocks_a, blocks_b)
+    if why_not is not None:
+        return Machine(why_not=why_not)
+    wait = None
+    if all(block.get("sched_wait") for block in (*blocks_a, *blocks_b)) and rows_a and rows_b:
+        wa, wb = _waits(rows_a), _waits(rows_b)
+        means = statistics.fmean(wa), statistics.fmean(wb)
+        medians = statistics.median(wa), statistics.median(wb)
+        wait = Wait(*(round(v, 4) for v in (*means, *medians)), abs(means[1] - means[0]) >= floor)
+    return Machine(speed(blocks_a, blocks_b), wait)
+
+
+def _waits(rows: Sequence[StepRow]) -> list[float]:
+    return [r.sched_wait_ns / MS for r in rows]
+
+
+def _phase_waits(rows_a: Sequence[StepRow], rows_b: Sequence[StepRow], phase: str, split: bool) -> tuple[tuple[list[float], list[float]], bool]:
+    """The waits to take out of a phase, and whether they are its own (exact) or the whole
+    step's (a bound: the phase's wait is not known, only the step's)."""
+    if phase == "step" or not split:
+        return (_waits(rows_a), _waits(rows_b)), phase == "step"
+    return ([r.phase_waits[phase] / MS for r in rows_a], [r.phase_waits[phase] / MS for r in rows_b]), True
+
+
+def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool = True) -> ProfileDiff:
+    """Compare two loaded profiles (:class:`~opscope.profile.reader.ProfileData`);
+    ``machine=False`` ignores their calibrations."""
     rows_a, rows_b = steady_steps(a.steps), steady_steps(b.steps)
     step_a = statistics.median([r.wall_ns / MS for r in rows_a]) if rows_a else 0.0
     floor = max(ABS_FLOOR_MS, STEP_FLOOR * step_a)
-    notes = []
-    for label, rows in (("A", rows_a), ("B", rows_b)):
-        if len(rows) < 3:
-            notes.append(f"{label} has {len(rows)} steady steps: too few to measure noise; record at least 5")
-    phases = [compare_series("phase", p, p, _phase_series(rows_a, p), _phase_series(rows_b, p), floor, k, min_change) for p in ("step", *PHASES)]
+    notes = [f"{label} has {len(rows)} steady steps: too few to measure noise; record at least 5" for label, rows in (("A", rows_a), ("B", rows_b)) if len(rows) < 3]
+    found = measure_machine(a, b, rows_a, rows_b, floor) if machine else None
+    if found is not None and found.why_not:
+        notes.append(f"{found.why_not}: a busier machine during one run is not told apart from slower code")
+    judge = _Judge(found, floor, k, min_change)
+    split = all(r.phase_waits is not None for r in (*rows_a, *rows_b))
+    phases = [judge(("phase", p, p), _phase_series(rows_a, p), _phase_series(rows_b, p), *_phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
     ops: list[Change] = []
+    no_op_moved: list[Change] = []
     if a.ops and b.ops:
-        ops = _diff_ops(a.ops, b.ops, floor, k, min_change)
+        ops = _diff_ops(a, b, judge)
+        no_op_moved = _no_op_moved(phases, ops, found) if found is not None else []
     else:
         missing = " and ".join(x for x, d in (("A", a), ("B", b)) if not d.ops)
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")
+    notes += [_explained_note(c, any(c is x for x in no_op_moved), ops, split) for c in phases if c.explained_by_machine]
     causes = {}
     for change in phases:
         if change.flagged and change.kind == "phase":
             same_way = [o for o in ops if (o.phase == change.phase or change.phase == "step") and o.delta_ms * change.delta_ms > 0]
             if same_way:
                 causes[change.name] = max(same_way, key=lambda o: abs(o.delta_ms))
-    return ProfileDiff(a.path, b.path, phases, ops, causes, notes, k, min_change)
+    return ProfileDiff(a.path, b.path, phases, ops, causes, notes, k, min_change, found)
 
 
-def _diff_ops(ops_a: Sequence[OpRow], ops_b: Sequence[OpRow], floor: float, k: float, min_change: float) -> list[Change]:
-    table_a, steps_a = _op_series(ops_a)
-    table_b, steps_b = _op_series(ops_b)
+def _diff_ops(a: Any, b: Any, judge: _Judge) -> list[Change]:
+    table_a, steps_a = _op_series(a.ops)
+    table_b, steps_b = _op_series(b.ops)
+    order_a, order_b = sorted(steps_a), sorted(steps_b)
+    share_a, share_b = _wait_share(a.steps), _wait_share(b.steps)
     changes = []
     for phase, name in sorted(set(table_a) | set(table_b)):
-        series_a = [table_a.get((phase, name), {}).get(s, 0.0) for s in sorted(steps_a)]
-        series_b = [table_b.get((phase, name), {}).get(s, 0.0) for s in sorted(steps_b)]
-        changes.append(compare_series("op", name, phase, series_a, series_b, floor, k, min_change))
+        series_a = [table_a.get((phase, name), {}).get(s, 0.0) for s in order_a]
+        series_b = [table_b.get((phase, name), {}).get(s, 0.0) for s in order_b]
+        waits = (_times(series_a, order_a, phase, share_a), _times(series_b, order_b, phase, share_b))
+        changes.append(judge(("op", name, phase), series_a, series_b, waits))
     changes.sort(key=lambda c: (not c.flagged, -abs(c.delta_ms)))
     return changes
 
 
-def headlines(result: ProfileDiff) -> list[str]:
-    """One sentence per flagged phase: "backward 18% slower (+3.2 ms, noise 0.4 ms), from aten::mm (+2.9 ms)"."""
-    lines = []
-    for change in result.phases:
-        if not change.flagged:
+def _wait_share(rows: Iterable[StepRow]) -> Shares:
+    """Per task-traced (rank, step, phase): the share of its time spent waiting for a CPU
+    (of the whole step's time where the wait is not split by phase).
+
+    An op's part of that wait is estimated as the same share of its own time: the wait is
+    not known per op, and taking the whole phase's wait out of every op would hide them all.
+    """
+    shares = {}
+    for r in rows:
+        if not r.task_trace or r.wall_ns <= 0:
             continue
+        for phase in PHASES:
+            if r.phase_waits is None:
+                shares[(r.rank, r.step, phase)] = r.sched_wait_ns / r.wall_ns
+            elif r.phases.get(phase, 0) > 0:
+                shares[(r.rank, r.step, phase)] = r.phase_waits.get(phase, 0) / r.phases[phase]
+    return shares
+
+
+def _times(values: Sequence[float], steps: Sequence[tuple[int, int]], phase: str, share: Shares) -> list[float]:
+    return [v * share.get((*s, phase), 0.0) for v, s in zip(values, steps, strict=True)]
+
+
+def _no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machine) -> list[Change]:
+    """Unflag a phase when the calibration speed ratio explains at least half of what is left
+    of its change after the run-queue wait, and no operator of it changed beyond noise."""
+    if machine.speed is None or not machine.speed.significant:
+        return []
+    unflagged = []
+    for change in phases:
+        sign = 1 if change.delta_ms > 0 else -1
+        if not change.flagged or (machine.speed.ratio - 1) * sign <= 0:
+            continue
+        scope = [o for o in ops if change.phase == "step" or o.phase == change.phase]
+        if not scope or any(o.flagged and o.delta_ms * sign > 0 for o in scope):
+            continue
+        if change.speed_ms * sign >= (change.delta_ms - change.machine_ms) * sign:
+            change.flagged, change.explained_by_machine = False, True
+            unflagged.append(change)
+    return unflagged
+
+
+def _explained_note(change: Change, no_op_moved: bool, ops: Sequence[Change], split: bool) -> str:
+    word = "slower" if change.delta_ms > 0 else "faster"
+    pct = f"{abs(change.relative) * 100:.0f}% " if change.relative is not None else ""
+    text = f"{change.name} {pct}{word} ({change.delta_ms:+.3f} ms)"
+    if no_op_moved:
+        scope = "any phase" if change.name == "step" else change.name
+        return f"{text}: the machine speed explains at least half ({change.speed_ms:+.3f} ms) and no operator of {scope} changed beyond noise: not attributed to the code"
+    where = "" if change.name == "step" or split else " anywhere in the step"
+    parts = [f"{label} {ms:+.3f} ms" for label, ms in ((f"waiting for a CPU{where}", change.wait_ms), ("machine speed", change.speed_ms)) if ms]
+    text += f" is within what the machine explains ({', '.join(parts)}): not attributed to the code"
+    moved = [o for o in ops if o.flagged and o.phase == change.name and o.delta_ms * change.delta_ms > 0]
+    if moved and change.name != "step" and not split:
+        text += f" by phase, but its operator {moved[0].name} changed beyond noise ({moved[0].delta_ms:+.3f} ms); the step's comparison is exact"
+    return text
+
+
+def machine_headline(machine: Machine | None) -> str | None:
+    """The line "the machine was slower during B: ..." when the calibrations say so, else ``None``."""
+    if machine is None:
+        return None
+    facts, signs = [], set()
+    if machine.speed is not None and machine.speed.significant:
+        ratio = machine.speed.ratio
+        signs.add(1 if ratio > 1 else -1)
+        facts.append(f"the calibration workload ran {abs(ratio - 1) * 100:.0f}% {'slower' if ratio > 1 else 'faster'} (±{200 * machine.speed.sigma:.0f}%)")
+    wait = machine.wait
+    if wait is not None and wait.significant:
+        signs.add(1 if wait.b_mean > wait.a_mean else -1)
+        facts.append(f"the training thread waited for a CPU {wait.b_mean:.3f} ms per step (mean; A {wait.a_mean:.3f} ms)")
+    if not facts:
+        return None
+    state = "slower" if signs == {1} else "faster" if signs == {-1} else "different"
+    return f"the machine was {state} during B: {' and '.join(facts)}; changes within that are not attributed to the code"
+
+
+def headlines(result: ProfileDiff) -> list[str]:
+    """The machine, if it changed, then one sentence per flagged phase:
+    "backward 18% slower (+3.2 ms, noise 0.4 ms), from aten::mm (+2.9 ms)"."""
+    machine = machine_headline(result.machine)
+    lines = [machine] if machine else []
+    for change in (c for c in result.phases if c.flagged):
         pct = f"{abs(change.relative) * 100:.0f}% " if change.relative is not None else ""
-        text = f"{change.name} {pct}{change.direction} ({change.delta_ms:+.3f} ms, beyond noise of {change.noise_ms:.3f} ms)"
+        extra = f"; up to {change.machine_ms:+.3f} ms of it is the machine's" if machine and change.machine_ms * change.delta_ms > 0 else ""
+        text = f"{change.name} {pct}{change.direction} ({change.delta_ms:+.3f} ms, beyond noise of {change.noise_ms:.3f} ms{extra})"
         cause = result.causes.get(change.name)
         if cause is not None:
             text += f", from {cause.name} in {cause.phase} ({cause.delta_ms:+.3f} ms)"
         lines.append(text)
-    if not lines:
-        lines.append("no phase changed beyond noise")
+    if len(lines) == (1 if machine else 0):
+        explained = any(c.explained_by_machine for c in result.phases)
+        lines.append("no phase changed beyond noise" + (" once the machine is taken into account" if explained else ""))
     return lines

@@ -29,6 +29,8 @@ STEP_COLUMNS = (
     "comm_overlap_ns",
     "task_trace",
     "complete",
+    "sched_wait_ns",
+    *(f"{p}_wait_ns" for p in PHASES),
 )
 
 OP_COLUMNS = ("rank", "step", "phase", "name", "shapes", "calls", "total_us", "self_us", "device_us")
@@ -49,6 +51,8 @@ class StepRow:
     comm_overlap_ns: int = 0
     task_trace: bool = False
     complete: bool = True
+    sched_wait_ns: int = 0  # ready to run but waiting for a CPU (0 where not measured)
+    phase_waits: dict[str, int] | None = None  # sched_wait_ns split by phase; None = unknown
 
     def to_row(self) -> dict[str, Any]:
         """A flat mapping with the columns of ``steps.parquet``."""
@@ -60,7 +64,10 @@ class StepRow:
             comm_overlap_ns=self.comm_overlap_ns,
             task_trace=self.task_trace,
             complete=self.complete,
+            sched_wait_ns=self.sched_wait_ns,
         )
+        for phase in PHASES:  # -1: not split by phase (device clock, no schedstat, older opscope)
+            row[f"{phase}_wait_ns"] = -1 if self.phase_waits is None else int(self.phase_waits.get(phase, 0))
         return row
 
     @classmethod
@@ -76,7 +83,16 @@ class StepRow:
             comm_overlap_ns=int(row.get("comm_overlap_ns", 0)),
             task_trace=bool(row.get("task_trace", False)),
             complete=bool(row.get("complete", True)),
+            sched_wait_ns=int(row.get("sched_wait_ns") or 0),
+            phase_waits=_phase_waits(row),
         )
+
+
+def _phase_waits(row: dict[str, Any]) -> dict[str, int] | None:
+    waits = {p: row.get(f"{p}_wait_ns") for p in PHASES}
+    if any(w is None or w < 0 for w in waits.values()):
+        return None
+    return {p: int(w) for p, w in waits.items()}
 
 
 @dataclass
@@ -111,6 +127,8 @@ class RawStep:
     intervals: dict[str, list[tuple[Any, Any]]] = field(default_factory=dict)
     task_trace: bool = False
     complete: bool = True
+    wait_start: int = 0  # the thread's cumulative sched wait (ns) when the step began
+    wait_ns: int = 0
 
 
 @dataclass

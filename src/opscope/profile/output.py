@@ -115,6 +115,8 @@ def finish(session: Any, error: BaseException | None) -> ProfileResult:
     measured = summarize(rows, ops, warmup=cfg.warmup)
     measured["task_trace"].update(_task_numbers(session))
     info.update(measured, error=message, warnings=warnings, files=[p.name for p in files] + ["summary.json"])
+    if getattr(session, "calibration", None) is not None:
+        info["calibration"] = session.calibration.to_json()
     files.append(writers.write_json(folder / "summary.json", info))
     if session.rank == merger_rank(cfg, session.world):
         files += merge(Path(cfg.output), expected_ranks(cfg, session.world), cfg.merge_timeout)

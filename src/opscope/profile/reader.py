@@ -18,7 +18,11 @@ _RANK_DIR = re.compile(r"^rank(\d+)$")
 
 @dataclass
 class ProfileData:
-    """A profile on disk, all ranks: rows, op rows, a fresh summary and each rank's status."""
+    """A profile on disk, all ranks: rows, op rows, a fresh summary and each rank's status.
+
+    ``calibration`` holds each rank's machine calibration (see
+    :mod:`opscope.profile.calibration`); it is empty for profiles of older opscope versions.
+    """
 
     path: str
     steps: list[StepRow]
@@ -26,6 +30,7 @@ class ProfileData:
     summary: dict[str, Any]
     rank_status: dict[int, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    calibration: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -75,12 +80,15 @@ def load(path: str | Path) -> ProfileData:
     ops: list[OpRow] = []
     status: dict[int, str] = {}
     warnings: list[str] = []
+    calibration: dict[int, dict[str, Any]] = {}
     warmup = 1
     for rank, folder in dirs.items():
         meta = read_summary(folder)
         status[rank] = meta.get("status", "unknown")
         warmup = int(meta.get("config", {}).get("warmup", warmup))
         warnings += [f"rank {rank}: {w}" for w in meta.get("warnings", [])]
+        if isinstance(meta.get("calibration"), dict):
+            calibration[rank] = meta["calibration"]
         if status[rank] == "running":
             warnings.append(f"rank {rank}: the run did not finish (status 'running'): its steps were never written")
         if (folder / "steps.parquet").exists():
@@ -88,4 +96,6 @@ def load(path: str | Path) -> ProfileData:
         if (folder / "ops.parquet").exists():
             ops += read_ops(folder / "ops.parquet")
     summary = summarize(steps, ops, warmup=warmup)
-    return ProfileData(str(root), steps, ops, summary, status, warnings)
+    if calibration:
+        summary["calibration"] = {str(rank): block for rank, block in calibration.items()}
+    return ProfileData(str(root), steps, ops, summary, status, warnings, calibration)

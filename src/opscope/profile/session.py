@@ -19,6 +19,7 @@ from opscope.config import ProfileConfig, profile_config
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
 from opscope.profile.breakdown import breakdown
+from opscope.profile.calibration import Calibration, SchedWait, WaitTimeline
 from opscope.profile.chrome_trace import TID_COMM, TID_PHASES, TID_STEPS, TraceWriter, span
 from opscope.profile.model import PRIORITY, ProfileResult, RawStep, StepRow
 
@@ -61,6 +62,9 @@ class ProfileSession:
         self._raw: RawStep | None = None
         self._spans: list[tuple[int, bool, int, int, dict[str, list[tuple[int, int]]]]] = []
         self.task: Any = None
+        self.sched: SchedWait | None = None
+        self.timeline: WaitTimeline | None = None
+        self.calibration: Calibration | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> ProfileSession:
@@ -90,9 +94,15 @@ class ProfileSession:
         if _active is not None:
             raise ProfileError(f"another profile ({_active.config.output}) is running in this process; stop it first")
         self.folder = output.prepare(Path(self.config.output), self.rank, self.config)
+        self.sched = SchedWait.open()  # this thread's run-queue wait, per step (Linux)
+        self.calibration = Calibration(self.sched)
+        self.calibration.run("start")  # outside every step: before the hooks and step 0
         from opscope.profile.clock import pick_clock
 
         self.clock = pick_clock(self.config.clock)
+        if self.sched is not None and not self.clock.is_device:
+            self.timeline = WaitTimeline(self.sched, self.clock.mark)
+            self.clock.mark = self.timeline.mark  # before the timers take it: wait per phase
         self.origin = time.perf_counter_ns()
         self.trace = TraceWriter(self.folder / "trace.json.gz", self.rank)
         if self.config.task_trace:
@@ -150,6 +160,10 @@ class ProfileSession:
                 self.task.abort()
             _active = None
             self.state = "stopped"
+        if error is None:
+            self.calibration.run("end")  # after the last step and with the hooks removed
+        if self.sched is not None:
+            self.sched.close()
         self.result = output.finish(self, error)
         for message in self.result.warnings:
             warnings.warn(message, ProfileWarning, stacklevel=2)
@@ -160,7 +174,8 @@ class ProfileSession:
         traced = self.task is not None and step in self.config.steps
         if traced:
             self.task.begin()
-        self._raw = RawStep(step=step, start=self.clock.mark(), task_trace=traced)
+        wait = self.sched.read() if self.sched is not None else 0
+        self._raw = RawStep(step=step, start=self.clock.mark(), task_trace=traced, wait_start=wait)
 
     def _boundary(self, finished: int, following: int) -> None:
         end = self.clock.mark()
@@ -176,6 +191,8 @@ class ProfileSession:
     def _close(self, end: Any, complete: bool) -> None:
         raw = self._raw
         raw.end, raw.complete = end, complete
+        if self.sched is not None:
+            raw.wait_ns = self.sched.read() - raw.wait_start
         raw.intervals = self.timers.take(end)
         if raw.task_trace or raw.step in self.config.steps:
             host = self._host_intervals(raw)
@@ -220,7 +237,11 @@ class ProfileSession:
         else:
             start, end, intervals = raw.start, raw.end, raw.intervals
         phases, comm_total, overlap = breakdown(start, end, intervals)
-        return StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap, raw.task_trace, raw.complete)
+        row = StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap, raw.task_trace, raw.complete, raw.wait_ns)
+        if self.timeline is not None and not self.clock.is_device:
+            row.phase_waits = self.timeline.phases(start, end, intervals)
+            self.timeline.trim(end)
+        return row
 
     def _host_intervals(self, raw: RawStep) -> dict[str, list[tuple[int, int]]]:
         host = self.clock.host

@@ -153,6 +153,7 @@ def summarize(rows: Sequence[StepRow], ops: Sequence[OpRow], warmup: int = 1, to
         "step_ms": describe([r.wall_ns / MS for r in steady]),
         "phases": phase_table(steady),
         "communication": {"total_ms": describe([r.comm_total_ns / MS for r in steady]), "overlap_ms": describe([r.comm_overlap_ns / MS for r in steady])},
+        "sched_wait_ms": describe([r.sched_wait_ns / MS for r in steady]),
         "per_rank": per_rank,
         "slowest_ranks": slowest_ranks(rows),
         "task_trace": task_trace_overhead(rows, warmup),
