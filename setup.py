@@ -58,7 +58,7 @@ setup(
         Extension(
             "opscope.capture.torch._fastats",
             sources=["src/opscope/capture/torch/_c/fastats.c"],
-            depends=["src/opscope/capture/torch/_c/fastats_avx2.h"],
+            depends=["src/opscope/capture/torch/_c/fastats_avx2.h", "src/opscope/capture/torch/_c/fastats_kernel.h"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

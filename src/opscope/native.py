@@ -26,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 
 log = logging.getLogger("opscope.native")
-_SOURCES = {"_opscope_watch": Path(__file__).parent / "capture" / "torch" / "_c" / "watchobs.cpp"}
+_C = Path(__file__).parent / "capture" / "torch" / "_c"
+_SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp"}
 _LOADED: dict[str, ModuleType | None] = {}
 _ERRORS: dict[str, str] = {}
 

@@ -103,24 +103,26 @@ class DumpDispatchMode(TorchDispatchMode):
             return func(*args, **kwargs)
         try:
             info = op_info(func)
+            call = self._record_inputs(info, args, kwargs)  # before an in-place op changes them
             written = self._before_write(info, args, kwargs)
-            rng = rng_state(args, kwargs) if info.random else None
         except OpscopeError:
             raise
         except Exception as exc:  # opscope's own failure must never stop the user's op
             s.internal_error(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        try:
-            self._record(info, args, kwargs, out, written, rng)
-        except OpscopeError:
-            raise
-        except Exception as exc:
-            s.internal_error(exc)
+        if call is not None:
+            try:
+                self._record_outputs(info, call, out, written)
+            except OpscopeError:
+                raise
+            except Exception as exc:
+                s.internal_error(exc)
         return out
 
     def _before_write(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Tensors the op writes in place, once no pending statistic reads them any more."""
+        """Tensors the op writes in place, once no pending statistic reads them any more
+        (their input rows, just taken, included)."""
         written = written_tensors(info, args, kwargs) if info.written else ()
         recorder = self.session.recorder
         for t in written:
@@ -130,8 +132,7 @@ class DumpDispatchMode(TorchDispatchMode):
                 recorder.invalidate(t)
         return written
 
-    def _record(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any, written: Any,
-                rng: Any) -> None:
+    def _record_inputs(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         s = self.session
         node = _current_node()
         if node is not None:
@@ -142,17 +143,21 @@ class DumpDispatchMode(TorchDispatchMode):
             module, fwd_op, node_name = s.modules.path, None, None
             phase = s.phase
         if not s.recorder.selected(module, info.name, phase):
-            return
-        inputs = flat_inputs(info, args, kwargs)
+            return None
+        rng = rng_state(args, kwargs) if info.random else None
+        call_args = args_of(args, kwargs) if rng is None else args_with_rng(args_of(args, kwargs), rng)
+        return s.recorder.record_inputs(info.name, module, phase, flat_inputs(info, args, kwargs), args=call_args,
+                                        views=bool(info.view_outputs), fwd_op=fwd_op, node=node_name,
+                                        source=s.source() if s.cfg.source else None)
+
+    def _record_outputs(self, info: OpInfo, call: Any, out: Any, written: Any) -> None:
         outputs = flat_outputs(out)
         mutated = info.written_outputs
         if written and not outputs:  # in-place ops returning nothing (_foreach_add_): their targets are the outputs
             outputs = [(i, None, t) for i, t in enumerate(written)]
             mutated = tuple(range(len(outputs)))
-        call_args = args_of(args, kwargs) if rng is None else args_with_rng(args_of(args, kwargs), rng)
-        s.recorder.record(info.name, module, phase, inputs, outputs, args=call_args,
-                          views=info.view_outputs, mutated=mutated, fwd_op=fwd_op, uninitialized=info.uninitialized,
-                          node=node_name, source=s.source() if s.cfg.source else None)
+        self.session.recorder.record_outputs(call, outputs, views=info.view_outputs, mutated=mutated,
+                                             uninitialized=info.uninitialized)
 
 
 def rng_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:

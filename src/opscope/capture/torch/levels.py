@@ -38,6 +38,12 @@ class Level:
     def remove(self) -> None:
         self.deactivate()
 
+    def set_phase(self, phase: str) -> None:
+        """The session's phase changed (levels that do not read it per op are told)."""
+
+    def stop_capture(self) -> None:
+        """Capture stopped for good (an internal error); levels that do not check per op stop."""
+
 
 class _ModeLevel(Level):
     mode: Any

@@ -37,6 +37,8 @@ class ModuleTracker:
         self._on_enter = on_enter
         self._on_exit = on_exit
         self._handles: list[Any] = []
+        self.on_change: Callable[[str], None] | None = None  # the innermost module path changed
+        self.on_indexed: Callable[[torch.nn.Module], None] | None = None  # a root's names were learnt
 
     @property
     def path(self) -> str:
@@ -64,6 +66,8 @@ class ModuleTracker:
             self.param_names.setdefault(id(p), name)
         for name, b in root.named_buffers(remove_duplicate=False):
             self.param_names.setdefault(id(b), name)
+        if self.on_indexed is not None:
+            self.on_indexed(root)
 
     def _name(self, module: torch.nn.Module) -> str:
         name = self.names.get(id(module))
@@ -80,10 +84,14 @@ class ModuleTracker:
             self._on_outer_call()
         path = self._name(module)
         self.stack.append(path)
+        if self.on_change is not None:
+            self.on_change(path)
         if self._on_enter is not None:
             self._on_enter(module, path, args)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         path = self.stack.pop() if self.stack else self._name(module)
+        if self.on_change is not None:
+            self.on_change(self.stack[-1] if self.stack else "")
         if self._on_exit is not None:
             self._on_exit(module, path, args, output)

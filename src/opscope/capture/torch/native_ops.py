@@ -38,9 +38,12 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     except Exception:  # not a registered overload
         return None
     info = kind.info
+    written, written_outputs, view_outputs = tuple(info.written), tuple(info.written_outputs), tuple(info.view_outputs)
+    if base_name(kind.name) == "detach_":  # writes metadata only: its output holds its input's values
+        written, written_outputs, view_outputs = (), (), (0,)
     args = tuple((a.name, bool(a.kwarg_only), _arg_kind(str(a.real_type))) for a in func._schema.arguments)
     return {"composite": bool(composite), "transparent": kind.transparent, "cast": kind.cast,
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
-            "written": tuple(info.written), "view_outputs": tuple(info.view_outputs),
-            "written_outputs": tuple(info.written_outputs), "uninitialized": info.uninitialized,
+            "written": written, "view_outputs": view_outputs, "written_outputs": written_outputs,
+            "uninitialized": info.uninitialized,
             "random": info.random, "args": args}

@@ -109,15 +109,24 @@ class Recorder:
 
     # -- recording -------------------------------------------------------------------
     def record(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
-               outputs: list[tuple[int, str | None, torch.Tensor]], *, args: Any = None,
-               views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), fwd_op: str | None = None,
-               node: str | None = None, source: str | None = None, input_io: str = "input",
-               call: int | None = None, uninitialized: bool = False, param: str | None = None) -> int:
+               outputs: list[tuple[int, str | None, torch.Tensor]], *, views: tuple[int, ...] = (),
+               mutated: tuple[int, ...] = (), uninitialized: bool = False, **head: Any) -> int:
         """Record one op call; returns its call index. ``views``/``mutated`` list output slots
-        that alias an input (same elements) or were written in place; ``call`` reuses the
-        index of an earlier record of the same call (module entry and exit);
-        ``uninitialized`` marks outputs of ``empty``-like ops, whose memory is not data yet;
-        ``param`` names the parameter the inputs belong to (a gradient's parameter)."""
+        that alias an input (same elements) or were written in place; ``uninitialized`` marks
+        outputs of ``empty``-like ops, whose memory is not data yet. The other keywords are
+        those of :meth:`record_inputs`."""
+        call = self.record_inputs(op, module, phase, inputs, views=bool(views), **head)
+        self.record_outputs(call, outputs, views=views, mutated=mutated, uninitialized=uninitialized)
+        return call[0][4]
+
+    def record_inputs(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
+                      *, args: Any = None, views: bool = False, fwd_op: str | None = None, node: str | None = None,
+                      source: str | None = None, input_io: str = "input", call: int | None = None,
+                      param: str | None = None) -> tuple[Any, ...]:
+        """The first half of :meth:`record`, taken before the op runs (an in-place op changes
+        its inputs): the input rows. ``call`` reuses the index of an earlier record of the
+        same call (module entry and exit); ``param`` names the parameter the inputs belong
+        to (a gradient's parameter). Returns what :meth:`record_outputs` needs."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
@@ -134,17 +143,26 @@ class Recorder:
                     first_input_row, first_input = row, t
                 if param is not None and row is not None:
                     row[_PARAM] = param
-        if self.want_outputs:
-            for slot, arg, t in outputs:
-                src = first_input_row if slot in views else None
-                if uninitialized:
-                    row = self._new_row(head, "output", slot, arg, t)
-                    row[_NOTE] = "uninitialized memory (empty): not measured"
-                    self._register(t, row, version_of(t), None)
-                else:
-                    self._output_row(head, slot, arg, t, data, src, slot in mutated,
-                                     first_input if src is not None else None)
-        return call
+        return head, data, first_input_row, first_input
+
+    def record_outputs(self, call: tuple[Any, ...], outputs: list[tuple[int, str | None, torch.Tensor]], *,
+                       views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), uninitialized: bool = False,
+                       bumped: bool = False) -> None:
+        """The second half of :meth:`record`, after the op ran: the output rows. ``bumped``:
+        the version counters of written outputs already moved on (else torch bumps them
+        only after a dispatch mode returns)."""
+        if not self.want_outputs:
+            return
+        head, data, first_input_row, first_input = call
+        for slot, arg, t in outputs:
+            src = first_input_row if slot in views else None
+            if uninitialized:
+                row = self._new_row(head, "output", slot, arg, t)
+                row[_NOTE] = "uninitialized memory (empty): not measured"
+                self._register(t, row, version_of(t), None)
+            else:
+                self._output_row(head, slot, arg, t, data, src, slot in mutated,
+                                 first_input if src is not None else None, bumped)
 
     def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
                  param: str | None = None, producer: int | None = None) -> list[Any]:
@@ -186,10 +204,11 @@ class Recorder:
         return row
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
-                    src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None) -> None:
+                    src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None,
+                    bumped: bool = False) -> None:
         row = self._new_row(head, "output", slot, arg, t)
         version = version_of(t)
-        if mutated and version >= 0:
+        if mutated and version >= 0 and not bumped:
             version += 1  # torch bumps the counter only after the op returns
         pname = self.param_names.get(id(t))
         note = "view"

@@ -14,7 +14,7 @@ import torch
 
 from opscope import __version__
 from opscope.capture.steps import StepClock
-from opscope.capture.torch import levels
+from opscope.capture.torch import dump_native, levels
 from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.recorder import Recorder
@@ -87,10 +87,15 @@ class DumpSession:
         self.writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
                                  shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
         self.writer.open()
-        self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
-        if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
-            self.recorder.plan.before_start(source, self.recorder.selected)
-        self._level = levels.make(cfg.level, self)
+        backend = dump_native.backend_for(cfg)
+        if backend is not None:  # aten-level statistics through the native observer
+            self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
+            self._level = dump_native.NativeAtenLevel(self, backend)
+        else:
+            self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
+            if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
+                self.recorder.plan.before_start(source, self.recorder.selected)
+            self._level = levels.make(cfg.level, self)
         self.modules.install()
         from torch.optim import optimizer as opt
         self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -166,6 +171,8 @@ class DumpSession:
         if self.failure is None:
             self.failure = exc
             self.capturing = False
+            if self._level is not None:
+                self._level.stop_capture()
             message = (f"opscope dump stopped capturing at step {self.clock.step} after an internal error "
                        f"({type(exc).__name__}: {exc}); your run goes on. Please report this with the traceback.")
             self.notes.append(message)
@@ -222,27 +229,41 @@ class DumpSession:
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
         self.phase = "optimizer"
-        if not self.capturing:
-            return
-        self.recorder.drain()  # the optimizer is about to change parameters in place
-        op = f"{type(optimizer).__name__}.step"
-        for i, p in enumerate(_params(optimizer)):
-            module = self._owner(p)
-            if self.recorder.selected(module, op, "optimizer"):
-                self.recorder.record(op, module, "optimizer", [(0, "param", p)], [], call=i)
-                if p.grad is not None:
-                    self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i,
-                                         param=self.modules.param_names.get(id(p)))
+        self._level.set_phase("optimizer")
+        if self.capturing:
+            self.recorder.drain()  # the optimizer is about to change parameters in place
+            self._guarded(self._record_params, optimizer, True)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.capturing:
-            op = f"{type(optimizer).__name__}.step"
-            for i, p in enumerate(_params(optimizer)):
-                module = self._owner(p)
-                if self.recorder.selected(module, op, "optimizer"):
-                    self.recorder.record(op, module, "optimizer", [], [(0, "param", p)], call=i)
+            self._guarded(self._record_params, optimizer, False)
         self.phase = "forward"
+        self._level.set_phase("forward")
         self.clock.optimizer_step()
+
+    def _guarded(self, fn: Any, *args: Any) -> None:
+        """Run opscope's own recording; its failure stops capture, never the user's step."""
+        try:
+            fn(*args)
+        except OpscopeError:
+            raise
+        except Exception as exc:
+            self.internal_error(exc)
+
+    def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
+        """The optimizer step's parameters (and gradients) before it, its parameters after."""
+        op = f"{type(optimizer).__name__}.step"
+        for i, p in enumerate(_params(optimizer)):
+            module = self._owner(p)
+            if not self.recorder.selected(module, op, "optimizer"):
+                continue
+            if not before:
+                self.recorder.record(op, module, "optimizer", [], [(0, "param", p)], call=i)
+                continue
+            self.recorder.record(op, module, "optimizer", [(0, "param", p)], [], call=i)
+            if p.grad is not None:
+                self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i,
+                                     param=self.modules.param_names.get(id(p)))
 
     def _owner(self, p: torch.Tensor) -> str:
         name = self.modules.param_names.get(id(p), "")

@@ -187,7 +187,7 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     case F32: stats_f32_avx2(p, n, a); hash_avx2(p, n, 1, h1, h2); return 1;
     case F16: stats_f16_avx2(p, n, a); hash_avx2(p, n, 0, h1, h2); return 1;
     case BF16: stats_bf16_avx2(p, n, a); hash_avx2(p, n, 0, h1, h2); return 1;
-    case F64: double_stats_avx2(p, n, a); hash_avx2(p, 2 * n, 1, h1, h2); return 1;
+    case F64: double_stats_avx2((const double *)p, n, a); hash_avx2(p, 2 * n, 1, h1, h2); return 1;
     default: return 0;
     }
 }

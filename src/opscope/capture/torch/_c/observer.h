@@ -5,7 +5,7 @@
 // the SIMD range pass. Each observer is its own extension module (its own copy of this
 // state) and defines, before including this file's hooks, what it does with an op:
 //   void on_op(const at::RecordFunction&, const OpKind&)   a recorded op ended
-//   void before_write(const OpKind&)                        a recorded op that writes in place starts
+//   void before_op(const at::RecordFunction&, const OpKind&)  a recorded op starts (its inputs in t_args)
 //   void on_error(const char*)                              an exception inside the observer
 #pragma once
 #include <Python.h>
@@ -87,7 +87,7 @@ thread_local std::unordered_map<OpKey, const OpKind*, PairHash> t_kinds;
 thread_local int t_generation = -1;
 
 void on_op(const at::RecordFunction& fn, const OpKind& k);
-void before_write(const OpKind& k);
+void before_op(const at::RecordFunction& fn, const OpKind& k);
 void on_error(const char* what);
 
 struct Internal {  // opscope's own ops: not observed, not seen by Python dispatch modes, no autograd
@@ -178,7 +178,7 @@ __attribute__((target("avx2"))) void scan_f64_avx2(const double* p, int64_t n, d
   scan_scalar(p + i, n - i, [](double v) { return v; }, lo, hi, _mm256_movemask_pd(bad) != 0);
 }
 
-const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+const bool obs_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
 #endif
 
 // The range of a CPU contiguous tensor in one pass; false when it must go through torch.
@@ -192,19 +192,19 @@ bool native_range(const at::Tensor& t, double& lo, double& hi) {
   switch (t.scalar_type()) {
 #if defined(__x86_64__)
     case at::kFloat:
-      has_avx2 ? scan_avx2<LoadF32>(static_cast<const float*>(p), n, f32, lo, hi)
+      obs_avx2 ? scan_avx2<LoadF32>(static_cast<const float*>(p), n, f32, lo, hi)
                : scan_scalar(static_cast<const float*>(p), n, f32, lo, hi);
       return true;
     case at::kDouble:
-      has_avx2 ? scan_f64_avx2(static_cast<const double*>(p), n, lo, hi)
+      obs_avx2 ? scan_f64_avx2(static_cast<const double*>(p), n, lo, hi)
                : scan_scalar(static_cast<const double*>(p), n, [](double v) { return v; }, lo, hi);
       return true;
     case at::kBFloat16:
-      has_avx2 ? scan_avx2<LoadBF16>(static_cast<const uint16_t*>(p), n, bf16, lo, hi)
+      obs_avx2 ? scan_avx2<LoadBF16>(static_cast<const uint16_t*>(p), n, bf16, lo, hi)
                : scan_scalar(static_cast<const uint16_t*>(p), n, bf16, lo, hi);
       return true;
     case at::kHalf:
-      has_avx2 ? scan_avx2<LoadF16>(static_cast<const uint16_t*>(p), n, f16, lo, hi)
+      obs_avx2 ? scan_avx2<LoadF16>(static_cast<const uint16_t*>(p), n, f16, lo, hi)
                : scan_scalar(static_cast<const uint16_t*>(p), n, f16, lo, hi);
       return true;
 #else
@@ -360,7 +360,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     flags |= RECORD;
     auto in = fn.inputs();
     t_args.assign(in.begin(), in.end());
-    if (!k.written.empty()) before_write(k);  // the op is about to write its inputs in place
+    ++t_opaque;  // ops run by before_op (Python hooks: a generator's state...) are not the user's
+    try {
+      before_op(fn, k);
+    } catch (const std::exception& e) {
+      on_error(e.what());
+    }
+    --t_opaque;
   }
   t_opaque += flags & OPAQUE;
   t_open.emplace_back(&k, flags);

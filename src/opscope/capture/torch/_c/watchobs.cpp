@@ -244,7 +244,7 @@ at::Tensor alive(const Rec& r) {
   return strong ? at::Tensor(std::move(strong)) : at::Tensor();
 }
 
-void before_write(const OpKind&) {}
+void before_op(const at::RecordFunction&, const OpKind&) {}
 
 void on_error(const char* what) {
   PyGILState_STATE gil = PyGILState_Ensure();

@@ -1,0 +1,586 @@
+// Native aten-level statistics dump: the per-op work of recorder.Recorder and
+// dispatch.DumpDispatchMode, run from the shared RecordFunction observer (observer.h) instead
+// of a Python TorchDispatchMode. Used for data="statistics" dumps at aten level (see
+// dump_native.py, which falls back to the Python mode for everything else).
+//
+// Rows are kept in C++ and handed to Python once per step (take_rows), in the Python
+// recorder's row layout. Each tensor is measured once: an input that an earlier recorded op
+// produced links to that row (producer); views and aliases link to the row they share
+// elements with. Statistics of CPU tensors come from the same one-pass kernel as the Python
+// path (fastats_kernel.h), computed at the op: nothing pending can see an in-place write.
+// Tensors the kernel cannot read (another device, an unusual dtype) go to Python (`slow`).
+#include "observer.h"
+
+#include <ATen/ops/view_as_real.h>
+
+#include "fastats_kernel.h"
+
+#include <unordered_set>
+
+namespace {
+
+enum Io : int8_t { IO_INPUT = 0, IO_OUTPUT = 1, IO_PARAM = 2 };
+const char* IO_TEXT[] = {"input", "output", "param"};
+const char* PHASE_TEXT[] = {"forward", "backward", "optimizer"};
+enum Stats : int8_t { NONE = 0, HAVE = 1, SLOW = 2 };
+
+struct Row {
+  int64_t id, seq, call, numel, producer = -1;
+  int8_t phase, io, stats = NONE;
+  int module, op, slot, arg, dtype, device, param = -1, fwd = -1, node = -1, args = -1, note = -1;
+  std::vector<int64_t> shape;
+  int64_t link = -1;  // index of the row whose statistics this one shares
+  double st[6];
+  unsigned long long cnt[4];  // nan, inf, zeros, hash
+};
+
+struct Flow {
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> ref;
+  size_t row;
+  int64_t version;
+  int param;
+  c10::Storage keep;  // views: keeps the memory from being reused within the step
+};
+
+struct Geo {
+  intptr_t base;
+  int64_t offset;
+  std::vector<int64_t> shape, stride;
+  int8_t dtype;
+  bool operator==(const Geo& o) const {
+    return base == o.base && offset == o.offset && dtype == o.dtype && shape == o.shape && stride == o.stride;
+  }
+};
+struct GeoHash {
+  size_t operator()(const Geo& g) const {
+    size_t h = std::hash<intptr_t>()(g.base) ^ (std::hash<int64_t>()(g.offset) << 1) ^ g.dtype;
+    for (int64_t v : g.shape) h = h * 31 + std::hash<int64_t>()(v);
+    for (int64_t v : g.stride) h = h * 17 + std::hash<int64_t>()(v);
+    return h;
+  }
+};
+// A tensor's elements and version counter: autograd's saved tensors are new tensors that
+// share both with the one that was recorded (a dispatch mode sees them made by `detach`).
+struct Shared {
+  const void* counter;
+  intptr_t data;
+  std::vector<int64_t> shape, stride;
+  int8_t dtype;
+  bool operator==(const Shared& o) const {
+    return counter == o.counter && data == o.data && dtype == o.dtype && shape == o.shape && stride == o.stride;
+  }
+};
+struct SharedHash {
+  size_t operator()(const Shared& g) const {
+    size_t h = std::hash<const void*>()(g.counter) ^ (std::hash<intptr_t>()(g.data) << 1) ^ g.dtype;
+    for (int64_t v : g.shape) h = h * 31 + std::hash<int64_t>()(v);
+    for (int64_t v : g.stride) h = h * 17 + std::hash<int64_t>()(v);
+    return h;
+  }
+};
+struct SharedFlow {
+  size_t row;
+  int64_t version;
+  int param;
+  // A weak reference to the counter: its address is not reused while held, and autograd
+  // still sees the counter unshared (make_variable would copy a tensor whose counter is shared).
+  c10::weak_intrusive_ptr<c10::intrusive_ptr_target> keep;
+};
+
+struct KeyHash {
+  size_t operator()(const std::tuple<int, int, int>& k) const {
+    return (static_cast<size_t>(std::get<0>(k)) * 1000003u) ^ (static_cast<size_t>(std::get<1>(k)) << 8) ^
+           static_cast<size_t>(std::get<2>(k));
+  }
+};
+
+// ---- state ---------------------------------------------------------------------------------
+PyObject* g_hooks = nullptr;  // rng(device), slow(row, tensor), selected(module, op, phase), error(text)
+PyObject* g_no_stats = nullptr;
+int64_t g_rank = 0, g_step = -1, g_next_id = 0, g_seq = 0, g_meta = 0;
+bool g_inputs = true, g_outputs = true;
+std::vector<Row> rows;
+std::vector<std::string> args_json;
+std::unordered_map<intptr_t, Flow> flow;
+std::unordered_map<Geo, Flow, GeoHash> geo;
+std::unordered_map<intptr_t, std::vector<Geo>> views;  // storage -> geometries registered on it
+std::unordered_map<Shared, SharedFlow, SharedHash> shared;
+std::unordered_map<std::tuple<int, int, int>, int64_t, KeyHash> calls;
+std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
+std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
+std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
+thread_local std::string t_rng;               // "rng" JSON of the random op running
+
+int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
+
+std::optional<Geo> geometry(const at::Tensor& t) {
+  if (!t.has_storage() || t.is_meta()) return std::nullopt;
+  intptr_t base = reinterpret_cast<intptr_t>(t.storage().data());
+  return Geo{base, t.storage_offset(), t.sizes().vec(), t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
+}
+
+std::optional<Shared> shared_key(const at::Tensor& t) {
+  if (t.is_inference() || !t.has_storage() || t.is_meta()) return std::nullopt;
+  const c10::VariableVersion& v = t.unsafeGetTensorImpl()->version_counter();
+  if (!v.enabled()) return std::nullopt;
+  const void* counter = *reinterpret_cast<const void* const*>(&v);  // its only member: the counter
+  return Shared{counter, reinterpret_cast<intptr_t>(t.const_data_ptr()), t.sizes().vec(), t.strides().vec(),
+                static_cast<int8_t>(t.scalar_type())};
+}
+
+intptr_t storage_of(const at::Tensor& t) {
+  return t.has_storage() ? reinterpret_cast<intptr_t>(t.storage().data()) : reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl());
+}
+
+// ---- Python hooks ----------------------------------------------------------------------------
+void on_error(const char* what);
+
+// A hook raised (with the GIL held): opscope's own failure, reported; capture stops.
+void hook_failed(const char* hook) {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyObject* text = value ? PyObject_Str(value) : nullptr;
+  std::string message = c10::str(hook, ": ", type ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "error", ": ",
+                                 text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : "");
+  Py_XDECREF(text), Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
+  PyErr_Clear();
+  g_on = false;
+  on_error(message.c_str());
+}
+
+bool selected(int module, int op, int8_t phase) {
+  auto key = std::make_tuple(module, op, static_cast<int>(phase));
+  auto it = chosen.find(key);
+  if (it != chosen.end()) return it->second;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallMethod(g_hooks, "selected", "ssi", module < 0 ? "" : names[module].c_str(),
+                                    names[op].c_str(), static_cast<int>(phase));
+  bool yes = r && PyObject_IsTrue(r) == 1;
+  if (!r) hook_failed("selected");
+  Py_XDECREF(r);
+  PyGILState_Release(gil);
+  return chosen[key] = yes;
+}
+
+void slow(size_t row, const at::Tensor& t) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* pt = wrap(t);
+  PyObject* r = PyObject_CallMethod(g_hooks, "slow", "nO", static_cast<Py_ssize_t>(row), pt);
+  if (!r) hook_failed("slow statistics");
+  Py_XDECREF(r);
+  Py_DECREF(pt);
+  PyGILState_Release(gil);
+}
+
+void on_error(const char* what) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallMethod(g_hooks, "error", "s", what);
+  if (!r) PyErr_WriteUnraisable(g_hooks);
+  Py_XDECREF(r);
+  PyGILState_Release(gil);
+}
+
+// ---- statistics --------------------------------------------------------------------------------
+int code_of(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return F32;
+    case at::kDouble: return F64;
+    case at::kHalf: return F16;
+    case at::kBFloat16: return BF16;
+    case at::kChar: return I8;
+    case at::kByte: return U8;
+    case at::kShort: return I16;
+    case at::kInt: return I32;
+    case at::kLong: return I64;
+    case at::kBool: return BOOL;
+    default: return -1;
+  }
+}
+
+void finish_row(Row& r, const acc_t& a, int64_t n) {
+  r.stats = HAVE;
+  r.cnt[3] = a.hash;
+  if (n == 0) {
+    for (double& v : r.st) v = NAN;
+    r.st[4] = 0.0;  // (None, None, None, None, 0.0, None, 0, 0, 0, hash): see take_rows
+    r.cnt[0] = r.cnt[1] = r.cnt[2] = 0;
+    return;
+  }
+  double mn = a.mn, mx = a.mx, mean = a.sum / n, var = a.sumsq / n - mean * mean;
+  double std = var > 0 ? std::sqrt(var) : (var == var ? 0.0 : NAN), norm = std::sqrt(a.sumsq);
+  if (a.nan) mn = mx = mean = std = norm = NAN;
+  if (!std::isfinite(a.sumsq)) std = NAN;
+  double absmax = a.nan ? NAN : std::max(std::fabs(mn), std::fabs(mx));
+  r.st[0] = mn, r.st[1] = mx, r.st[2] = mean, r.st[3] = std, r.st[4] = norm, r.st[5] = absmax;
+  r.cnt[0] = a.nan, r.cnt[1] = a.inf, r.cnt[2] = a.zeros;
+}
+
+void measure(size_t index, const at::Tensor& t) {
+  Row& r = rows[index];
+  if (t.is_meta()) {
+    r.note = intern("meta tensor: no data, not measured");
+    ++g_meta;
+    return;
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    r.note = intern(c10::str(t.layout(), " tensor: not measured"));
+    return;
+  }
+  at::Tensor x = t;
+  if (x.is_cpu() && x.is_complex()) {
+    Internal guard;
+    x = at::view_as_real(x.is_conj() ? x.resolve_conj() : x);
+  }
+  int code = code_of(x.scalar_type());
+  if (!x.is_cpu() || code < 0 || x.is_conj() || x.is_neg()) {
+    r.stats = SLOW;
+    slow(index, t);
+    return;
+  }
+  if (!x.is_contiguous()) {
+    Internal guard;
+    x = x.contiguous();
+  }
+  acc_t a;
+  std::memset(&a, 0, sizeof a);
+  a.mn = INFINITY, a.mx = -INFINITY;
+  if (x.numel() > 0) run(x.const_data_ptr(), x.numel(), code, &a);
+  finish_row(r, a, x.numel());
+}
+
+// ---- rows and data flow (the rules of Recorder) -----------------------------------------------
+struct Head {
+  int64_t seq, call;
+  int8_t phase;
+  int module, op, fwd, node, args;
+};
+
+size_t new_row(const Head& h, int8_t io, int slot, int arg, const at::Tensor& t, int param = -1,
+               int64_t producer = -1) {
+  Row r;
+  r.id = g_next_id++, r.seq = h.seq, r.call = h.call, r.phase = h.phase, r.module = h.module, r.op = h.op;
+  r.io = io, r.slot = slot, r.arg = arg, r.dtype = static_cast<int>(t.scalar_type());
+  r.shape = t.sizes().vec();
+  r.device = t.is_cpu() ? -1 : intern(t.device().str());
+  r.numel = t.numel(), r.producer = producer, r.param = param, r.fwd = h.fwd, r.node = h.node, r.args = h.args;
+  rows.push_back(std::move(r));
+  return rows.size() - 1;
+}
+
+int param_of(const at::Tensor& t) {
+  auto it = params.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  return it == params.end() ? -1 : it->second;
+}
+
+void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
+  Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
+         param, c10::Storage()};
+  flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
+  if (auto k = shared_key(t)) {
+    auto* target = const_cast<c10::intrusive_ptr_target*>(static_cast<const c10::intrusive_ptr_target*>(k->counter));
+    c10::raw::weak_intrusive_ptr::incref(target);
+    shared.insert_or_assign(*k, SharedFlow{row, version, param,
+                                           c10::weak_intrusive_ptr<c10::intrusive_ptr_target>::reclaim(target)});
+  }
+  if (view) {
+    auto g = geometry(t);
+    if (!g) return;
+    Flow v{std::nullopt, row, version, param, t.storage()};
+    views[g->base].push_back(*g);
+    geo[*g] = std::move(v);
+  }
+}
+
+const Flow* find_flow(const at::Tensor& t) {
+  auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it != flow.end() && it->second.ref && it->second.ref->lock() && it->second.version == version_of(t))
+    return &it->second;
+  if (auto k = shared_key(t)) {  // a saved tensor of autograd: the same elements and version counter
+    auto si = shared.find(*k);
+    if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t)) {
+      static thread_local Flow found;
+      found = Flow{std::nullopt, si->second.row, si->second.version, si->second.param, c10::Storage()};
+      return &found;
+    }
+  }
+  if (!views.empty()) {  // autograd wraps view outputs in new tensors: found by storage and geometry
+    auto g = geometry(t);
+    if (g) {
+      auto gi = geo.find(*g);
+      if (gi != geo.end()) return &gi->second;
+    }
+  }
+  return nullptr;
+}
+
+int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t) {
+  const Flow* f = find_flow(t);
+  if (f) {
+    if (!g_inputs) return static_cast<int64_t>(f->row);
+    size_t src = f->row;
+    int param = f->param;
+    size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, slot, arg, t, param, rows[src].id);
+    rows[i].link = static_cast<int64_t>(src);
+    return static_cast<int64_t>(i);
+  }
+  if (!g_inputs) return -1;
+  int param = param_of(t);
+  size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, slot, arg, t, param);
+  measure(i, t);
+  record_flow(t, i, version_of(t), param, false);
+  return static_cast<int64_t>(i);
+}
+
+void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated) {
+  size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+  int64_t version = version_of(t);  // at the op's end the in-place bump has happened already
+  int param = param_of(t);
+  int note = intern("view");
+  if (src < 0 && !mutated) {
+    auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+    if (it != flow.end() && it->second.ref && it->second.ref->lock() && it->second.version == version)
+      src = static_cast<int64_t>(it->second.row), note = intern("alias");  // the very tensor measured before
+  }
+  bool view = src >= 0 && note == intern("view");
+  if (src >= 0 && !mutated && rows[src].numel == rows[i].numel) {
+    rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src;
+    if (rows[src].param >= 0) param = rows[src].param;
+  } else {
+    measure(i, t);
+  }
+  rows[i].param = param;
+  record_flow(t, i, version, param, view);
+}
+
+void rng_before(const OpKind& k);
+
+void forget_views_written(const OpKind& k) {  // its storages are about to be written in place
+  if (views.empty() || k.written.empty()) return;
+  for (int pos : k.written) {
+    if (pos >= static_cast<int>(t_args.size())) continue;
+    std::vector<at::Tensor> ts;
+    const auto& a = t_args[pos];
+    if (a.isTensor()) ts.push_back(a.toTensor());
+    else if (a.isTensorList())
+      for (const at::Tensor& x : a.toTensorList()) ts.push_back(x);
+    for (const auto& t : ts) {
+      if (!t.defined()) continue;
+      auto it = views.find(storage_of(t));
+      if (it == views.end()) continue;
+      for (const Geo& g : it->second) geo.erase(g);
+      views.erase(it);
+    }
+  }
+}
+
+// ---- non-tensor arguments, as JSON (what args_of + the writer produce in Python) -----------------
+std::string dtype_name(int v) {  // "float32": str(dtype) without "torch."
+  return std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(v)).first);
+}
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) out += c10::str("\\u00", (c < 16 ? "0" : ""), std::hex, int(c));
+    else out += c;
+  }
+  out += '"';
+}
+
+void json_double(std::string& out, double v) {
+  if (std::isnan(v)) out += "NaN";
+  else if (std::isinf(v)) out += v > 0 ? "Infinity" : "-Infinity";
+  else {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    out += buf;
+    if (!std::strpbrk(buf, ".eE")) out += ".0";
+  }
+}
+
+bool json_value(std::string& out, const c10::IValue& v, int8_t kind) {
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+    Internal guard;
+    return json_value(out, c10::IValue(v.toTensor().item()), 0);
+  }
+  if (v.isNone()) out += "null";
+  else if (v.isBool()) out += v.toBool() ? "true" : "false";
+  else if (v.isInt()) {
+    std::string dtype = kind == 1 ? "torch." + dtype_name(static_cast<int>(v.toInt())) : "";
+    const char* text = kind == 1 ? dtype.c_str() : nullptr;
+    if (kind == 2) text = v.toInt() == 0 ? "torch.strided" : "torch.sparse_coo";
+    if (kind == 3) {
+      static const char* const mf[] = {"torch.contiguous_format", "torch.preserve_format", "torch.channels_last",
+                                       "torch.channels_last_3d"};
+      text = v.toInt() >= 0 && v.toInt() < 4 ? mf[v.toInt()] : nullptr;
+    }
+    if (text) json_string(out, text);
+    else out += std::to_string(v.toInt());
+  } else if (v.isDouble()) json_double(out, v.toDouble());
+  else if (v.isString()) json_string(out, v.toStringRef());
+  else if (v.isDevice()) json_string(out, v.toDevice().str());
+  else if (v.isScalar()) {
+    auto s = v.toScalar();
+    if (s.isBoolean()) out += s.toBool() ? "true" : "false";
+    else if (s.isIntegral(false)) out += std::to_string(s.toLong());
+    else if (s.isFloatingPoint()) json_double(out, s.toDouble());
+    else json_string(out, c10::str(s));
+  } else if (v.isList()) {
+    out += '[';
+    bool first = true;
+    for (const auto& x : v.toListRef()) {
+      if (x.isTensor()) return false;
+      if (!first) out += ", ";
+      first = false;
+      if (!json_value(out, x, 0)) return false;
+    }
+    out += ']';
+  } else if (v.isTensor() || v.isGenerator()) return false;
+  else json_string(out, c10::str(v));
+  return true;
+}
+
+int args_of(const OpKind& k) {
+  std::string pos = "[", kw = "{";
+  for (size_t i = 0; i < t_args.size(); ++i) {
+    const auto& v = t_args[i];
+    bool number = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+    if ((v.isTensor() && !number) || v.isTensorList() || v.isGenerator()) continue;
+    std::string value;
+    if (!json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
+    if (i < k.kwarg_only.size() && k.kwarg_only[i]) {
+      if (kw.size() > 1) kw += ", ";
+      json_string(kw, names[k.arg_names[i]]);
+      kw += ": " + value;
+    } else {
+      if (pos.size() > 1) pos += ", ";
+      pos += "[" + std::to_string(i) + ", " + value + "]";
+    }
+  }
+  if (pos == "[" && kw == "{" && t_rng.empty()) return -1;
+  std::string doc = "{\"args\": " + pos + "], \"kwargs\": " + kw + "}}";
+  if (!t_rng.empty()) doc.insert(doc.size() - 1, ", \"rng\": " + t_rng);
+  args_json.push_back(std::move(doc));
+  return static_cast<int>(args_json.size()) - 1;
+}
+
+// ---- the op ----------------------------------------------------------------------------------------
+void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out) {
+  for (size_t i = 0; i < t_args.size(); ++i) {
+    int arg = i < k.arg_names.size() ? k.arg_names[i] : -1;
+    const auto& a = t_args[i];
+    if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();  // a Python number passed as a tensor is an argument value
+      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number())
+        out.emplace_back(static_cast<int>(out.size()), arg, t);
+    } else if (a.isTensorList()) {
+      for (const at::Tensor& t : a.toTensorList()) out.emplace_back(static_cast<int>(out.size()), arg, t);
+    } else if (a.isList()) {
+      for (const auto& x : a.toListRef())
+        if (x.isTensor() && x.toTensor().defined()) out.emplace_back(static_cast<int>(out.size()), arg, x.toTensor());
+    }
+  }
+}
+
+struct Pending {  // the recorded op running on this thread, between its start and its end
+  bool valid = false;
+  Head h;
+  int64_t first = -1;
+};
+thread_local Pending t_pending;
+
+void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
+int args_of(const OpKind& k);
+
+// A recorded op starts: its head (phase, module, call, arguments) and its input rows, taken
+// now, before an in-place op changes what it received.
+void before_op(const at::RecordFunction& fn, const OpKind& k) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  t_pending.valid = false;
+  rng_before(k);
+  forget_views_written(k);
+  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
+  if (!t_nodes.empty()) {
+    h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
+    if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;
+  } else if (h.phase == FORWARD && fn.seqNr() >= 0) {
+    own(fn.seqNr(), h.module, k.name);
+  }
+  if (!selected(h.module, k.name, h.phase)) return;
+  h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
+  h.seq = g_seq++;
+  h.args = args_of(k);
+  std::vector<std::tuple<int, int, at::Tensor>> ins;
+  flatten_inputs(k, ins);
+  int64_t first = -1;
+  if (g_inputs || k.view_outputs)
+    for (auto& [slot, arg, t] : ins) {
+      int64_t r = input_row(h, slot, arg, t);
+      if (first < 0) first = r;
+    }
+  t_pending = Pending{true, h, first};
+}
+
+void on_op(const at::RecordFunction& fn, const OpKind& k) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (!t_pending.valid) return;
+  t_pending.valid = false;
+  const Head& h = t_pending.h;
+  int64_t first = t_pending.first;
+  if (!g_outputs) return;
+  std::vector<std::pair<int, at::Tensor>> outs;
+  const auto& ov = fn.outputs();
+  for (size_t i = 0; i < ov.size(); ++i) {
+    if (ov[i].isTensor()) {
+      if (ov[i].toTensor().defined()) outs.emplace_back(static_cast<int>(i), ov[i].toTensor());
+    } else if (ov[i].isTensorList()) {
+      for (const at::Tensor& t : ov[i].toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+    }
+  }
+  uint64_t mutated = k.written_outputs;
+  if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
+    for (int pos : k.written) {
+      if (pos >= static_cast<int>(t_args.size())) continue;
+      const auto& a = t_args[pos];
+      if (a.isTensor()) outs.emplace_back(static_cast<int>(outs.size()), a.toTensor());
+      else if (a.isTensorList())
+        for (const at::Tensor& t : a.toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+    }
+    mutated = ~0ull;
+  }
+  for (auto& [slot, t] : outs) {
+    bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
+    if (k.uninitialized) {
+      size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+      // not registered: its memory may be filled without any op (torch.tensor(...) copies its
+      // data in directly), so whoever reads it next measures what is there
+      rows[i].note = intern("uninitialized memory (empty): not measured");
+    } else {
+      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1);
+    }
+  }
+}
+}  // namespace
+
+// random ops: the generator state before the op draws, so that replay draws the same numbers
+namespace {
+void rng_before(const OpKind& k) {
+  t_rng.clear();
+  if (!k.random || !g_hooks) return;
+  std::string device = "cpu";
+  for (const auto& a : t_args)
+    if (a.isTensor() && a.toTensor().defined()) {
+      device = a.toTensor().device().str();
+      break;
+    }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallMethod(g_hooks, "rng", "s", device.c_str());
+  if (r && PyUnicode_Check(r)) t_rng = PyUnicode_AsUTF8(r);
+  if (!r) hook_failed("generator state");
+  Py_XDECREF(r);
+  PyGILState_Release(gil);
+}
+}  // namespace
+
+#include "dumpobs_module.h"

@@ -1,0 +1,175 @@
+"""The aten level of a statistics dump, run natively: the C++ observer of ``_c/dumpobs.cpp``
+(built on first use by :mod:`opscope.native`) records every op a dispatch mode would see
+and measures its tensors in one pass, without entering Python per op; Python receives the
+step's rows once, at its end, in the same layout as :class:`~opscope.capture.torch.recorder.Recorder`
+builds them. A Python dispatch mode alone costs more than this whole capture.
+
+Used for ``level="aten"``, ``data="statistics"`` dumps without ``tensor_ops``, ``suspects``
+or ``source``; everything else (and ``OPSCOPE_DUMP_BACKEND=python``, or no C++ compiler)
+goes through :class:`~opscope.capture.torch.dispatch.DumpDispatchMode`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opscope import native
+from opscope.capture.torch.levels import Level
+from opscope.capture.torch.native_ops import classify_op
+from opscope.capture.torch.recorder import Recorder
+from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
+from opscope.config import DumpConfig
+from opscope.model.records import COL, NO_STATS, STATS
+
+if TYPE_CHECKING:
+    from opscope.capture.torch.session import DumpSession
+
+_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
+_PRODUCER, _NOTE, _IO = COL["producer"], COL["note"], COL["io"]
+_PHASE_NAMES = ("forward", "backward", "optimizer")
+
+
+def backend_for(cfg: DumpConfig) -> Any:
+    """The native module when this dump can use it, else None."""
+    if os.environ.get("OPSCOPE_DUMP_BACKEND", "native").lower() == "python":
+        return None
+    if cfg.level != "aten" or cfg.data != "statistics" or cfg.tensor_ops or cfg.suspects or cfg.source:
+        return None
+    return native.load("_opscope_dump")
+
+
+class NativeRecorder(Recorder):
+    """A :class:`Recorder` whose aten rows come from the native observer; rows recorded in
+    Python (the optimizer's parameters, by the session's hooks) share its ids and order."""
+
+    def __init__(self, cfg: DumpConfig, writer: Any, rank: int, param_names: dict[int, str], backend: Any) -> None:
+        super().__init__(cfg, writer, rank, param_names, "sync")
+        self.native = backend
+        self.slow: dict[int, Any] = {}  # row index -> statistics (or a pending device job)
+
+    def record(self, *args: Any, **kwargs: Any) -> int:
+        self.next_id, self.seq = self.native.counters()
+        call = super().record(*args, **kwargs)
+        self.native.set_counters(self.next_id, self.seq)
+        return call
+
+    def begin_step(self, step: int, probe: bool = False) -> None:
+        super().begin_step(step, probe)
+        self.slow = {}
+        self.linked: list[list[Any]] = []  # Python rows whose tensor a native row holds
+        self.native.begin_step(step)
+
+    def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
+        """A tensor the native observer recorded this step (a parameter before and after the
+        optimizer step) links to that row, as it would to an earlier Python row."""
+        rid = self.native.lookup(t)
+        if rid is None:
+            super()._measure(row, t, data)
+            return
+        row[_PRODUCER] = rid
+        if row[_IO] == "output":
+            row[_NOTE] = "alias"
+        self.linked.append(row)
+
+    def end_step(self) -> None:
+        rows, links = self.native.take_rows()
+        jobs = [(i, job) for i, job in self.slow.items() if not isinstance(job, tuple)]
+        for i, stats in self.slow.items():
+            if isinstance(stats, tuple):
+                rows[i][STATS] = stats
+        if jobs:
+            for (i, _), stats in zip(jobs, materialize([job for _, job in jobs]), strict=True):
+                rows[i][STATS] = stats
+        for i, src in links:
+            rows[i][STATS] = rows[src][STATS]
+        if self.linked:
+            by_id = {r[0]: r for r in rows}
+            for row in self.linked:
+                src = by_id.get(row[_PRODUCER])
+                if src is not None:
+                    row[STATS] = src[STATS]
+        self.meta_skipped = self.native.meta_skipped()
+        python_rows = self.rows
+        self.rows = rows
+        if python_rows:  # optimizer rows of the session's hooks, in id order among the rest
+            self.rows = sorted(rows + python_rows, key=lambda r: r[0])
+        super().end_step()
+
+    # -- hooks the native observer calls (with the GIL) ------------------------------------
+    def slow_stats(self, index: int, t: torch.Tensor) -> None:
+        with torch._C._DisableTorchDispatch():
+            self.slow[index] = cpu_stats(t) if t.is_cpu else device_stats(t)
+
+
+class _Hooks:
+    """What the C++ side asks Python: filters, slow statistics, generator states, errors."""
+
+    def __init__(self, session: DumpSession, recorder: NativeRecorder) -> None:
+        self.session = session
+        self.recorder = recorder
+
+    def selected(self, module: str, op: str, phase: int) -> bool:
+        return self.recorder.selected(module, op, _PHASE_NAMES[phase])
+
+    def slow(self, index: int, t: torch.Tensor) -> None:
+        self.recorder.slow_stats(index, t)
+
+    def rng(self, device: str) -> str | None:
+        state = None
+        if device == "cpu":
+            state = torch.get_rng_state()
+        elif device.startswith("cuda") and torch.cuda.is_available():
+            state = torch.cuda.get_rng_state(device)
+        text = None if state is None else base64.b64encode(state.numpy().tobytes()).decode("ascii")
+        return json.dumps({"device": device, "state": text})
+
+    def error(self, message: str) -> None:
+        self.session.internal_error(RuntimeError(message))
+
+
+class NativeAtenLevel(Level):
+    """The aten level through the native observer."""
+
+    def __init__(self, session: DumpSession, backend: Any) -> None:
+        super().__init__(session)
+        self.native = backend
+        recorder = session.recorder
+        backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
+                        recorder.want_outputs, NO_STATS)
+        self.installed = True
+        session.modules.on_change = backend.set_module
+        session.modules.on_indexed = self._index
+
+    def _index(self, root: torch.nn.Module) -> None:
+        pairs = [(p, name) for name, p in root.named_parameters(remove_duplicate=False)]
+        pairs += [(b, name) for name, b in root.named_buffers(remove_duplicate=False)]
+        self.native.set_params(pairs)
+
+    def set_phase(self, phase: str) -> None:
+        self.native.configure(self.on, _PHASES[phase])
+
+    def stop_capture(self) -> None:
+        self.native.configure(False, 0)  # safe inside an op; the callback is removed at stop
+
+    def activate(self) -> None:  # at step boundaries only: see _c/observer.h
+        if not self.on:
+            self.on = True
+            self.native.configure(True, _PHASES[self.session.phase])
+            self.native.register(True)
+
+    def deactivate(self) -> None:
+        if self.on:
+            self.on = False
+            self.native.register(False)
+            self.native.configure(False, 0)
+
+    def remove(self) -> None:
+        self.deactivate()
+        if self.installed:
+            self.installed = False
+            self.native.uninstall()
