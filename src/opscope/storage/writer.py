@@ -20,6 +20,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from opscope.errors import DumpExistsError, DumpWriteError
 from opscope.storage import format as fmt
 from opscope.storage.safetensors_io import write_shard
@@ -85,6 +87,14 @@ class DumpWriter:
             index = self._rows_index.get(step, 0)
             self._rows_index[step] = index + 1
             self._put(("rows", step, f"records-{index:05d}.parquet", rows), 200 * len(rows))
+
+    def add_table(self, step: int, table: Any) -> None:
+        """Queue index rows of one step already built as an Arrow table in :data:`SCHEMA`
+        order (the native capture builds them without a Python object per value)."""
+        if table.num_rows:
+            index = self._rows_index.get(step, 0)
+            self._rows_index[step] = index + 1
+            self._put(("rows", step, f"records-{index:05d}.parquet", table), 200 * table.num_rows)
 
     def end_step(self, step: int) -> None:
         """Mark a step complete: its open tensor shard is closed and rank.json updated."""
@@ -166,11 +176,11 @@ class DumpWriter:
 
             _, _, name, rows, _ = item
             directory.mkdir(parents=True, exist_ok=True)
-            table = rows_to_table(rows)
+            table = rows if isinstance(rows, pa.Table) else rows_to_table(rows)
             tmp = directory / f"{name}.tmp"
             pq.write_table(table, tmp, compression="zstd")
             os.replace(tmp, directory / name)
-            self.records += len(rows)
+            self.records += table.num_rows
         elif kind == "end_step":
             self._close_shards(open_shards, step)
             if step not in self.steps:

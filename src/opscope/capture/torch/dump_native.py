@@ -21,6 +21,7 @@ import torch
 from opscope import native
 from opscope.capture.torch.levels import Level
 from opscope.capture.torch.native_ops import classify_op
+from opscope.capture.torch.native_table import Columns
 from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
 from opscope.config import DumpConfig
@@ -77,28 +78,23 @@ class NativeRecorder(Recorder):
         self.linked.append(row)
 
     def end_step(self) -> None:
-        rows, links = self.native.take_rows()
+        cols = Columns(self.native.take_columns(), self.rank, self.step)
+        stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if isinstance(st, tuple)}
         jobs = [(i, job) for i, job in self.slow.items() if not isinstance(job, tuple)]
-        for i, stats in self.slow.items():
-            if isinstance(stats, tuple):
-                rows[i][STATS] = stats
         if jobs:
-            for (i, _), stats in zip(jobs, materialize([job for _, job in jobs]), strict=True):
-                rows[i][STATS] = stats
-        for i, src in links:
-            rows[i][STATS] = rows[src][STATS]
-        if self.linked:
-            by_id = {r[0]: r for r in rows}
-            for row in self.linked:
-                src = by_id.get(row[_PRODUCER])
-                if src is not None:
-                    row[STATS] = src[STATS]
+            stats.update(zip((i for i, _ in jobs), materialize([job for _, job in jobs]), strict=True))
+        for i, src in cols.links:
+            if src in stats:
+                stats[i] = stats[src]
+        for i, st in stats.items():
+            cols.set_stats(i, st)
+        for row in self.linked:  # Python rows (the optimizer's parameters) that link to native ones
+            i = cols.index_of(row[_PRODUCER])
+            if i is not None:
+                row[STATS] = cols.stats(i)
         self.meta_skipped = self.native.meta_skipped()
-        python_rows = self.rows
-        self.rows = rows
-        if python_rows:  # optimizer rows of the session's hooks, in id order among the rest
-            self.rows = sorted(rows + python_rows, key=lambda r: r[0])
-        super().end_step()
+        self.writer.add_table(self.step, cols.table())
+        super().end_step()  # the Python rows, in a shard of their own, and the step's end
 
     # -- hooks the native observer calls (with the GIL) ------------------------------------
     def slow_stats(self, index: int, t: torch.Tensor) -> None:

@@ -110,6 +110,7 @@ std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
 thread_local std::string t_rng;               // "rng" JSON of the random op running
+int N_VIEW = -1, N_ALIAS = -1;                // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 
@@ -335,13 +336,13 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
   int64_t version = version_of(t);  // at the op's end the in-place bump has happened already
   int param = param_of(t);
-  int note = intern("view");
+  int note = N_VIEW;
   if (src < 0 && !mutated) {
     auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
     if (it != flow.end() && it->second.ref && it->second.ref->lock() && it->second.version == version)
-      src = static_cast<int64_t>(it->second.row), note = intern("alias");  // the very tensor measured before
+      src = static_cast<int64_t>(it->second.row), note = N_ALIAS;  // the very tensor measured before
   }
-  bool view = src >= 0 && note == intern("view");
+  bool view = src >= 0 && note == N_VIEW;
   if (src >= 0 && !mutated && rows[src].numel == rows[i].numel) {
     rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src;
     if (rows[src].param >= 0) param = rows[src].param;
@@ -375,7 +376,11 @@ void forget_views_written(const OpKind& k) {  // its storages are about to be wr
 
 // ---- non-tensor arguments, as JSON (what args_of + the writer produce in Python) -----------------
 std::string dtype_name(int v) {  // "float32": str(dtype) without "torch."
-  return std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(v)).first);
+  try {
+    return std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(v)).first);
+  } catch (const std::exception&) {
+    return c10::toString(static_cast<c10::ScalarType>(v));
+  }
 }
 
 void json_string(std::string& out, const std::string& s) {

@@ -1,9 +1,37 @@
 // The Python functions of the native dump observer (included by dumpobs.cpp).
 namespace {
 
-PyObject* str_or_none(int i) {
+// Python strings of interned names, made once and shared by every row that holds them
+std::vector<PyObject*> py_names;
+PyObject* py_text[8] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" ""
+
+PyObject* name_obj(int i) {  // a new reference
   if (i < 0) Py_RETURN_NONE;
-  return PyUnicode_FromString(names[i].c_str());
+  if (static_cast<size_t>(i) >= py_names.size()) py_names.resize(names.size(), nullptr);
+  PyObject*& o = py_names[i];
+  if (!o) o = PyUnicode_FromString(names[i].c_str());
+  Py_INCREF(o);
+  return o;
+}
+
+PyObject* text(int i) {
+  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", ""};
+  if (!py_text[i]) py_text[i] = PyUnicode_InternFromString(t[i]);
+  Py_INCREF(py_text[i]);
+  return py_text[i];
+}
+
+PyObject* none() { Py_RETURN_NONE; }
+
+std::vector<PyObject*> py_args;  // this step's argument texts, one object per call (take_rows)
+
+PyObject* args_obj(int i) {
+  if (i < 0) Py_RETURN_NONE;
+  if (static_cast<size_t>(i) >= py_args.size()) py_args.resize(args_json.size(), nullptr);
+  PyObject*& o = py_args[i];
+  if (!o) o = PyUnicode_FromStringAndSize(args_json[i].data(), static_cast<Py_ssize_t>(args_json[i].size()));
+  Py_INCREF(o);
+  return o;
 }
 
 PyObject* stats_of(const Row& r) {
@@ -11,32 +39,41 @@ PyObject* stats_of(const Row& r) {
     Py_INCREF(g_no_stats);
     return g_no_stats;
   }
-  if (r.numel == 0)
-    return Py_BuildValue("OOOOdOKKKK", Py_None, Py_None, Py_None, Py_None, 0.0, Py_None, 0ULL, 0ULL, 0ULL, r.cnt[3]);
-  return Py_BuildValue("ddddddKKKK", r.st[0], r.st[1], r.st[2], r.st[3], r.st[4], r.st[5], r.cnt[0], r.cnt[1],
-                       r.cnt[2], r.cnt[3]);
+  PyObject* t = PyTuple_New(10);
+  bool empty = r.numel == 0;  // (None, None, None, None, 0.0, None, 0, 0, 0, hash)
+  for (int i = 0; i < 6; ++i)
+    PyTuple_SET_ITEM(t, i, empty && i != 4 ? none() : PyFloat_FromDouble(empty ? 0.0 : r.st[i]));
+  for (int i = 0; i < 4; ++i) PyTuple_SET_ITEM(t, 6 + i, PyLong_FromUnsignedLongLong(empty && i < 3 ? 0 : r.cnt[i]));
+  PyObject_GC_UnTrack(t);  // numbers only: no cycle can go through it
+  return t;
 }
 
 PyObject* shape_of(const Row& r) {
-  PyObject* l = PyList_New(static_cast<Py_ssize_t>(r.shape.size()));
-  for (size_t i = 0; i < r.shape.size(); ++i) PyList_SET_ITEM(l, i, PyLong_FromLongLong(r.shape[i]));
+  PyObject* l = PyTuple_New(static_cast<Py_ssize_t>(r.shape.size()));
+  for (size_t i = 0; i < r.shape.size(); ++i) PyTuple_SET_ITEM(l, i, PyLong_FromLongLong(r.shape[i]));
+  PyObject_GC_UnTrack(l);
   return l;
 }
 
-PyObject* row_list(const Row& r, std::unordered_map<int, PyObject*>& dtypes) {
+// One row in COLUMNS order (model/records.py): a tuple of numbers, strings and such tuples,
+// untracked by the garbage collector (no cycle can go through it). Thousands of tracked rows
+// per step would make Python's full collections of the whole heap frequent: ~170 ms each
+// with torch loaded, measured once every ~30 steps on the small transformer.
+PyObject* row_list(const Row& r, std::unordered_map<int, PyObject*>& dtypes, PyObject* rank, PyObject* step) {
   auto d = dtypes.find(r.dtype);
   if (d == dtypes.end()) d = dtypes.emplace(r.dtype, PyUnicode_FromString(dtype_name(r.dtype).c_str())).first;
-  Py_INCREF(d->second);
-  PyObject* args = r.args < 0 ? (Py_INCREF(Py_None), Py_None) : PyUnicode_FromString(args_json[r.args].c_str());
-  PyObject* producer = r.producer < 0 ? (Py_INCREF(Py_None), Py_None) : PyLong_FromLongLong(r.producer);
-  PyObject* device = r.device < 0 ? PyUnicode_FromString("cpu") : PyUnicode_FromString(names[r.device].c_str());
-  PyObject* module = r.module < 0 ? PyUnicode_FromString("") : PyUnicode_FromString(names[r.module].c_str());
-  return Py_BuildValue("[LLLLsNNLsiNNNNLOONNNNNONON]", static_cast<long long>(r.id), static_cast<long long>(g_rank),
-                       static_cast<long long>(g_step), static_cast<long long>(r.seq), PHASE_TEXT[r.phase], module,
-                       str_or_none(r.op), static_cast<long long>(r.call), IO_TEXT[r.io], r.slot, str_or_none(r.arg),
-                       d->second, shape_of(r), device, static_cast<long long>(r.numel), Py_None, Py_None, producer,
-                       str_or_none(r.param), str_or_none(r.fwd), str_or_none(r.node), args, Py_None,
-                       str_or_none(r.note), Py_None, stats_of(r));
+  PyObject* items[26] = {
+      PyLong_FromLongLong(r.id), (Py_INCREF(rank), rank), (Py_INCREF(step), step), PyLong_FromLongLong(r.seq),
+      text(3 + r.phase), r.module < 0 ? text(7) : name_obj(r.module), name_obj(r.op), PyLong_FromLongLong(r.call),
+      text(r.io), PyLong_FromLong(r.slot), name_obj(r.arg), (Py_INCREF(d->second), d->second), shape_of(r),
+      r.device < 0 ? text(6) : name_obj(r.device), PyLong_FromLongLong(r.numel), none(), none(),
+      r.producer < 0 ? none() : PyLong_FromLongLong(r.producer), name_obj(r.param), name_obj(r.fwd),
+      name_obj(r.node), args_obj(r.args), none(),
+      name_obj(r.note), none(), stats_of(r)};
+  PyObject* l = PyTuple_New(26);
+  for (int i = 0; i < 26; ++i) PyTuple_SET_ITEM(l, i, items[i]);
+  if (g_no_stats && (items[25] == g_no_stats || !PyObject_GC_IsTracked(items[25]))) PyObject_GC_UnTrack(l);
+  return l;
 }
 
 void clear_step() {
@@ -58,13 +95,15 @@ PyObject* py_take_rows(PyObject*, PyObject*) {
     r.stats = src.stats == SLOW ? SLOW : src.stats;
     std::memcpy(r.st, src.st, sizeof r.st);
     std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
-    if (src.note >= 0 && src.note != intern("view") && r.note < 0) r.note = src.note;
+    if (src.note >= 0 && src.note != N_VIEW && r.note < 0) r.note = src.note;
   }
   PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
   PyObject* links = PyList_New(0);
   std::unordered_map<int, PyObject*> dtypes;
+  PyObject* rank = PyLong_FromLongLong(g_rank);
+  PyObject* step = PyLong_FromLongLong(g_step);
   for (size_t i = 0; i < rows.size(); ++i) {
-    PyList_SET_ITEM(out, i, row_list(rows[i], dtypes));
+    PyList_SET_ITEM(out, i, row_list(rows[i], dtypes, rank, step));
     if (rows[i].link >= 0 && rows[rows[i].link].stats == SLOW) {
       PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(rows[i].link));
       PyList_Append(links, pair);
@@ -72,8 +111,106 @@ PyObject* py_take_rows(PyObject*, PyObject*) {
     }
   }
   for (auto& [_, s] : dtypes) Py_DECREF(s);
+  Py_DECREF(rank), Py_DECREF(step);
+  for (PyObject* o : py_args) Py_XDECREF(o);
+  py_args.clear();
   clear_step();
   return Py_BuildValue("NN", out, links);
+}
+
+template <typename T>
+PyObject* bytes_of(const std::vector<T>& v) {
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), static_cast<Py_ssize_t>(v.size() * sizeof(T)));
+}
+
+void resolve_links() {  // sources come first: one pass resolves chains
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = rows[i];
+    if (r.link < 0) continue;
+    const Row& s = rows[r.link];
+    if (s.link >= 0) r.link = s.link;
+    const Row& src = rows[r.link];
+    r.stats = src.stats;
+    std::memcpy(r.st, src.st, sizeof r.st);
+    std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
+    if (src.note >= 0 && src.note != N_VIEW && r.note < 0) r.note = src.note;
+  }
+}
+
+// take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
+// value (see dump_native.columns_table): (n, ints, strs, names, args, shape_offsets,
+// shape_values, stats_f, stats_i, stats_valid, slow_links). ints: int64 id, seq, call, slot,
+// numel, producer (-1: none), column after column; strs: int32 indices into names (-1: none)
+// of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note; stats_f: float64
+// min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte per row, bit i
+// set when statistic i (STAT_NAMES order) has a value. The step's state is cleared.
+PyObject* py_take_columns(PyObject*, PyObject*) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  resolve_links();
+  size_t n = rows.size();
+  int fixed = static_cast<int>(names.size());  // phase, io and "cpu" texts follow the names
+  std::vector<int64_t> ints(n * 6);
+  std::vector<int32_t> strs(n * 11), offsets(n + 1);
+  std::vector<int64_t> shape;
+  std::vector<double> sf(n * 6);
+  std::vector<uint64_t> si(n * 4);
+  std::vector<uint16_t> valid(n);
+  std::unordered_map<int, int> dtype_slots;  // dtype -> its place among the step's dtype names
+  PyObject* args = PyList_New(static_cast<Py_ssize_t>(n));
+  PyObject* links = PyList_New(0);
+  for (size_t i = 0; i < n; ++i) {
+    const Row& r = rows[i];
+    int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
+    for (int c = 0; c < 6; ++c) ints[c * n + i] = iv[c];
+    int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + r.io, r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
+                      r.param, r.fwd, r.node, r.note};
+    for (int c = 0; c < 11; ++c) strs[c * n + i] = sv[c];
+    auto slot = dtype_slots.try_emplace(r.dtype, static_cast<int>(dtype_slots.size())).first->second;
+    strs[5 * n + i] = fixed + 8 + slot;  // the step's dtype names follow the fixed texts
+    offsets[i] = static_cast<int32_t>(shape.size());
+    shape.insert(shape.end(), r.shape.begin(), r.shape.end());
+    uint16_t bits = 0;
+    if (r.stats == HAVE) {
+      bool empty = r.numel == 0;
+      for (int c = 0; c < 6; ++c) {
+        sf[c * n + i] = r.st[c];
+        if (!empty || c == 4) bits |= 1u << c;
+      }
+      for (int c = 0; c < 4; ++c) si[c * n + i] = (empty && c < 3) ? 0 : r.cnt[c], bits |= 1u << (6 + c);
+    }
+    valid[i] = bits;
+    PyList_SET_ITEM(args, i, args_obj(r.args));
+    if (r.link >= 0 && rows[r.link].stats == SLOW) {
+      PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
+      PyList_Append(links, pair);
+      Py_DECREF(pair);
+    }
+  }
+  offsets[n] = static_cast<int32_t>(shape.size());
+  PyObject* dict = PyList_New(0);
+  for (int i = 0; i < fixed; ++i) {
+    PyObject* o = name_obj(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (int i = 0; i < 8; ++i) {  // input output param forward backward optimizer cpu ""
+    PyObject* o = text(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  std::vector<int> by_slot(dtype_slots.size());
+  for (auto& [dtype, slot] : dtype_slots) by_slot[slot] = dtype;
+  for (int d : by_slot) {
+    PyObject* o = PyUnicode_FromString(dtype_name(d).c_str());
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  PyObject* out = Py_BuildValue("nNNNNNNNNNN", static_cast<Py_ssize_t>(n), bytes_of(ints), bytes_of(strs), dict, args,
+                                bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si), bytes_of(valid), links);
+  for (PyObject* o : py_args) Py_XDECREF(o);
+  py_args.clear();
+  clear_step();
+  return out;
 }
 
 PyObject* py_install(PyObject*, PyObject* a) {
@@ -91,6 +228,10 @@ PyObject* py_install(PyObject*, PyObject* a) {
   g_installed = true;
   t_opaque = 0;
   t_open.clear();
+  {
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    N_VIEW = intern("view"), N_ALIAS = intern("alias");
+  }
   Py_RETURN_NONE;
 }
 
@@ -208,6 +349,7 @@ PyMethodDef methods[] = {
     {"set_module", py_set_module, METH_O, "set_module(path): the module being executed"},
     {"set_params", py_set_params, METH_O, "set_params([(tensor, name)]): names of parameters and buffers"},
     {"begin_step", py_begin_step, METH_O, "begin_step(step): start recording a step"},
+    {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"take_rows", py_take_rows, METH_NOARGS, "take_rows() -> (rows, slow_links); the step's state is cleared"},
     {"counters", py_counters, METH_NOARGS, "counters() -> (next row id, next seq)"},
     {"set_counters", py_set_counters, METH_VARARGS, "set_counters(id, seq)"},
