@@ -21,9 +21,7 @@ PyObject* text(int i) {
   return py_text[i];
 }
 
-PyObject* none() { Py_RETURN_NONE; }
-
-std::vector<PyObject*> py_args;  // this step's argument texts, one object per call (take_rows)
+std::vector<PyObject*> py_args;  // this step's argument texts, one object per call (take_columns)
 
 PyObject* args_obj(int i) {
   if (i < 0) Py_RETURN_NONE;
@@ -34,88 +32,10 @@ PyObject* args_obj(int i) {
   return o;
 }
 
-PyObject* stats_of(const Row& r) {
-  if (r.stats != HAVE) {
-    Py_INCREF(g_no_stats);
-    return g_no_stats;
-  }
-  PyObject* t = PyTuple_New(10);
-  bool empty = r.numel == 0;  // (None, None, None, None, 0.0, None, 0, 0, 0, hash)
-  for (int i = 0; i < 6; ++i)
-    PyTuple_SET_ITEM(t, i, empty && i != 4 ? none() : PyFloat_FromDouble(empty ? 0.0 : r.st[i]));
-  for (int i = 0; i < 4; ++i) PyTuple_SET_ITEM(t, 6 + i, PyLong_FromUnsignedLongLong(empty && i < 3 ? 0 : r.cnt[i]));
-  PyObject_GC_UnTrack(t);  // numbers only: no cycle can go through it
-  return t;
-}
-
-PyObject* shape_of(const Row& r) {
-  PyObject* l = PyTuple_New(static_cast<Py_ssize_t>(r.shape.size()));
-  for (size_t i = 0; i < r.shape.size(); ++i) PyTuple_SET_ITEM(l, i, PyLong_FromLongLong(r.shape[i]));
-  PyObject_GC_UnTrack(l);
-  return l;
-}
-
-// One row in COLUMNS order (model/records.py): a tuple of numbers, strings and such tuples,
-// untracked by the garbage collector (no cycle can go through it). Thousands of tracked rows
-// per step would make Python's full collections of the whole heap frequent: ~170 ms each
-// with torch loaded, measured once every ~30 steps on the small transformer.
-PyObject* row_list(const Row& r, std::unordered_map<int, PyObject*>& dtypes, PyObject* rank, PyObject* step) {
-  auto d = dtypes.find(r.dtype);
-  if (d == dtypes.end()) d = dtypes.emplace(r.dtype, PyUnicode_FromString(dtype_name(r.dtype).c_str())).first;
-  PyObject* items[26] = {
-      PyLong_FromLongLong(r.id), (Py_INCREF(rank), rank), (Py_INCREF(step), step), PyLong_FromLongLong(r.seq),
-      text(3 + r.phase), r.module < 0 ? text(7) : name_obj(r.module), name_obj(r.op), PyLong_FromLongLong(r.call),
-      text(r.io), PyLong_FromLong(r.slot), name_obj(r.arg), (Py_INCREF(d->second), d->second), shape_of(r),
-      r.device < 0 ? text(6) : name_obj(r.device), PyLong_FromLongLong(r.numel), none(), none(),
-      r.producer < 0 ? none() : PyLong_FromLongLong(r.producer), name_obj(r.param), name_obj(r.fwd),
-      name_obj(r.node), args_obj(r.args), none(),
-      name_obj(r.note), none(), stats_of(r)};
-  PyObject* l = PyTuple_New(26);
-  for (int i = 0; i < 26; ++i) PyTuple_SET_ITEM(l, i, items[i]);
-  if (g_no_stats && (items[25] == g_no_stats || !PyObject_GC_IsTracked(items[25]))) PyObject_GC_UnTrack(l);
-  return l;
-}
-
 void clear_step() {
   rows.clear(), args_json.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
   shared.clear();
   g_seq = 0;
-}
-
-// take_rows() -> (rows, slow_links): the step's rows in the Python recorder's layout; each
-// (row, source) in slow_links shares statistics that Python computes (see slow()).
-PyObject* py_take_rows(PyObject*, PyObject*) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  for (size_t i = 0; i < rows.size(); ++i) {  // sources come first: one pass resolves chains
-    Row& r = rows[i];
-    if (r.link < 0) continue;
-    const Row& s = rows[r.link];
-    if (s.link >= 0) r.link = s.link;
-    const Row& src = rows[r.link];
-    r.stats = src.stats == SLOW ? SLOW : src.stats;
-    std::memcpy(r.st, src.st, sizeof r.st);
-    std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
-    if (src.note >= 0 && src.note != N_VIEW && r.note < 0) r.note = src.note;
-  }
-  PyObject* out = PyList_New(static_cast<Py_ssize_t>(rows.size()));
-  PyObject* links = PyList_New(0);
-  std::unordered_map<int, PyObject*> dtypes;
-  PyObject* rank = PyLong_FromLongLong(g_rank);
-  PyObject* step = PyLong_FromLongLong(g_step);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    PyList_SET_ITEM(out, i, row_list(rows[i], dtypes, rank, step));
-    if (rows[i].link >= 0 && rows[rows[i].link].stats == SLOW) {
-      PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(rows[i].link));
-      PyList_Append(links, pair);
-      Py_DECREF(pair);
-    }
-  }
-  for (auto& [_, s] : dtypes) Py_DECREF(s);
-  Py_DECREF(rank), Py_DECREF(step);
-  for (PyObject* o : py_args) Py_XDECREF(o);
-  py_args.clear();
-  clear_step();
-  return Py_BuildValue("NN", out, links);
 }
 
 template <typename T>
@@ -138,7 +58,7 @@ void resolve_links() {  // sources come first: one pass resolves chains
 }
 
 // take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
-// value (see dump_native.columns_table): (n, ints, strs, names, args, shape_offsets,
+// value (see native_table.Columns): (n, ints, strs, names, args, shape_offsets,
 // shape_values, stats_f, stats_i, stats_valid, slow_links). ints: int64 id, seq, call, slot,
 // numel, producer (-1: none), column after column; strs: int32 indices into names (-1: none)
 // of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note; stats_f: float64
@@ -350,7 +270,6 @@ PyMethodDef methods[] = {
     {"set_params", py_set_params, METH_O, "set_params([(tensor, name)]): names of parameters and buffers"},
     {"begin_step", py_begin_step, METH_O, "begin_step(step): start recording a step"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
-    {"take_rows", py_take_rows, METH_NOARGS, "take_rows() -> (rows, slow_links); the step's state is cleared"},
     {"counters", py_counters, METH_NOARGS, "counters() -> (next row id, next seq)"},
     {"set_counters", py_set_counters, METH_VARARGS, "set_counters(id, seq)"},
     {"lookup", py_lookup, METH_O, "lookup(tensor): the id of the row holding its content this step, or None"},

@@ -1,0 +1,98 @@
+// Non-tensor arguments of a recorded op as JSON, and dtype names (included by dumpobs.cpp,
+// inside its anonymous namespace).
+// ---- non-tensor arguments, as JSON (what args_of + the writer produce in Python) -----------------
+std::string dtype_name(int v) {  // "float32": str(dtype) without "torch."
+  try {
+    return std::string(c10::getDtypeNames(static_cast<c10::ScalarType>(v)).first);
+  } catch (const std::exception&) {
+    return c10::toString(static_cast<c10::ScalarType>(v));
+  }
+}
+
+void json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += c;
+    else if (static_cast<unsigned char>(c) < 0x20) out += c10::str("\\u00", (c < 16 ? "0" : ""), std::hex, int(c));
+    else out += c;
+  }
+  out += '"';
+}
+
+void json_double(std::string& out, double v) {
+  if (std::isnan(v)) out += "NaN";
+  else if (std::isinf(v)) out += v > 0 ? "Infinity" : "-Infinity";
+  else {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    out += buf;
+    if (!std::strpbrk(buf, ".eE")) out += ".0";
+  }
+}
+
+bool json_value(std::string& out, const c10::IValue& v, int8_t kind) {
+  if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+    Internal guard;
+    return json_value(out, c10::IValue(v.toTensor().item()), 0);
+  }
+  if (v.isNone()) out += "null";
+  else if (v.isBool()) out += v.toBool() ? "true" : "false";
+  else if (v.isInt()) {
+    std::string dtype = kind == 1 ? "torch." + dtype_name(static_cast<int>(v.toInt())) : "";
+    const char* text = kind == 1 ? dtype.c_str() : nullptr;
+    if (kind == 2) text = v.toInt() == 0 ? "torch.strided" : "torch.sparse_coo";
+    if (kind == 3) {
+      static const char* const mf[] = {"torch.contiguous_format", "torch.preserve_format", "torch.channels_last",
+                                       "torch.channels_last_3d"};
+      text = v.toInt() >= 0 && v.toInt() < 4 ? mf[v.toInt()] : nullptr;
+    }
+    if (text) json_string(out, text);
+    else out += std::to_string(v.toInt());
+  } else if (v.isDouble()) json_double(out, v.toDouble());
+  else if (v.isString()) json_string(out, v.toStringRef());
+  else if (v.isDevice()) json_string(out, v.toDevice().str());
+  else if (v.isScalar()) {
+    auto s = v.toScalar();
+    if (s.isBoolean()) out += s.toBool() ? "true" : "false";
+    else if (s.isIntegral(false)) out += std::to_string(s.toLong());
+    else if (s.isFloatingPoint()) json_double(out, s.toDouble());
+    else json_string(out, c10::str(s));
+  } else if (v.isList()) {
+    out += '[';
+    bool first = true;
+    for (const auto& x : v.toListRef()) {
+      if (x.isTensor()) return false;
+      if (!first) out += ", ";
+      first = false;
+      if (!json_value(out, x, 0)) return false;
+    }
+    out += ']';
+  } else if (v.isTensor() || v.isGenerator()) return false;
+  else json_string(out, c10::str(v));
+  return true;
+}
+
+int args_of(const OpKind& k) {
+  std::string pos = "[", kw = "{";
+  for (size_t i = 0; i < t_args.size(); ++i) {
+    const auto& v = t_args[i];
+    bool number = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
+    if ((v.isTensor() && !number) || v.isTensorList() || v.isGenerator()) continue;
+    std::string value;
+    if (!json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
+    if (i < k.kwarg_only.size() && k.kwarg_only[i]) {
+      if (kw.size() > 1) kw += ", ";
+      json_string(kw, names[k.arg_names[i]]);
+      kw += ": " + value;
+    } else {
+      if (pos.size() > 1) pos += ", ";
+      pos += "[" + std::to_string(i) + ", " + value + "]";
+    }
+  }
+  if (pos == "[" && kw == "{" && t_rng.empty()) return -1;
+  std::string doc = "{\"args\": " + pos + "], \"kwargs\": " + kw + "}}";
+  if (!t_rng.empty()) doc.insert(doc.size() - 1, ", \"rng\": " + t_rng);
+  args_json.push_back(std::move(doc));
+  return static_cast<int>(args_json.size()) - 1;
+}
+

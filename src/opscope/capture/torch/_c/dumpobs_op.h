@@ -1,0 +1,98 @@
+// What the native dump does when a recorded op starts and ends (included by dumpobs.cpp,
+// inside its anonymous namespace).
+// ---- the op ----------------------------------------------------------------------------------------
+void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out) {
+  for (size_t i = 0; i < t_args.size(); ++i) {
+    int arg = i < k.arg_names.size() ? k.arg_names[i] : -1;
+    const auto& a = t_args[i];
+    if (a.isTensor()) {
+      const at::Tensor& t = a.toTensor();  // a Python number passed as a tensor is an argument value
+      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number())
+        out.emplace_back(static_cast<int>(out.size()), arg, t);
+    } else if (a.isTensorList()) {
+      for (const at::Tensor& t : a.toTensorList()) out.emplace_back(static_cast<int>(out.size()), arg, t);
+    } else if (a.isList()) {
+      for (const auto& x : a.toListRef())
+        if (x.isTensor() && x.toTensor().defined()) out.emplace_back(static_cast<int>(out.size()), arg, x.toTensor());
+    }
+  }
+}
+
+struct Pending {  // the recorded op running on this thread, between its start and its end
+  bool valid = false;
+  Head h;
+  int64_t first = -1;
+};
+thread_local Pending t_pending;
+
+void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
+int args_of(const OpKind& k);
+
+// A recorded op starts: its head (phase, module, call, arguments) and its input rows, taken
+// now, before an in-place op changes what it received.
+void before_op(const at::RecordFunction& fn, const OpKind& k) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  t_pending.valid = false;
+  rng_before(k);
+  forget_views_written(k);
+  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
+  if (!t_nodes.empty()) {
+    h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
+    if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;
+  } else if (h.phase == FORWARD && fn.seqNr() >= 0) {
+    own(fn.seqNr(), h.module, k.name);
+  }
+  if (!selected(h.module, k.name, h.phase)) return;
+  h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
+  h.seq = g_seq++;
+  h.args = args_of(k);
+  std::vector<std::tuple<int, int, at::Tensor>> ins;
+  flatten_inputs(k, ins);
+  int64_t first = -1;
+  if (g_inputs || k.view_outputs)
+    for (auto& [slot, arg, t] : ins) {
+      int64_t r = input_row(h, slot, arg, t);
+      if (first < 0) first = r;
+    }
+  t_pending = Pending{true, h, first};
+}
+
+void on_op(const at::RecordFunction& fn, const OpKind& k) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (!t_pending.valid) return;
+  t_pending.valid = false;
+  const Head& h = t_pending.h;
+  int64_t first = t_pending.first;
+  if (!g_outputs) return;
+  std::vector<std::pair<int, at::Tensor>> outs;
+  const auto& ov = fn.outputs();
+  for (size_t i = 0; i < ov.size(); ++i) {
+    if (ov[i].isTensor()) {
+      if (ov[i].toTensor().defined()) outs.emplace_back(static_cast<int>(i), ov[i].toTensor());
+    } else if (ov[i].isTensorList()) {
+      for (const at::Tensor& t : ov[i].toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+    }
+  }
+  uint64_t mutated = k.written_outputs;
+  if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
+    for (int pos : k.written) {
+      if (pos >= static_cast<int>(t_args.size())) continue;
+      const auto& a = t_args[pos];
+      if (a.isTensor()) outs.emplace_back(static_cast<int>(outs.size()), a.toTensor());
+      else if (a.isTensorList())
+        for (const at::Tensor& t : a.toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+    }
+    mutated = ~0ull;
+  }
+  for (auto& [slot, t] : outs) {
+    bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
+    if (k.uninitialized) {
+      size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+      // not registered: its memory may be filled without any op (torch.tensor(...) copies its
+      // data in directly), so whoever reads it next measures what is there
+      rows[i].note = intern("uninitialized memory (empty): not measured");
+    } else {
+      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1);
+    }
+  }
+}
