@@ -138,39 +138,25 @@ PyObject* py_install(PyObject*, PyObject* a) {
   long long rank;
   int inputs, outputs;
   if (!PyArg_ParseTuple(a, "OOLppO", &classify, &hooks, &rank, &inputs, &outputs, &no_stats)) return nullptr;
-  if (g_installed) {
-    PyErr_SetString(PyExc_RuntimeError, "the native dump observer is already installed");
-    return nullptr;
-  }
-  Py_INCREF(classify), Py_INCREF(hooks), Py_INCREF(no_stats);
-  g_classify = classify, g_hooks = hooks, g_no_stats = no_stats;
+  if (!start_observer(classify, "dump")) return nullptr;
+  Py_INCREF(hooks), Py_INCREF(no_stats);
+  g_hooks = hooks, g_no_stats = no_stats;
   g_rank = rank, g_inputs = inputs, g_outputs = outputs, g_next_id = 0, g_meta = 0, g_step = -1;
-  g_installed = true;
-  t_opaque = 0;
-  t_open.clear();
-  {
-    std::lock_guard<std::recursive_mutex> lock(mu);
-    N_VIEW = intern("view"), N_ALIAS = intern("alias");
-  }
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  N_VIEW = intern("view"), N_ALIAS = intern("alias");
   Py_RETURN_NONE;
 }
 
 PyObject* py_uninstall(PyObject*, PyObject*) {
-  set_registered(false);
-  g_installed = false;
-  g_on = false;
-  {
-    std::lock_guard<std::recursive_mutex> lock(mu);
+  stop_observer([] {
     clear_step();
-    kinds.clear(), chosen.clear(), params.clear();
-    ++g_generation;
+    chosen.clear(), params.clear();
     for (auto& [s, _] : path_ids) Py_DECREF(s);
     path_ids.clear();
-  }
-  Py_CLEAR(g_classify);
+  });
   Py_CLEAR(g_hooks);
   Py_CLEAR(g_no_stats);
-  t_args.clear(), t_nodes.clear(), t_rng.clear();
+  t_rng.clear();
   Py_RETURN_NONE;
 }
 
@@ -179,13 +165,6 @@ PyObject* py_configure(PyObject*, PyObject* a) {
   if (!PyArg_ParseTuple(a, "pi", &on, &phase)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   g_on = on, g_phase = static_cast<int8_t>(phase);
-  Py_RETURN_NONE;
-}
-
-PyObject* py_register(PyObject*, PyObject* a) {
-  int on = PyObject_IsTrue(a);
-  if (on < 0) return nullptr;
-  set_registered(on);
   Py_RETURN_NONE;
 }
 

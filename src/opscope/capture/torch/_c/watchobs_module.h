@@ -5,15 +5,9 @@ namespace {
 PyObject* py_install(PyObject*, PyObject* a) {
   PyObject *on_hit, *classify;
   if (!PyArg_ParseTuple(a, "OO", &on_hit, &classify)) return nullptr;
-  if (g_installed) {
-    PyErr_SetString(PyExc_RuntimeError, "the native watch observer is already installed");
-    return nullptr;
-  }
-  Py_INCREF(on_hit), Py_INCREF(classify);
-  g_on_hit = on_hit, g_classify = classify;
-  g_installed = true;
-  t_opaque = 0;
-  t_open.clear();
+  if (!start_observer(classify, "watch")) return nullptr;
+  Py_INCREF(on_hit);
+  g_on_hit = on_hit;
   Py_RETURN_NONE;
 }
 
@@ -23,18 +17,8 @@ void clear_step() {
 }
 
 PyObject* py_uninstall(PyObject*, PyObject*) {
-  set_registered(false);
-  g_installed = false;
-  g_on = false;
-  {
-    std::lock_guard<std::recursive_mutex> lock(mu);
-    clear_step();
-    kinds.clear();
-    ++g_generation;
-  }
+  stop_observer(clear_step);
   Py_CLEAR(g_on_hit);
-  Py_CLEAR(g_classify);
-  t_args.clear(), t_nodes.clear();
   Py_RETURN_NONE;
 }
 
@@ -44,16 +28,6 @@ PyObject* py_configure(PyObject*, PyObject* a) {
   if (!PyArg_ParseTuple(a, "pipd", &on, &phase, &defer, &limit)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   g_on = on, g_phase = static_cast<int8_t>(phase), g_defer = defer, g_limit = limit;
-  Py_RETURN_NONE;
-}
-
-// register(on): add or remove the thread-local callback. Only between steps and around the
-// optimizer step: inside backward the engine restores this thread's callbacks when it
-// returns, so a callback registered there would be lost and one removed there come back.
-PyObject* py_register(PyObject*, PyObject* a) {
-  int on = PyObject_IsTrue(a);
-  if (on < 0) return nullptr;
-  set_registered(on);
   Py_RETURN_NONE;
 }
 
