@@ -181,18 +181,21 @@ def test_show_names_the_first_nan_and_convert_writes_npy(tmp_path, run_cli):
 def test_an_internal_error_stops_capture_not_the_run(tmp_path, monkeypatch):
     from dump_helpers import bare
 
+    from opscope.capture.torch import dump_native
     from opscope.capture.torch import recorder as recorder_module
 
     calls = {"n": 0}
-    real = recorder_module.Recorder.record
 
-    def flaky(self, *args, **kwargs):  # opscope's own code failing in the middle of step 1
-        calls["n"] += 1
-        if self.step == 1 and calls["n"] > 5:
-            raise KeyError("simulated opscope bug")
-        return real(self, *args, **kwargs)
+    def flaky(real):
+        def record_params(self, *args, **kwargs):  # opscope's own code failing in step 1
+            calls["n"] += 1
+            if self.step == 1 and calls["n"] > 2:
+                raise KeyError("simulated opscope bug")
+            return real(self, *args, **kwargs)
+        return record_params
 
-    monkeypatch.setattr(recorder_module.Recorder, "record", flaky)
+    for cls in (recorder_module.Recorder, dump_native.NativeRecorder):
+        monkeypatch.setattr(cls, "record_params", flaky(cls.record_params))
     with pytest.warns(RuntimeWarning, match="stopped capturing at step 1 after an internal error"):
         losses, dump = train(tmp_path / "d", 3)
     assert losses == bare(3)  # the run went on, bit for bit

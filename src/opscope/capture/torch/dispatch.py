@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opscope.capture.torch.recorder import args_of
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
@@ -184,3 +183,30 @@ def args_with_rng(call_args: tuple[list, dict] | None, rng: tuple[str, Any]) -> 
     state = None if rng[1] is None else base64.b64encode(rng[1].numpy().tobytes()).decode("ascii")
     return json.dumps({"args": [list(p) for p in pairs], "kwargs": kw, "rng": {"device": rng[0], "state": state}},
                       default=str)
+
+
+_SIMPLE = frozenset((int, float, bool, str, type(None)))
+
+
+def args_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list, dict] | None:
+    """The call's non-tensor arguments, for replay: ``([[position, value], ...], {name: value})``.
+
+    Tensors (and lists of tensors) are left out: they are the call's input rows, found by
+    ``arg`` (schema name) and ``slot``. Values other than numbers, strings and lists of
+    them (dtype, device, memory_format) are kept as their ``str``. Encoded as JSON when
+    the step is written, off the training thread.
+    """
+    pairs = []
+    for i, a in enumerate(args):
+        c = a.__class__
+        if c in _SIMPLE:
+            pairs.append((i, a))
+        elif c is list or c is tuple:
+            if not any(isinstance(x, torch.Tensor) for x in a):
+                pairs.append((i, [x if x.__class__ in _SIMPLE else str(x) for x in a]))
+        elif not isinstance(a, torch.Tensor):
+            pairs.append((i, str(a)))
+    kw = {k: (v if v.__class__ in _SIMPLE else str(v)) for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+    if not pairs and not kw:
+        return None
+    return pairs, kw

@@ -59,6 +59,10 @@ class NativeRecorder(Recorder):
         self.native.set_counters(self.next_id, self.seq)
         return call
 
+    def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
+                      before: bool) -> None:
+        self.native.record_params(op, items, before)
+
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)
         self.slow = {}

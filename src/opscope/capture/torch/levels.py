@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from opscope.capture.torch.dispatch import DumpDispatchMode
+from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import tensors_of
-from opscope.capture.torch.recorder import args_of
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession

@@ -164,6 +164,19 @@ class Recorder:
                 self._output_row(head, slot, arg, t, data, src, slot in mutated,
                                  first_input if src is not None else None, bumped)
 
+    def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
+                      before: bool) -> None:
+        """The optimizer step's parameters: ``items`` are ``(call, module, param, grad, name)``.
+        Before the step each parameter and its gradient (rows linked to the parameter by
+        name), after it each parameter again, as an output."""
+        for call, module, p, grad, name in items:
+            if not before:
+                self.record(op, module, "optimizer", [], [(0, "param", p)], call=call)
+                continue
+            self.record(op, module, "optimizer", [(0, "param", p)], [], call=call)
+            if grad is not None:
+                self.record(op, module, "optimizer", [(1, "grad", grad)], [], input_io="grad", call=call, param=name)
+
     def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
                  param: str | None = None, producer: int | None = None) -> list[Any]:
         # one list display in COLUMNS order (checked at import): the hot path of every level
@@ -381,30 +394,3 @@ def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
         node = t.grad_fn
         if node is not None:
             node.metadata.setdefault("opscope", (producer[_MODULE], producer[_OP]))
-
-
-_SIMPLE = frozenset((int, float, bool, str, type(None)))
-
-
-def args_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list, dict] | None:
-    """The call's non-tensor arguments, for replay: ``([[position, value], ...], {name: value})``.
-
-    Tensors (and lists of tensors) are left out: they are the call's input rows, found by
-    ``arg`` (schema name) and ``slot``. Values other than numbers, strings and lists of
-    them (dtype, device, memory_format) are kept as their ``str``. Encoded as JSON when
-    the step is written, off the training thread.
-    """
-    pairs = []
-    for i, a in enumerate(args):
-        c = a.__class__
-        if c in _SIMPLE:
-            pairs.append((i, a))
-        elif c is list or c is tuple:
-            if not any(isinstance(x, torch.Tensor) for x in a):
-                pairs.append((i, [x if x.__class__ in _SIMPLE else str(x) for x in a]))
-        elif not isinstance(a, torch.Tensor):
-            pairs.append((i, str(a)))
-    kw = {k: (v if v.__class__ in _SIMPLE else str(v)) for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-    if not pairs and not kw:
-        return None
-    return pairs, kw

@@ -253,17 +253,12 @@ class DumpSession:
     def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
         """The optimizer step's parameters (and gradients) before it, its parameters after."""
         op = f"{type(optimizer).__name__}.step"
+        items = []
         for i, p in enumerate(_params(optimizer)):
             module = self._owner(p)
-            if not self.recorder.selected(module, op, "optimizer"):
-                continue
-            if not before:
-                self.recorder.record(op, module, "optimizer", [], [(0, "param", p)], call=i)
-                continue
-            self.recorder.record(op, module, "optimizer", [(0, "param", p)], [], call=i)
-            if p.grad is not None:
-                self.recorder.record(op, module, "optimizer", [(1, "grad", p.grad)], [], input_io="grad", call=i,
-                                     param=self.modules.param_names.get(id(p)))
+            if self.recorder.selected(module, op, "optimizer"):
+                items.append((i, module, p, p.grad, self.modules.param_names.get(id(p))))
+        self.recorder.record_params(op, items, before)
 
     def _owner(self, p: torch.Tensor) -> str:
         name = self.modules.param_names.get(id(p), "")

@@ -19,8 +19,7 @@
 
 namespace {
 
-enum Io : int8_t { IO_INPUT = 0, IO_OUTPUT = 1, IO_PARAM = 2 };
-const char* IO_TEXT[] = {"input", "output", "param"};
+enum Io : int8_t { IO_INPUT = 0, IO_OUTPUT = 1, IO_PARAM = 2, IO_GRAD = 3 };
 const char* PHASE_TEXT[] = {"forward", "backward", "optimizer"};
 enum Stats : int8_t { NONE = 0, HAVE = 1, SLOW = 2 };
 
@@ -314,19 +313,19 @@ const Flow* find_flow(const at::Tensor& t) {
   return nullptr;
 }
 
-int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t) {
+int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
   if (f) {
     if (!g_inputs) return static_cast<int64_t>(f->row);
     size_t src = f->row;
     int param = f->param;
-    size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, slot, arg, t, param, rows[src].id);
+    size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, rows[src].id);
     rows[i].link = static_cast<int64_t>(src);
     return static_cast<int64_t>(i);
   }
   if (!g_inputs) return -1;
   int param = param_of(t);
-  size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, slot, arg, t, param);
+  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param);
   measure(i, t);
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);

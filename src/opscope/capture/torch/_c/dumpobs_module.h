@@ -3,7 +3,7 @@ namespace {
 
 // Python strings of interned names, made once and shared by every row that holds them
 std::vector<PyObject*> py_names;
-PyObject* py_text[8] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" ""
+PyObject* py_text[9] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" "" "grad"
 
 PyObject* name_obj(int i) {  // a new reference
   if (i < 0) Py_RETURN_NONE;
@@ -14,8 +14,10 @@ PyObject* name_obj(int i) {  // a new reference
   return o;
 }
 
+const int IO_TEXT_AT[] = {0, 1, 2, 8};  // Io -> its text
+
 PyObject* text(int i) {
-  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", ""};
+  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", "", "grad"};
   if (!py_text[i]) py_text[i] = PyUnicode_InternFromString(t[i]);
   Py_INCREF(py_text[i]);
   return py_text[i];
@@ -82,11 +84,11 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     const Row& r = rows[i];
     int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
     for (int c = 0; c < 6; ++c) ints[c * n + i] = iv[c];
-    int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + r.io, r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
+    int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
                       r.param, r.fwd, r.node, r.note};
     for (int c = 0; c < 11; ++c) strs[c * n + i] = sv[c];
     auto slot = dtype_slots.try_emplace(r.dtype, static_cast<int>(dtype_slots.size())).first->second;
-    strs[5 * n + i] = fixed + 8 + slot;  // the step's dtype names follow the fixed texts
+    strs[5 * n + i] = fixed + 9 + slot;  // the step's dtype names follow the fixed texts
     offsets[i] = static_cast<int32_t>(shape.size());
     shape.insert(shape.end(), r.shape.begin(), r.shape.end());
     uint16_t bits = 0;
@@ -113,7 +115,7 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     PyList_Append(dict, o);
     Py_DECREF(o);
   }
-  for (int i = 0; i < 8; ++i) {  // input output param forward backward optimizer cpu ""
+  for (int i = 0; i < 9; ++i) {  // input output param forward backward optimizer cpu "" grad
     PyObject* o = text(i);
     PyList_Append(dict, o);
     Py_DECREF(o);
@@ -214,6 +216,48 @@ PyObject* py_begin_step(PyObject*, PyObject* a) {
 
 PyObject* py_meta_skipped(PyObject*, PyObject*) { return PyLong_FromLongLong(g_meta); }
 
+// record_params(op, [(call, module, param, grad or None, name or None)], before): the
+// optimizer step's parameters (and gradients) before it, its parameters after, as
+// Recorder.record_params records them, one call per parameter.
+PyObject* py_record_params(PyObject*, PyObject* a) {
+  const char* op;
+  PyObject* items;
+  int before;
+  if (!PyArg_ParseTuple(a, "sOp", &op, &items, &before)) return nullptr;
+  PyObject* fast = PySequence_Fast(items, "a sequence of parameter entries is expected");
+  if (!fast) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  int op_name = intern(op), a_param = intern("param"), a_grad = intern("grad");
+  for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); ++k) {
+    long long call;
+    const char* module;
+    PyObject *p, *g, *name;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "LsOOO", &call, &module, &p, &g, &name) ||
+        !THPVariable_Check(p)) {
+      Py_DECREF(fast);
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) expected");
+      return nullptr;
+    }
+    Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1};
+    const at::Tensor& param = THPVariable_Unpack(p);
+    if (!before) {
+      if (!g_outputs) continue;
+      output_row(h, 0, param, -1, false);
+      rows.back().arg = a_param;
+      continue;
+    }
+    input_row(h, 0, a_param, param);
+    if (g != Py_None && THPVariable_Check(g)) {
+      Head hg = h;
+      hg.seq = g_seq++;
+      int64_t r = input_row(hg, 1, a_grad, THPVariable_Unpack(g), IO_GRAD);
+      if (r >= 0 && name != Py_None) rows[r].param = intern(PyUnicode_AsUTF8(name));
+    }
+  }
+  Py_DECREF(fast);
+  Py_RETURN_NONE;
+}
+
 // lookup(tensor) -> id of the row that holds this tensor's current content this step, or None
 PyObject* py_lookup(PyObject*, PyObject* a) {
   if (!THPVariable_Check(a)) {
@@ -252,6 +296,7 @@ PyMethodDef methods[] = {
     {"counters", py_counters, METH_NOARGS, "counters() -> (next row id, next seq)"},
     {"set_counters", py_set_counters, METH_VARARGS, "set_counters(id, seq)"},
     {"lookup", py_lookup, METH_O, "lookup(tensor): the id of the row holding its content this step, or None"},
+    {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {nullptr, nullptr, 0, nullptr}};
 
