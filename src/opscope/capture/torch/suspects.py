@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -400,4 +402,13 @@ def human(n: float) -> str:
 def _say(msg: str, warn: bool) -> None:
     LOG.info(msg)
     if warn:
-        warnings.warn(msg, TensorDumpSize, stacklevel=3)
+        warnings.warn(msg, TensorDumpSize, stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """The ``stacklevel`` that names the user's line (the first frame outside opscope)."""
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
