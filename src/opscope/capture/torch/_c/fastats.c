@@ -16,6 +16,9 @@
 
 #include "fastats_kernel.h"
 
+static const size_t ITEMSIZE_OF[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
+#define GIL_FREE_BYTES ((size_t)8 << 20) /* about half a millisecond of work */
+
 static PyObject *stats(PyObject *self, PyObject *args) {
     unsigned long long ptr;
     Py_ssize_t n;
@@ -29,7 +32,11 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     memset(&a, 0, sizeof a);
     a.mn = INFINITY;
     a.mx = -INFINITY;
-    if (n > 0) {
+    if (n > 0 && (size_t)n * ITEMSIZE_OF[code] < GIL_FREE_BYTES) {
+        /* a small tensor: done before another thread could use the GIL, and getting it back
+         * can cost a whole switch interval (5 ms) when the writer thread holds it */
+        run((const void *)(uintptr_t)ptr, n, code, &a);
+    } else if (n > 0) {
         Py_BEGIN_ALLOW_THREADS
         run((const void *)(uintptr_t)ptr, n, code, &a);
         Py_END_ALLOW_THREADS
