@@ -33,7 +33,9 @@ def _dump(path, task, backend_name, monkeypatch, steps=2, **keys):
         for i in range(steps):
             losses.append(train_step(model, opt, *batch(i)))
             d.step()
-    df = opscope.load(path).records().to_pandas(integer_object_nulls=True)  # exact 64-bit hashes
+    dump = opscope.load(path)
+    assert (dump.manifest["stats_backend"] == "native") == (backend_name == "native")
+    df = dump.records().to_pandas(integer_object_nulls=True)  # exact 64-bit hashes
     return losses, df
 
 

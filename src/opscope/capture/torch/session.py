@@ -91,6 +91,7 @@ class DumpSession:
         if backend is not None:  # aten-level statistics through the native observer
             self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
             self._level = dump_native.NativeAtenLevel(self, backend)
+            self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:
             self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
             if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
