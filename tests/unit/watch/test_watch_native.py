@@ -183,3 +183,23 @@ def test_concurrent_first_builds_wait_for_one_another(tmp_path):
     assert all(p.returncode == 0 and out.strip() == "ok" for p, (out, _) in zip(procs, outs)), outs
     built = list(tmp_path.rglob("_opscope_watch*.so"))
     assert len(built) == 1  # one build, the other process waited for it and loaded it
+
+
+def test_a_forked_child_checks_nothing(backend):
+    """A DataLoader worker forked while watching inherits the observer; it must not check
+    (nor raise on) the worker's own ops."""
+    with opscope.watch(action="raise") as w:
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 0
+            try:
+                torch.log(torch.zeros(4))  # -Inf: a hit, were the child watching
+                w.step()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+        with pytest.raises(opscope.OverflowDetected):  # the parent still watches
+            torch.log(torch.zeros(4))
+            w.step()

@@ -156,6 +156,11 @@ class NativeAtenLevel(Level):
     def stop_capture(self) -> None:
         self.native.configure(False, 0)  # safe inside an op; the callback is removed at stop
 
+    def forked(self) -> None:
+        self.on = False
+        self.native.configure(False, 0)
+        self.native.register(False)  # the child's copy of the parent thread's callback
+
     def activate(self) -> None:  # at step boundaries only: see _c/observer.h
         if not self.on:
             self.on = True

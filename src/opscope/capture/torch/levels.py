@@ -43,6 +43,10 @@ class Level:
     def stop_capture(self) -> None:
         """Capture stopped for good (an internal error); levels that do not check per op stop."""
 
+    def forked(self) -> None:
+        """In a child process (a DataLoader worker): capture nothing, pay nothing."""
+        self.stop_capture()
+
 
 class _ModeLevel(Level):
     mode: Any

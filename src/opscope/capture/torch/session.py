@@ -186,6 +186,8 @@ class DumpSession:
     def _forked(self) -> None:
         self.active = self.capturing = False
         self.started = False
+        if self._level is not None:  # the child inherits the parent thread's observer
+            self._level.forked()
 
     def _atexit(self) -> None:
         self._finish("complete")

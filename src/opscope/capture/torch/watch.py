@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import weakref
 from collections import deque
@@ -132,6 +133,7 @@ class WatchSession(StepChecks):
                              opt.register_optimizer_step_post_hook(self._optimizer_post)]
             if self.native:
                 self.checker.install()
+                os.register_at_fork(after_in_child=self._forked)
             elif self.cfg.level == "aten":
                 # Slid under the modes already on the stack: a dump entered before the watch
                 # leaves its mode per step with a plain pop of the top, which must be its own.
@@ -329,6 +331,13 @@ class WatchSession(StepChecks):
         elif not wanted and not self._mode_suspended and top_mode() is mode:
             mode.__exit__(None, None, None)
             self._mode_suspended = True
+
+    def _forked(self) -> None:
+        """A child process (a DataLoader worker) inherits the observer: it checks nothing."""
+        if self.native and self.started:
+            self.active = self.started = False
+            self.checker.on = False
+            self.checker.uninstall()
 
     def _param_names(self) -> dict[int, str]:
         return param_names_by_impl(self._roots) if self.native else self.modules.param_names
