@@ -154,6 +154,7 @@ def test_awkward_tensors(tmp_path):
 
 def test_device_statistics_path_gives_the_same_records_on_cpu(tmp_path, monkeypatch):
     """The CUDA path (reductions left on the device, one transfer per step) runs on CPU too."""
+    monkeypatch.setenv("OPSCOPE_STATS_BACKEND", "async")  # the dispatch mode's C engine, same records
     _, native = train(tmp_path / "native", 2, small_transformer)
     monkeypatch.setenv("OPSCOPE_STATS_BACKEND", "torch")
     _, device = train(tmp_path / "device", 2, small_transformer)

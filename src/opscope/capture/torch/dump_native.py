@@ -24,7 +24,7 @@ from opscope.capture.torch.native_ops import classify_op
 from opscope.capture.torch.native_table import Columns
 from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
-from opscope.config import DumpConfig
+from opscope.config import DumpConfig, env
 from opscope.model.records import COL, NO_STATS, STATS
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ _PHASE_NAMES = ("forward", "backward", "optimizer")
 def backend_for(cfg: DumpConfig) -> Any:
     """The native module when this dump can use it, else None."""
     if os.environ.get("OPSCOPE_DUMP_BACKEND", "native").lower() == "python":
+        return None
+    if (env("STATS_BACKEND", "auto") or "auto").lower() != "auto":  # an engine of the Python path asked for
         return None
     if cfg.level != "aten" or cfg.data != "statistics" or cfg.tensor_ops or cfg.suspects or cfg.source:
         return None
