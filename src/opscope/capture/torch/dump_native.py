@@ -25,13 +25,12 @@ from opscope.capture.torch.native_table import Columns
 from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
 from opscope.config import DumpConfig, env
-from opscope.model.records import COL, NO_STATS, STATS
+from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
 
 _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
-_PRODUCER, _NOTE, _IO = COL["producer"], COL["note"], COL["io"]
 _PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
@@ -47,19 +46,13 @@ def backend_for(cfg: DumpConfig) -> Any:
 
 
 class NativeRecorder(Recorder):
-    """A :class:`Recorder` whose aten rows come from the native observer; rows recorded in
-    Python (the optimizer's parameters, by the session's hooks) share its ids and order."""
+    """A :class:`Recorder` whose rows come from the native observer, the optimizer's
+    parameters included (:meth:`record_params`)."""
 
     def __init__(self, cfg: DumpConfig, writer: Any, rank: int, param_names: dict[int, str], backend: Any) -> None:
         super().__init__(cfg, writer, rank, param_names, "sync")
         self.native = backend
         self.slow: dict[int, Any] = {}  # row index -> statistics (or a pending device job)
-
-    def record(self, *args: Any, **kwargs: Any) -> int:
-        self.next_id, self.seq = self.native.counters()
-        call = super().record(*args, **kwargs)
-        self.native.set_counters(self.next_id, self.seq)
-        return call
 
     def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
                       before: bool) -> None:
@@ -68,20 +61,7 @@ class NativeRecorder(Recorder):
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)
         self.slow = {}
-        self.linked: list[list[Any]] = []  # Python rows whose tensor a native row holds
         self.native.begin_step(step)
-
-    def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
-        """A tensor the native observer recorded this step (a parameter before and after the
-        optimizer step) links to that row, as it would to an earlier Python row."""
-        rid = self.native.lookup(t)
-        if rid is None:
-            super()._measure(row, t, data)
-            return
-        row[_PRODUCER] = rid
-        if row[_IO] == "output":
-            row[_NOTE] = "alias"
-        self.linked.append(row)
 
     def end_step(self) -> None:
         cols = Columns(self.native.take_columns(), self.rank, self.step)
@@ -94,13 +74,9 @@ class NativeRecorder(Recorder):
                 stats[i] = stats[src]
         for i, st in stats.items():
             cols.set_stats(i, st)
-        for row in self.linked:  # Python rows (the optimizer's parameters) that link to native ones
-            i = cols.index_of(row[_PRODUCER])
-            if i is not None:
-                row[STATS] = cols.stats(i)
         self.meta_skipped = self.native.meta_skipped()
         self.writer.add_table(self.step, cols.table())
-        super().end_step()  # the Python rows, in a shard of their own, and the step's end
+        super().end_step()  # the step's end (the Python recorder holds no rows here)
 
     # -- hooks the native observer calls (with the GIL) ------------------------------------
     def slow_stats(self, index: int, t: torch.Tensor) -> None:

@@ -36,17 +36,6 @@ class Columns:
         self.valid = np.frombuffer(valid, dtype=np.uint16).copy()
         self.rank, self.step = rank, step
 
-    def index_of(self, row_id: int) -> int | None:
-        ids = self.ints[0]
-        i = int(np.searchsorted(ids, row_id))
-        return i if i < self.n and ids[i] == row_id else None
-
-    def stats(self, i: int) -> tuple[Any, ...]:
-        """Row ``i``'s statistics in STAT_NAMES order (None where there is none)."""
-        bits = int(self.valid[i])
-        values = [float(v) for v in self.sf[:, i]] + [int(v) for v in self.si[:, i]]
-        return tuple(v if bits >> k & 1 else None for k, v in enumerate(values))
-
     def set_stats(self, i: int, stats: tuple[Any, ...]) -> None:
         bits = 0
         for k, v in enumerate(stats):

@@ -67,7 +67,6 @@ class NativeChecker(Checker):
         self._phase = "forward"
         self._paths: dict[str, int] = {"": -1}
         self._path_list: list[str] = []
-        self._entries: list[list[Any]] = []
         self.raised: BaseException | None = None
         super().__init__(modules, limit, on_hit)
         self.ident = _ident
@@ -124,7 +123,6 @@ class NativeChecker(Checker):
     def reset(self) -> None:
         if hasattr(self, "_n"):
             self._n.reset()
-        self._entries = []
         self.groups: list[tuple[str, str, list[tuple[Any, ...]], torch.Tensor]] = []
         self.params: dict[int, str] = {}
         self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}
@@ -133,8 +131,8 @@ class NativeChecker(Checker):
     def entries(self) -> list[list[Any]]:  # type: ignore[override]
         """The step's entries as the chain code reads them (converted on each read: on hits;
         ranges read at the step's end fill in later, so nothing is cached)."""
-        self._entries = []
-        for e in self._n.entries(0):
+        entries = self._n.entries(0)
+        for e in entries:
             e[1] = self._path_list[e[1]] if e[1] >= 0 else ""
             e[2] = _PHASE_NAMES[e[2]]
             if e[4] is not None:
@@ -143,8 +141,7 @@ class NativeChecker(Checker):
                 t = rec[1]
                 rec[1] = (lambda t=t: t) if t is not None else None
                 rec[5] = _DTYPES.get(rec[5], rec[5])
-            self._entries.append(e)
-        return self._entries
+        return entries
 
     def count(self) -> int:
         return self._n.count()

@@ -291,10 +291,17 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
   }
 }
 
-const Flow* find_flow(const at::Tensor& t) {
+// The record of this very tensor (alive, unchanged since), or null. A weak reference that has
+// not expired means the TensorImpl at that address is still the one recorded.
+const Flow* same_tensor(const at::Tensor& t, int64_t version) {
   auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it != flow.end() && it->second.ref && it->second.ref->lock() && it->second.version == version_of(t))
+  if (it != flow.end() && it->second.ref && !it->second.ref->expired() && it->second.version == version)
     return &it->second;
+  return nullptr;
+}
+
+const Flow* find_flow(const at::Tensor& t) {
+  if (const Flow* f = same_tensor(t, version_of(t))) return f;
   if (auto k = shared_key(t)) {  // a saved tensor of autograd: the same elements and version counter
     auto si = shared.find(*k);
     if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t)) {
@@ -337,9 +344,8 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   int param = param_of(t);
   int note = N_VIEW;
   if (src < 0 && !mutated) {
-    auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-    if (it != flow.end() && it->second.ref && it->second.ref->lock() && it->second.version == version)
-      src = static_cast<int64_t>(it->second.row), note = N_ALIAS;  // the very tensor measured before
+    if (const Flow* f = same_tensor(t, version))
+      src = static_cast<int64_t>(f->row), note = N_ALIAS;  // the very tensor measured before
   }
   bool view = src >= 0 && note == N_VIEW;
   if (src >= 0 && !mutated && rows[src].numel == rows[i].numel) {

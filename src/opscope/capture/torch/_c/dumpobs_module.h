@@ -258,31 +258,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
-// lookup(tensor) -> id of the row that holds this tensor's current content this step, or None
-PyObject* py_lookup(PyObject*, PyObject* a) {
-  if (!THPVariable_Check(a)) {
-    PyErr_SetString(PyExc_TypeError, "a tensor is expected");
-    return nullptr;
-  }
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  const Flow* f = find_flow(THPVariable_Unpack(a));
-  if (!f) Py_RETURN_NONE;
-  return PyLong_FromLongLong(rows[f->row].id);
-}
 
-// counters() -> (next row id, next seq); set_counters(id, seq): shared with rows Python adds
-PyObject* py_counters(PyObject*, PyObject*) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  return Py_BuildValue("LL", static_cast<long long>(g_next_id), static_cast<long long>(g_seq));
-}
-
-PyObject* py_set_counters(PyObject*, PyObject* a) {
-  long long id, seq;
-  if (!PyArg_ParseTuple(a, "LL", &id, &seq)) return nullptr;
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  g_next_id = id, g_seq = seq;
-  Py_RETURN_NONE;
-}
 
 PyMethodDef methods[] = {
     {"install", py_install, METH_VARARGS, "install(classify, hooks, rank, want_inputs, want_outputs, no_stats)"},
@@ -293,9 +269,6 @@ PyMethodDef methods[] = {
     {"set_params", py_set_params, METH_O, "set_params([(tensor, name)]): names of parameters and buffers"},
     {"begin_step", py_begin_step, METH_O, "begin_step(step): start recording a step"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
-    {"counters", py_counters, METH_NOARGS, "counters() -> (next row id, next seq)"},
-    {"set_counters", py_set_counters, METH_VARARGS, "set_counters(id, seq)"},
-    {"lookup", py_lookup, METH_O, "lookup(tensor): the id of the row holding its content this step, or None"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {nullptr, nullptr, 0, nullptr}};
