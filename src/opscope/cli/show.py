@@ -52,7 +52,7 @@ def render(dump: Dump) -> str:
 def _tensor_sizes(dump: Dump) -> list[str]:
     """Per rank, at its first step: what full tensors of every op take (estimated from the
     records by the rule a tensor dump stores them), or what this dump stored there."""
-    from opscope.capture.torch.suspects import human
+    from opscope.capture.torch.tensor_size import human
 
     lines = []
     for rank in dump.ranks:
@@ -72,7 +72,7 @@ def _tensor_sizes(dump: Dump) -> list[str]:
 def _step_tensor_size(dump: Dump, rank: int, step: int) -> tuple[int, int, int, int]:
     """(bytes, tensors) that full tensors of every op take at this step, by the rule a tensor
     dump stores them (``tensor_bytes``), and (bytes, tensors) this dump stored there."""
-    from opscope.capture.torch.suspects import ITEMSIZE, places_views, table_rows, tensor_bytes
+    from opscope.capture.torch.tensor_size import ITEMSIZE, places_views, table_rows, tensor_bytes
     from opscope.model.records import COL
 
     table = dump.records(rank=rank, step=step, columns=["id", "phase", "module", "op", "call", "dtype", "shape",
