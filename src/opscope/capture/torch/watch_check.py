@@ -285,17 +285,17 @@ class Checker:
         tensor whose norm is not finite or beyond the limit is checked exactly, since the norm
         of large finite values may overflow: the norm only filters).
         """
-        picked = [i for i, t in enumerate(tensors) if t.dtype.is_floating_point and not t.is_meta and t.numel()
-                  and t.layout == torch.strided]
-        if self.ranges_of is not None and not self.defer:
+        picked = range(len(tensors))
+        if self.ranges_of is not None and not self.defer:  # it says None for what it cannot read
             hits, rest, limit = [], [], self.limit
-            for i, r in zip(picked, self.ranges_of([tensors[i] for i in picked]), strict=True):
+            for i, r in enumerate(self.ranges_of(tensors)):
                 if r is None:
                     rest.append(i)
                 elif not (r[0] > -limit and r[1] < limit):
                     hits.append(i)
             self._group_done(label, phase, tensors, describe, hits)
             picked = rest
+        picked = [i for i in picked if _checkable(tensors[i])]
         if not picked:
             return
         with _no_dispatch():
@@ -342,6 +342,10 @@ class Checker:
         for rec, _, _, index, slot, select, strict in sorted(found, key=lambda i: (i[3], i[4])):
             ref = rec[O_REF]
             self.judge(index, slot, ref() if ref is not None else None, None, select, strict)
+
+
+def _checkable(t: torch.Tensor) -> bool:
+    return t.dtype.is_floating_point and not t.is_meta and bool(t.numel()) and t.layout == torch.strided
 
 
 def _beyond(picked: list[int], norms: list[float], limit: float) -> list[int]:
