@@ -4,8 +4,8 @@ Prints, for a 2-layer transformer step (d=128, 4 heads, seq 64, batch 8, AdamW) 
 small MLP: the ratio of a step with dumping on to the bare step, for statistics at aten,
 api and module level, for steps not selected, and for full-tensor mode (with the write
 throughput next to the disk's own, measured in the same run). Runs are interleaved
-(bare, dump, bare, dump, ...) and the median of each is taken, so machine noise affects
-both sides alike. When mindstudio-probe is installed it is run on the same steps too.
+(bare then dump, dump then bare, ...: the order alternates) and the median of each is
+taken, so machine noise affects both sides alike. When mindstudio-probe is installed it is run on the same steps too.
 
     python benchmarks/bench_dump.py [--steps 30]
 """
@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import tempfile
 import time
 
 import torch
+from timing import interleaved_ratio
 
 import opscope
 from opscope.demo.models import mlp_task, train_step, transformer_task
@@ -67,12 +67,8 @@ def disk_throughput(root: str, mb: int = 256) -> float:
     return mb / dt
 
 
-def ratio(task, n: int, keys: dict, root: str, rounds: int = 3) -> float:
-    bare, dumped = [], []
-    for _ in range(rounds):
-        bare += _time_steps(task, n, None, root)[2:]
-        dumped += _time_steps(task, n, keys, root)[2:]
-    return statistics.median(dumped) / statistics.median(bare)
+def ratio(task, n: int, keys: dict, root: str, rounds: int = 4) -> float:
+    return interleaved_ratio(lambda: _time_steps(task, n, None, root), lambda: _time_steps(task, n, keys, root), rounds)
 
 
 def main() -> None:
@@ -80,7 +76,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x 3 interleaved rounds")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x 4 rounds, order alternating")
     cases = [
         ("statistics, aten level (target <= 1.5x transformer, 2x MLP)", {"level": "aten"}),
         ("statistics, api level", {"level": "api"}),

@@ -7,9 +7,10 @@ small MLP, the ratio of a step with ``opscope.watch`` on to the bare step: at at
 for the flight recorder (``action="record"``, which also keeps a statistics dump of the
 last steps in memory). Also an empty TorchDispatchMode, the floor of any aten-level
 mechanism written in Python, and ``torch.autograd.detect_anomaly`` for comparison.
-Runs are interleaved (bare, watched, bare, ...) and the median of each is taken.
+Runs are interleaved, the order alternating each round (bare then watched, watched then
+bare), and the median of each is taken.
 
-    python benchmarks/bench_watch.py [--steps 20] [--rounds 3]
+    python benchmarks/bench_watch.py [--steps 20] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import argparse
 import contextlib
 import os
 import shutil
-import statistics
 import tempfile
 import time
 
 import torch
+from timing import interleaved_ratio
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import opscope
@@ -65,11 +66,7 @@ def _time_steps(task, n: int, keys: dict | None, root: str) -> list[float]:
 
 
 def ratio(task, n: int, keys: dict, root: str, rounds: int) -> float:
-    bare, watched = [], []
-    for _ in range(rounds):
-        bare += _time_steps(task, n, None, root)[2:]
-        watched += _time_steps(task, n, keys, root)[2:]
-    return statistics.median(watched) / statistics.median(bare)
+    return interleaved_ratio(lambda: _time_steps(task, n, None, root), lambda: _time_steps(task, n, keys, root), rounds)
 
 
 CASES = [
@@ -88,11 +85,11 @@ CASES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--models", default="transformer,mlp", help="comma-separated: transformer, mlp")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} interleaved rounds")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, order alternating")
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         tasks = {"transformer": transformer_task, "mlp": mlp_task}
         for name in args.models.split(","):

@@ -203,3 +203,24 @@ def test_a_forked_child_checks_nothing(backend):
         with pytest.raises(opscope.OverflowDetected):  # the parent still watches
             torch.log(torch.zeros(4))
             w.step()
+
+
+@pytest.mark.parametrize("name", ["native", "python"])
+def test_module_level_names_the_same_hits_on_both_backends(name, monkeypatch):
+    """Module level keeps its entries natively (no per-op observer): same module, kind, chain."""
+    monkeypatch.setenv("OPSCOPE_WATCH_BACKEND", name)
+    torch.manual_seed(0)
+    w = opscope.watch(action="raise", level="module")
+    assert w.native == (name == "native") and not w.ops_native
+    with pytest.raises(opscope.OverflowDetected) as info, w:
+        train(ZeroVarNorm(), [torch.randn(4, 8), torch.ones(4, 8)], w)
+    e = info.value.event
+    assert (e.op, e.module, e.kind, e.step, e.level) == ("Linear", "fc", "nan", 1, "module")
+    assert e.source and "watch_models.py" in e.source
+    assert [link.module for link in e.chain][-1] == "fc"
+    (x,) = e.inputs  # fc's input, made NaN by the normalisation code between modules
+    assert (x.dtype, x.shape, x.nan) == ("float32", [4, 8], 32) and "between modules" in x.origin
+    torch.manual_seed(0)
+    with opscope.watch(action="warn", level="module") as w:
+        losses = train(MaskedAttention(), [torch.randn(2, 8, 16) for _ in range(2)], w)
+    assert not w.result().events and all(math.isfinite(v) for v in losses)

@@ -85,11 +85,10 @@ class WatchSession(StepChecks):
         backend = None if not self.active else load_backend()
         self.modules = ModuleTracker(self.clock.outer_module_call, self._enter,
                                      self._exit if module_level else self._exit_op_level)
-        self.native = backend is not None and not module_level  # module level: native range pass only
-        self.checker: Checker = (NativeChecker(self.modules, cfg.limit, self._hit, backend) if self.native
-                                 else Checker(self.modules, cfg.limit, self._hit))
-        if backend is not None:
-            self.checker.range_of, self.checker.ranges_of = backend.range_of, backend.ranges_of
+        self.native = backend is not None
+        self.ops_native = self.native and not module_level  # module level: no per-op observer
+        self.checker: Checker = (NativeChecker(self.modules, cfg.limit, self._hit, backend, ops=not module_level)
+                                 if self.native else Checker(self.modules, cfg.limit, self._hit))
         self.checker.tag_nodes = not module_level
         self.flight: Any = None
         self._mode: WatchDispatchMode | None = None
@@ -294,7 +293,7 @@ class WatchSession(StepChecks):
         self._optimizer_seen = True
         if not checker.on:
             return
-        if self._mode is not None or self.native:
+        if self._mode is not None or self.ops_native:
             # aten level: gradients were checked as backward ops' outputs; the optimizer's
             # own ops are checked per parameter after the step (param and state, one fused
             # call), which costs a fraction of ~10 ops per parameter through the mode.
@@ -358,7 +357,7 @@ class WatchSession(StepChecks):
         return self.modules.param_names.get(id(p)) or f"<unnamed {tuple(p.shape)}>"
 
     def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
-        if self.native:
+        if self.ops_native:
             self._reraise()
             self.checker.module_changed(path)
         if len(self.modules.stack) != 1:
@@ -374,7 +373,7 @@ class WatchSession(StepChecks):
         checker = self.checker
         if not checker.on or output is None:
             return
-        outs = (output,) if type(output) is torch.Tensor else tensors_of(output)
+        outs = _outputs(output)
         seen = self._seen
         fresh = []
         for t in outs:
@@ -384,6 +383,20 @@ class WatchSession(StepChecks):
                 fresh.append(t)
         if not fresh:
             return
-        in_ids = tuple(id(a) for a in (args if type(args) is tuple else (args,)) if isinstance(a, torch.Tensor))
+        ident = checker.ident
+        args = args if type(args) is tuple else (args,)
+        in_ids = tuple(ident(a) for a in args if isinstance(a, torch.Tensor))
         phase = "backward" if _current_node() is not None else checker.phase
-        checker.observe(type(module).__name__, path, phase, None, None, in_ids, fresh)
+        if self.native:
+            checker.observe_module(type(module).__name__, path, phase, in_ids, fresh, args)
+        else:
+            checker.observe(type(module).__name__, path, phase, None, None, in_ids, fresh, args)
+
+
+def _outputs(output: Any) -> Any:
+    """The tensors of a module's output; a tuple of tensors (and None) without a tree walk."""
+    if type(output) is torch.Tensor:
+        return (output,)
+    if type(output) is tuple and all(type(x) is torch.Tensor or x is None for x in output):
+        return [x for x in output if x is not None]
+    return tensors_of(output)

@@ -146,29 +146,32 @@ def summarize(t: torch.Tensor, slot: int, name: str | None = None, origin: str |
     return s
 
 
-def origin_of(entries: list[list[Any]], tensor_id: int, before: int, param_names: dict[int, str]) -> str:
+def origin_of(entries: list[list[Any]], tensor_id: int, before: int, param_names: dict[int, str],
+              level: str = "aten") -> str:
     name = param_names.get(tensor_id)
     if name:
         return f"parameter {name}"
     found = producer(entries, tensor_id, before)
     if found is None:
+        if level == "module":
+            return "not a watched module's output (model input, code between modules, constant or earlier step)"
         return "not produced by a watched op (model input, constant or earlier step)"
     e = entries[found[0]]
     return f"{e[NAME]} in {e[MODULE] or '(top level)'} ({e[PHASE]})"
 
 
 def input_summaries(entries: list[list[Any]], index: int, args: Any, param_names: dict[int, str],
-                    names: list[str] | None = None, ident: Callable[[torch.Tensor], int] = id
-                    ) -> list[TensorSummary]:
+                    names: list[str] | None = None, ident: Callable[[torch.Tensor], int] = id,
+                    level: str = "aten") -> list[TensorSummary]:
     """Statistics of the hit op's inputs: live tensors when at hand, else their producers' ranges."""
     out = []
     if args is not None:
         for i, t in enumerate(_tensors(args)):
             name = names[i] if names and i < len(names) else param_names.get(ident(t))
-            out.append(summarize(t, i, name, origin_of(entries, ident(t), index, param_names)))
+            out.append(summarize(t, i, name, origin_of(entries, ident(t), index, param_names, level)))
         return out
     for i, tid in enumerate(entries[index][IN_IDS]):
-        origin = origin_of(entries, tid, index, param_names)
+        origin = origin_of(entries, tid, index, param_names, level)
         found = producer(entries, tid, index)
         if found is None:
             out.append(TensorSummary(slot=i, name=param_names.get(tid), origin=origin))
@@ -209,6 +212,6 @@ def build_event(entries: list[list[Any]], index: int, slot: int, kind: str, t: t
         with torch._C._DisableTorchDispatch():
             d = t.detach()
             event.nan, event.inf = int(torch.isnan(d).sum()), int(torch.isinf(d).sum())
-    event.inputs = input_summaries(entries, index, args, param_names, names, ident)
+    event.inputs = input_summaries(entries, index, args, param_names, names, ident, level)
     event.chain = chain(entries, index, slot, kind, limit)
     return event

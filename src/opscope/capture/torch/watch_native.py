@@ -58,16 +58,23 @@ def load_backend() -> Any:
 
 
 class NativeChecker(Checker):
-    """:class:`Checker` whose per-op work and entries live in the native observer."""
+    """:class:`Checker` whose per-op work and entries live in the native observer.
 
-    def __init__(self, modules: Any, limit: float | None, on_hit: Callable[..., None], backend: Any) -> None:
+    With ``ops=False`` (module level) the per-op observer is never registered: only
+    :meth:`observe` and the range passes are native (entries, marks and judging in C++).
+    """
+
+    def __init__(self, modules: Any, limit: float | None, on_hit: Callable[..., None], backend: Any,
+                 ops: bool = True) -> None:
         self._n = backend
+        self._ops = ops
         self._on = self._ops_on = self._defer = False
         self._hush = 0  # > 0 while opscope runs its own torch ops
         self._phase = "forward"
         self._paths: dict[str, int] = {"": -1}
         self._path_list: list[str] = []
         self.raised: BaseException | None = None
+        self._call_args: Any = None  # the inputs of the module call being observed
         super().__init__(modules, limit, on_hit)
         self.ident = _ident
         self.range_of, self.ranges_of = backend.range_of, backend.ranges_of
@@ -85,7 +92,7 @@ class NativeChecker(Checker):
     def _set(self, name: str, value: Any) -> None:
         setattr(self, name, value)
         self._push()
-        if name in ("_on", "_ops_on") and hasattr(self, "_registered"):
+        if name in ("_on", "_ops_on") and self._ops and hasattr(self, "_registered"):
             wanted = self._on and self._ops_on
             if wanted != self._registered:  # changed between steps or around the optimizer step only
                 self._registered = wanted
@@ -93,20 +100,23 @@ class NativeChecker(Checker):
 
     def install(self) -> None:
         self._n.install(self._native_hit, classify_op)
-        self._registered = self._on and self._ops_on
+        self._registered = self._ops and self._on and self._ops_on
         self._n.register(self._registered)
         self._push()
 
     def uninstall(self) -> None:
         self._n.uninstall()
 
-    def module_changed(self, path: str) -> None:
-        """The module being executed (a module was entered or left)."""
+    def _path_index(self, path: str) -> int:
         index = self._paths.get(path)
         if index is None:
             index = self._paths[path] = len(self._path_list)
             self._path_list.append(path)
-        self._n.set_module(index)
+        return index
+
+    def module_changed(self, path: str) -> None:
+        """The module being executed (a module was entered or left)."""
+        self._n.set_module(self._path_index(path))
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -160,6 +170,18 @@ class NativeChecker(Checker):
         self.reraise()
         return index
 
+    def observe_module(self, name: str, path: str, phase: str, in_ids: tuple[int, ...], outs: Any,
+                       args: Any) -> None:
+        """One module call's outputs (module level: no per-op observer to tell the module);
+        ``args`` (the call's inputs) are shown on a hit."""
+        self._call_args = args
+        try:
+            self._n.observe(name, self._path_index(path), _PHASES[phase], in_ids, outs, True, False, False)
+        finally:
+            self._call_args = None
+        if self.raised is not None:
+            self.reraise()
+
     def group(self, label: str, phase: str, tensors: list[torch.Tensor], describe: Callable[..., Any]) -> None:
         with self.quiet():
             super().group(label, phase, tensors, describe)
@@ -175,7 +197,7 @@ class NativeChecker(Checker):
             return
         try:
             with self.quiet():
-                self.on_hit(index, slot, kind, t, args)
+                self.on_hit(index, slot, kind, t, args if args is not None else self._call_args)
         except BaseException as exc:  # raised later, where Python can: see reraise()
             self.raised = exc
 
