@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from opscope.errors import DumpExistsError, DumpWriteError
 from opscope.storage import format as fmt
-from opscope.storage.safetensors_io import write_shard
+from opscope.storage.safetensors_io import write_chunks, write_shard
 from opscope.storage.table import rows_to_table
 
 _STOP = object()
@@ -81,6 +81,18 @@ class DumpWriter:
         self._put(("tensor", step, name, key, dtype, shape, buffer), nbytes)
         return name
 
+    def add_shard(self, step: int, chunks: list[Any], size: int, nbytes: int) -> str:
+        """Queue a whole tensor shard built by the caller (the native dump copies tensors into
+        it at the op): the file is ``chunks`` (buffers) one after the other, cut to ``size``
+        bytes (see :func:`write_chunks`), ``nbytes`` of them tensor data. Returns its file name."""
+        index, used = self._shard.get(step, (0, 0))
+        if used:
+            index += 1  # add_tensor's shard of this step stays its own
+        self._shard[step] = (index + 1, 0)
+        name = f"tensors-{index:05d}.safetensors"
+        self._put(("shard", step, name, chunks, size, nbytes), size)
+        return name
+
     def add_rows(self, step: int, rows: list[list[Any]]) -> None:
         """Queue index rows of one step (written as one Parquet shard)."""
         if rows:
@@ -89,8 +101,9 @@ class DumpWriter:
             self._put(("rows", step, f"records-{index:05d}.parquet", rows), 200 * len(rows))
 
     def add_table(self, step: int, table: Any) -> None:
-        """Queue index rows of one step already built as an Arrow table in :data:`SCHEMA`
-        order (the native capture builds them without a Python object per value)."""
+        """Queue index rows of one step as an Arrow table in :data:`SCHEMA` order, or as an
+        object with ``num_rows`` whose ``table()`` builds one (called on the writer thread:
+        the native capture hands its columns over unconverted)."""
         if table.num_rows:
             index = self._rows_index.get(step, 0)
             self._rows_index[step] = index + 1
@@ -147,6 +160,7 @@ class DumpWriter:
             with self._cond:
                 self._pending -= item[-1]
                 self._cond.notify_all()
+            del item  # its buffers go now (a native shard's memory back to its pool), not at the next item
 
     def _guard(self, fn: Any, *args: Any) -> None:
         start = time.perf_counter()
@@ -171,12 +185,20 @@ class DumpWriter:
                 current = open_shards[step] = (name, [])
             current[1].append((key, dtype, shape, buffer))
             self.tensor_bytes += nbytes
+        elif kind == "shard":
+            _, _, name, chunks, size, nbytes, _ = item
+            directory.mkdir(parents=True, exist_ok=True)
+            write_chunks(directory / name, chunks, size)
+            self.tensor_bytes += nbytes
         elif kind == "rows":
             import pyarrow.parquet as pq
 
             _, _, name, rows, _ = item
             directory.mkdir(parents=True, exist_ok=True)
-            table = rows if isinstance(rows, pa.Table) else rows_to_table(rows)
+            if isinstance(rows, pa.Table):
+                table = rows
+            else:
+                table = rows.table() if hasattr(rows, "table") else rows_to_table(rows)
             tmp = directory / f"{name}.tmp"
             pq.write_table(table, tmp, compression="zstd")
             os.replace(tmp, directory / name)

@@ -28,4 +28,36 @@ def small_transformer():
     return transformer_task(d=32, heads=2, layers=1, seq=8, batch=2)
 
 
-__all__ = ["bare", "small_transformer", "torch", "train", "transformer_task"]
+def small_mlp():
+    return mlp_task(batch=8, d_in=16, hidden=16, depth=2)
+
+
+def train_with(backend: str, monkeypatch, path, n: int = 2, task=small_mlp, **keys):
+    """:func:`train` with ``OPSCOPE_DUMP_BACKEND=backend`` (``native`` or ``python``), from seed 0."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    torch.manual_seed(0)
+    losses, dump = train(path, n, task, **keys)
+    assert (dump.manifest["stats_backend"] == "native") == (backend == "native")
+    return losses, dump
+
+
+def calls(dump) -> dict:
+    """Every row keyed by (step, phase, module, op base name, call count, io, slot): what a
+    comparison lines up between a native and a Python dump. Autograd's own detach calls (seen
+    by a Python mode only) and the spellings add/add_ are normalised."""
+    from opscope.capture.torch.watch_check import base_name
+
+    out: dict = {}
+    counts: dict = {}
+    for row in sorted(dump.records().to_pylist(), key=lambda r: (r["step"], r["id"])):
+        name = base_name(row["op"]).rstrip("_")
+        if name == "detach":
+            continue
+        key = (row["step"], row["phase"], row["module"], name)
+        if row["io"] in ("input", "param") and row["slot"] == 0:
+            counts[key] = counts.get(key, -1) + 1
+        out[(*key, counts.get(key, 0), row["io"], row["slot"])] = row
+    return out
+
+
+__all__ = ["bare", "calls", "small_mlp", "small_transformer", "torch", "train", "train_with", "transformer_task"]

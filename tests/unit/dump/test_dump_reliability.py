@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -61,7 +62,8 @@ def test_killed_process_leaves_completed_shards_readable(tmp_path):
     assert dump.steps() == [0, 1, 2] and dump.records().num_rows > 0
 
 
-def test_full_disk_raises_a_clear_error_without_hanging(tmp_path):
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_full_disk_raises_a_clear_error_without_hanging(tmp_path, backend):
     script = textwrap.dedent(f"""
         import resource, signal, sys, torch, opscope
         from opscope.demo.models import mlp_task, train_step
@@ -75,10 +77,14 @@ def test_full_disk_raises_a_clear_error_without_hanging(tmp_path):
         except opscope.DumpWriteError as exc:
             print("ERROR:", exc); sys.exit(3)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OPSCOPE_DUMP_BACKEND": backend})
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "disk is full" in proc.stdout and "free space" in proc.stdout
-    assert opscope.load(tmp_path / "d").status == "crashed"
+    dump = opscope.load(tmp_path / "d")
+    assert dump.status == "crashed" and (dump.manifest["stats_backend"] == "native") == (backend == "native")
+    if backend == "native":  # native shards are written whole or not at all
+        assert not list((tmp_path / "d").rglob("tensors-*.safetensors"))
 
 
 def test_unwritable_path_and_existing_dump(tmp_path):

@@ -1,12 +1,24 @@
-"""The aten level of a statistics dump, run natively: the C++ observer of ``_c/dumpobs.cpp``
-(built on first use by :mod:`opscope.native`) records every op a dispatch mode would see
-and measures its tensors in one pass, without entering Python per op; Python receives the
-step's rows once, at its end, in the same layout as :class:`~opscope.capture.torch.recorder.Recorder`
+"""The aten level of a dump, run natively: the C++ observer of ``_c/dumpobs.cpp`` (built on
+first use by :mod:`opscope.native`) records every op a dispatch mode would see and measures
+its tensors in one pass, without entering Python per op; Python receives the step's rows
+once, at its end, in the same layout as :class:`~opscope.capture.torch.recorder.Recorder`
 builds them. A Python dispatch mode alone costs more than this whole capture.
 
-Used for ``level="aten"``, ``data="statistics"`` dumps without ``tensor_ops``, ``suspects``
-or ``source``; everything else (and ``OPSCOPE_DUMP_BACKEND=python``, or no C++ compiler)
-goes through :class:`~opscope.capture.torch.dispatch.DumpDispatchMode`.
+With ``data="tensor"`` the same pass copies each measured tensor's bytes, at the op (inputs
+before it runs, outputs after), into tensor shards held in C++ memory, whose safetensors
+headers it builds too; a view is kept as its input's data plus its geometry, as the Python
+path keeps it. Each shard reaches the writer in one call (:meth:`DumpWriter.add_shard`), when
+it fills up (``shard_mb``) or at the step's end, so the writer's queue limit bounds the memory
+and applies back-pressure. ``tensor_limit_mb`` is counted natively (its budget set at each
+step, what was stored and where it stopped reported at its end, :class:`TensorPlan`); the size
+probe of the step before a tensor window runs natively too. Tensors the kernel does not read
+(another device, another dtype) get their statistics from Python and their bytes through
+torch's copy to the host, one at a time.
+
+Used for ``level="aten"`` dumps of ``data="statistics"`` or ``data="tensor"`` without
+``tensor_ops``, ``suspects`` or ``source``; everything else (and
+``OPSCOPE_DUMP_BACKEND=python``, or no C++ compiler) goes through
+:class:`~opscope.capture.torch.dispatch.DumpDispatchMode`. Both write the same dump.
 """
 
 from __future__ import annotations
@@ -24,7 +36,9 @@ from opscope.capture.torch.native_ops import classify_op
 from opscope.capture.torch.native_table import Columns
 from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
+from opscope.capture.torch.tensor_size import table_rows
 from opscope.config import DumpConfig, env
+from opscope.errors import DumpWriteError
 from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
@@ -40,14 +54,16 @@ def backend_for(cfg: DumpConfig) -> Any:
         return None
     if (env("STATS_BACKEND", "auto") or "auto").lower() != "auto":  # an engine of the Python path asked for
         return None
-    if cfg.level != "aten" or cfg.data != "statistics" or cfg.tensor_ops or cfg.suspects or cfg.source:
+    if cfg.level == "api" or cfg.tensor_ops or cfg.suspects or cfg.source:
+        return None
+    if cfg.level == "module" and cfg.data != "statistics":  # module-level tensors: the Python path
         return None
     return native.load("_opscope_dump")
 
 
 class NativeRecorder(Recorder):
-    """A :class:`Recorder` whose rows come from the native observer, the optimizer's
-    parameters included (:meth:`record_params`)."""
+    """A :class:`Recorder` whose rows (and full tensors) come from the native observer, the
+    optimizer's parameters included (:meth:`record_params`)."""
 
     def __init__(self, cfg: DumpConfig, writer: Any, rank: int, param_names: dict[int, str], backend: Any) -> None:
         super().__init__(cfg, writer, rank, param_names, "sync")
@@ -61,10 +77,19 @@ class NativeRecorder(Recorder):
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)
         self.slow = {}
-        self.native.begin_step(step)
+        plan = self.plan  # data="tensor" (tensor_ops and suspects take the Python path): every call
+        tensors = plan is not None and plan.stopped is None
+        self.native.begin_step(step, tensors, probe, -1 if plan is None else plan.budget())
 
     def end_step(self) -> None:
-        cols = Columns(self.native.take_columns(), self.rank, self.step)
+        if self.probing:  # what a tensor step would store, said before the window opens
+            self.probing = False
+            table = Columns(self.native.take_columns(), self.rank, self.step).table()
+            self.plan.estimate_from(self.step, table_rows(table), self.wants_data)
+            self._reset()
+            return
+        nbytes, count, refused = self.native.tensor_counts()
+        cols = Columns(self.native.take_columns(), self.rank, self.step)  # hands over the last shard
         stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if isinstance(st, tuple)}
         jobs = [(i, job) for i, job in self.slow.items() if not isinstance(job, tuple)]
         if jobs:
@@ -75,7 +100,9 @@ class NativeRecorder(Recorder):
         for i, st in stats.items():
             cols.set_stats(i, st)
         self.meta_skipped = self.native.meta_skipped()
-        self.writer.add_table(self.step, cols.table())
+        if self.plan is not None:
+            self.plan.admitted(self.step, nbytes, count, refused)
+        self.writer.add_table(self.step, cols)  # the writer thread builds the Arrow table
         super().end_step()  # the step's end (the Python recorder holds no rows here)
 
     # -- hooks the native observer calls (with the GIL) ------------------------------------
@@ -97,6 +124,16 @@ class _Hooks:
     def slow(self, index: int, t: torch.Tensor) -> None:
         self.recorder.slow_stats(index, t)
 
+    def shard(self, step: int, chunks: list[Any], size: int, nbytes: int) -> str | None:
+        """A full tensor shard, onto the writer's queue (waits while it is full); its name."""
+        writer = self.recorder.writer
+        if writer.error is not None:
+            return None  # the disk failed: the error reaches the user once, from the step
+        try:
+            return writer.add_shard(step, chunks, size, nbytes)
+        except DumpWriteError:
+            return None  # likewise
+
     def rng(self, device: str) -> str | None:
         state = None
         if device == "cpu":
@@ -117,8 +154,9 @@ class NativeAtenLevel(Level):
         super().__init__(session)
         self.native = backend
         recorder = session.recorder
+        writer = recorder.writer
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
-                        recorder.want_outputs, NO_STATS)
+                        recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
         self.installed = True
         session.modules.on_change = backend.set_module
         session.modules.on_indexed = self._index

@@ -34,7 +34,11 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     try:
         func = getattr(getattr(getattr(torch.ops, ns), op), overload)
         kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
-        composite = func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd)
+        # the dispatcher's own kernels: OpOverload.has_kernel_for_dispatch_key also counts the
+        # Python decompositions that tracing registers (native_batch_norm has one), which eager
+        # dispatch, and so a dispatch mode, never runs
+        composite = torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
     except Exception:  # not a registered overload
         return None
     info = kind.info

@@ -88,14 +88,19 @@ class DumpSession:
                                  shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
         self.writer.open()
         backend = dump_native.backend_for(cfg)
-        if backend is not None:  # aten-level statistics through the native observer
+        if backend is not None:  # the aten or module level through the native dump module
             self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
-            self._level = dump_native.NativeAtenLevel(self, backend)
-            self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:
             self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
-            if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
-                self.recorder.plan.before_start(source, self.recorder.selected)
+        if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
+            self.recorder.plan.before_start(source, self.recorder.selected)
+        if backend is not None:
+            from opscope.capture.torch.dump_native_module import NativeModuleLevel
+
+            native_level = NativeModuleLevel if cfg.level == "module" else dump_native.NativeAtenLevel
+            self._level = native_level(self, backend)
+            self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
+        else:
             self._level = levels.make(cfg.level, self)
         self.modules.install()
         from torch.optim import optimizer as opt

@@ -111,6 +111,23 @@ class TensorPlan:
         step[1] += 1
         return True
 
+    def budget(self) -> int:
+        """Bytes that may still be stored before the limit (-1: no limit), for a capture that
+        admits tensors itself (the native dump) and reports them with :meth:`admitted`."""
+        return -1 if self.limit is None else max(self.limit - self.stored, 0)
+
+    def admitted(self, step: int, nbytes: int, count: int, refused: tuple[Any, ...] | None) -> None:
+        """What such a capture stored in ``step`` (``count`` tensors, ``nbytes``), and the tensor
+        the limit refused: None or ``(nbytes, phase, module, op, io, slot)``; as :meth:`admit`
+        would have counted them one by one."""
+        if count:
+            self.stored += nbytes
+            entry = self.step_bytes.setdefault(step, [0, 0])
+            entry[0] += nbytes
+            entry[1] += count
+        if refused is not None and self.stopped is None:
+            self._stop(refused[0], (step, *refused[1:]))
+
     def end_step(self, step: int) -> None:
         """After the first step that stored tensors: report its size and the projection."""
         if self.estimate is not None or step not in self.step_bytes or len(self.step_bytes) != 1:

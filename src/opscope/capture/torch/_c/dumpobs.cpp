@@ -1,6 +1,6 @@
-// Native aten-level statistics dump: the per-op work of recorder.Recorder and
-// dispatch.DumpDispatchMode, run from the shared RecordFunction observer (observer.h) instead
-// of a Python TorchDispatchMode. Used for data="statistics" dumps at aten level (see
+// Native aten-level dump: the per-op work of recorder.Recorder and dispatch.DumpDispatchMode,
+// run from the shared RecordFunction observer (observer.h) instead of a Python
+// TorchDispatchMode. Used for aten-level dumps of statistics or of every full tensor (see
 // dump_native.py, which falls back to the Python mode for everything else).
 //
 // Rows are kept in C++ and handed to Python once per step (take_rows), in the Python
@@ -9,12 +9,17 @@
 // elements with. Statistics of CPU tensors come from the same one-pass kernel as the Python
 // path (fastats_kernel.h), computed at the op: nothing pending can see an in-place write.
 // Tensors the kernel cannot read (another device, an unusual dtype) go to Python (`slow`).
+// With data="tensor" each measured tensor's bytes are copied into the step's tensor shards at
+// the op too (dumpobs_measure.h, dumpobs_shards.h), and a view keeps its input's data.
 #include "observer.h"
 
+#include <ATen/ops/empty.h>
 #include <ATen/ops/view_as_real.h>
+#include <sys/mman.h>
 
 #include "fastats_kernel.h"
 
+#include <optional>
 #include <unordered_set>
 
 namespace {
@@ -29,6 +34,8 @@ struct Row {
   int module, op, slot, arg, dtype, device, param = -1, fwd = -1, node = -1, args = -1, note = -1;
   std::vector<int64_t> shape;
   int64_t link = -1;  // index of the row whose statistics this one shares
+  int shard = -1, view = -1;  // the step's shard holding its data, its view geometry (views_json)
+  int64_t key = -1;           // id of the row whose tensor (key r<id>) holds its data
   double st[6];
   unsigned long long cnt[4];  // nan, inf, zeros, hash
 };
@@ -109,6 +116,17 @@ std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
 thread_local std::string t_rng;               // "rng" JSON of the random op running
+// full tensors (data="tensor"): wanted this step (until tensor_limit_mb stops them), or only
+// counted by a size probe; bytes the step may store (-1: no limit), stored; where the limit hit
+bool g_want = false, g_probe = false, g_route_slow = false;
+int64_t g_budget = -1, g_stored = 0, g_stored_n = 0;
+struct Stop {
+  int64_t nbytes = -1;  // -1: not stopped
+  int8_t phase = 0, io = 0;
+  int module = -1, op = -1, slot = 0;
+};
+Stop g_stop;
+std::vector<std::string> views_json;  // this step's view geometries
 int N_VIEW = -1, N_ALIAS = -1;                // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
@@ -180,79 +198,16 @@ void on_error(const char* what) {
   PyGILState_Release(gil);
 }
 
-// ---- statistics --------------------------------------------------------------------------------
-int code_of(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat: return F32;
-    case at::kDouble: return F64;
-    case at::kHalf: return F16;
-    case at::kBFloat16: return BF16;
-    case at::kChar: return I8;
-    case at::kByte: return U8;
-    case at::kShort: return I16;
-    case at::kInt: return I32;
-    case at::kLong: return I64;
-    case at::kBool: return BOOL;
-    default: return -1;
-  }
-}
+#include "dumpobs_shards.h"
 
-void finish_row(Row& r, const acc_t& a, int64_t n) {
-  r.stats = HAVE;
-  r.cnt[3] = a.hash;
-  if (n == 0) {
-    for (double& v : r.st) v = NAN;
-    r.st[4] = 0.0;  // (None, None, None, None, 0.0, None, 0, 0, 0, hash): see take_rows
-    r.cnt[0] = r.cnt[1] = r.cnt[2] = 0;
-    return;
-  }
-  double mn = a.mn, mx = a.mx, mean = a.sum / n, var = a.sumsq / n - mean * mean;
-  double std = var > 0 ? std::sqrt(var) : (var == var ? 0.0 : NAN), norm = std::sqrt(a.sumsq);
-  if (a.nan) mn = mx = mean = std = norm = NAN;
-  if (!std::isfinite(a.sumsq)) std = NAN;
-  double absmax = a.nan ? NAN : std::max(std::fabs(mn), std::fabs(mx));
-  r.st[0] = mn, r.st[1] = mx, r.st[2] = mean, r.st[3] = std, r.st[4] = norm, r.st[5] = absmax;
-  r.cnt[0] = a.nan, r.cnt[1] = a.inf, r.cnt[2] = a.zeros;
-}
-
-void measure(size_t index, const at::Tensor& t) {
-  Row& r = rows[index];
-  if (t.is_meta()) {
-    r.note = intern("meta tensor: no data, not measured");
-    ++g_meta;
-    return;
-  }
-  if (t.layout() != at::kStrided || t.is_quantized()) {
-    r.note = intern(c10::str(t.layout(), " tensor: not measured"));
-    return;
-  }
-  at::Tensor x = t;
-  if (x.is_cpu() && x.is_complex()) {
-    Internal guard;
-    x = at::view_as_real(x.is_conj() ? x.resolve_conj() : x);
-  }
-  int code = code_of(x.scalar_type());
-  if (!x.is_cpu() || code < 0 || x.is_conj() || x.is_neg()) {
-    r.stats = SLOW;
-    slow(index, t);
-    return;
-  }
-  if (!x.is_contiguous()) {
-    Internal guard;
-    x = x.contiguous();
-  }
-  acc_t a;
-  std::memset(&a, 0, sizeof a);
-  a.mn = INFINITY, a.mx = -INFINITY;
-  if (x.numel() > 0) run(x.const_data_ptr(), x.numel(), code, &a);
-  finish_row(r, a, x.numel());
-}
+#include "dumpobs_measure.h"
 
 // ---- rows and data flow (the rules of Recorder) -----------------------------------------------
 struct Head {
   int64_t seq, call;
   int8_t phase;
   int module, op, fwd, node, args;
+  bool data = false, place = false;  // full tensors stored for this call; its views kept as geometry
 };
 
 size_t new_row(const Head& h, int8_t io, int slot, int arg, const at::Tensor& t, int param = -1,
@@ -333,12 +288,13 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   if (!g_inputs) return -1;
   int param = param_of(t);
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param);
-  measure(i, t);
+  measure(i, t, h.data);
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);
 }
 
-void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated) {
+// `base`: the op's first input, when output `t` is a view of it (src >= 0)
+void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated, const Base* base) {
   size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
   int64_t version = version_of(t);  // at the op's end the in-place bump has happened already
   int param = param_of(t);
@@ -348,11 +304,15 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
       src = static_cast<int64_t>(f->row), note = N_ALIAS;  // the very tensor measured before
   }
   bool view = src >= 0 && note == N_VIEW;
-  if (src >= 0 && !mutated && rows[src].numel == rows[i].numel) {
-    rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src;
+  bool link = src >= 0 && !mutated && rows[src].numel == rows[i].numel;
+  // with full tensors a view is kept as its input's data plus its geometry, else stored itself
+  int geometry = link && view && h.place && base ? view_geometry(t, *base) : -1;
+  if (link && view && h.data && geometry < 0) link = false;
+  if (link) {
+    rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src, rows[i].view = geometry;
     if (rows[src].param >= 0) param = rows[src].param;
   } else {
-    measure(i, t);
+    measure(i, t, h.data);
   }
   rows[i].param = param;
   record_flow(t, i, version, param, view);

@@ -77,9 +77,10 @@ int args_of(const OpKind& k) {
   for (size_t i = 0; i < t_args.size(); ++i) {
     const auto& v = t_args[i];
     bool number = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
-    if ((v.isTensor() && !number) || v.isTensorList() || v.isGenerator()) continue;
-    std::string value;
-    if (!json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
+    bool none = v.isTensor() && !v.toTensor().defined();  // an optional tensor not given: None, as a mode sees it
+    if ((v.isTensor() && !number && !none) || v.isTensorList() || v.isGenerator()) continue;
+    std::string value = none ? "null" : "";
+    if (!none && !json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
     if (i < k.kwarg_only.size() && k.kwarg_only[i]) {
       if (kw.size() > 1) kw += ", ";
       json_string(kw, names[k.arg_names[i]]);

@@ -36,7 +36,8 @@ PyObject* args_obj(int i) {
 
 void clear_step() {
   rows.clear(), args_json.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
-  shared.clear();
+  shared.clear(), views_json.clear(), shard_names.clear();
+  drop_shard();  // a step left unfinished (capture stopped): its tensors go
   g_seq = 0;
 }
 
@@ -50,6 +51,10 @@ void resolve_links() {  // sources come first: one pass resolves chains
     Row& r = rows[i];
     if (r.link < 0) continue;
     const Row& s = rows[r.link];
+    // the same tensor's data; an input that is a view recorded earlier has its geometry too
+    // (not in a size probe: its views count as what they are, as Recorder counts them)
+    if (!g_probe && s.view >= 0 && r.view < 0 && r.numel == s.numel && r.shape == s.shape) r.view = s.view;
+    r.shard = s.shard, r.key = s.key;
     if (s.link >= 0) r.link = s.link;
     const Row& src = rows[r.link];
     r.stats = src.stats;
@@ -59,20 +64,49 @@ void resolve_links() {  // sources come first: one pass resolves chains
   }
 }
 
+// A string column as Arrow's buffers: int32 offsets, characters, validity bits.
+struct Strings {
+  std::vector<int32_t> offsets{0};
+  std::string chars;
+  std::vector<uint8_t> bits;
+  explicit Strings(size_t n) : bits((n + 7) / 8) {}
+  void add(size_t i, const std::string* s) {
+    if (s) chars += *s, bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    offsets.push_back(static_cast<int32_t>(chars.size()));
+  }
+  PyObject* take() {
+    return Py_BuildValue("NNN", bytes_of(offsets), PyBytes_FromStringAndSize(chars.data(), chars.size()),
+                         bytes_of(bits));
+  }
+};
+
+// The data columns of row i: its shard (index among the step's shards, -1: none) and the key
+// and view strings.
+int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
+  bool stored = r.shard >= 0 && static_cast<size_t>(r.shard) < shard_names.size() && shard_names[r.shard];
+  std::string key = stored ? "r" + std::to_string(r.key) : std::string();
+  keys.add(i, stored ? &key : nullptr);
+  geometry.add(i, r.view >= 0 ? &views_json[r.view] : nullptr);
+  return stored ? r.shard : -1;
+}
+
 // take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
 // value (see native_table.Columns): (n, ints, strs, names, args, shape_offsets,
-// shape_values, stats_f, stats_i, stats_valid, slow_links). ints: int64 id, seq, call, slot,
-// numel, producer (-1: none), column after column; strs: int32 indices into names (-1: none)
-// of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note; stats_f: float64
-// min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte per row, bit i
-// set when statistic i (STAT_NAMES order) has a value. The step's state is cleared.
+// shape_values, stats_f, stats_i, stats_valid, slow_links, keys, views). ints: int64 id, seq,
+// call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
+// (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;
+// stats_f: float64 min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte
+// per row, bit i set when statistic i (STAT_NAMES order) has a value; keys, views: string
+// columns (Strings). The step's last shard is handed over first; the step's state is cleared.
 PyObject* py_take_columns(PyObject*, PyObject*) {
   std::lock_guard<std::recursive_mutex> lock(mu);
+  flush_shard();
   resolve_links();
   size_t n = rows.size();
   int fixed = static_cast<int>(names.size());  // phase, io and "cpu" texts follow the names
   std::vector<int64_t> ints(n * 6);
-  std::vector<int32_t> strs(n * 11), offsets(n + 1);
+  std::vector<int32_t> strs(n * 12), offsets(n + 1);
+  Strings keys(n), geometry(n);
   std::vector<int64_t> shape;
   std::vector<double> sf(n * 6);
   std::vector<uint64_t> si(n * 4);
@@ -101,6 +135,7 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
       for (int c = 0; c < 4; ++c) si[c * n + i] = (empty && c < 3) ? 0 : r.cnt[c], bits |= 1u << (6 + c);
     }
     valid[i] = bits;
+    strs[11 * n + i] = data_of(r, i, keys, geometry);
     PyList_SET_ITEM(args, i, args_obj(r.args));
     if (r.link >= 0 && rows[r.link].stats == SLOW) {
       PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
@@ -127,8 +162,17 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     PyList_Append(dict, o);
     Py_DECREF(o);
   }
-  PyObject* out = Py_BuildValue("nNNNNNNNNNN", static_cast<Py_ssize_t>(n), bytes_of(ints), bytes_of(strs), dict, args,
-                                bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si), bytes_of(valid), links);
+  int shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
+  for (const auto& name : shard_names) {
+    PyObject* o = PyUnicode_FromString(name ? name->c_str() : "");
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (strs[11 * n + i] >= 0) strs[11 * n + i] += shards_at;
+  PyObject* out = Py_BuildValue("nNNNNNNNNNNNN", static_cast<Py_ssize_t>(n), bytes_of(ints), bytes_of(strs), dict,
+                                args, bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si), bytes_of(valid),
+                                links, keys.take(), geometry.take());
   for (PyObject* o : py_args) Py_XDECREF(o);
   py_args.clear();
   clear_step();
@@ -137,13 +181,20 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
 
 PyObject* py_install(PyObject*, PyObject* a) {
   PyObject *classify, *hooks, *no_stats;
-  long long rank;
+  long long rank, shard_bytes, queue_bytes;
   int inputs, outputs;
-  if (!PyArg_ParseTuple(a, "OOLppO", &classify, &hooks, &rank, &inputs, &outputs, &no_stats)) return nullptr;
+  if (!PyArg_ParseTuple(a, "OOLppOLL", &classify, &hooks, &rank, &inputs, &outputs, &no_stats, &shard_bytes,
+                        &queue_bytes))
+    return nullptr;
   if (!start_observer(classify, "dump")) return nullptr;
   Py_INCREF(hooks), Py_INCREF(no_stats);
   g_hooks = hooks, g_no_stats = no_stats;
   g_rank = rank, g_inputs = inputs, g_outputs = outputs, g_next_id = 0, g_meta = 0, g_step = -1;
+  g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = g_route_slow = false, g_stop = Stop();
+  {  // the pool keeps what the writer may hold at once: its queue and a shard being filled
+    std::lock_guard<std::mutex> plock(pool_mu);
+    g_pool_keep = static_cast<size_t>((std::max(queue_bytes, 0LL) + g_shard_bytes) / CHUNK + 2);
+  }
   std::lock_guard<std::recursive_mutex> lock(mu);
   N_VIEW = intern("view"), N_ALIAS = intern("alias");
   Py_RETURN_NONE;
@@ -152,6 +203,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
 PyObject* py_uninstall(PyObject*, PyObject*) {
   stop_observer([] {
     clear_step();
+    pool_clear();
     chosen.clear(), params.clear();
     for (auto& [s, _] : path_ids) Py_DECREF(s);
     path_ids.clear();
@@ -205,16 +257,45 @@ PyObject* py_set_params(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
+// begin_step(step, tensors, probe, budget): full tensors wanted (data="tensor", until the limit),
+// or a size probe (nothing measured); budget: bytes the step may store (-1: no limit)
 PyObject* py_begin_step(PyObject*, PyObject* a) {
-  long long step = PyLong_AsLongLong(a);
-  if (PyErr_Occurred()) return nullptr;
+  long long step, budget;
+  int want, probe;
+  if (!PyArg_ParseTuple(a, "LppL", &step, &want, &probe, &budget)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   clear_step();
-  g_step = step;
+  g_step = step, g_want = want, g_probe = probe, g_budget = budget, g_stored = g_stored_n = 0;
+  t_pending = Pending{};
   Py_RETURN_NONE;
 }
 
 PyObject* py_meta_skipped(PyObject*, PyObject*) { return PyLong_FromLongLong(g_meta); }
+
+// tensor_counts() -> (bytes, tensors) stored this step, and where tensor_limit_mb stopped it:
+// None or (nbytes of the tensor refused, phase, module, op, io, slot)
+PyObject* py_tensor_counts(PyObject*, PyObject*) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  PyObject* stop = Py_None;
+  Py_INCREF(Py_None);
+  if (g_stop.nbytes >= 0) {
+    Py_DECREF(Py_None);
+    static const char* const io_text[] = {"input", "output", "param", "grad"};  // Io
+    const Stop& s = g_stop;
+    stop = Py_BuildValue("Lssssi", static_cast<long long>(s.nbytes), PHASE_TEXT[s.phase],
+                         s.module < 0 ? "" : names[s.module].c_str(), names[s.op].c_str(), io_text[s.io], s.slot);
+  }
+  return Py_BuildValue("LLN", static_cast<long long>(g_stored), static_cast<long long>(g_stored_n), stop);
+}
+
+// route_slow(on): every tensor takes the path of tensors on another device (Python statistics,
+// torch's copy to the host): lets tests run that path on a machine without one
+PyObject* py_route_slow(PyObject*, PyObject* a) {
+  int on = PyObject_IsTrue(a);
+  if (on < 0) return nullptr;
+  g_route_slow = on;
+  Py_RETURN_NONE;
+}
 
 // record_params(op, [(call, module, param, grad or None, name or None)], before): the
 // optimizer step's parameters (and gradients) before it, its parameters after, as
@@ -238,11 +319,11 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) expected");
       return nullptr;
     }
-    Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1};
+    Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1, g_want && !g_probe, g_want};
     const at::Tensor& param = THPVariable_Unpack(p);
     if (!before) {
       if (!g_outputs) continue;
-      output_row(h, 0, param, -1, false);
+      output_row(h, 0, param, -1, false, nullptr);
       rows.back().arg = a_param;
       continue;
     }
@@ -258,18 +339,26 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
+}  // namespace
 
+#include "dumpobs_calls.h"
+
+namespace {
 
 PyMethodDef methods[] = {
-    {"install", py_install, METH_VARARGS, "install(classify, hooks, rank, want_inputs, want_outputs, no_stats)"},
+    {"install", py_install, METH_VARARGS,
+     "install(classify, hooks, rank, want_inputs, want_outputs, no_stats, shard_bytes, queue_bytes)"},
     {"uninstall", py_uninstall, METH_NOARGS, "remove the observer and forget everything"},
     {"configure", py_configure, METH_VARARGS, "configure(on, phase)"},
     {"register", py_register, METH_O, "register(on): the callback is registered only while capturing"},
     {"set_module", py_set_module, METH_O, "set_module(path): the module being executed"},
     {"set_params", py_set_params, METH_O, "set_params([(tensor, name)]): names of parameters and buffers"},
-    {"begin_step", py_begin_step, METH_O, "begin_step(step): start recording a step"},
+    {"begin_step", py_begin_step, METH_VARARGS, "begin_step(step, tensors, probe, budget): start recording a step"},
+    {"tensor_counts", py_tensor_counts, METH_NOARGS, "tensor_counts(): (bytes, tensors, stop) of the step"},
+    {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor as one on another device (tests)"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
+    {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {nullptr, nullptr, 0, nullptr}};
 
@@ -277,4 +366,4 @@ PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_opscope_dump", "opscope.dump 
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit__opscope_dump(void) { return PyModule_Create(&module_def); }
+PyMODINIT_FUNC PyInit__opscope_dump(void) { return chunk_type_ready() ? PyModule_Create(&module_def) : nullptr; }

@@ -22,6 +22,7 @@ struct Pending {  // the recorded op running on this thread, between its start a
   bool valid = false;
   Head h;
   int64_t first = -1;
+  Base base;  // of the first input: where its views lie in its data
 };
 thread_local Pending t_pending;
 
@@ -33,9 +34,12 @@ int args_of(const OpKind& k);
 void before_op(const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   t_pending.valid = false;
-  rng_before(k);
   forget_views_written(k);
-  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
+  // an op run with Python dispatch excluded (torch.tensor() filling its new tensor) is one no
+  // dispatch mode sees: not recorded either
+  if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return;
+  rng_before(k);
+  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1, g_want && !g_probe, g_want};
   if (!t_nodes.empty()) {
     h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
     if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;
@@ -49,12 +53,16 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   std::vector<std::tuple<int, int, at::Tensor>> ins;
   flatten_inputs(k, ins);
   int64_t first = -1;
+  Base base;
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
       int64_t r = input_row(h, slot, arg, t);
-      if (first < 0) first = r;
+      if (first < 0 && r >= 0) {
+        first = r;
+        if (h.place && k.view_outputs) base = base_of(t);
+      }
     }
-  t_pending = Pending{true, h, first};
+  t_pending = Pending{true, h, first, base};
 }
 
 void on_op(const at::RecordFunction& fn, const OpKind& k) {
@@ -92,7 +100,7 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
       // data in directly), so whoever reads it next measures what is there
       rows[i].note = intern("uninitialized memory (empty): not measured");
     } else {
-      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1);
+      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &t_pending.base);
     }
   }
 }

@@ -1,0 +1,159 @@
+// Measuring a tensor at the op (included by dumpobs.cpp inside its anonymous namespace): its
+// statistics in one pass of the fastats kernel and, in a tensor dump, its bytes copied into the
+// step's open shard (dumpobs_shards.h) right after, within tensor_limit_mb; and the geometry that
+// keeps a view as its input's data (Recorder._view_geometry).
+// ---- statistics ---------------------------------------------------------------------------------
+int code_of(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat: return F32;
+    case at::kDouble: return F64;
+    case at::kHalf: return F16;
+    case at::kBFloat16: return BF16;
+    case at::kChar: return I8;
+    case at::kByte: return U8;
+    case at::kShort: return I16;
+    case at::kInt: return I32;
+    case at::kLong: return I64;
+    case at::kBool: return BOOL;
+    default: return -1;
+  }
+}
+
+void finish_row(Row& r, const acc_t& a, int64_t n) {
+  r.stats = HAVE;
+  r.cnt[3] = a.hash;
+  if (n == 0) {
+    for (double& v : r.st) v = NAN;
+    r.st[4] = 0.0;  // (None, None, None, None, 0.0, None, 0, 0, 0, hash): see take_rows
+    r.cnt[0] = r.cnt[1] = r.cnt[2] = 0;
+    return;
+  }
+  double mn = a.mn, mx = a.mx, mean = a.sum / n, var = a.sumsq / n - mean * mean;
+  double std = var > 0 ? std::sqrt(var) : (var == var ? 0.0 : NAN), norm = std::sqrt(a.sumsq);
+  if (a.nan) mn = mx = mean = std = norm = NAN;
+  if (!std::isfinite(a.sumsq)) std = NAN;
+  double absmax = a.nan ? NAN : std::max(std::fabs(mn), std::fabs(mx));
+  r.st[0] = mn, r.st[1] = mx, r.st[2] = mean, r.st[3] = std, r.st[4] = norm, r.st[5] = absmax;
+  r.cnt[0] = a.nan, r.cnt[1] = a.inf, r.cnt[2] = a.zeros;
+}
+
+// ---- full tensors ---------------------------------------------------------------------------------
+// Count a tensor against tensor_limit_mb (TensorPlan.admit): past it, tensor capture stops for
+// the rest of the run, and where is kept for Python's message.
+bool admit(const Row& r, size_t n) {
+  if (g_stop.nbytes >= 0) return false;
+  if (g_budget >= 0 && g_stored + static_cast<int64_t>(n) > g_budget) {
+    g_stop = Stop{static_cast<int64_t>(n), r.phase, r.io, r.module, r.op, r.slot};
+    g_want = false;
+    return false;
+  }
+  g_stored += static_cast<int64_t>(n), ++g_stored_n;
+  return true;
+}
+
+// The bytes of x (contiguous, on the CPU, at p) as row `index`'s tensor: key r<id>.
+void store_bytes(size_t index, const at::Tensor& x, const void* p) {
+  const char* dtype = st_dtype(x.scalar_type());
+  size_t n = static_cast<size_t>(x.numel()) * x.element_size();
+  if (!dtype || !admit(rows[index], n)) return;
+  size_t start = begin_tensor(n);
+  rows[index].shard = open_shard_index(), rows[index].key = rows[index].id;
+  append(static_cast<const char*>(p), n);
+  end_tensor(rows[index].id, dtype, x.sizes(), start);
+}
+
+// A tensor the kernel does not read (another device, another dtype, a conjugate or negative
+// view): torch's own copy brings its values, resolved and contiguous, to the CPU first.
+void store_copy(size_t index, const at::Tensor& x) {
+  if (!st_dtype(x.scalar_type()) || g_stop.nbytes >= 0) return;
+  at::Tensor host;
+  {
+    Internal guard;
+    host = at::empty(x.sizes(), at::TensorOptions().dtype(x.scalar_type()));
+    host.copy_(x);
+  }
+  store_bytes(index, host, host.const_data_ptr());
+}
+
+void slow(size_t row, const at::Tensor& t);
+
+void measure(size_t index, const at::Tensor& t, bool data) {
+  if (g_probe) return;  // a size probe: shapes and dtypes are all it needs
+  Row& r = rows[index];
+  if (t.is_meta()) {
+    r.note = intern("meta tensor: no data, not measured");
+    ++g_meta;
+    return;
+  }
+  if (t.layout() != at::kStrided || t.is_quantized()) {
+    r.note = intern(c10::str(t.layout(), " tensor: not measured"));
+    return;
+  }
+  at::Tensor x = t;
+  if (x.is_complex() && (x.is_cpu() || data)) {
+    Internal guard;
+    x = at::view_as_real(x.is_conj() ? x.resolve_conj() : x);
+  }
+  int code = code_of(x.scalar_type());
+  if (!x.is_cpu() || code < 0 || x.is_conj() || x.is_neg() || g_route_slow) {
+    r.stats = SLOW;
+    slow(index, t);
+    if (data) store_copy(index, x);
+    return;
+  }
+  if (!x.is_contiguous()) {
+    Internal guard;
+    x = x.contiguous();
+  }
+  acc_t a;
+  std::memset(&a, 0, sizeof a);
+  a.mn = INFINITY, a.mx = -INFINITY;
+  const void* p = x.const_data_ptr();
+  if (x.numel() > 0) run(p, x.numel(), code, &a);
+  finish_row(r, a, x.numel());
+  if (data) store_bytes(index, x, p);  // while the pass above left it in cache
+}
+
+// ---- views kept as their input's data ------------------------------------------------------------
+struct Base {  // what the geometry of a view needs of the op's first input
+  bool contiguous = false;  // and stored as it is in memory
+  intptr_t ptr = 0;
+  int8_t dtype = -1;
+  c10::Device device{at::kCPU};
+};
+
+intptr_t address_of(const at::Tensor& t) {  // Tensor.data_ptr() (a meta tensor's counts from 0)
+  return reinterpret_cast<intptr_t>(t.storage().data()) + t.storage_offset() * static_cast<intptr_t>(t.element_size());
+}
+
+// Complex data is stored as its real view and conjugate or negative views as their values:
+// elements that a view's geometry cannot place (the Python path places them, wrongly).
+bool as_in_memory(const at::Tensor& t) { return !t.is_complex() && !t.is_conj() && !t.is_neg(); }
+
+Base base_of(const at::Tensor& t) {
+  if (!t.has_storage()) return Base{};
+  return Base{t.is_contiguous() && as_in_memory(t), address_of(t), static_cast<int8_t>(t.scalar_type()), t.device()};
+}
+
+void json_ints(std::string& s, at::IntArrayRef v) {
+  s += '[';
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  s += ']';
+}
+
+// JSON {"shape", "stride", "offset"} placing view `t` in the contiguous data of its input (in
+// elements, as json.dumps writes it); -1 when it cannot be read back that way.
+int view_geometry(const at::Tensor& t, const Base& b) {
+  if (!b.contiguous || !t.has_storage() || !as_in_memory(t) || b.dtype != static_cast<int8_t>(t.scalar_type()) ||
+      b.device != t.device())
+    return -1;
+  intptr_t offset = address_of(t) - b.ptr, size = static_cast<intptr_t>(t.element_size());
+  if (offset < 0 || offset % size) return -1;
+  std::string s = "{\"shape\": ";
+  json_ints(s, t.sizes());
+  s += ", \"stride\": ";
+  json_ints(s, t.strides());
+  s += ", \"offset\": " + std::to_string(offset / size) + "}";
+  views_json.push_back(std::move(s));
+  return static_cast<int>(views_json.size()) - 1;
+}

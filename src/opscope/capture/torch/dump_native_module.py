@@ -1,0 +1,109 @@
+"""The module level of a statistics dump, run natively: the module hooks hand each call's
+inputs, own parameters and outputs (and, in backward, the gradients of its outputs) to the
+native dump module in one call (``record_call``, ``_c/dumpobs_calls.h``), which makes the
+rows, measures the tensors with the statistics kernel and keeps the data flow in C++. The
+per-op observer is never registered at this level. Python keeps the filters and the hooks.
+
+The rows are those of :class:`~opscope.capture.torch.levels.ModuleLevel` (the Python path,
+used without a C++ compiler or with ``OPSCOPE_DUMP_BACKEND=python``); the step leaves C++
+as columns, as at the aten level.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from opscope.capture.torch.dump_native import NativeAtenLevel
+from opscope.capture.torch.modules import tensors_of
+from opscope.errors import OpscopeError
+
+if TYPE_CHECKING:
+    from opscope.capture.torch.session import DumpSession
+
+_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
+_BACKWARD = _PHASES["backward"]
+
+
+class NativeModuleLevel(NativeAtenLevel):
+    """Module inputs, own parameters and outputs; gradients at module outputs in backward."""
+
+    def __init__(self, session: DumpSession, backend: Any) -> None:
+        super().__init__(session, backend)
+        session.modules.on_change = None  # no per-op observer asks which module runs
+        session.modules._on_enter = self._enter
+        session.modules._on_exit = self._exit
+        self._calls: list[int] = []
+        self._grads = "backward" in session.cfg.phases
+
+    # the per-op observer stays unregistered: only the configuration changes
+    def activate(self) -> None:
+        if not self.on:
+            self.on = True
+            self.native.configure(True, _PHASES[self.session.phase])
+
+    def deactivate(self) -> None:
+        if self.on:
+            self.on = False
+            self.native.configure(False, 0)
+
+    def forked(self) -> None:
+        self.on = False
+        self.native.configure(False, 0)
+
+    # -- hooks (opscope's failure in them stops capture, never the user's step) -----------
+    def _guard(self, exc: Exception) -> None:
+        if isinstance(exc, OpscopeError):
+            raise exc
+        self.session.internal_error(exc)
+
+    def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
+        s = self.session
+        op = type(module).__name__
+        call = -1
+        try:
+            if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
+                inputs = [(i, None, t) for i, t in enumerate(_tensors(args))]
+                n = len(inputs)
+                inputs += [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
+                call = self.native.record_call(op, path, _PHASES[s.phase], inputs, (), -1)
+        except Exception as exc:
+            self._guard(exc)
+        self._calls.append(call)
+
+    def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
+        s = self.session
+        call = self._calls.pop() if self._calls else -1
+        if call < 0 or output is None or not (self.on and s.capturing):
+            return
+        op = type(module).__name__
+        try:
+            outs = _tensors(output)
+            self.native.record_call(op, path, _PHASES[s.phase], (), [(i, None, t) for i, t in enumerate(outs)], call)
+            if self._grads:
+                for i, t in enumerate(outs):
+                    if t.requires_grad:
+                        t.register_hook(self._grad_hook(op, path, i))
+        except Exception as exc:
+            self._guard(exc)
+
+    def _grad_hook(self, op: str, path: str, slot: int) -> Any:
+        s = self.session
+
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                if s.capturing and s.recorder.selected(path, op, "backward"):
+                    self.native.record_call(op, path, _BACKWARD, [(slot, "grad_output", grad)], (), -1)
+            except Exception as exc:
+                self._guard(exc)
+        return hook
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a module's arguments or output; plain tuples without a tree walk."""
+    if type(value) is torch.Tensor:
+        return [value]
+    if type(value) is tuple and all(type(x) is torch.Tensor or x is None for x in value):
+        return [x for x in value if x is not None]
+    return tensors_of(value)

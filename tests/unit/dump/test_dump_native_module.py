@@ -1,0 +1,135 @@
+"""The module level of a statistics dump through the native dump module, against the Python
+path: the same rows and statistics, tensors measured as they were when their module returned,
+and opscope's own failures kept away from the user's run."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import opscope
+from opscope import native
+from opscope.demo.models import mlp_task, train_step, transformer_task
+
+_SAME = ["step", "phase", "module", "op", "call", "io", "slot", "arg", "dtype", "numel", "param", "note",
+         "min", "max", "mean", "std", "norm", "absmax", "nan", "inf", "zeros", "hash"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def backend():
+    module = native.load("_opscope_dump")
+    assert module is not None, f"the native dump module did not build: {native.error('_opscope_dump')}"
+    return module
+
+
+def _dump(path, task, backend_name, monkeypatch, steps=3):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend_name)
+    torch.manual_seed(0)
+    model, opt, batch = task()
+    losses = []
+    with opscope.dump(path, level="module") as d:
+        for i in range(steps):
+            losses.append(train_step(model, opt, *batch(i)))
+            d.step()
+    dump = opscope.load(path)
+    assert (dump.manifest["stats_backend"] == "native") == (backend_name == "native")
+    return losses, dump.records().to_pandas(integer_object_nulls=True).sort_values(["step", "id"])
+
+
+def _cell(v):
+    return "null" if v is None or (isinstance(v, float) and math.isnan(v)) else repr(v)
+
+
+@pytest.mark.parametrize("task", [lambda: mlp_task(batch=8, d_in=16, hidden=16, depth=2),
+                                  lambda: transformer_task(d=32, heads=2, layers=2, seq=8, batch=2)],
+                         ids=["mlp", "transformer"])
+def test_native_module_level_writes_the_rows_of_the_python_path(tmp_path, monkeypatch, task):
+    losses, native_rows = _dump(tmp_path / "n", task, "native", monkeypatch)
+    python_losses, python_rows = _dump(tmp_path / "p", task, "python", monkeypatch)
+    torch.manual_seed(0)
+    model, opt, batch = task()
+    assert losses == python_losses == [train_step(model, opt, *batch(i)) for i in range(3)]  # bit for bit
+    assert len(native_rows) == len(python_rows) > 20
+    for column in _SAME:
+        assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
+    # data flow: a module's input that an earlier module returned is linked, not measured again
+    assert list(native_rows["producer"].isna()) == list(python_rows["producer"].isna())
+    assert native_rows["producer"].notna().sum() > 5
+
+
+class _Residual(nn.Module):
+    """`out = fc(x); out += x; out.relu_()`: a module's output changed in place after it returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(x)
+        out += x
+        out.relu_()
+        return self.head(out)
+
+
+def test_an_output_changed_in_place_keeps_its_value_at_return(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    torch.manual_seed(0)
+    model, x = _Residual(), torch.randn(4, 8) - 1.0
+    with torch.no_grad():
+        fc_out = model.fc(x)
+        head_in = torch.relu(fc_out + x)
+    with opscope.dump(tmp_path / "d", level="module") as d:
+        model(x).sum().backward()
+        d.step()
+    rows = opscope.load(tmp_path / "d").records().to_pandas()
+    returned = rows[(rows.module == "fc") & (rows.io == "output")].iloc[0]
+    assert (returned["min"], returned["max"]) == (fc_out.min().item(), fc_out.max().item())
+    assert returned["min"] < 0  # the relu_ that came later is not in it
+    given = rows[(rows.module == "head") & (rows.io == "input")].iloc[0]
+    assert given["min"] == 0.0 and given["max"] == head_in.max().item()
+    assert math.isnan(given["producer"])  # measured anew: its version moved on since fc returned
+
+
+def test_a_failure_inside_opscope_stops_capture_not_the_run(tmp_path, monkeypatch):
+    from opscope.capture.torch.recorder import Recorder
+
+    real, calls = Recorder.selected, {"n": 0}
+
+    def flaky(self, *args):
+        calls["n"] += 1
+        if calls["n"] > 20:  # in step 1 (each step asks 16 times)
+            raise KeyError("simulated opscope bug")
+        return real(self, *args)
+
+    monkeypatch.setattr(Recorder, "selected", flaky)
+    task = lambda: mlp_task(batch=8, d_in=16, hidden=16, depth=2)  # noqa: E731
+    with pytest.warns(RuntimeWarning, match="stopped capturing"):
+        losses, rows = _dump(tmp_path / "d", task, "native", monkeypatch)
+    monkeypatch.setattr(Recorder, "selected", real)
+    torch.manual_seed(0)
+    model, opt, batch = task()
+    assert losses == [train_step(model, opt, *batch(i)) for i in range(3)]
+    dump = opscope.load(tmp_path / "d")
+    assert dump.status == "crashed" and "simulated opscope bug" in dump.error
+    assert set(rows.step) == {0} and len(rows) > 20  # the steps completed before are kept
+
+
+def test_tensors_on_another_device_take_the_batched_path_with_the_same_results(tmp_path, monkeypatch, backend):
+    """Accelerator tensors are reduced on their device and read once per step; the same code
+    runs here with every CPU tensor routed through it."""
+    task = lambda: transformer_task(d=32, heads=2, layers=1, seq=8, batch=2)  # noqa: E731
+    _, fast = _dump(tmp_path / "f", task, "native", monkeypatch, steps=2)
+    backend.route_slow(True)
+    try:
+        _, slow = _dump(tmp_path / "s", task, "native", monkeypatch, steps=2)
+    finally:
+        backend.route_slow(False)
+    assert len(fast) == len(slow) > 20
+    for column in ("hash", "nan", "inf", "zeros", "min", "max", "producer"):
+        assert [_cell(v) for v in fast[column]] == [_cell(v) for v in slow[column]], column
+    for column in ("mean", "std", "norm"):  # torch's reductions round in their own order
+        assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(fast[column], slow[column]))
