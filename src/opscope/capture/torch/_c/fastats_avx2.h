@@ -48,6 +48,25 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void half_add(
     h->q = _mm256_add_ps(h->q, _mm256_mul_ps(v, v)); /* no FMA: the portable loop rounds v*v first */
 }
 
+/* half_add without the NaN and Inf counts: a block whose sums come out finite has neither
+ * (one NaN or Inf element makes its lane's running sum NaN or Inf for good), so the counts
+ * are only needed for the rare block that does not; it is then run again with them. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline void half_add_finite(half_t *h, __m256 v) {
+    h->nz = _mm256_sub_epi32(h->nz, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
+    h->mn = _mm256_min_ps(v, h->mn);
+    h->mx = _mm256_max_ps(v, h->mx);
+    h->s = _mm256_add_ps(h->s, v);
+    h->q = _mm256_add_ps(h->q, _mm256_mul_ps(v, v));
+}
+
+/* Are all 8 lanes of the sums and sums of squares finite? */
+AVX2 static inline int half_finite(const half_t *h) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(_mm256_and_ps(h->s, absmask), inf, _CMP_LT_OQ),
+                              _mm256_cmp_ps(_mm256_and_ps(h->q, absmask), inf, _CMP_LT_OQ));
+    return _mm256_movemask_ps(ok) == 0xff;
+}
+
 AVX2 static inline void half_store(const half_t *h, float *s, float *q, float *mn, float *mx, uint32_t *nn,
                                    uint32_t *ni, uint32_t *nz) {
     _mm256_storeu_ps(s, h->s);
@@ -69,8 +88,16 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void float_sta
         half_init(&lo);
         half_init(&hi);
         for (; i + LANES <= m; i += LANES) {
-            half_add(&lo, load8(x, b0 + i, code));
-            half_add(&hi, load8(x, b0 + i + 8, code));
+            half_add_finite(&lo, load8(x, b0 + i, code));
+            half_add_finite(&hi, load8(x, b0 + i + 8, code));
+        }
+        if (!half_finite(&lo) || !half_finite(&hi)) { /* NaN or Inf in this block: count them */
+            half_init(&lo);
+            half_init(&hi);
+            for (i = 0; i + LANES <= m; i += LANES) {
+                half_add(&lo, load8(x, b0 + i, code));
+                half_add(&hi, load8(x, b0 + i + 8, code));
+            }
         }
         float s[LANES], q[LANES], mn[LANES], mx[LANES];
         uint32_t nn[LANES], ni[LANES], nz[LANES];
