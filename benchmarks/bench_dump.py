@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 
 import torch
 from timing import interleaved_ratio
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # tensor dumps from step 0 say once that their size is measured while written: not news here
+    warnings.filterwarnings("ignore", message=r"opscope dump: the size of the full tensors")
     print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x 4 rounds, order alternating")
     cases = [
         ("statistics, aten level (target <= 1.5x transformer, 2x MLP)", {"level": "aten"}),

@@ -1,7 +1,8 @@
 """Overflow-watch overhead against the bare training loop, in one invocation, one thread.
 
 Prints, for a 2-layer transformer step (d=128, 4 heads, seq 64, batch 8, AdamW) and a
-small MLP, the ratio of a step with ``opscope.watch`` on to the bare step: at aten level
+small MLP (batch 256, 512 wide, 3 layers: the dump benchmark's), the ratio of a step with
+``opscope.watch`` on to the bare step: at aten level
 (every dispatcher op's outputs, target <= 1.2x on the transformer), at module level
 (module outputs, gradients and parameters, target <= 1.05x), for steps not selected, and
 for the flight recorder (``action="record"``, which also keeps a statistics dump of the
@@ -23,11 +24,12 @@ import tempfile
 import time
 
 import torch
+from bench_dump import TASKS  # the same two models as the dump benchmark
 from timing import interleaved_ratio
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import opscope
-from opscope.demo.models import mlp_task, train_step, transformer_task
+from opscope.demo.models import train_step, transformer_task
 
 
 class _EmptyMode(TorchDispatchMode):
@@ -91,7 +93,7 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, order alternating")
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
-        tasks = {"transformer": transformer_task, "mlp": mlp_task}
+        tasks = {"transformer": transformer_task, "mlp": TASKS["mlp"]}
         for name in args.models.split(","):
             task = tasks[name]
             for label, keys in CASES:
