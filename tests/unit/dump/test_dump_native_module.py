@@ -133,3 +133,18 @@ def test_tensors_on_another_device_take_the_batched_path_with_the_same_results(t
         assert [_cell(v) for v in fast[column]] == [_cell(v) for v in slow[column]], column
     for column in ("mean", "std", "norm"):  # torch's reductions round in their own order
         assert all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-6) for a, b in zip(fast[column], slow[column]))
+
+
+@pytest.mark.parametrize("name", ["native", "python"])
+def test_a_gradient_hook_left_by_an_earlier_dump_writes_nothing(tmp_path, monkeypatch, name):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+    torch.manual_seed(0)
+    model, x = nn.Linear(4, 4), torch.randn(2, 4)
+    with opscope.dump(tmp_path / "a", level="module"):
+        kept = model(x)  # its gradient hook belongs to dump a
+    with opscope.dump(tmp_path / "b", level="module") as d:
+        model(x).sum().backward()
+        kept.sum().backward()  # runs in dump b's time, on dump a's graph
+        d.step()
+    rows = opscope.load(tmp_path / "b").records().to_pandas()
+    assert list(rows[rows.phase == "backward"].arg) == ["grad_output"]

@@ -1,8 +1,9 @@
 """The module level of a statistics dump, run natively: the module hooks hand each call's
-inputs, own parameters and outputs (and, in backward, the gradients of its outputs) to the
-native dump module in one call (``record_call``, ``_c/dumpobs_calls.h``), which makes the
-rows, measures the tensors with the statistics kernel and keeps the data flow in C++. The
-per-op observer is never registered at this level. Python keeps the filters and the hooks.
+inputs, own parameters and outputs to the native dump module in one call (``record_call``,
+``_c/dumpobs_calls.h``), which makes the rows, measures the tensors with the statistics
+kernel and keeps the data flow in C++; it hooks the outputs that require grad with C++
+tensor hooks, which make the gradient rows in backward without entering Python. The per-op
+observer is never registered at this level. Python keeps the filters and the module hooks.
 
 The rows are those of :class:`~opscope.capture.torch.levels.ModuleLevel` (the Python path,
 used without a C++ compiler or with ``OPSCOPE_DUMP_BACKEND=python``); the step leaves C++
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
 
 _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
-_BACKWARD = _PHASES["backward"]
 
 
 class NativeModuleLevel(NativeAtenLevel):
@@ -79,25 +79,12 @@ class NativeModuleLevel(NativeAtenLevel):
             return
         op = type(module).__name__
         try:
-            outs = _tensors(output)
-            self.native.record_call(op, path, _PHASES[s.phase], (), [(i, None, t) for i, t in enumerate(outs)], call)
-            if self._grads:
-                for i, t in enumerate(outs):
-                    if t.requires_grad:
-                        t.register_hook(self._grad_hook(op, path, i))
+            outs = [(i, None, t) for i, t in enumerate(_tensors(output))]
+            # outputs that require grad get a C++ hook: their gradient's row in backward
+            grads = self._grads and s.recorder.selected(path, op, "backward")
+            self.native.record_call(op, path, _PHASES[s.phase], (), outs, call, grads)
         except Exception as exc:
             self._guard(exc)
-
-    def _grad_hook(self, op: str, path: str, slot: int) -> Any:
-        s = self.session
-
-        def hook(grad: torch.Tensor) -> None:
-            try:
-                if s.capturing and s.recorder.selected(path, op, "backward"):
-                    self.native.record_call(op, path, _BACKWARD, [(slot, "grad_output", grad)], (), -1)
-            except Exception as exc:
-                self._guard(exc)
-        return hook
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -26,15 +26,42 @@ bool each_call_item(PyObject* items, F fn) {
   return true;
 }
 
-// record_call(op, module, phase, inputs, outputs, call) -> call: one module call's rows.
-// inputs / outputs: sequences of (slot, arg name or None, tensor); call < 0 takes the next
-// call index of (module, phase, op) (a module's entry), else the entry's index (its exit).
+// The gradient at module output `slot`, in backward: one row, as the Python path's tensor
+// hook makes it. A C++ tensor hook: the autograd engine calls it without taking the GIL.
+// (g_installs, counted by install(): a hook left on a tensor by an earlier dump does nothing)
+void grad_row(int64_t install, int op, int mod, int slot, const at::TensorBase& grad) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (install != g_installs || !g_on || !grad.defined()) return;
+  try {
+    static const int a_grad = intern("grad_output");
+    int64_t call = calls[std::make_tuple(mod, static_cast<int>(BACKWARD), op)]++;
+    Head h{g_seq++, call, BACKWARD, mod, op, -1, -1, -1, g_want && !g_probe, g_want};
+    input_row(h, slot, a_grad, at::Tensor(grad));
+  } catch (const std::exception& e) {
+    g_on = false;
+    on_error(e.what());
+  }
+}
+
+void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>& outs) {
+  for (const auto& [slot, t] : outs) {
+    if (!t.requires_grad()) continue;
+    int64_t install = g_installs;
+    int op = h.op, mod = h.module, s = slot;
+    t.register_hook([install, op, mod, s](const at::TensorBase& grad) { grad_row(install, op, mod, s, grad); });
+  }
+}
+
+// record_call(op, module, phase, inputs, outputs, call, grads) -> call: one module call's
+// rows. inputs / outputs: sequences of (slot, arg name or None, tensor); call < 0 takes the
+// next call index of (module, phase, op) (a module's entry), else the entry's index (its
+// exit); grads: hook the outputs that require grad, for a row of their gradient in backward.
 PyObject* py_record_call(PyObject*, PyObject* a) {
   const char *op, *module;
-  int phase;
+  int phase, grads = 0;
   long long call;
   PyObject *ins, *outs;
-  if (!PyArg_ParseTuple(a, "ssiOOL", &op, &module, &phase, &ins, &outs, &call)) return nullptr;
+  if (!PyArg_ParseTuple(a, "ssiOOL|p", &op, &module, &phase, &ins, &outs, &call, &grads)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   int op_name = intern(op), mod = *module ? intern(module) : -1;
   if (call < 0) call = calls[std::make_tuple(mod, phase, op_name)]++;
@@ -42,11 +69,16 @@ PyObject* py_record_call(PyObject*, PyObject* a) {
   bool ok = !g_inputs || each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
     input_row(h, slot, arg, t);
   });
-  ok = ok && (!g_outputs || each_call_item(outs, [&](int slot, int arg, const at::Tensor& t) {
-    output_row(h, slot, t, -1, false, nullptr);
-    if (arg >= 0) rows.back().arg = arg;
-  }));
+  std::vector<std::pair<int, at::Tensor>> hooked;
+  ok = ok && each_call_item(outs, [&](int slot, int arg, const at::Tensor& t) {
+    if (g_outputs) {
+      output_row(h, slot, t, -1, false, nullptr);
+      if (arg >= 0) rows.back().arg = arg;
+    }
+    if (grads) hooked.emplace_back(slot, t);
+  });
   if (!ok) return nullptr;
+  hook_gradients(h, hooked);
   return PyLong_FromLongLong(call);
 }
 

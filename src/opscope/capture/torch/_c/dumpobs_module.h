@@ -179,6 +179,8 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   return out;
 }
 
+int64_t g_installs = 0;  // install() calls so far (see dumpobs_calls.h)
+
 PyObject* py_install(PyObject*, PyObject* a) {
   PyObject *classify, *hooks, *no_stats;
   long long rank, shard_bytes, queue_bytes;
@@ -190,6 +192,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
   Py_INCREF(hooks), Py_INCREF(no_stats);
   g_hooks = hooks, g_no_stats = no_stats;
   g_rank = rank, g_inputs = inputs, g_outputs = outputs, g_next_id = 0, g_meta = 0, g_step = -1;
+  ++g_installs;  // gradient hooks of an earlier dump go quiet
   g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = g_route_slow = false, g_stop = Stop();
   {  // the pool keeps what the writer may hold at once: its queue and a shard being filled
     std::lock_guard<std::mutex> plock(pool_mu);
