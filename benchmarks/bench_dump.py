@@ -7,7 +7,7 @@ throughput next to the disk's own, measured in the same run). Runs are interleav
 (bare then dump, dump then bare, ...: the order alternates) and the median of each is
 taken, so machine noise affects both sides alike. When mindstudio-probe is installed it is run on the same steps too.
 
-    python benchmarks/bench_dump.py [--steps 30]
+    python benchmarks/bench_dump.py [--steps 30] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -68,18 +68,19 @@ def disk_throughput(root: str, mb: int = 256) -> float:
     return mb / dt
 
 
-def ratio(task, n: int, keys: dict, root: str, rounds: int = 4) -> float:
+def ratio(task, n: int, keys: dict, root: str, rounds: int) -> float:
     return interleaved_ratio(lambda: _time_steps(task, n, None, root), lambda: _time_steps(task, n, keys, root), rounds)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=6, help="interleaved runs per side (even: both orders)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # tensor dumps from step 0 say once that their size is measured while written: not news here
     warnings.filterwarnings("ignore", message=r"opscope dump: the size of the full tensors")
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x 4 rounds, order alternating")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, order alternating")
     cases = [
         ("statistics, aten level (target <= 1.5x transformer, 2x MLP)", {"level": "aten"}),
         ("statistics, api level", {"level": "api"}),
@@ -91,7 +92,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         for name, task in TASKS.items():
             for label, keys in cases:
-                r = ours[(name, label)] = ratio(task, args.steps, keys, root)
+                r = ours[(name, label)] = ratio(task, args.steps, keys, root, args.rounds)
                 print(f"{name:12s} {label:58s} {r:5.2f}x")
         _tensor_throughput(root, args.steps)
         _msprobe(root, args.steps, ours)
