@@ -11,7 +11,7 @@ mechanism written in Python, and ``torch.autograd.detect_anomaly`` for compariso
 Runs are interleaved, the order alternating each round (bare then watched, watched then
 bare), and the median of each is taken.
 
-    python benchmarks/bench_watch.py [--steps 20] [--rounds 4]
+    python benchmarks/bench_watch.py [--steps 30] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -86,8 +86,8 @@ CASES = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--models", default="transformer,mlp", help="comma-separated: transformer, mlp")
     args = parser.parse_args()
     torch.set_num_threads(1)
