@@ -153,6 +153,14 @@ def mlp_run(path: str | Path, *, dtype: str = "float32", steps: int = 1, fault: 
     w2 = rng.standard_normal((32, 16)) * 0.25
     run = Run(path, data=data, rank=rank, status=status)
     jitter = np.random.default_rng(seed + 1)
+    with np.errstate(over="ignore", invalid="ignore"):  # the "nan" fault overflows on purpose
+        _forward(run, steps, fault, dtype, noise, jitter, x0, w1, w2)
+    run.close()
+    return Path(path)
+
+
+def _forward(run: Run, steps: int, fault: str | None, dtype: str, noise: float, jitter: Any,
+             x0: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> None:
     for _ in range(steps):
         w1_t = w1.copy()
         if fault == "param_row":
@@ -183,5 +191,3 @@ def mlp_run(path: str | Path, *, dtype: str = "float32", steps: int = 1, fault: 
         (n,) = run.op("aten.native_layer_norm.default", [o], [val(layer_norm(o.value.astype(np.float64), eps))], module="norm")
         run.op("aten.sum.default", [n], [np.asarray(val(n.value.astype(np.float64)).sum())], module="")
         run.end_step()
-    run.close()
-    return Path(path)
