@@ -148,3 +148,38 @@ def test_a_gradient_hook_left_by_an_earlier_dump_writes_nothing(tmp_path, monkey
         d.step()
     rows = opscope.load(tmp_path / "b").records().to_pandas()
     assert list(rows[rows.phase == "backward"].arg) == ["grad_output"]
+
+
+class _Awkward(nn.Module):
+    """A module whose inputs and outputs are of every awkward kind."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = self.fc(x)
+        i = torch.arange(5) * 3
+        return (h, x.t()[1:], torch.zeros(0, 5), torch.randn(3, dtype=torch.complex64) * 2, i, (i > 4) & (i < 10),
+                torch.empty(4, 4, device="meta") + 1, torch.full((2,), float("nan")))
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode, torch.enable_grad])
+def test_awkward_tensors_give_the_rows_of_the_python_path(tmp_path, monkeypatch, context):
+    tables = {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        torch.manual_seed(0)
+        model = _Awkward()
+        with opscope.dump(tmp_path / name, level="module") as d, context():
+            model(torch.randn(2, 3))
+            d.step()
+        tables[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    native_rows, python_rows = tables["native"], tables["python"]
+    assert {"bfloat16", "complex64", "int64", "bool"} <= set(native_rows.dtype)
+    assert native_rows[native_rows.device == "meta"].note.str.contains("meta tensor").all()
+    assert (native_rows[native_rows.numel == 0].norm == 0).all()
+    assert native_rows.nan.max() == 2  # the NaN output is counted, not an error
+    for column in _SAME:
+        assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
