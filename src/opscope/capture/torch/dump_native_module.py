@@ -64,7 +64,7 @@ class NativeModuleLevel(NativeAtenLevel):
         call = -1
         try:
             if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
-                inputs = [(i, None, t) for i, t in enumerate(_tensors(args))]
+                inputs = [(i, None, t) for i, t in enumerate(tensors_of(args))]
                 n = len(inputs)
                 inputs += [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
                 call = self.native.record_call(op, path, _PHASES[s.phase], inputs, (), -1)
@@ -79,18 +79,10 @@ class NativeModuleLevel(NativeAtenLevel):
             return
         op = type(module).__name__
         try:
-            outs = [(i, None, t) for i, t in enumerate(_tensors(output))]
+            outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]
             # outputs that require grad get a C++ hook: their gradient's row in backward
             grads = self._grads and s.recorder.selected(path, op, "backward")
             self.native.record_call(op, path, _PHASES[s.phase], (), outs, call, grads)
         except Exception as exc:
             self._guard(exc)
 
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors of a module's arguments or output; plain tuples without a tree walk."""
-    if type(value) is torch.Tensor:
-        return [value]
-    if type(value) is tuple and all(type(x) is torch.Tensor or x is None for x in value):
-        return [x for x in value if x is not None]
-    return tensors_of(value)

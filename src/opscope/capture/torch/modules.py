@@ -14,6 +14,12 @@ from torch.utils._pytree import tree_flatten
 
 
 def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a module's arguments or output; a tensor or a plain tuple of tensors
+    (and None) without a tree walk (the common case, on every module call)."""
+    if type(value) is torch.Tensor:
+        return [value]
+    if type(value) is tuple and all(type(x) is torch.Tensor or x is None for x in value):
+        return [x for x in value if x is not None]
     return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
 
 

@@ -373,7 +373,7 @@ class WatchSession(StepChecks):
         checker = self.checker
         if not checker.on or output is None:
             return
-        outs = _outputs(output)
+        outs = tensors_of(output)
         seen = self._seen
         fresh = []
         for t in outs:
@@ -392,11 +392,3 @@ class WatchSession(StepChecks):
         else:
             checker.observe(type(module).__name__, path, phase, None, None, in_ids, fresh, args)
 
-
-def _outputs(output: Any) -> Any:
-    """The tensors of a module's output; a tuple of tensors (and None) without a tree walk."""
-    if type(output) is torch.Tensor:
-        return (output,)
-    if type(output) is tuple and all(type(x) is torch.Tensor or x is None for x in output):
-        return [x for x in output if x is not None]
-    return tensors_of(output)
