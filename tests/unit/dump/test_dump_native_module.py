@@ -183,3 +183,25 @@ def test_awkward_tensors_give_the_rows_of_the_python_path(tmp_path, monkeypatch,
     assert native_rows.nan.max() == 2  # the NaN output is counted, not an error
     for column in _SAME:
         assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
+
+
+@pytest.mark.parametrize("keys", [{"mode": "input"}, {"mode": "output"}, {"phases": ["forward"]},
+                                  {"phases": ["backward", "optimizer"]}, {"scope": ["layers.0*"]},
+                                  {"ops": {"exclude": ["Linear"]}}],
+                         ids=["inputs", "outputs", "forward", "backward+optimizer", "scope", "ops"])
+def test_filters_select_the_rows_of_the_python_path(tmp_path, monkeypatch, keys):
+    task = lambda: transformer_task(d=32, heads=2, layers=2, seq=8, batch=2)  # noqa: E731
+    tables = {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        torch.manual_seed(0)
+        model, opt, batch = task()
+        with opscope.dump(tmp_path / name, level="module", **keys) as d:
+            for i in range(2):
+                train_step(model, opt, *batch(i))
+                d.step()
+        tables[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    native_rows, python_rows = tables["native"], tables["python"]
+    assert 0 < len(native_rows) == len(python_rows)
+    for column in _SAME:
+        assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
