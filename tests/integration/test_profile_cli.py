@@ -1,8 +1,10 @@
 """``opscope profile show`` and ``diff`` through the real CLI, on profiles of real runs.
 
 One subprocess trains a tiny model four times: the same code twice, once with a 30 ms
-delay injected into backward, once with a wider hidden layer. Each phase is padded with a
-short sleep so that the machine's noise in the tiny matmuls cannot pass as a regression.
+delay injected into backward, once with a wider hidden layer. Each phase is padded with an
+8 ms sleep so that the machine's drift in the tiny matmuls cannot pass as a regression
+(with 4 ms, a run of the same code came out 10% slower about once in twelve on a shared VM:
+the CPU-bound rest of the step ran slower throughout the second run).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ TRAIN = textwrap.dedent(
             self.fc1, self.fc2 = nn.Linear(256, hidden), nn.Linear(hidden, 8)
             self.extra_bwd = extra_bwd
         def forward(self, x):
-            h = Delay.apply(self.fc1(x), 0.004, 0.004 + self.extra_bwd)
+            h = Delay.apply(self.fc1(x), 0.008, 0.008 + self.extra_bwd)
             return self.fc2(torch.relu(h))
 
     def run(out, hidden=64, extra_bwd=0.0):

@@ -92,6 +92,22 @@ def test_native_and_python_tensor_dumps_hold_the_same_bytes(tmp_path, monkeypatc
     assert _owners_hold_every_key(nat) > 100 and _owners_hold_every_key(py) > 100
 
 
+def test_tensor_ops_keep_the_tensors_of_the_named_ops_only(tmp_path, monkeypatch):
+    keys = {"tensor_ops": ["aten.gelu*", "aten.addmm*"]}
+    _, nat = train_with("native", monkeypatch, tmp_path / "n", 2, small_transformer, **keys)
+    _, py = train_with("python", monkeypatch, tmp_path / "p", 2, small_transformer, **keys)
+    a, b = calls(nat), calls(py)
+    kept = {k for k, r in a.items() if r["data"]}
+    stored = {k[3] for k in kept if a[k]["producer"] is None}  # rows of other ops link to these
+    assert stored == {"gelu", "gelu_backward", "addmm"}  # the ops named (globs), nothing else
+    assert kept == {k for k, r in b.items() if r["data"]}
+    for k in kept:
+        xa, xb = nat.row_tensor(a[k], raw=True), py.row_tensor(b[k], raw=True)
+        assert (xa.shape, xa.tobytes()) == (xb.shape, xb.tobytes()), k
+    assert all(a[k]["view"] is None for k in kept)  # as the Python path: views stored as themselves
+    assert all(a[k]["hash"] == b[k]["hash"] for k in set(a) & set(b))  # statistics for every call
+
+
 def test_an_input_is_stored_as_it_was_before_an_in_place_op(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
     x = torch.arange(6.0).reshape(2, 3)
@@ -276,7 +292,10 @@ def test_which_dumps_run_natively(monkeypatch):
 
     assert dump_native.backend_for(config(data="tensor")) is not None
     assert dump_native.backend_for(config(data="tensor", tensor_limit_mb=1)) is not None
-    for keys in ({"tensor_ops": ["aten.mm*"]}, {"data": "tensor", "source": True}, {"level": "api", "data": "tensor"}):
+    assert dump_native.backend_for(config(tensor_ops=["aten.mm*"])) is not None
+    assert dump_native.backend_for(config(level="module")) is not None
+    for keys in ({"data": "tensor", "source": True}, {"level": "api", "data": "tensor"},
+                 {"level": "module", "data": "tensor"}, {"level": "module", "tensor_ops": ["Linear"]}):
         assert dump_native.backend_for(config(**keys)) is None, keys
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "python")
     assert dump_native.backend_for(config(data="tensor")) is None

@@ -13,10 +13,13 @@ and applies back-pressure. ``tensor_limit_mb`` is counted natively (its budget s
 step, what was stored and where it stopped reported at its end, :class:`TensorPlan`); the size
 probe of the step before a tensor window runs natively too. Tensors the kernel does not read
 (another device, another dtype) get their statistics from Python and their bytes through
-torch's copy to the host, one at a time.
+torch's copy to the host, one at a time. With ``tensor_ops`` only the calls of the named ops
+keep their tensors (asked once per op), and views are stored as themselves, as on the
+Python path.
 
-Used for ``level="aten"`` dumps of ``data="statistics"`` or ``data="tensor"`` without
-``tensor_ops``, ``suspects`` or ``source``; everything else (and
+Used for ``level="aten"`` dumps (statistics, full tensors, ``tensor_ops``) without
+``suspects`` or ``source``, and for module-level statistics
+(:mod:`~opscope.capture.torch.dump_native_module`); everything else (and
 ``OPSCOPE_DUMP_BACKEND=python``, or no C++ compiler) goes through
 :class:`~opscope.capture.torch.dispatch.DumpDispatchMode`. Both write the same dump.
 """
@@ -54,9 +57,9 @@ def backend_for(cfg: DumpConfig) -> Any:
         return None
     if (env("STATS_BACKEND", "auto") or "auto").lower() != "auto":  # an engine of the Python path asked for
         return None
-    if cfg.level == "api" or cfg.tensor_ops or cfg.suspects or cfg.source:
+    if cfg.level == "api" or cfg.suspects or cfg.source:
         return None
-    if cfg.level == "module" and cfg.data != "statistics":  # module-level tensors: the Python path
+    if cfg.level == "module" and (cfg.data != "statistics" or cfg.tensor_ops):  # module-level tensors: Python
         return None
     return native.load("_opscope_dump")
 
@@ -77,7 +80,7 @@ class NativeRecorder(Recorder):
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)
         self.slow = {}
-        plan = self.plan  # data="tensor" (tensor_ops and suspects take the Python path): every call
+        plan = self.plan  # data="tensor" or tensor_ops (suspects take the Python path)
         tensors = plan is not None and plan.stopped is None
         self.native.begin_step(step, tensors, probe, -1 if plan is None else plan.budget())
 
@@ -121,6 +124,11 @@ class _Hooks:
     def selected(self, module: str, op: str, phase: int) -> bool:
         return self.recorder.selected(module, op, _PHASE_NAMES[phase])
 
+    def tensor_op(self, op: str) -> bool:
+        """With ``tensor_ops``: does ``op`` keep its full tensors (asked once per op)?"""
+        plan = self.recorder.plan
+        return plan is not None and plan.tensor_ops is not None and plan.tensor_ops.matches(op)
+
     def slow(self, index: int, t: torch.Tensor) -> None:
         self.recorder.slow_stats(index, t)
 
@@ -157,6 +165,7 @@ class NativeAtenLevel(Level):
         writer = recorder.writer
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
                         recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
+        backend.set_tensor_ops(recorder.plan is not None and recorder.plan.tensor_ops is not None)
         self.installed = True
         session.modules.on_change = backend.set_module
         session.modules.on_indexed = self._index

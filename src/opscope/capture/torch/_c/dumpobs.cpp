@@ -113,6 +113,8 @@ std::unordered_map<intptr_t, std::vector<Geo>> views;  // storage -> geometries 
 std::unordered_map<Shared, SharedFlow, SharedHash> shared;
 std::unordered_map<std::tuple<int, int, int>, int64_t, KeyHash> calls;
 std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
+bool g_tensor_ops = false;                  // full tensors only for the ops tensor_op() names
+std::unordered_map<int, bool> op_keeps;     // op -> keeps full tensors (with g_tensor_ops)
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
 thread_local std::string t_rng;               // "rng" JSON of the random op running
@@ -180,6 +182,20 @@ bool selected(int module, int op, int8_t phase) {
   return chosen[key] = yes;
 }
 
+// With tensor_ops (set_tensor_ops), does op `op` keep full tensors? Asked once per op.
+bool keeps_tensors(int op) {
+  if (!g_tensor_ops) return true;
+  auto it = op_keeps.find(op);
+  if (it != op_keeps.end()) return it->second;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallMethod(g_hooks, "tensor_op", "s", names[op].c_str());
+  bool yes = r && PyObject_IsTrue(r) == 1;
+  if (!r) hook_failed("tensor_op");
+  Py_XDECREF(r);
+  PyGILState_Release(gil);
+  return op_keeps[op] = yes;
+}
+
 void slow(size_t row, const at::Tensor& t) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* pt = wrap(t);
@@ -209,6 +225,15 @@ struct Head {
   int module, op, fwd, node, args;
   bool data = false, place = false;  // full tensors stored for this call; its views kept as geometry
 };
+
+bool keeps_tensors(int op);
+
+// A call's data flags: its full tensors are stored; its views are kept as geometry on their
+// input's data (only when every call keeps its tensors, as on the Python path)
+void set_data(Head& h) {
+  h.data = g_want && !g_probe && keeps_tensors(h.op);
+  h.place = g_want && !g_tensor_ops;
+}
 
 size_t new_row(const Head& h, int8_t io, int slot, int arg, const at::Tensor& t, int param = -1,
                int64_t producer = -1) {

@@ -207,7 +207,8 @@ PyObject* py_uninstall(PyObject*, PyObject*) {
   stop_observer([] {
     clear_step();
     pool_clear();
-    chosen.clear(), params.clear();
+    chosen.clear(), params.clear(), op_keeps.clear();
+    g_tensor_ops = false;
     for (auto& [s, _] : path_ids) Py_DECREF(s);
     path_ids.clear();
   });
@@ -293,6 +294,16 @@ PyObject* py_tensor_counts(PyObject*, PyObject*) {
 
 // route_slow(on): every tensor takes the path of tensors on another device (Python statistics,
 // torch's copy to the host): lets tests run that path on a machine without one
+// set_tensor_ops(on): full tensors only for the ops hooks.tensor_op(name) names (tensor_ops)
+PyObject* py_set_tensor_ops(PyObject*, PyObject* a) {
+  int on = PyObject_IsTrue(a);
+  if (on < 0) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  g_tensor_ops = on;
+  op_keeps.clear();
+  Py_RETURN_NONE;
+}
+
 PyObject* py_route_slow(PyObject*, PyObject* a) {
   int on = PyObject_IsTrue(a);
   if (on < 0) return nullptr;
@@ -323,6 +334,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
       return nullptr;
     }
     Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1, g_want && !g_probe, g_want};
+    set_data(h);
     const at::Tensor& param = THPVariable_Unpack(p);
     if (!before) {
       if (!g_outputs) continue;
@@ -359,6 +371,7 @@ PyMethodDef methods[] = {
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(step, tensors, probe, budget): start recording a step"},
     {"tensor_counts", py_tensor_counts, METH_NOARGS, "tensor_counts(): (bytes, tensors, stop) of the step"},
     {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor as one on another device (tests)"},
+    {"set_tensor_ops", py_set_tensor_ops, METH_O, "set_tensor_ops(on): full tensors only for tensor_op(name) ops"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},

@@ -47,6 +47,7 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
     own(fn.seqNr(), h.module, k.name);
   }
   if (!selected(h.module, k.name, h.phase)) return;
+  set_data(h);
   h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
   h.seq = g_seq++;
   h.args = args_of(k);
