@@ -96,3 +96,21 @@ def test_an_exception_writes_the_ring(tmp_path):
     dump = opscope.load(tmp_path / "crash")
     assert dump.steps() == [1, 2]
     assert "ZeroDivisionError" in dump.manifest["flight_recorder"]["trigger"]
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_module_level_flight_dump_holds_the_chain_modules_tensors(tmp_path, monkeypatch, backend):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    path = tmp_path / "flight"
+    with opscope.watch(action="record", level="module", path=str(path), history=2) as w:
+        _train(_inputs(6, bad=3), w)
+    event = w.result().events[0]
+    assert (event.op, event.module, event.step) == ("Linear", "fc", 3)
+    dump = opscope.load(path)
+    assert dump.steps() == [2, 3, 4] and (dump.manifest["stats_backend"] == "native") == (backend == "native")
+    df = dump.records().to_pandas()
+    assert df[df.step < 4].data.isna().all()
+    stored = df[(df.step == 4) & df.data.notna() & df.producer.isna()]  # other rows link to these
+    assert set(stored.op) == {"Linear"} and "output" in set(stored.io)
+    out = stored[stored.io == "output"].iloc[0].to_dict()
+    assert dump.row_tensor(out).shape == (4, 8)

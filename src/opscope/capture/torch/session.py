@@ -84,9 +84,7 @@ class DumpSession:
             from opscope.capture.torch.suspects import read_source
 
             source = read_source(cfg, self.rank)
-        self.writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
-                                 shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
-        self.writer.open()
+        self.writer = self._open_writer()
         backend = dump_native.backend_for(cfg)
         if backend is not None:  # the aten or module level through the native dump module
             self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
@@ -112,6 +110,14 @@ class DumpSession:
         os.register_at_fork(after_in_child=self._forked)
         self._enter_step(0)
         return self
+
+    def _open_writer(self) -> Any:
+        """Where rows and tensors go (the flight recorder puts its ring in place of this)."""
+        cfg = self.cfg
+        writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
+                            shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
+        writer.open()
+        return writer
 
     def step(self) -> None:
         """End the current step (call once per training iteration)."""

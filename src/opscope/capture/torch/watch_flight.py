@@ -14,35 +14,51 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from opscope.capture.torch import levels
-from opscope.capture.torch.recorder import Recorder
-from opscope.capture.torch.session import DumpSession, _engine
+from opscope.capture.torch.session import DumpSession
 from opscope.config import DumpConfig, Filter, StepSelection
 from opscope.storage.writer import DumpWriter
 
 
 class RingWriter:
     """Stands in for :class:`DumpWriter`: keeps the rows of the last ``history`` steps in
-    memory; while a real writer is attached (``sink``), passes everything on to it."""
+    memory (row lists from the Python capture, column sets from the native one); while a
+    real writer is attached (``sink``), passes everything on to it."""
 
-    def __init__(self, history: int) -> None:
-        self.steps: deque[tuple[int, list[list[Any]]]] = deque(maxlen=history)
+    def __init__(self, history: int, shard_bytes: int, queue_limit: int) -> None:
+        self.steps: deque[tuple[int, list[tuple[str, Any]]]] = deque(maxlen=history)
         self.manifest: dict[str, Any] = {}
+        self.shard_bytes, self.queue_limit = shard_bytes, queue_limit  # what the native capture asks
         self.sink: DumpWriter | None = None
         self.sink_step: int | None = None
         self.on_sink_done: Any = None
-        self._open: dict[int, list[list[Any]]] = {}
+        self._open: dict[int, list[tuple[str, Any]]] = {}
+
+    @property
+    def error(self) -> BaseException | None:
+        """The attached writer's failure (the ring itself cannot fail)."""
+        return self.sink.error if self.sink is not None else None
 
     def add_tensor(self, step: int, key: str, dtype: str, shape: list[int], buffer: Any, nbytes: int) -> str:
         if self.sink is not None:
             return self.sink.add_tensor(step, key, dtype, shape, buffer, nbytes)
         return ""  # statistics only while recording into the ring
 
+    def add_shard(self, step: int, chunks: list[Any], size: int, nbytes: int) -> str | None:
+        if self.sink is not None:
+            return self.sink.add_shard(step, chunks, size, nbytes)
+        return None  # statistics only while recording into the ring
+
     def add_rows(self, step: int, rows: list[list[Any]]) -> None:
         if self.sink is not None:
             self.sink.add_rows(step, rows)
-        else:
-            self._open.setdefault(step, []).extend(rows)
+        elif rows:
+            self._open.setdefault(step, []).append(("rows", rows))
+
+    def add_table(self, step: int, table: Any) -> None:
+        if self.sink is not None:
+            self.sink.add_table(step, table)
+        elif table.num_rows:
+            self._open.setdefault(step, []).append(("table", table))
 
     def end_step(self, step: int) -> None:
         if self.sink is not None:
@@ -50,9 +66,20 @@ class RingWriter:
             if step == self.sink_step and self.on_sink_done is not None:
                 self.on_sink_done()
             return
-        rows = self._open.pop(step, [])
-        if rows:  # an empty step (the run stopped right after a boundary) evicts nothing
-            self.steps.append((step, rows))
+        parts = self._open.pop(step, [])
+        if parts:  # an empty step (the run stopped right after a boundary) evicts nothing
+            self.steps.append((step, parts))
+
+    def write_to(self, sink: DumpWriter) -> list[int]:
+        """Hand the ring's steps to ``sink``; returns them."""
+        kept = []
+        for step, parts in self.steps:
+            for kind, part in parts:
+                sink.add_rows(step, part) if kind == "rows" else sink.add_table(step, part)
+            sink.end_step(step)
+            kept.append(step)
+        self.steps.clear()
+        return kept
 
     def check(self) -> None:
         if self.sink is not None:
@@ -73,23 +100,14 @@ class FlightRecorder(DumpSession):
         self.pending_notes: list[str] = []
 
     def start(self) -> FlightRecorder:
-        # As DumpSession.start, with the ring in place of the on-disk writer.
-        self.started = True
-        if not self.active:
-            return self
-        self.writer = RingWriter(self.history)  # type: ignore[assignment]
-        self.writer.on_sink_done = self._sink_done
-        self.recorder = Recorder(self.cfg, self.writer, self.rank, self.modules.param_names,  # type: ignore[arg-type]
-                                 _engine(self.cfg.level))
-        self._level = levels.make(self.cfg.level, self)
-        self.modules.install()
-        from torch.optim import optimizer as opt
-
-        self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
-                         opt.register_optimizer_step_post_hook(self._optimizer_post)]
+        super().start()
         self.clock.manual = True  # steps end only when the watch says so
-        self._enter_step(0)
         return self
+
+    def _open_writer(self) -> RingWriter:
+        ring = RingWriter(self.history, int(self.cfg.shard_mb * 2**20), int(self.cfg.queue_limit_mb * 2**20))
+        ring.on_sink_done = self._sink_done
+        return ring
 
     @property
     def ring(self) -> RingWriter:
@@ -109,6 +127,7 @@ class FlightRecorder(DumpSession):
         path = _free_path(self.cfg.path)
         manifest = self._manifest()
         manifest["config"] = dict(manifest["config"], path=path, tensor_ops={"include": tensor_ops, "exclude": []})
+        manifest["stats_backend"] = ring.manifest.get("stats_backend", manifest["stats_backend"])
         kept = [s for s, _ in ring.steps]
         manifest["flight_recorder"] = {"trigger": reason, "step": step, "history_steps": kept,
                                        "tensor_step": step + 1, "tensor_ops": tensor_ops, "event": event}
@@ -117,14 +136,12 @@ class FlightRecorder(DumpSession):
         sink = DumpWriter(path, self.rank, manifest, queue_limit=int(self.cfg.queue_limit_mb * 2**20),
                           shard_bytes=int(self.cfg.shard_mb * 2**20))
         sink.open()
-        for s, rows in ring.steps:
-            if rows:
-                sink.add_rows(s, rows)
-            sink.end_step(s)
-        ring.steps.clear()
+        ring.write_to(sink)
         ring.sink, ring.sink_step = sink, step + 1
         self.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
         self._replan()
+        if self.capturing:  # the next step has begun (nothing recorded yet): begin it again with tensors
+            self.recorder.begin_step(self.clock.step)
         self.written.append(path)
         return path
 
@@ -135,6 +152,9 @@ class FlightRecorder(DumpSession):
             from opscope.capture.torch.suspects import TensorPlan
 
             self.recorder.plan = TensorPlan.make(self.cfg, self.rank)
+            native = getattr(self._level, "native", None)
+            if native is not None:  # the native capture asks its plan's tensor_ops per op
+                native.set_tensor_ops(self.recorder.plan is not None and self.recorder.plan.tensor_ops is not None)
 
     def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
         ring = self.ring
