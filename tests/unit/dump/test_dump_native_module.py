@@ -8,11 +8,12 @@ import math
 
 import pytest
 import torch
+from dump_helpers import small_mlp, small_transformer
 from torch import nn
 
 import opscope
 from opscope import native
-from opscope.demo.models import mlp_task, train_step, transformer_task
+from opscope.demo.models import train_step, transformer_task
 
 _SAME = ["step", "phase", "module", "op", "call", "io", "slot", "arg", "dtype", "numel", "param", "note",
          "min", "max", "mean", "std", "norm", "absmax", "nan", "inf", "zeros", "hash"]
@@ -43,9 +44,7 @@ def _cell(v):
     return "null" if v is None or (isinstance(v, float) and math.isnan(v)) else repr(v)
 
 
-@pytest.mark.parametrize("task", [lambda: mlp_task(batch=8, d_in=16, hidden=16, depth=2),
-                                  lambda: transformer_task(d=32, heads=2, layers=2, seq=8, batch=2)],
-                         ids=["mlp", "transformer"])
+@pytest.mark.parametrize("task", [small_mlp, small_transformer], ids=["mlp", "transformer"])
 def test_native_module_level_writes_the_rows_of_the_python_path(tmp_path, monkeypatch, task):
     losses, native_rows = _dump(tmp_path / "n", task, "native", monkeypatch)
     python_losses, python_rows = _dump(tmp_path / "p", task, "python", monkeypatch)
@@ -106,7 +105,7 @@ def test_a_failure_inside_opscope_stops_capture_not_the_run(tmp_path, monkeypatc
         return real(self, *args)
 
     monkeypatch.setattr(Recorder, "selected", flaky)
-    task = lambda: mlp_task(batch=8, d_in=16, hidden=16, depth=2)  # noqa: E731
+    task = small_mlp
     with pytest.warns(RuntimeWarning, match="stopped capturing"):
         losses, rows = _dump(tmp_path / "d", task, "native", monkeypatch)
     monkeypatch.setattr(Recorder, "selected", real)
@@ -121,7 +120,7 @@ def test_a_failure_inside_opscope_stops_capture_not_the_run(tmp_path, monkeypatc
 def test_tensors_on_another_device_take_the_batched_path_with_the_same_results(tmp_path, monkeypatch, backend):
     """Accelerator tensors are reduced on their device and read once per step; the same code
     runs here with every CPU tensor routed through it."""
-    task = lambda: transformer_task(d=32, heads=2, layers=1, seq=8, batch=2)  # noqa: E731
+    task = small_transformer
     _, fast = _dump(tmp_path / "f", task, "native", monkeypatch, steps=2)
     backend.route_slow(True)
     try:
