@@ -354,8 +354,12 @@ def _where(row: list[Any]) -> tuple[Any, ...]:
 
 def _view_geometry(view: torch.Tensor, base: torch.Tensor | None) -> str | None:
     """JSON ``{"shape", "stride", "offset"}`` placing ``view`` in the contiguous data of
-    ``base`` (in elements), or None when ``view`` cannot be read back that way."""
+    ``base`` (in elements), or None when ``view`` cannot be read back that way: complex
+    data is stored as real pairs, and a conjugate or negative view's values are not its
+    base's, so those are stored as themselves."""
     if base is None or not base.is_contiguous() or base.dtype != view.dtype or base.device != view.device:
+        return None
+    if view.is_complex() or view.is_conj() or view.is_neg():
         return None
     offset, size = view.data_ptr() - base.data_ptr(), view.element_size()
     if offset < 0 or offset % size:
