@@ -313,3 +313,27 @@ def test_a_shard_written_directly_or_through_the_page_cache_is_the_same_file(tmp
     write_chunks(tmp_path / "cached", [data[:5000], data[5000:]], len(data))  # unaligned: ordinary writes
     assert (tmp_path / "direct").read_bytes() == (tmp_path / "cached").read_bytes() == data
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_file_system_that_refuses_direct_writes_gets_ordinary_ones(tmp_path, monkeypatch):
+    """Every file system here takes O_DIRECT; one that refuses it (EINVAL at open, as some
+    network and FUSE file systems do) is stood in for by an open() that refuses the flag."""
+    import errno
+    import mmap
+
+    from opscope.storage import safetensors_io
+
+    real_open, refused = os.open, []
+
+    def open_without_direct(path, flags, mode=0o777, **kw):
+        if flags & getattr(os, "O_DIRECT", 0):
+            refused.append(path)
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(safetensors_io.os, "open", open_without_direct)
+    data = os.urandom(2 * 4096 + 7)
+    chunk = mmap.mmap(-1, 3 * 4096)
+    chunk[: len(data)] = data
+    safetensors_io.write_chunks(tmp_path / "shard", [chunk], len(data))
+    assert refused and (tmp_path / "shard").read_bytes() == data and not list(tmp_path.glob("*.tmp"))
