@@ -72,6 +72,7 @@ class NativeRecorder(Recorder):
         super().__init__(cfg, writer, rank, param_names, "sync")
         self.native = backend
         self.slow: dict[int, Any] = {}  # row index -> statistics (or a pending device job)
+        self._told: Any = False  # the plan whose tensor_ops the native side knows
 
     def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
                       before: bool) -> None:
@@ -81,6 +82,9 @@ class NativeRecorder(Recorder):
         super().begin_step(step, probe)
         self.slow = {}
         plan = self.plan  # data="tensor" or tensor_ops (suspects take the Python path)
+        if plan is not self._told:  # a new plan (the flight recorder replans): its tensor_ops
+            self._told = plan
+            self.native.set_tensor_ops(plan is not None and plan.tensor_ops is not None)
         tensors = plan is not None and plan.stopped is None
         self.native.begin_step(step, tensors, probe, -1 if plan is None else plan.budget())
 
@@ -165,7 +169,6 @@ class NativeAtenLevel(Level):
         writer = recorder.writer
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
                         recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
-        backend.set_tensor_ops(recorder.plan is not None and recorder.plan.tensor_ops is not None)
         self.installed = True
         session.modules.on_change = backend.set_module
         session.modules.on_indexed = self._index

@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.dump_native import NativeAtenLevel
+from opscope.capture.torch.dump_native import _PHASES, NativeAtenLevel
+from opscope.capture.torch.levels import module_inputs
 from opscope.capture.torch.modules import tensors_of
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
-
-_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
 
 
 class NativeModuleLevel(NativeAtenLevel):
@@ -64,10 +63,7 @@ class NativeModuleLevel(NativeAtenLevel):
         call = -1
         try:
             if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
-                inputs = [(i, None, t) for i, t in enumerate(tensors_of(args))]
-                n = len(inputs)
-                inputs += [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
-                call = self.native.record_call(op, path, _PHASES[s.phase], inputs, (), -1)
+                call = self.native.record_call(op, path, _PHASES[s.phase], module_inputs(module, args), (), -1)
         except Exception as exc:
             self._guard(exc)
         self._calls.append(call)

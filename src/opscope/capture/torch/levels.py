@@ -198,10 +198,7 @@ class ModuleLevel(Level):
         if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
             self._calls.append(-1)
             return
-        params = [(n, p) for n, p in module.named_parameters(recurse=False)]
-        inputs = [(i, None, t) for i, t in enumerate(tensors_of(args))]
-        inputs += [(len(inputs) + i, n, p) for i, (n, p) in enumerate(params)]
-        self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
+        self._calls.append(s.recorder.record(op, path, s.phase, module_inputs(module, args), []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
         s = self.session
@@ -223,6 +220,14 @@ class ModuleLevel(Level):
             if s.capturing and s.recorder.selected(path, op, "backward"):
                 s.recorder.record(op, path, "backward", [(slot, "grad_output", grad)], [])
         return hook
+
+
+def module_inputs(module: torch.nn.Module, args: Any) -> list[tuple[int, str | None, torch.Tensor]]:
+    """A module call's input items (slot, arg name, tensor): its tensor arguments, then its
+    own parameters by name."""
+    inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
+    n = len(inputs)
+    return inputs + [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
 
 
 def make(level: str, session: DumpSession) -> Level:

@@ -113,9 +113,12 @@ class DumpSession:
 
     def _open_writer(self) -> Any:
         """Where rows and tensors go (the flight recorder puts its ring in place of this)."""
+        return self._new_writer(self.cfg.path, self._manifest(), self.cfg.overwrite)
+
+    def _new_writer(self, path: str, manifest: dict[str, Any], overwrite: bool = False) -> DumpWriter:
         cfg = self.cfg
-        writer = DumpWriter(cfg.path, self.rank, self._manifest(), queue_limit=int(cfg.queue_limit_mb * 2**20),
-                            shard_bytes=int(cfg.shard_mb * 2**20), overwrite=cfg.overwrite)
+        writer = DumpWriter(path, self.rank, manifest, queue_limit=int(cfg.queue_limit_mb * 2**20),
+                            shard_bytes=int(cfg.shard_mb * 2**20), overwrite=overwrite)
         writer.open()
         return writer
 

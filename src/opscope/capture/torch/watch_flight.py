@@ -133,14 +133,12 @@ class FlightRecorder(DumpSession):
                                        "tensor_step": step + 1, "tensor_ops": tensor_ops, "event": event}
         self.pending_notes = [f"flight recorder: {reason} at step {step}; steps {kept} are statistics kept in memory, "
                               f"step {step + 1} adds full tensors for {', '.join(tensor_ops) or 'no op'}"]
-        sink = DumpWriter(path, self.rank, manifest, queue_limit=int(self.cfg.queue_limit_mb * 2**20),
-                          shard_bytes=int(self.cfg.shard_mb * 2**20))
-        sink.open()
+        sink = self._new_writer(path, manifest)
         ring.write_to(sink)
         ring.sink, ring.sink_step = sink, step + 1
         self.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
         self._replan()
-        if self.capturing:  # the next step has begun (nothing recorded yet): begin it again with tensors
+        if self.capturing:  # the next step has begun (nothing recorded yet): begin it again with the new plan
             self.recorder.begin_step(self.clock.step)
         self.written.append(path)
         return path
@@ -152,9 +150,6 @@ class FlightRecorder(DumpSession):
             from opscope.capture.torch.suspects import TensorPlan
 
             self.recorder.plan = TensorPlan.make(self.cfg, self.rank)
-            native = getattr(self._level, "native", None)
-            if native is not None:  # the native capture asks its plan's tensor_ops per op
-                native.set_tensor_ops(self.recorder.plan is not None and self.recorder.plan.tensor_ops is not None)
 
     def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
         ring = self.ring

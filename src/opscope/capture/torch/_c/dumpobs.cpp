@@ -48,37 +48,20 @@ struct Flow {
   c10::Storage keep;  // views: keeps the memory from being reused within the step
 };
 
-struct Geo {
-  intptr_t base;
-  int64_t offset;
+// Where a tensor's elements are: a place (a storage's base, or a version counter), a start
+// in it (an element offset, or the data address), their layout and dtype. Keys the views
+// registered by geometry, and autograd's saved tensors, which are new tensors sharing the
+// elements and version counter of the one recorded (a dispatch mode sees them made by `detach`).
+struct Elems {
+  intptr_t place;
+  int64_t start;
   std::vector<int64_t> shape, stride;
   int8_t dtype;
-  bool operator==(const Geo& o) const {
-    return base == o.base && offset == o.offset && dtype == o.dtype && shape == o.shape && stride == o.stride;
-  }
+  bool operator==(const Elems&) const = default;
 };
-struct GeoHash {
-  size_t operator()(const Geo& g) const {
-    size_t h = std::hash<intptr_t>()(g.base) ^ (std::hash<int64_t>()(g.offset) << 1) ^ g.dtype;
-    for (int64_t v : g.shape) h = h * 31 + std::hash<int64_t>()(v);
-    for (int64_t v : g.stride) h = h * 17 + std::hash<int64_t>()(v);
-    return h;
-  }
-};
-// A tensor's elements and version counter: autograd's saved tensors are new tensors that
-// share both with the one that was recorded (a dispatch mode sees them made by `detach`).
-struct Shared {
-  const void* counter;
-  intptr_t data;
-  std::vector<int64_t> shape, stride;
-  int8_t dtype;
-  bool operator==(const Shared& o) const {
-    return counter == o.counter && data == o.data && dtype == o.dtype && shape == o.shape && stride == o.stride;
-  }
-};
-struct SharedHash {
-  size_t operator()(const Shared& g) const {
-    size_t h = std::hash<const void*>()(g.counter) ^ (std::hash<intptr_t>()(g.data) << 1) ^ g.dtype;
+struct ElemsHash {
+  size_t operator()(const Elems& g) const {
+    size_t h = std::hash<intptr_t>()(g.place) ^ (std::hash<int64_t>()(g.start) << 1) ^ g.dtype;
     for (int64_t v : g.shape) h = h * 31 + std::hash<int64_t>()(v);
     for (int64_t v : g.stride) h = h * 17 + std::hash<int64_t>()(v);
     return h;
@@ -108,9 +91,9 @@ bool g_inputs = true, g_outputs = true;
 std::vector<Row> rows;
 std::vector<std::string> args_json;
 std::unordered_map<intptr_t, Flow> flow;
-std::unordered_map<Geo, Flow, GeoHash> geo;
-std::unordered_map<intptr_t, std::vector<Geo>> views;  // storage -> geometries registered on it
-std::unordered_map<Shared, SharedFlow, SharedHash> shared;
+std::unordered_map<Elems, Flow, ElemsHash> geo;
+std::unordered_map<intptr_t, std::vector<Elems>> views;  // storage -> geometries registered on it
+std::unordered_map<Elems, SharedFlow, ElemsHash> shared;
 std::unordered_map<std::tuple<int, int, int>, int64_t, KeyHash> calls;
 std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
 bool g_tensor_ops = false;                  // full tensors only for the ops tensor_op() names
@@ -133,19 +116,19 @@ int N_VIEW = -1, N_ALIAS = -1;                // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 
-std::optional<Geo> geometry(const at::Tensor& t) {
+std::optional<Elems> geometry(const at::Tensor& t) {
   if (!t.has_storage() || t.is_meta()) return std::nullopt;
   intptr_t base = reinterpret_cast<intptr_t>(t.storage().data());
-  return Geo{base, t.storage_offset(), t.sizes().vec(), t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
+  return Elems{base, t.storage_offset(), t.sizes().vec(), t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
 }
 
-std::optional<Shared> shared_key(const at::Tensor& t) {
+std::optional<Elems> shared_key(const at::Tensor& t) {
   if (t.is_inference() || !t.has_storage() || t.is_meta()) return std::nullopt;
   const c10::VariableVersion& v = t.unsafeGetTensorImpl()->version_counter();
   if (!v.enabled()) return std::nullopt;
   const void* counter = *reinterpret_cast<const void* const*>(&v);  // its only member: the counter
-  return Shared{counter, reinterpret_cast<intptr_t>(t.const_data_ptr()), t.sizes().vec(), t.strides().vec(),
-                static_cast<int8_t>(t.scalar_type())};
+  return Elems{reinterpret_cast<intptr_t>(counter), reinterpret_cast<intptr_t>(t.const_data_ptr()), t.sizes().vec(),
+               t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
 }
 
 intptr_t storage_of(const at::Tensor& t) {
@@ -223,7 +206,7 @@ struct Head {
   int64_t seq, call;
   int8_t phase;
   int module, op, fwd, node, args;
-  bool data = false, place = false;  // full tensors stored for this call; its views kept as geometry
+  bool data = false, place = false;  // full tensors stored for this call; its views kept as geometry (set_data)
 };
 
 bool keeps_tensors(int op);
@@ -257,7 +240,7 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
          param, c10::Storage()};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
-    auto* target = const_cast<c10::intrusive_ptr_target*>(static_cast<const c10::intrusive_ptr_target*>(k->counter));
+    auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
     c10::raw::weak_intrusive_ptr::incref(target);
     shared.insert_or_assign(*k, SharedFlow{row, version, param,
                                            c10::weak_intrusive_ptr<c10::intrusive_ptr_target>::reclaim(target)});
@@ -266,7 +249,7 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
     auto g = geometry(t);
     if (!g) return;
     Flow v{std::nullopt, row, version, param, t.storage()};
-    views[g->base].push_back(*g);
+    views[g->place].push_back(*g);
     geo[*g] = std::move(v);
   }
 }
@@ -358,7 +341,7 @@ void forget_views_written(const OpKind& k) {  // its storages are about to be wr
       if (!t.defined()) continue;
       auto it = views.find(storage_of(t));
       if (it == views.end()) continue;
-      for (const Geo& g : it->second) geo.erase(g);
+      for (const Elems& g : it->second) geo.erase(g);
       views.erase(it);
     }
   }

@@ -35,7 +35,7 @@ void grad_row(int64_t install, int op, int mod, int slot, const at::TensorBase& 
   try {
     static const int a_grad = intern("grad_output");
     int64_t call = calls[std::make_tuple(mod, static_cast<int>(BACKWARD), op)]++;
-    Head h{g_seq++, call, BACKWARD, mod, op, -1, -1, -1, g_want && !g_probe, g_want};
+    Head h{g_seq++, call, BACKWARD, mod, op, -1, -1, -1};
     set_data(h);
     input_row(h, slot, a_grad, at::Tensor(grad));
   } catch (const std::exception& e) {
@@ -66,7 +66,7 @@ PyObject* py_record_call(PyObject*, PyObject* a) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   int op_name = intern(op), mod = *module ? intern(module) : -1;
   if (call < 0) call = calls[std::make_tuple(mod, phase, op_name)]++;
-  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1, g_want && !g_probe, g_want};
+  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
   set_data(h);
   bool ok = !g_inputs || each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
     input_row(h, slot, arg, t);

@@ -333,7 +333,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) expected");
       return nullptr;
     }
-    Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1, g_want && !g_probe, g_want};
+    Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1};
     set_data(h);
     const at::Tensor& param = THPVariable_Unpack(p);
     if (!before) {

@@ -39,7 +39,7 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   // dispatch mode sees: not recorded either
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return;
   rng_before(k);
-  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1, g_want && !g_probe, g_want};
+  Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
   if (!t_nodes.empty()) {
     h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
     if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;

@@ -36,11 +36,10 @@ AVX2 static inline void half_init(half_t *h) {
     h->nn = h->ni = h->nz = _mm256_setzero_si256();
 }
 
-__attribute__((target("avx2,f16c"), always_inline)) static inline void half_add(half_t *h, __m256 v) {
-    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    h->nn = _mm256_sub_epi32(h->nn, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    h->ni = _mm256_sub_epi32(h->ni, _mm256_castps_si256(
-                                        _mm256_cmp_ps(_mm256_and_ps(v, absmask), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)));
+/* Everything but the NaN and Inf counts: a block whose sums come out finite has neither
+ * (one NaN or Inf element makes its lane's running sum NaN or Inf for good), so the counts
+ * are only needed for the rare block that does not; it is then run again with them. */
+__attribute__((target("avx2,f16c"), always_inline)) static inline void half_add_finite(half_t *h, __m256 v) {
     h->nz = _mm256_sub_epi32(h->nz, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
     h->mn = _mm256_min_ps(v, h->mn); /* v < mn ? v : mn */
     h->mx = _mm256_max_ps(v, h->mx); /* v > mx ? v : mx */
@@ -48,15 +47,12 @@ __attribute__((target("avx2,f16c"), always_inline)) static inline void half_add(
     h->q = _mm256_add_ps(h->q, _mm256_mul_ps(v, v)); /* no FMA: the portable loop rounds v*v first */
 }
 
-/* half_add without the NaN and Inf counts: a block whose sums come out finite has neither
- * (one NaN or Inf element makes its lane's running sum NaN or Inf for good), so the counts
- * are only needed for the rare block that does not; it is then run again with them. */
-__attribute__((target("avx2,f16c"), always_inline)) static inline void half_add_finite(half_t *h, __m256 v) {
-    h->nz = _mm256_sub_epi32(h->nz, _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_EQ_OQ)));
-    h->mn = _mm256_min_ps(v, h->mn);
-    h->mx = _mm256_max_ps(v, h->mx);
-    h->s = _mm256_add_ps(h->s, v);
-    h->q = _mm256_add_ps(h->q, _mm256_mul_ps(v, v));
+__attribute__((target("avx2,f16c"), always_inline)) static inline void half_add(half_t *h, __m256 v) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    h->nn = _mm256_sub_epi32(h->nn, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    h->ni = _mm256_sub_epi32(h->ni, _mm256_castps_si256(
+                                        _mm256_cmp_ps(_mm256_and_ps(v, absmask), _mm256_set1_ps(INFINITY), _CMP_EQ_OQ)));
+    half_add_finite(h, v);
 }
 
 /* Are all 8 lanes of the sums and sums of squares finite? */

@@ -53,37 +53,21 @@ static inline float f16_to_f32(uint16_t h) {
  *   h1 = sum w_i * (2i+1) mod 2^32,  h2 = sum (w_i ^ (i * GOLD)) * MIX mod 2^32,
  *   hash = h1 << 32 | h2.
  * 64-bit elements are hashed as two little-endian 32-bit words. */
-static void hash_words32(const uint32_t *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) CLONES;
-static void hash_words32(const uint32_t *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) {
-    uint32_t a = 0, b = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t idx = (uint32_t)i;
-        a += w[i] * (2u * idx + 1u);
-        b += (w[i] ^ (idx * GOLD)) * MIX;
+#define HASH_WORDS(NAME, T)                                                                 \
+    static void NAME(const T *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) CLONES;          \
+    static void NAME(const T *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) {                \
+        uint32_t a = 0, b = 0;                                                              \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                \
+            uint32_t idx = (uint32_t)i, v = w[i];                                           \
+            a += v * (2u * idx + 1u);                                                       \
+            b += (v ^ (idx * GOLD)) * MIX;                                                  \
+        }                                                                                   \
+        *h1 += a; *h2 += b;                                                                 \
     }
-    *h1 += a; *h2 += b;
-}
 
-static void hash_words16(const uint16_t *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) CLONES;
-static void hash_words16(const uint16_t *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) {
-    uint32_t a = 0, b = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t idx = (uint32_t)i, v = w[i];
-        a += v * (2u * idx + 1u);
-        b += (v ^ (idx * GOLD)) * MIX;
-    }
-    *h1 += a; *h2 += b;
-}
-
-static void hash_words8(const uint8_t *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) {
-    uint32_t a = 0, b = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t idx = (uint32_t)i, v = w[i];
-        a += v * (2u * idx + 1u);
-        b += (v ^ (idx * GOLD)) * MIX;
-    }
-    *h1 += a; *h2 += b;
-}
+HASH_WORDS(hash_words32, uint32_t)
+HASH_WORDS(hash_words16, uint16_t)
+HASH_WORDS(hash_words8, uint8_t)
 
 /* Statistics of float-like data, converted to float32 by LOAD, in blocks: float lanes
  * inside a block (vectorised), double across blocks (accurate for long tensors). */
