@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
 
 _current_node = torch._C._current_autograd_node
+_is_compiling = torch.compiler.is_compiling
 
 
 class OpInfo:
@@ -98,7 +99,7 @@ class DumpDispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        if not s.capturing:
+        if not s.capturing or _is_compiling():  # ops torch.compile traces (on fake tensors) never ran
             return func(*args, **kwargs)
         try:
             info = op_info(func)

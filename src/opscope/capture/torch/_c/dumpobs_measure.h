@@ -85,6 +85,10 @@ void measure(size_t index, const at::Tensor& t, bool data) {
     ++g_meta;
     return;
   }
+  if (python_tensor(t)) {  // FakeTensor or another subclass: its data is not where it says
+    r.note = intern("tensor subclass dispatched to Python: not measured");
+    return;
+  }
   if (t.layout() != at::kStrided || t.is_quantized()) {
     r.note = intern(c10::str(t.layout(), " tensor: not measured"));
     return;

@@ -14,6 +14,7 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -106,8 +107,25 @@ int intern(const std::string& s) {
 
 #include "ranges.h"
 
+// Fake, proxy or functional tensor mode on: the op is being traced (torch.compile, export,
+// make_fx), not run; its tensors have no data. Such ops are not the user's and are never
+// recorded. One TLS read when no mode is set (the usual case).
+bool tracing() {
+  using c10::impl::TorchDispatchModeKey, c10::impl::TorchDispatchModeTLS;
+  if (!TorchDispatchModeTLS::any_modes_set(false)) return false;
+  return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
+         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
+}
+
+// A tensor subclass dispatched to Python (FakeTensor, FunctionalTensor, a wrapper subclass)
+// may say "cpu" while it holds no data: its elements must never be read.
+bool python_tensor(const at::Tensor& t) {
+  return t.key_set().has(c10::DispatchKey::Python);
+}
+
 bool measurable(const at::Tensor& t) {
-  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && t.numel() > 0 &&
+  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && !python_tensor(t) && t.numel() > 0 &&
          t.layout() == at::kStrided;
 }
 
@@ -236,7 +254,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   const OpKind& k = kind_of(fn);
   uint8_t flags = k.composite ? 0 : OPAQUE;
-  if (t_opaque == 0 && !k.composite && g_on) {
+  if (t_opaque == 0 && !k.composite && g_on && !tracing()) {
     flags |= RECORD;
     auto in = fn.inputs();
     t_args.assign(in.begin(), in.end());
