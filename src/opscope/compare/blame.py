@@ -22,11 +22,12 @@ def describe(state: VerdictState) -> None:
 
 
 def rank(state: VerdictState) -> None:
-    """Rank findings (earliest step first, then most out of proportion) and pick the first
-    divergence of each rank in execution order: roots at the start of their step, then
-    calls in forward, backward, optimizer order."""
-    state.findings.sort(key=lambda f: (f.step, -_finite(f.score), f.rank, f.seq))
-    for f in sorted(state.findings, key=execution_order):
+    """Put findings in execution order (roots at the start of their step, then calls in
+    forward, backward, optimizer order), so that the first is the first divergence, and
+    pick the first divergence of each rank. Ordered by score, a later op made worse by the
+    cause would come before the cause."""
+    state.findings.sort(key=execution_order)
+    for f in state.findings:
         state.first_by_rank.setdefault(f.rank, f)
 
 
