@@ -1,4 +1,4 @@
-"""Terminal report of a comparison: verdict, first divergence, top culprits, counts.
+"""Terminal report of a comparison: verdict, first divergence, culprits in execution order, counts.
 
 Pure: :func:`render` returns the text (with ANSI colour when asked); the CLI prints it.
 """
@@ -55,7 +55,7 @@ def _first(f: Finding) -> Any:
 
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
-    grid.add_column()
+    grid.add_column(overflow="fold")  # a long module path folds, never cut
     what = "root (differs at the start of the step)" if f.kind == "root" else "culprit (inputs agree, output does not)"
     grid.add_row("what", what)
     grid.add_row("module", f.module or "(top level)")
@@ -75,18 +75,23 @@ def _first(f: Finding) -> Any:
 
 
 def _culprits(findings: list[Finding], total: int) -> Any:
+    """The first culprits in execution order (the first divergence first). Module and op
+    fold onto more lines rather than being cut: they are what the user looks for; the
+    step and rank are in the id (``rank:step:seq``), to leave them room."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"top culprits ({min(len(findings), TOP)} of {total})", title_justify="left",
-                  show_edge=False, pad_edge=False)
+    table = Table(title=f"culprits in execution order ({min(len(findings), TOP)} of {total}; id = rank:step:seq)",
+                  title_justify="left", show_edge=False, pad_edge=False, box=box.SIMPLE_HEAD, collapse_padding=True)
     replayed = any(f.replay for f in findings)
     for col, just in (("#", "right"), ("id", "left"), ("kind", "left"), ("module", "left"), ("op", "left"),
-                      ("phase", "left"), ("step", "right"), ("rank", "right"), ("error", "right"),
-                      ("x allowed", "right"), *((("replay", "left"),) if replayed else ())):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+                      ("phase", "left"), ("error", "right"), ("x allowed", "right"),
+                      *((("replay", "left"),) if replayed else ())):
+        whole = col in ("module", "op")
+        table.add_column(col, justify=just, overflow="fold" if whole else "ellipsis", no_wrap=not whole)  # type: ignore[arg-type]
     for i, f in enumerate(findings, 1):
         cells = [str(i), f.id, f.kind, f.module or "(top level)", f.param if f.kind == "root" and f.param else f.op,
-                 f.phase, str(f.step), str(f.rank), _fmt(f.metrics.get("error")), _fmt(f.score)]
+                 f.phase, _fmt(f.metrics.get("error")), _fmt(f.score)]
         table.add_row(*cells, *((_replay_text(f.replay, short=True) if f.replay else "-",) if replayed else ()))
     return table
 
