@@ -143,6 +143,12 @@ class Recorder:
                     first_input_row, first_input = row, t
                 if param is not None and row is not None:
                     row[_PARAM] = param
+        else:  # no input rows (mode="output"): backward attribution still needs the tags
+            for _, _, t in inputs:
+                entry = self.flow.get(id(t))
+                if entry is not None and not entry[4] and entry[0]() is t:
+                    entry[4] = True
+                    _annotate(t, entry[1])
         return head, data, first_input_row, first_input
 
     def record_outputs(self, call: tuple[Any, ...], outputs: list[tuple[int, str | None, torch.Tensor]], *,
@@ -393,8 +399,11 @@ def geometry(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
-    """Tag the autograd node that made ``t`` with the forward module and op, for backward attribution."""
+    """Tag the autograd node that made ``t`` with the forward module and op, for backward
+    attribution; a custom autograd Function's node with the Function (its forward ran in
+    the module that called ``apply``)."""
     if t.requires_grad:
         node = t.grad_fn
         if node is not None:
-            node.metadata.setdefault("opscope", (producer[_MODULE], producer[_OP]))
+            function = getattr(node, "_forward_cls", None)
+            node.metadata.setdefault("opscope", (producer[_MODULE], function.__name__ if function else producer[_OP]))

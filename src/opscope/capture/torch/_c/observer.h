@@ -40,6 +40,7 @@ enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2 };
 struct OpKind {
   int name = -1;           // interned "aten.add_.Tensor"
   bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded
+  bool wrapper = false;    // not a dispatcher op: a profiler range, a custom autograd Function's apply
   bool transparent = false, cast = false, select = false, skip = false, additive = false;  // watch
   bool uninitialized = false, random = false;                                                // dump
   uint64_t view_outputs = 0, written_outputs = 0;  // bit i: output i aliases an input / is written
@@ -188,7 +189,7 @@ const OpKind& kind_of(const at::RecordFunction& fn) {
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* r = g_classify ? PyObject_CallFunction(g_classify, "s", qual.c_str()) : nullptr;
   if (r == Py_None) {
-    k.composite = true;  // not a dispatcher op (a profiler range, a manual record): a wrapper
+    k.composite = k.wrapper = true;  // not a dispatcher op (a profiler range, a manual record)
   } else if (r && PyDict_Check(r)) {
     std::lock_guard<std::recursive_mutex> lock(mu);  // parse_kind interns names
     parse_kind(r, k);
@@ -231,6 +232,15 @@ const Owner* owner_of(int64_t seq) {
   return it == seq_owner.begin() ? nullptr : &*(it - 1);
 }
 
+// A custom autograd Function's apply is a record named after its class, numbered with the
+// sequence nr its backward node is about to take: that node belongs to the module calling
+// apply, not (nearest earlier number) to whatever op ran before it.
+void own_function(const at::RecordFunction& fn) {
+  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !t_nodes.empty() || g_phase != FORWARD) return;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  own(fn.seqNr(), g_module, intern(fn.name()));
+}
+
 // The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" record
 // (FUNCTION scope): not an op, so the ops of the node stay outermost.
 bool engine_record(const char* name) {
@@ -253,6 +263,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   const OpKind& k = kind_of(fn);
+  if (k.wrapper && t_opaque == 0 && g_on) own_function(fn);
   uint8_t flags = k.composite ? 0 : OPAQUE;
   if (t_opaque == 0 && !k.composite && g_on && !tracing()) {
     flags |= RECORD;
