@@ -19,58 +19,15 @@ from __future__ import annotations
 import difflib
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
+from opscope.compare.flow import Sides, flow_pairs, inserted, same_shape
 from opscope.compare.mapping import Mapping
+from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair
 
-PHASE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
-INPUT_IO = ("input", "param", "grad")
+__all__ = ["INPUT_IO", "PHASE_ORDER", "OpCall", "Pair", "align_partition", "rename_target"]
+
 _DP_LIMIT = 250_000
-
-
-@dataclass
-class Pair:
-    """One aligned tensor pair (or one unpaired record, with the other side None).
-
-    ``kind``: exact | aligned | mapped | flow | identity | unpaired. For ``identity`` the
-    op ran on ``side`` only and its output is compared with the other side's input.
-    """
-
-    t: dict[str, Any] | None
-    r: dict[str, Any] | None
-    kind: str
-    side: str = ""
-    metrics: dict[str, Any] = field(default_factory=dict)
-    mode: str = ""
-    status: str = ""
-    verdict: str = ""
-    error: float = math.nan
-    tolerance: float = math.nan
-    note: str = ""
-
-    @property
-    def home(self) -> dict[str, Any]:
-        """The row that places this pair in execution order (target's, unless target-less)."""
-        if self.kind == "identity":
-            return self.t if self.side == "target" else self.r  # type: ignore[return-value]
-        return self.t if self.t is not None else self.r  # type: ignore[return-value]
-
-
-@dataclass
-class OpCall:
-    side: str
-    seq: int
-    phase: str
-    module: str
-    op: str
-    rows: list[dict[str, Any]]
-
-    def outputs(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r.get("io") == "output"]
-
-    def inputs(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if r.get("io") in INPUT_IO]
 
 
 def rename_target(rows: list[dict[str, Any]], mapping: Mapping) -> None:
@@ -90,19 +47,19 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     t_calls, r_calls = _calls(t_rows, "target"), _calls(r_rows, "reference")
     pairs: list[Pair] = []
     partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
-    one_sided: list[tuple[OpCall, bool]] = []
+    one_sided: list[OpCall] = []
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
-        for a, b, inserted in _align_calls(tc, rc):
+        for a, b in _align_calls(tc, rc):
             if a is not None and b is not None:
                 kind = "exact" if len(tc) == len(rc) and _same_ops(tc, rc) else "aligned"
                 pairs.extend(_pair_rows(a, b, kind, partner))
             else:
-                one_sided.append((a or b, inserted))  # type: ignore[arg-type]
-    by_id = {"target": {r["id"]: r for r in t_rows}, "reference": {r["id"]: r for r in r_rows}}
-    pairs.extend(_flow_pairs(pairs, by_id, partner))
-    one_sided.sort(key=lambda item: item[0].seq)
-    pairs.extend(_identity_pairs(one_sided, by_id, partner))
+                one_sided.append(a or b)  # type: ignore[arg-type]
+    sides = Sides(t_rows, r_rows)
+    pairs.extend(flow_pairs(pairs, sides, partner))
+    one_sided.sort(key=lambda call: call.seq)
+    pairs.extend(_identity_pairs(one_sided, sides, partner))
     paired = {"target": set(partner["target"]), "reference": set(partner["reference"])}
     judged = {(p.side, p.home["id"]) for p in pairs if p.kind == "identity"}
     for side, rows in (("target", t_rows), ("reference", r_rows)):
@@ -145,23 +102,24 @@ def _same_ops(tc: list[OpCall], rc: list[OpCall]) -> bool:
 
 
 def _matchable(a: OpCall, b: OpCall) -> bool:
-    """Same op, and outputs of the same sizes (a reordered sequence must not pair by name)."""
-    return a.op == b.op and [o.get("numel") for o in a.outputs()] == [o.get("numel") for o in b.outputs()]
+    """Same op, and outputs of the same shapes (a reordered sequence must not pair by name;
+    a [4, 16, 32] view is not a [8, 16, 16] view, whatever their element counts)."""
+    oa, ob = a.outputs(), b.outputs()
+    return a.op == b.op and len(oa) == len(ob) and all(same_shape(x, y) for x, y in zip(oa, ob))
 
 
-def _align_calls(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall | None, OpCall | None, bool]]:
-    """Pairs of calls in order; a one-sided call is ``inserted`` when its gap is empty opposite."""
+def _align_calls(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall | None, OpCall | None]]:
+    """Pairs of calls in order, one-sided calls with None opposite."""
     if len(tc) == len(rc) and _same_ops(tc, rc):
-        return [(a, b, False) for a, b in zip(tc, rc)]
+        return list(zip(tc, rc))
     matches = _match(tc, rc)
-    out: list[tuple[OpCall | None, OpCall | None, bool]] = []
+    out: list[tuple[OpCall | None, OpCall | None]] = []
     i = j = 0
     for mi, mj in [*matches, (len(tc), len(rc))]:
-        gap_t, gap_r = tc[i:mi], rc[j:mj]
-        out += [(a, None, not gap_r) for a in gap_t]
-        out += [(None, b, not gap_t) for b in gap_r]
+        out += [(a, None) for a in tc[i:mi]]
+        out += [(None, b) for b in rc[j:mj]]
         if mi < len(tc) and mj < len(rc):
-            out.append((tc[mi], rc[mj], False))
+            out.append((tc[mi], rc[mj]))
         i, j = mi + 1, mj + 1
     return out
 
@@ -211,37 +169,26 @@ def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
     out = []
     for t in a.rows:
         r = r_by_slot.get((t.get("io"), t.get("slot")))
-        if r is not None and r["id"] not in partner["reference"]:
+        if r is not None and r["id"] not in partner["reference"] and same_shape(t, r):
             partner["target"][t["id"]] = r
             partner["reference"][r["id"]] = t
             out.append(Pair(t, r, "mapped" if mapped else kind))
     return out
 
 
-def _flow_pairs(pairs: list[Pair], by_id: dict, partner: dict) -> list[Pair]:
-    """Pair the unpaired producers of paired inputs (fused vs decomposed regions)."""
-    out = []
-    for p in pairs:
-        tp, rp = p.t.get("producer"), p.r.get("producer")  # type: ignore[union-attr]
-        if tp is None or rp is None or tp in partner["target"] or rp in partner["reference"]:
-            continue
-        t, r = by_id["target"].get(tp), by_id["reference"].get(rp)
-        if t is None or r is None or t.get("io") != "output" or r.get("io") != "output" \
-                or t.get("numel") != r.get("numel"):
-            continue
-        partner["target"][tp], partner["reference"][rp] = r, t
-        out.append(Pair(t, r, "flow"))
-    return out
+def _identity_pairs(one_sided: list[OpCall], sides: Sides, partner: dict) -> list[Pair]:
+    """Judge ops inserted on one side as identities (output vs the input's partner).
 
-
-def _identity_pairs(one_sided: list[tuple[OpCall, bool]], by_id: dict, partner: dict) -> list[Pair]:
-    """Judge ops that ran on one side only as identities (output vs the input's partner)."""
+    Only an op that was truly inserted qualifies: on the other side, the consumers of its
+    output read its input's partner directly (:func:`opscope.compare.flow.inserted`). An op
+    with something else in its place (one half of a fused region) stays unpaired.
+    """
     out = []
-    for call, inserted in one_sided:
-        if not inserted or any(row["id"] in partner[call.side] for row in call.rows):
-            continue  # something in its place on the other side, or paired by data flow
+    for call in one_sided:
+        if any(row["id"] in partner[call.side] for row in call.rows):
+            continue  # paired by data flow
         for row in call.outputs():
-            source = _input_partner(call, row, partner[call.side])
+            source = _input_partner(call, row, sides, partner)
             if source is None:
                 continue
             partner[call.side][row["id"]] = source  # later inserted ops chain through this one
@@ -252,8 +199,13 @@ def _identity_pairs(one_sided: list[tuple[OpCall, bool]], by_id: dict, partner: 
     return out
 
 
-def _input_partner(call: OpCall, out_row: dict[str, Any], partner: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The other side's row holding this call's main input, with the output's element count."""
-    candidates = [partner[r["producer"]] for r in call.inputs() if r.get("producer") in partner]
-    candidates = [c for c in candidates if c.get("numel") == out_row.get("numel")]
-    return candidates[0] if candidates else None
+def _input_partner(call: OpCall, out_row: dict[str, Any], sides: Sides,
+                   partner: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The other side's row holding this inserted call's main input (same element count)."""
+    mine = partner[call.side]
+    for row in call.inputs():
+        source = mine.get(row.get("producer"))
+        if source is not None and source.get("numel") == out_row.get("numel") \
+                and inserted(sides, call.side, row, out_row, partner):
+            return source
+    return None

@@ -300,8 +300,10 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     finite = [x for x in bounds if math.isfinite(x)]
     diff = max(finite) if finite else 0.0
     s.sum_sq_diff = diff**2
-    s.max_abs = max((abs(_num(t.get(k)) - _num(r.get(k))) for k in ("min", "max", "absmax")
-                     if math.isfinite(_num(t.get(k)) - _num(r.get(k)))), default=0.0)
+    # the largest element difference is at least each extreme's and the mean's shift, and
+    # at least the RMS of the differences (so a printed error never outruns it)
+    shifts = [abs(_num(t.get(k)) - _num(r.get(k))) for k in ("min", "max", "absmax", "mean")]
+    s.max_abs = max([x for x in shifts if math.isfinite(x)] + [diff / root_n if n else 0.0])
     # cosine from norms alone is unknown: assume the closest pair the bound allows
     s.dot = (s.sum_sq_target + s.sum_sq_reference - s.sum_sq_diff) / 2
     s.sum_abs_diff = diff * root_n if n else 0.0

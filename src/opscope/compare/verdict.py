@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.conditioning import condition
+from opscope.compare.flow import PASS_THROUGH, base_op
 from opscope.compare.nesting import demote_enclosing
 from opscope.compare.tolerance import NoiseModel, is_float
 
@@ -178,11 +180,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         if own is not None and _is_leaf(state, node, row):
             tainted = _judge_leaf(state, node, row, own, info) or tainted
-        error = raw_error(measured)
-        if node.rows[0].get("phase") == "optimizer":
-            # Adam-like updates divide element-wise: an element that is noise on both sides
-            # (a gradient that is zero in truth) legitimately becomes a full-size update.
-            error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
+        error = _input_error(state, measured, elementwise=node.rows[0].get("phase") == "optimizer")
         if is_float(row.get("dtype")) or error > 0:
             in_error = max(in_error, _finite_or_inf(error))
         ref_norm = measured.metrics.get("ref_norm", 0.0)
@@ -192,6 +190,37 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and not own.status:
             _set_input_status(state, own, tainted)
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
+
+
+def _input_error(state: VerdictState, measured: Pair, *, elementwise: bool = False) -> float:
+    """An input's relative error, taken at the most it plausibly is.
+
+    From statistics, the error is a lower bound: noise spread over n elements moves the
+    norm, mean and spread by about 1/sqrt(n) of its size, so a differing input may carry
+    sqrt(n) times the bound (at most ``(||t|| + ||r||) / ||r||``), and at least the rounding
+    noise of its precision. An output is judged on what is proven (its bound) against what
+    its inputs may carry, so rounding noise is never blamed on the op that received it.
+
+    ``elementwise``: the op divides element by element (Adam-like updates), so an element
+    that is noise on both sides (a gradient that is zero in truth) legitimately becomes a
+    full-size update: the input's error counts as its ``elem_rel_rms`` (tensors), or as the
+    most it may be (statistics, which cannot see elements).
+    """
+    error = raw_error(measured)
+    if elementwise and measured.mode != "statistics":
+        error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
+    if measured.mode != "statistics" or measured.metrics.get("bit_exact") or not error > 0:
+        return error
+    t, r = measured.t or {}, measured.r or {}
+    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+    n = max(int(r.get("numel") or t.get("numel") or 1), 1)
+    ref_norm = measured.metrics.get("ref_norm") or 0.0
+    t_norm = t.get("norm")
+    t_norm = float(t_norm) if t_norm is not None and math.isfinite(t_norm) else ref_norm
+    cap = (t_norm + ref_norm) / ref_norm if ref_norm > 0 else math.inf
+    if elementwise:
+        return max(error, cap)
+    return max(error, min(error * math.sqrt(n), cap), state.noise.tolerance(lower))
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
@@ -206,16 +235,40 @@ def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
 def _producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: Pair | None) -> list[Pair]:
     out = []
     if row.get("producer") is not None:
-        p = state.entry.get((node.side, node.rank, node.step, row["producer"]))
+        p = producer_entry(state, node.side, node.rank, node.step, row["producer"])
         if p is not None:
             out.append(p)
     if own is not None:
         other, other_side = (own.r, "reference") if node.side == "target" else (own.t, "target")
         if other is not None and other.get("producer") is not None:
-            p = state.entry.get((other_side, node.rank, node.step, other["producer"]))
+            p = producer_entry(state, other_side, node.rank, node.step, other["producer"])
             if p is not None:
                 out.append(p)
     return out
+
+
+def producer_entry(state: VerdictState, side: str, rank: int, step: int, producer: int) -> Pair | None:
+    """The measured pair of a producer; through one-sided views, layout ops and casts that
+    nothing paired (they carry their input's error on), up to the tensor they read."""
+    key = (side, rank, step, producer)
+    first = state.entry.get(key)
+    for _ in range(16):
+        pair = state.entry.get(key)
+        if pair is not None and pair.metrics:
+            return pair
+        row = state.rows.get(key)
+        if row is None or row.get("io") != "output" or base_op(row.get("op")) not in PASS_THROUGH:
+            break
+        inputs = [r for r in state.calls.get((side, rank, step, row["cseq"]), [])
+                  if r.get("io") in INPUT_IO and r.get("producer") is not None
+                  and (r.get("numel") or 0) > 0]
+        if len(inputs) != 1:
+            break
+        own = state.entry.get((side, rank, step, inputs[0]["id"]))
+        if own is not None and own.kind in PAIRED and own.metrics:
+            return own
+        key = (side, rank, step, inputs[0]["producer"])
+    return first
 
 
 def _is_leaf(state: VerdictState, node: Node, row: dict[str, Any]) -> bool:
@@ -288,28 +341,10 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
         denom = max(ref, floor)
         error = 0.0 if diff == 0 else (diff / denom if denom > 0 else math.inf)
     out.error, out.tolerance = error, tol
-    in_error *= _cancellation(node, out)
+    in_error *= condition(node.rows, out.home, m.get("ref_norm") or 0.0)
     m["input_error"] = in_error
     m["ratio"] = error / in_error if in_error > 0 else (0.0 if error == 0 else math.inf)
     out.status = _output_status(state, node, out, error, tol, in_error, in_taint, is_float(lower))
-
-
-def _cancellation(node: Node, out: Pair) -> float:
-    """How much a sum or mean can magnify its input's relative error: summing r elements
-    gives |Δout| <= sqrt(r)·|Δin|, so relative to the output, ||in||·sqrt(r)/||out|| (large when
-    the terms cancel, as in a bias gradient summed over a batch). 1 for other ops."""
-    op = str(out.home.get("op") or "")
-    if "sum" not in op and "mean" not in op:
-        return 1.0
-    out_norm, out_numel = out.metrics.get("ref_norm") or 0.0, out.home.get("numel") or 0
-    inputs = [r for r in node.rows if r.get("io") in INPUT_IO and (r.get("numel") or 0) > out_numel]
-    if not inputs or out_norm <= 0 or out_numel <= 0:
-        return 1.0
-    big = max(inputs, key=lambda r: r.get("numel") or 0)
-    in_norm = big.get("norm") or 0.0
-    if not math.isfinite(in_norm) or in_norm <= 0:
-        return 1.0
-    return max(1.0, in_norm * math.sqrt(big["numel"] / out_numel) / out_norm)
 
 
 def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol: float,

@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
 
 _current_node = torch._C._current_autograd_node
-_is_compiling = torch.compiler.is_compiling
 
 
 class OpInfo:
@@ -96,10 +95,17 @@ class DumpDispatchMode(TorchDispatchMode):
         super().__init__()
         self.session = session
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        """torch.compile compiles with this mode on the stack (else it would run the model
+        eagerly: other numbers than the compiled run), turns it off while it compiles (its
+        ops run on fake tensors) and on again while the compiled code runs."""
+        return True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         s = self.session
-        if not s.capturing or _is_compiling():  # ops torch.compile traces (on fake tensors) never ran
+        if not s.capturing:
             return func(*args, **kwargs)
         try:
             info = op_info(func)

@@ -35,6 +35,7 @@ import torch
 
 from opscope import native
 from opscope.capture.torch.levels import Level
+from opscope.capture.torch.modules import strip_wrapped
 from opscope.capture.torch.native_ops import classify_op
 from opscope.capture.torch.native_table import Columns
 from opscope.capture.torch.recorder import Recorder
@@ -174,8 +175,8 @@ class NativeAtenLevel(Level):
         session.modules.on_indexed = self._index
 
     def _index(self, root: torch.nn.Module) -> None:
-        pairs = [(p, name) for name, p in root.named_parameters(remove_duplicate=False)]
-        pairs += [(b, name) for name, b in root.named_buffers(remove_duplicate=False)]
+        pairs = [(p, strip_wrapped(name)) for name, p in root.named_parameters(remove_duplicate=False)]
+        pairs += [(b, strip_wrapped(name)) for name, b in root.named_buffers(remove_duplicate=False)]
         self.native.set_params(pairs)
 
     def set_phase(self, phase: str) -> None:
@@ -183,6 +184,10 @@ class NativeAtenLevel(Level):
 
     def stop_capture(self) -> None:
         self.native.configure(False, 0)  # safe inside an op; the callback is removed at stop
+
+    def record_graph(self, op: str, path: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
+                     outputs: list[tuple[int, str | None, torch.Tensor]], call: int = -1) -> int:
+        return self.native.record_call(op, path, _PHASES[phase], inputs, outputs, call)
 
     def forked(self) -> None:
         self.on = False

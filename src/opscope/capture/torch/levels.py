@@ -47,6 +47,12 @@ class Level:
         """In a child process (a DataLoader worker): capture nothing, pay nothing."""
         self.stop_capture()
 
+    def record_graph(self, op: str, path: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
+                     outputs: list[tuple[int, str | None, torch.Tensor]], call: int = -1) -> int:
+        """A compiled graph's inputs (``call`` -1: a new call) or outputs (the call its inputs
+        got); returns the call index. Recorded as a module call is, at every level."""
+        return self.session.recorder.record(op, path, phase, inputs, outputs, call=None if call < 0 else call)
+
 
 class _ModeLevel(Level):
     mode: Any
@@ -138,6 +144,8 @@ class _ApiMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():  # traced by dynamo: its trace must not depend on opscope's state
+            return func(*args, **kwargs)
         s = self.session
         name = api_name(func) if s.capturing else None
         if name is None:

@@ -1,7 +1,13 @@
 """Module tracking: module paths (as ``named_modules()`` names them), parameter names,
 the outermost call (for step detection), and module-level capture.
 
-Installed as global module hooks, which are removed on exit.
+Installed as global module hooks, which are removed on exit. Under ``torch.compile`` the
+hooks do nothing while dynamo traces them: a module inside a compiled graph has no
+boundary at run time, and a hook traced into the graph would run only at trace time (a
+C function in it breaks the graph, once per module). The ``OptimizedModule`` that
+``torch.compile(module)`` returns stands for the module it wraps: same path (``_orig_mod``
+is never part of a name), same type name and parameters; the wrapped module's own call
+inside it is not a second call.
 """
 
 from __future__ import annotations
@@ -21,6 +27,28 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
     if type(value) is tuple and all(type(x) is torch.Tensor or x is None for x in value):
         return [x for x in value if x is not None]
     return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+
+
+WRAPPED = "_orig_mod"  # the attribute under which an OptimizedModule holds the compiled module
+
+
+def strip_wrapped(name: str) -> str:
+    """``name`` without ``_orig_mod`` components: the path the module has without compile."""
+    if WRAPPED not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part != WRAPPED)
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The module an ``OptimizedModule`` (``torch.compile(module)``) wraps, else ``module``."""
+    if type(module).__name__ == "OptimizedModule":
+        inner = module.__dict__.get("_modules", {}).get(WRAPPED)
+        if inner is not None:
+            return inner
+    return module
+
+
+_is_compiling = torch.compiler.is_compiling
 
 
 class ModuleTracker:
@@ -43,6 +71,8 @@ class ModuleTracker:
         self._on_enter = on_enter
         self._on_exit = on_exit
         self._handles: list[Any] = []
+        self._callers: list[torch.nn.Module | None] = []  # the modules of the stack's entries
+        self._shadows: list[bool] = []  # per entry: a compiled module's own call inside its OptimizedModule
         self.on_change: Callable[[str], None] | None = None  # the innermost module path changed
         self.on_indexed: Callable[[torch.nn.Module], None] | None = None  # a root's names were learnt
 
@@ -63,41 +93,80 @@ class ModuleTracker:
             h.remove()
         self._handles = []
         self.stack.clear()
+        self._callers.clear()
+        self._shadows.clear()
 
     def index(self, root: torch.nn.Module) -> None:
         """Learn the names of ``root``'s submodules and parameters."""
         for name, m in root.named_modules(remove_duplicate=False):
-            self.names.setdefault(id(m), name)
+            self.names.setdefault(id(m), strip_wrapped(name))
         for name, p in root.named_parameters(remove_duplicate=False):
-            self.param_names.setdefault(id(p), name)
+            self.param_names.setdefault(id(p), strip_wrapped(name))
         for name, b in root.named_buffers(remove_duplicate=False):
-            self.param_names.setdefault(id(b), name)
+            self.param_names.setdefault(id(b), strip_wrapped(name))
         if self.on_indexed is not None:
             self.on_indexed(root)
 
     def _name(self, module: torch.nn.Module) -> str:
         name = self.names.get(id(module))
         if name is None:
-            parent = self.path
-            name = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+            inner = unwrap(module)  # an OptimizedModule made after indexing: its module's name
+            name = self.names.get(id(inner)) if inner is not module else None
+            if name is None:
+                parent = self.path
+                name = f"{parent}.{type(inner).__name__}" if parent else type(inner).__name__
             self.names[id(module)] = name
         return name
 
+    def _shadow(self, module: torch.nn.Module) -> bool:
+        """A call that is no module of the model, whose work belongs to its caller: the
+        compiled module's own call inside its OptimizedModule's, or a graph that
+        torch.compile made (AOT autograd calls its GraphModules as modules)."""
+        if self._callers:
+            caller = self._callers[-1]
+            if caller is not module and unwrap(caller) is module:
+                return True
+        return id(module) not in self.names and isinstance(module, torch.fx.GraphModule)
+
+    def set_inner(self, depth: int, path: str | None) -> None:
+        """Inside a compiled graph run as its FX code: the module its next ops belong to
+        (``path``; None: back to the graph's caller at stack ``depth``)."""
+        del self.stack[depth:], self._callers[depth:], self._shadows[depth:]
+        if path is not None and path != self.path:
+            self.stack.append(path)
+            self._callers.append(None)
+            self._shadows.append(False)
+        if self.on_change is not None:
+            self.on_change(self.path)
+
     def _pre(self, module: torch.nn.Module, args: Any) -> None:
-        if not self.stack:
+        if _is_compiling():  # traced by dynamo (see the module docstring)
+            return
+        shadow = self._shadow(module)
+        if not self.stack and not shadow:
             if id(module) not in self.names:
                 self.index(module)
             self._on_outer_call()
-        path = self._name(module)
+        path = self.path if shadow else self._name(module)
         self.stack.append(path)
+        self._callers.append(module)
+        self._shadows.append(shadow)
+        if shadow:
+            return
         if self.on_change is not None:
             self.on_change(path)
         if self._on_enter is not None:
-            self._on_enter(module, path, args)
+            self._on_enter(unwrap(module), path, args)
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
         path = self.stack.pop() if self.stack else self._name(module)
+        if self._callers:
+            self._callers.pop()
+        if self._shadows and self._shadows.pop():
+            return
         if self.on_change is not None:
             self.on_change(self.stack[-1] if self.stack else "")
         if self._on_exit is not None:
-            self._on_exit(module, path, args, output)
+            self._on_exit(unwrap(module), path, args, output)

@@ -15,6 +15,7 @@ import torch
 from opscope import __version__
 from opscope.capture.steps import StepClock
 from opscope.capture.torch import dump_native, levels
+from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.recorder import Recorder
@@ -59,7 +60,8 @@ class DumpSession:
         self.notes: list[str] = []
         self.failure: BaseException | None = None
         self.clock = StepClock(self._boundary)
-        self.modules = ModuleTracker(self.clock.outer_module_call)
+        self.modules = ModuleTracker(self._outer_call)
+        self.compiled = CompileWatch(self)  # torch.compile: what runs is recorded, not what is traced
         self.recorder: Recorder | None = None  # type: ignore[assignment]
         self.writer: DumpWriter | None = None
         self._level: levels.Level | None = None
@@ -101,6 +103,7 @@ class DumpSession:
         else:
             self._level = levels.make(cfg.level, self)
         self.modules.install()
+        self.compiled.poll()
         from torch.optim import optimizer as opt
         self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
                          opt.register_optimizer_step_post_hook(self._optimizer_post)]
@@ -165,6 +168,9 @@ class DumpSession:
             if self.failure is not None and status == "complete":
                 status, error = "crashed", f"opscope internal error: {type(self.failure).__name__}: {self.failure}"
             self.writer.manifest["notes"] = self.notes
+            compiled = self.compiled.manifest()
+            if compiled is not None:
+                self.writer.manifest["compiled"] = compiled
             if self.recorder.plan is not None:  # tensor sizes, estimate, where tensor_limit_mb stopped capture
                 self.recorder.plan.finish(self.writer.manifest)
             self.writer.close(status, error)
@@ -176,6 +182,7 @@ class DumpSession:
             self._level.deactivate()
             self._level.remove()
         self.modules.remove()
+        self.compiled.remove()
         for h in self._handles:
             h.remove()
         self._handles = []
@@ -213,9 +220,14 @@ class DumpSession:
             self.notes.append(f"the run stopped at step {self.clock.step}; selected steps {missing} were never reached")
 
     # -- steps -------------------------------------------------------------------------
+    def _outer_call(self) -> None:
+        self.compiled.poll()  # torch.compile may have loaded dynamo since
+        self.clock.outer_module_call()
+
     def _enter_step(self, step: int) -> None:
         if not self.active or self.failure is not None:
             return
+        self.compiled.poll()  # torch.compile may have loaded dynamo since
         probe = step not in self.cfg.steps and self._probe_due(step)
         if step in self.cfg.steps or probe:
             self.recorder.begin_step(step, probe=probe)

@@ -1,0 +1,91 @@
+"""Conditioning: how much an op may magnify its inputs' relative error, by op.
+
+The verdict allows an output ``ratio`` times its inputs' relative error. For most ops that
+is enough; for some, the output's error relative to the *output* can be far larger than
+the input's relative to the *input*, with nothing wrong:
+
+- a sum or mean whose terms cancel: summing r elements gives |Δout| <= sqrt(r)·|Δin|, so
+  relative to the output the input's error counts ||in||·sqrt(r)/||out|| times (a bias
+  gradient summed over a batch; the mean a layer norm saves for backward);
+- a normalization (layer, batch, group norm) works on the input less its mean, so an
+  input whose mean is large beside its spread has its error magnified ||x|| / ||x - mean||
+  times in the normalized output and in the saved inverse standard deviation.
+
+Each rule is a function of the call's rows (their statistics) and registers for op names
+with :func:`register_condition`; a name registered twice is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from opscope.compare.flow import base_op
+from opscope.compare.pair import INPUT_IO
+
+Row = dict[str, Any]
+ConditionRule = Callable[[list[Row], Row, float], float]
+CONDITION_RULES: dict[str, ConditionRule] = {}
+
+
+def register_condition(*ops: str) -> Callable[[ConditionRule], ConditionRule]:
+    """Register ``fn(input_rows, output_row, output_reference_norm) -> factor >= 1`` for
+    the base op names given (``sum``, not ``aten.sum.dim_IntList``)."""
+    def wrap(fn: ConditionRule) -> ConditionRule:
+        for op in ops:
+            if op in CONDITION_RULES:
+                raise ValueError(f"a conditioning rule for {op!r} is already registered")
+            CONDITION_RULES[op] = fn
+        return fn
+    return wrap
+
+
+def condition(rows: list[Row], out_row: Row, out_norm: float) -> float:
+    """The factor by which this call's output may magnify its inputs' relative error."""
+    name = base_op(out_row.get("op"))
+    rule = CONDITION_RULES.get(name)
+    if rule is None and ("sum" in name or "mean" in name):
+        rule = reduction
+    if rule is None:
+        return 1.0
+    inputs = [r for r in rows if r.get("io") in INPUT_IO]
+    factor = rule(inputs, out_row, out_norm)
+    return factor if math.isfinite(factor) and factor > 1.0 else 1.0
+
+
+def reduction(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """||in||·sqrt(r)/||out||: a sum or mean over r elements whose terms cancel."""
+    out_numel = out_row.get("numel") or 0
+    bigger = [r for r in inputs if (r.get("numel") or 0) > out_numel]
+    if not bigger or out_norm <= 0 or out_numel <= 0:
+        return 1.0
+    big = max(bigger, key=lambda r: r.get("numel") or 0)
+    in_norm = _num(big.get("norm"))
+    if not math.isfinite(in_norm) or in_norm <= 0:
+        return 1.0
+    return in_norm * math.sqrt(big["numel"] / out_numel) / out_norm
+
+
+@register_condition("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
+                    "_native_batch_norm_legit_functional", "_native_batch_norm_legit_no_training",
+                    "native_group_norm", "layer_norm", "batch_norm", "group_norm",
+                    "instance_norm")
+def normalization(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """Slot 1 (the saved mean) is a reduction; the others see ||x|| / ||x - mean||."""
+    if not inputs:
+        return 1.0
+    if out_row.get("slot") == 1:
+        return reduction(inputs, out_row, out_norm)
+    x = max(inputs, key=lambda r: r.get("numel") or 0)
+    norm, std, n = _num(x.get("norm")), _num(x.get("std")), x.get("numel") or 0
+    if not (math.isfinite(norm) and math.isfinite(std)) or std <= 0 or n <= 0:
+        return 1.0
+    return norm / (std * math.sqrt(n))
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value) if value is not None else math.nan
+    except (TypeError, ValueError):
+        return math.nan

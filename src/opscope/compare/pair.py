@@ -1,0 +1,56 @@
+"""The pair: one aligned tensor pair of two dumps (or one unpaired record), and op calls."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.config import PHASES
+
+PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
+INPUT_IO = ("input", "param", "grad")
+
+
+@dataclass
+class Pair:
+    """One aligned tensor pair (or one unpaired record, with the other side None).
+
+    ``kind``: exact | aligned | mapped | flow | identity | unpaired. For ``identity`` the
+    op ran on ``side`` only and its output is compared with the other side's input.
+    """
+
+    t: dict[str, Any] | None
+    r: dict[str, Any] | None
+    kind: str
+    side: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    mode: str = ""
+    status: str = ""
+    verdict: str = ""
+    error: float = math.nan
+    tolerance: float = math.nan
+    note: str = ""
+
+    @property
+    def home(self) -> dict[str, Any]:
+        """The row that places this pair in execution order (target's, unless target-less)."""
+        if self.kind == "identity":
+            return self.t if self.side == "target" else self.r  # type: ignore[return-value]
+        return self.t if self.t is not None else self.r  # type: ignore[return-value]
+
+
+@dataclass
+class OpCall:
+    side: str
+    seq: int
+    phase: str
+    module: str
+    op: str
+    rows: list[dict[str, Any]]
+
+    def outputs(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("io") == "output"]
+
+    def inputs(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("io") in INPUT_IO]
