@@ -21,11 +21,12 @@ Nothing here imports torch at module level: reading and diffing profiles must no
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,17 +131,31 @@ def _matmul_part() -> Any:
     try:
         import torch
 
-        generator = torch.Generator().manual_seed(0)
-        x = torch.rand(MM_SIZE, MM_SIZE, generator=generator)
-        y = torch.rand(MM_SIZE, MM_SIZE, generator=generator)
+        with unobserved():
+            generator = torch.Generator().manual_seed(0)
+            x = torch.rand(MM_SIZE, MM_SIZE, generator=generator)
+            y = torch.rand(MM_SIZE, MM_SIZE, generator=generator)
     except Exception:  # noqa: BLE001 - a calibration without torch is still a calibration
         return None
 
     def part() -> None:
-        for _ in range(MM_REPEAT):
-            x.mm(y)
+        with unobserved():
+            for _ in range(MM_REPEAT):
+                x.mm(y)
 
     return part
+
+
+@contextlib.contextmanager
+def unobserved() -> Iterator[None]:
+    """opscope's own torch ops, kept out of a dump or watch running in the same process:
+    no dispatch or function mode (the Python capture levels) sees them, and the native
+    observers skip ops run with Python dispatch excluded. The calibration then also times
+    the machine, not the capture."""
+    import torch
+
+    with torch._C._DisableTorchDispatch(), torch._C.DisableTorchFunction():
+        yield
 
 
 class Calibration:
