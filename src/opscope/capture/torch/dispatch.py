@@ -145,6 +145,7 @@ class DumpDispatchMode(TorchDispatchMode):
             tag = node.metadata.get("opscope")
             module, fwd_op, phase = (tag[0], tag[1], "backward") if tag else ("", None, "backward")
             node_name = node.name()
+            s.backward_ran()
         else:
             module, fwd_op, node_name = s.modules.path, None, None
             phase = s.phase

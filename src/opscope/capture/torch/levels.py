@@ -178,6 +178,7 @@ def _hook_backward(s: DumpSession, name: str, module: str, out: Any) -> None:
 
 def _backward_recorder(s: DumpSession, name: str, module: str, node_name: str) -> Any:
     def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
+        s.backward_ran()
         if s.capturing and s.recorder.selected(module, name, "backward"):
             inputs = [(i, "grad_output", g) for i, g in enumerate(grad_outputs) if isinstance(g, torch.Tensor)]
             outputs = [(i, "grad_input", g) for i, g in enumerate(grad_inputs) if isinstance(g, torch.Tensor)]

@@ -60,7 +60,7 @@ class DumpSession:
         self.notes: list[str] = []
         self.failure: BaseException | None = None
         self.clock = StepClock(self._boundary)
-        self.modules = ModuleTracker(self._outer_call)
+        self.modules = ModuleTracker(self._outer_module_call)
         self.compiled = CompileWatch(self)  # torch.compile: what runs is recorded, not what is traced
         self.recorder: Recorder | None = None  # type: ignore[assignment]
         self.writer: DumpWriter | None = None
@@ -220,10 +220,6 @@ class DumpSession:
             self.notes.append(f"the run stopped at step {self.clock.step}; selected steps {missing} were never reached")
 
     # -- steps -------------------------------------------------------------------------
-    def _outer_call(self) -> None:
-        self.compiled.poll()  # torch.compile may have loaded dynamo since
-        self.clock.outer_module_call()
-
     def _enter_step(self, step: int) -> None:
         if not self.active or self.failure is not None:
             return
@@ -253,6 +249,25 @@ class DumpSession:
             except Exception as exc:
                 self.internal_error(exc)
         self._enter_step(step)
+
+    # -- phases ------------------------------------------------------------------------
+    def backward_ran(self) -> None:
+        """An op of the autograd engine ran: from now on, until the optimizer step or the next
+        forward, ops are ``backward`` (gradient clipping, GradScaler unscaling, a manual
+        all-reduce run between ``loss.backward()`` and ``optimizer.step()``). The native
+        observer flips its own phase likewise."""
+        if self.phase == "forward":
+            self.phase = "backward"
+
+    def _outer_module_call(self) -> None:
+        """The outermost module is called: a forward pass starts (before the step boundary
+        it may resolve, whose capture starts in this phase)."""
+        self.compiled.poll()  # torch.compile may have loaded dynamo since
+        if self.phase != "optimizer":
+            self.phase = "forward"
+            if self.capturing:
+                self._level.set_phase("forward")
+        self.clock.outer_module_call()
 
     # -- optimizer ---------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

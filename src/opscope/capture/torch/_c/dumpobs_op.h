@@ -42,6 +42,9 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
   if (!t_nodes.empty()) {
     h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
+    // what runs after backward until the optimizer step or the next forward (the outermost
+    // module's call; see DumpSession) is backward too: gradient clipping, unscaling, all-reduce
+    if (g_phase == FORWARD) g_phase = BACKWARD;
     if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;
   } else if (h.phase == FORWARD && fn.seqNr() >= 0) {
     own(fn.seqNr(), h.module, k.name);
