@@ -84,6 +84,46 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     return sections
 
 
+def describe(sections: dict[str, Any]) -> str:
+    """One line saying what a config turns on and where it writes, e.g.
+    ``opscope: dump (aten, statistics, steps 0-2) -> dumps/run1; profile -> prof/run1``."""
+    parts = []
+    for name, cfg in sections.items():
+        if not cfg.enable:
+            parts.append(f"{name} off")
+            continue
+        if name == "profile":
+            where = cfg.output
+            what = [t for t, on in (("training trace", cfg.training_trace), ("task trace", cfg.task_trace)) if on]
+        else:
+            where = cfg.path
+            what = [cfg.level, cfg.data] if name == "dump" else [cfg.level, f"action {cfg.action}"]
+        what.append(_steps_text(cfg.steps.steps))
+        if cfg.ranks is not None:
+            what.append("ranks " + ",".join(map(str, cfg.ranks)))
+        label = "overflow watch" if name == "overflow" else name
+        parts.append(f"{label} ({', '.join(what)})" + (f" -> {_shown_path(where)}" if where else ""))
+    return "opscope: " + "; ".join(parts)
+
+
+def _steps_text(steps: frozenset[int] | None) -> str:
+    if steps is None:
+        return "every step"
+    ordered, runs = sorted(steps), []
+    for s in ordered:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    spans = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ("step " if len(ordered) == 1 else "steps ") + ",".join(spans)
+
+
+def _shown_path(path: str) -> str:
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
+
+
 def _fail(message: str) -> None:
     # Raising at interpreter startup would end in "Fatal Python error: init_import_site".
     try:
@@ -147,6 +187,10 @@ class Autostart:
         if self.broken:
             _fail(self.broken)
         self.state = "started"
+        from opscope.config import env
+
+        if not env("LAUNCHER") and os.environ.get("RANK", "0") == "0":  # else the launcher said it, once
+            sys.stderr.write(describe(self.sections) + f" (from {ENV_CONFIG})\n")
         try:
             for name, cfg in self.sections.items():
                 session = _make_session(name, cfg, self.path)

@@ -14,6 +14,8 @@ Environment variables (all read here, nowhere else):
 - ``OPSCOPE_STATS_BACKEND``: ``auto``/``c`` (one C pass on the training thread, default),
   ``async`` (the C pass on a worker thread) or ``torch`` (torch reductions, the device path).
 - ``OPSCOPE_RUN_ID``: identifies one launch across its ranks (set by ``opscope run``).
+- ``OPSCOPE_LAUNCHER``: set by ``opscope run`` for its command, which said what is on
+  (a process started with ``OPSCOPE_CONFIG`` alone says it on rank 0).
 """
 
 from __future__ import annotations

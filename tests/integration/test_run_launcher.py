@@ -75,7 +75,9 @@ def test_arguments_streams_and_exit_code_pass_through(tmp_path) -> None:
     done = opscope_run(tmp_path, DUMP_AND_PROFILE, sys.executable, "echo.py", "a b", "-c", "--", "--flag", input="hello")
     assert done.returncode == 3
     assert done.stdout == "argv ['a b', '-c', '--', '--flag']\nstdin hello\ntorch imported: False\n"
-    assert done.stderr == "to stderr\n"
+    # one line from the launcher says what is on and where it writes; then the command's own
+    assert done.stderr == ("opscope: dump (module, statistics, every step) -> dump; "
+                           "profile (training trace, every step) -> prof\nto stderr\n")
     # A process that never imports torch (nor runs a model) writes nothing.
     assert not (tmp_path / "dump").exists() and not (tmp_path / "prof").exists()
 
@@ -183,6 +185,7 @@ def test_training_and_inference_without_code_change(tmp_path) -> None:
     (tmp_path / "train.py").write_text(TRAIN)
     done = opscope_run(tmp_path, DUMP_AND_PROFILE, sys.executable, "train.py", "train")
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert done.stderr.count("opscope: dump (") == 1, done.stderr  # the launcher's line; not again per process
     rank = json.loads((tmp_path / "dump" / "rank0" / "rank.json").read_text())
     assert rank["status"] == "complete" and rank["steps"] == [0, 1, 2]  # one step per optimizer.step()
     assert sorted(p.name for p in (tmp_path / "dump").iterdir()) == ["manifest.json", "rank0"]  # not the worker
@@ -272,6 +275,7 @@ def test_opscope_config_env_without_the_launcher(tmp_path, venvs, kind) -> None:
     done = subprocess.run([python, "train.py", "train"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=120)
     assert done.returncode == 0 and done.stdout == "done\n", done.stderr
+    assert "opscope: dump (module, statistics, every step) -> dump (from OPSCOPE_CONFIG)\n" in done.stderr
     rank = json.loads((tmp_path / "dump" / "rank0" / "rank.json").read_text())
     assert rank["status"] == "complete" and rank["steps"] == [0, 1, 2]
 

@@ -82,7 +82,9 @@ TERMINAL_SIGNALS = ("SIGINT", "SIGHUP", "SIGQUIT", "SIGWINCH")
 def main(argv: list[str]) -> int:
     args, command = parse(argv)
     config = resolve_config(args.config)
-    check_config(config)
+    from opscope.autostart import describe
+
+    print(describe(check_config(config)), file=sys.stderr, flush=True)  # once, from the launcher
     run_id = args.run_id or os.environ.get("OPSCOPE_RUN_ID") or uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="opscope-run-") as boot:
         (Path(boot) / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
@@ -157,6 +159,7 @@ def child_env(environ: Any, boot: str, config: Path, run_id: str) -> dict[str, s
     env["PYTHONPATH"] = os.pathsep.join([boot, *[p for p in [env.get("PYTHONPATH")] if p]])
     env["OPSCOPE_CONFIG"] = str(config)
     env["OPSCOPE_RUN_ID"] = run_id
+    env["OPSCOPE_LAUNCHER"] = "opscope run"  # it said what is on: the processes do not
     return env
 
 
