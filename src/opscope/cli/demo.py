@@ -22,7 +22,8 @@ def main(argv: list[str]) -> int:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     start = time.perf_counter()
-    print(f"opscope demo: a 2-layer transformer (d=128, 4 heads), {args.steps} steps per run, into {out}/")
+    print(f"opscope demo: a 2-layer transformer (d=128, 4 heads), {args.steps} steps per run (the first "
+          f"dumped with full tensors), into {out}/")
     runs = {"reference": {}, "fault": {"fault": True}, "bf16": {"bf16": True}}
     for name, kw in runs.items():
         train(out / "dumps" / name, args.steps, **kw)
@@ -33,8 +34,13 @@ def main(argv: list[str]) -> int:
     print("\n" + render(load(out / "dumps" / "reference")))
     code = _compare(out)
     _profile(out, args.steps)
-    print(f"\ndone in {time.perf_counter() - start:.0f} s")
+    print(f"\ndone in {time.perf_counter() - start:.0f} s; {out}/ holds {_size_mb(out):.0f} MB "
+          f"(remove it when done: rm -r {out})")
     return code
+
+
+def _size_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
 def train(path: Path, steps: int, fault: bool = False, bf16: bool = False) -> list[float]:
@@ -49,8 +55,10 @@ def train(path: Path, steps: int, fault: bool = False, bf16: bool = False) -> li
     if fault:
         model.layers[1].act.approximate = "tanh"
     losses = []
-    # tensor_limit_mb caps what the demo may write (and makes its size a log line, not a warning)
-    with opscope.dump(path, data="tensor", overwrite=True, tensor_limit_mb=2048) as d:
+    # full tensors of the first step only: where the fault starts and that bf16 stays within
+    # tolerance show there, at a third of the disk; tensor_limit_mb caps it (and makes its
+    # size a log line, not a warning)
+    with opscope.dump(path, steps="0", data="tensor", overwrite=True, tensor_limit_mb=2048) as d:
         for i in range(steps):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 losses.append(train_step(model, opt, *batch(i)))
