@@ -7,7 +7,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
 from opscope.compare.result import SUMMARY_METRICS, Finding
-from opscope.compare.verdict import PAIRED, Node, VerdictState, raw_error
+from opscope.compare.state import PAIRED, Node, VerdictState, raw_error
 
 NEIGHBOURS = 12
 
@@ -66,6 +66,17 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     f.downstream = _downstream(state, node.side, node.rank, node.step, [p.home for p in node.outputs])
     if out.kind == "identity":
         f.note = out.note
+    if node.owner is not None:  # a tensor made by a module's own code (module level)
+        owner = node.owner
+        f.module = owner.get("orig_module", owner.get("module")) or ""
+        f.op, f.io, f.slot = owner.get("orig_op", owner.get("op")) or "", "output", None
+        f.note = (f"{out.note}, differs while every gradient before it agrees" if node.kind == "gradient"
+                  else f"made by its own code between its submodules: the tensor read as "
+                       f"{home.get('io')} {home.get('slot')} of {home.get('module') or '(top level)'} "
+                       f"differs, while what that code could read agrees")
+        if node.kind == "gradient":
+            f.phase = "backward"
+        f.outputs = [_tensor(home, out)]
     return f
 
 

@@ -294,9 +294,20 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     s.nan_mismatch = abs(int(t.get("nan") or 0) - int(r.get("nan") or 0))
     s.inf_mismatch = abs(int(t.get("inf") or 0) - int(r.get("inf") or 0))
     root_n = math.sqrt(max(n, 1))
-    bounds = [abs(tgt_norm - ref_norm)]
-    for name, scale in (("mean", root_n), ("std", root_n), ("min", 1.0), ("max", 1.0), ("absmax", 1.0)):
-        bounds.append(abs(_num(t.get(name)) - _num(r.get(name))) * scale)
+    # the statistics are sums taken in float32 lanes (float64 data in doubles): a shift
+    # smaller than their own rounding says nothing, so each bound is net of it
+    c = max(_STAT_ROUNDING.get(str(t.get("dtype")), 4e-6), _STAT_ROUNDING.get(str(r.get("dtype")), 4e-6))
+    norms = (tgt_norm if math.isfinite(tgt_norm) else 0.0) + (ref_norm if math.isfinite(ref_norm) else 0.0)
+    mean_sq = (norms / 2) ** 2 / max(n, 1)
+    stds = [_num(t.get("std")), _num(r.get("std"))]
+    std_noise = min(math.sqrt(c * mean_sq), c * mean_sq / max(min(stds), 1e-300)) if all(
+        math.isfinite(x) for x in stds) else 0.0
+    bounds = [abs(tgt_norm - ref_norm) - c * norms,
+              abs(_num(t.get("mean")) - _num(r.get("mean"))) * root_n - c * norms,
+              (abs(stds[0] - stds[1]) - 2 * std_noise) * root_n]
+    for name in ("min", "max", "absmax"):  # exact: no sum involved
+        bounds.append(abs(_num(t.get(name)) - _num(r.get(name))))
+    bounds = [max(x, 0.0) if math.isfinite(x) else x for x in bounds]
     finite = [x for x in bounds if math.isfinite(x)]
     diff = max(finite) if finite else 0.0
     s.sum_sq_diff = diff**2
@@ -310,6 +321,11 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     s.max_rel = math.nan
     s.sum_rel = math.nan
     return s
+
+
+# relative rounding of a statistic's sums, by the dtype of the data it was taken over
+_STAT_ROUNDING = {"float64": 1e-13, "complex128": 1e-13, "int64": 1e-13, "int32": 1e-13,
+                  "int16": 1e-13, "int8": 1e-13, "uint8": 1e-13, "bool": 1e-13}
 
 
 def _num(value: Any) -> float:

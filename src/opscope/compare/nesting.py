@@ -8,10 +8,7 @@ contain. At aten and api level calls do not nest, and nothing changes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from opscope.compare.verdict import Node, VerdictState
+from opscope.compare.state import Node, VerdictState
 
 
 def _inside(inner: str, outer: str) -> bool:

@@ -22,67 +22,33 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
-from opscope.compare.flow import PASS_THROUGH, base_op
+from opscope.compare.internal import (
+    available,
+    backward_known,
+    build_spans,
+    gradient_nodes,
+    judge_gradient,
+    judge_internal,
+    owner_of,
+)
 from opscope.compare.nesting import demote_enclosing
+from opscope.compare.state import (
+    PAIRED,
+    Node,
+    RowKey,
+    VerdictState,
+    finite,
+    finite_or_inf,
+    input_error,
+    join,
+    producer_entry,
+    raw_error,
+)
 from opscope.compare.tolerance import NoiseModel, is_float
-
-PAIRED = ("exact", "aligned", "mapped", "flow")
-RowKey = tuple[str, int, int, int]  # side, rank, step, id or seq
-
-
-@dataclass
-class Node:
-    """One op call to judge: rows of its home side, and the pairs of its outputs."""
-
-    side: str
-    rank: int
-    step: int
-    seq: int
-    order: float
-    rows: list[dict[str, Any]]
-    outputs: list[Pair]
-    verdict: str = ""
-    in_error: float = 0.0
-    worst: Pair | None = None
-
-    @property
-    def head(self) -> dict[str, Any]:
-        return self.outputs[0].home if self.outputs else self.rows[0]
-
-
-@dataclass
-class VerdictState:
-    """Everything the passes share."""
-
-    pairs: list[Pair]
-    noise: NoiseModel
-    entry: dict[RowKey, Pair] = field(default_factory=dict)
-    rows: dict[RowKey, dict[str, Any]] = field(default_factory=dict)
-    calls: dict[RowKey, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    consumers: dict[RowKey, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
-    nodes: list[Node] = field(default_factory=list)
-    tainted: set[int] = field(default_factory=set)
-    roots: list[tuple[Pair, dict[str, Any], str]] = field(default_factory=list)
-    findings: list[Any] = field(default_factory=list)
-    first_by_rank: dict[int, Any] = field(default_factory=dict)
-
-
-def raw_error(pair: Pair | None) -> float:
-    """‖t − r‖ / ‖r‖ of a measured pair (inf for NaN/Inf mismatches), nan when unmeasured."""
-    m = pair.metrics if pair is not None else None
-    if not m:
-        return math.nan
-    if m.get("nan_mismatch") or m.get("inf_mismatch"):
-        return math.inf
-    diff, ref = m.get("diff_norm", 0.0), m.get("ref_norm", 0.0)
-    if diff == 0:
-        return 0.0
-    return diff / ref if ref > 0 else math.inf
 
 
 def index(state: VerdictState) -> None:
@@ -112,7 +78,9 @@ def index(state: VerdictState) -> None:
         if side == "reference":
             node.order = _target_order(state, node)
         state.nodes.append(node)
+    state.nodes.extend(gradient_nodes(state))
     state.nodes.sort(key=lambda n: (n.rank, n.step, n.order))
+    build_spans(state)
 
 
 def _target_order(state: VerdictState, node: Node) -> float:
@@ -133,24 +101,34 @@ def judge(state: VerdictState) -> None:
         info = prev.get(node.rank)
         if info is None or info["step"] != node.step:
             prev[node.rank] = info = _new_step(node, info)
+        if node.kind == "gradient":
+            info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
+            continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
+        span = state.span_ends.get((node.side, node.rank, node.step, node.seq))
+        if span is not None:  # a module call's output is judged against its submodules' too
+            known, known_taint = available(state, node, span, node.seq)
+            in_error, in_taint = max(in_error, known), in_taint or known_taint
         node.in_error = in_error
         for out in node.outputs:
             through = _passed_through(state, node, out)  # a module's output is its last op's
-            error = max(in_error, _finite_or_inf(raw_error(through))) if through else in_error
+            error = max(in_error, finite_or_inf(raw_error(through))) if through else in_error
             taint = in_taint or (through is not None and id(through) in state.tainted)
             _judge_output(state, node, out, error, taint, floor)
             if id(out) in state.tainted:
                 info["tainted"] = True
             param = out.home.get("param")
             if param:
-                info["param_error"][param] = max(info["param_error"].get(param, 0.0), _finite(raw_error(out)))
+                info["param_error"][param] = max(info["param_error"].get(param, 0.0), finite(raw_error(out)))
+    if state.extra_nodes:  # tensors made by a module's own code (module level)
+        state.nodes.extend(state.extra_nodes)
+        state.nodes.sort(key=lambda n: (n.rank, n.step, n.order))
     for pair in state.pairs:
         if not pair.status:
             _settle(state, pair)
         elif pair.kind == "identity" and pair.status in ("passed", "identical"):
             pair.status = "unpaired"  # judged harmless as an identity, but never "passed"
-            pair.note = _join(pair.note, "no partner: its output matches its input's partner")
+            pair.note = join(pair.note, "no partner: its output matches its input's partner")
 
 
 def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
@@ -179,10 +157,14 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         if own is not None and _is_leaf(state, node, row):
-            tainted = _judge_leaf(state, node, row, own, info) or tainted
-        error = _input_error(state, measured, elementwise=node.rows[0].get("phase") == "optimizer")
+            span = owner_of(state, node.side, node.rank, node.step, row)
+            if span is not None:
+                tainted = judge_internal(state, node, row, own, span) or tainted
+            else:
+                tainted = _judge_leaf(state, node, row, own, info) or tainted
+        error = input_error(state, measured, elementwise=node.rows[0].get("phase") == "optimizer")
         if is_float(row.get("dtype")) or error > 0:
-            in_error = max(in_error, _finite_or_inf(error))
+            in_error = max(in_error, finite_or_inf(error))
         ref_norm = measured.metrics.get("ref_norm", 0.0)
         if (row.get("numel") or 0) > 1 and is_float(row.get("dtype")) and ref_norm > 0:
             floor = min(floor, ref_norm)
@@ -190,37 +172,6 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and not own.status:
             _set_input_status(state, own, tainted)
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
-
-
-def _input_error(state: VerdictState, measured: Pair, *, elementwise: bool = False) -> float:
-    """An input's relative error, taken at the most it plausibly is.
-
-    From statistics, the error is a lower bound: noise spread over n elements moves the
-    norm, mean and spread by about 1/sqrt(n) of its size, so a differing input may carry
-    sqrt(n) times the bound (at most ``(||t|| + ||r||) / ||r||``), and at least the rounding
-    noise of its precision. An output is judged on what is proven (its bound) against what
-    its inputs may carry, so rounding noise is never blamed on the op that received it.
-
-    ``elementwise``: the op divides element by element (Adam-like updates), so an element
-    that is noise on both sides (a gradient that is zero in truth) legitimately becomes a
-    full-size update: the input's error counts as its ``elem_rel_rms`` (tensors), or as the
-    most it may be (statistics, which cannot see elements).
-    """
-    error = raw_error(measured)
-    if elementwise and measured.mode != "statistics":
-        error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
-    if measured.mode != "statistics" or measured.metrics.get("bit_exact") or not error > 0:
-        return error
-    t, r = measured.t or {}, measured.r or {}
-    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
-    n = max(int(r.get("numel") or t.get("numel") or 1), 1)
-    ref_norm = measured.metrics.get("ref_norm") or 0.0
-    t_norm = t.get("norm")
-    t_norm = float(t_norm) if t_norm is not None and math.isfinite(t_norm) else ref_norm
-    cap = (t_norm + ref_norm) / ref_norm if ref_norm > 0 else math.inf
-    if elementwise:
-        return max(error, cap)
-    return max(error, min(error * math.sqrt(n), cap), state.noise.tolerance(lower))
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
@@ -245,30 +196,6 @@ def _producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own:
             if p is not None:
                 out.append(p)
     return out
-
-
-def producer_entry(state: VerdictState, side: str, rank: int, step: int, producer: int) -> Pair | None:
-    """The measured pair of a producer; through one-sided views, layout ops and casts that
-    nothing paired (they carry their input's error on), up to the tensor they read."""
-    key = (side, rank, step, producer)
-    first = state.entry.get(key)
-    for _ in range(16):
-        pair = state.entry.get(key)
-        if pair is not None and pair.metrics:
-            return pair
-        row = state.rows.get(key)
-        if row is None or row.get("io") != "output" or base_op(row.get("op")) not in PASS_THROUGH:
-            break
-        inputs = [r for r in state.calls.get((side, rank, step, row["cseq"]), [])
-                  if r.get("io") in INPUT_IO and r.get("producer") is not None
-                  and (r.get("numel") or 0) > 0]
-        if len(inputs) != 1:
-            break
-        own = state.entry.get((side, rank, step, inputs[0]["id"]))
-        if own is not None and own.kind in PAIRED and own.metrics:
-            return own
-        key = (side, rank, step, inputs[0]["producer"])
-    return first
 
 
 def _is_leaf(state: VerdictState, node: Node, row: dict[str, Any]) -> bool:
@@ -296,16 +223,24 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         or (not name and row.get("phase") == "optimizer"))
     if explained:
         own.verdict = "inherits" if info["tainted_before"] else ""
-        own.note = _join(own.note, f"differs at the start of step {node.step}, as left by step "
+        own.note = join(own.note, f"differs at the start of step {node.step}, as left by step "
                                    f"{info.get('previous_step')}")
         return bool(info["tainted_before"])
     if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer")):
         # a gradient or optimizer state whose producer was not captured (module / api
         # levels), in a step that already diverged: it carries that divergence
         own.status, own.verdict = "failed", "inherits"
-        own.note = _join(own.note, "no captured producer, in a step that had already diverged")
+        own.note = join(own.note, "no captured producer, in a step that had already diverged")
         state.tainted.add(id(own))
         return True
+    if row.get("io") == "grad" and row.get("producer") is None:
+        # a gradient the backward pass made out of sight (module / api level): in proportion
+        # to the gradients recorded in that backward pass, it is their noise
+        known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
+        if not error > max(tol, state.noise.ratio * known):
+            own.status = "passed"
+            own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
+            return False
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
@@ -363,7 +298,7 @@ def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol
         out.verdict = "inherits"
         node.verdict = node.verdict or "inherits"
     else:
-        out.note = _join(out.note, "above tolerance but in proportion to its inputs' error")
+        out.note = join(out.note, "above tolerance but in proportion to its inputs' error")
         return "passed"
     state.tainted.add(id(out))
     return "failed"
@@ -387,19 +322,7 @@ def _settle(state: VerdictState, pair: Pair) -> None:
         pair.error, pair.tolerance = raw_error(pair), state.noise.tolerance(lower)
         pair.status = "passed" if not pair.error > pair.tolerance else "failed"
         if pair.status == "failed":
-            pair.note = _join(pair.note, "differs, but no paired producer explains where from")
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
-
-
-def _finite_or_inf(x: float) -> float:
-    return 0.0 if math.isnan(x) else x
-
-
-def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
+            pair.note = join(pair.note, "differs, but no paired producer explains where from")
 
 
 VerdictPass = Callable[[VerdictState], None]

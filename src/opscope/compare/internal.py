@@ -1,0 +1,186 @@
+"""Module-level dumps: tensors a module's own code makes between its submodules.
+
+At module level only module calls are recorded. A tensor made by the code of a parent's
+``forward`` between two leaf modules (attention math between the q/k/v projections and the
+output projection, a residual add, a pooling before the head) first appears as the input
+of the next submodule, with no captured producer. It is not a root of the divergence: it
+is an output of the innermost module call that brackets it (the *owner*), whose inputs,
+and whose submodules' outputs so far, are everything its code could have read. Judged
+against those, a tensor whose error is out of proportion makes the owner the culprit
+("its own code, between its submodules"); one that carries their divergence inherits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import defaultdict
+from typing import Any
+
+from opscope.compare.pair import INPUT_IO
+from opscope.compare.state import Node, VerdictState, input_error, join, raw_error
+from opscope.compare.tolerance import is_float
+
+Row = dict[str, Any]
+
+
+def build_spans(state: VerdictState) -> None:
+    """Forward module calls whose records bracket other records, per side, rank and step."""
+    bounds: dict[tuple[Any, ...], list[Any]] = {}
+    ordered: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
+    for (side, rank, step, _), row in state.rows.items():
+        ordered[(side, rank, step)].append(row)
+        if row.get("phase") != "forward" or row.get("call") is None:
+            continue
+        key = (side, rank, step, row.get("module") or "", row.get("op"), row.get("call"))
+        b = bounds.setdefault(key, [row["seq"], row["seq"], row])
+        b[0], b[1] = min(b[0], row["seq"]), max(b[1], row["seq"])
+        if row["seq"] < b[2]["seq"]:
+            b[2] = row
+    for (side, rank, step, module, _, _), (start, end, head) in bounds.items():
+        if end > start:
+            span = {"start": start, "end": end, "module": module, "head": head}
+            state.spans.setdefault((side, rank, step), []).append(span)
+            state.span_ends[(side, rank, step, end)] = span
+    for key, rows in ordered.items():
+        rows.sort(key=lambda r: r["seq"])
+        state.ordered[key] = rows
+
+
+def owner_of(state: VerdictState, side: str, rank: int, step: int, row: Row) -> dict[str, Any] | None:
+    """The innermost forward module call that brackets this record, if any."""
+    if row.get("phase") != "forward" or row.get("io") != "input":
+        return None
+    module, seq = row.get("module") or "", row["seq"]
+    best = None
+    for span in state.spans.get((side, rank, step), []):
+        if span["start"] < seq < span["end"] and _inside(module, span["module"]) \
+                and (best is None or span["start"] > best["start"]):
+            best = span
+    return best
+
+
+def judge_internal(state: VerdictState, node: Node, row: Row, own: Any, span: dict[str, Any]) -> bool:
+    """Judge a tensor made by ``span``'s own code; True when it carries a divergence."""
+    known, tainted = available(state, node, span, row["seq"])
+    owner = span["head"]
+    what = f"made by {owner.get('module') or '(top level)'}'s own code between its submodules"
+    return _judge_made(state, node, row, own, known, tainted, owner, what)
+
+
+def gradient_nodes(state: VerdictState) -> list[Node]:
+    """Module-level gradients at module outputs: records that no captured op produced."""
+    out = []
+    for pair in state.pairs:
+        row = pair.t
+        if pair.kind not in ("exact", "aligned", "mapped") or row is None or pair.r is None \
+                or row.get("phase") != "backward" or row.get("io") != "input" \
+                or row.get("producer") is not None:
+            continue
+        call = state.calls.get(("target", row["rank"], row["step"], row["cseq"]), [])
+        if any(r.get("io") == "output" for r in call):
+            continue
+        out.append(Node("target", row["rank"], row["step"], row["seq"], float(row["seq"]), [row],
+                        [pair], kind="gradient"))
+    return out
+
+
+def judge_gradient(state: VerdictState, node: Node, step_tainted: bool) -> bool:
+    """A gradient at a module's output, against every gradient recorded before it in the
+    step: what the backward pass could have read. Blamed on the module whose code runs
+    around it (the backward of its code between submodules, or of the next submodule)."""
+    pair = node.outputs[0]
+    row = pair.home
+    known, tainted = backward_known(state, node.side, node.rank, node.step, row["seq"], pair)
+    tainted = tainted or step_tainted
+    parent = _parent_span(state, node, row.get("module") or "")
+    owner = parent["head"] if parent is not None else row
+    what = (f"the gradient at {row.get('module') or '(top level)'}'s output: made by the backward of "
+            f"{owner.get('module') or '(top level)'}'s own code or of the submodule that read it")
+    diverged = _judge_made(state, node, row, pair, known, tainted, owner, what, nest=False)
+    if pair.verdict == "culprit":
+        node.verdict, node.worst, node.in_error, node.owner = "culprit", pair, known, owner
+    return diverged
+
+
+def backward_known(state: VerdictState, side: str, rank: int, step: int, seq: int,
+                   exclude: Any) -> tuple[float, bool]:
+    """Largest error, and any divergence, among the step's backward records before ``seq``."""
+    rows = state.ordered.get((side, rank, step), [])
+    known, tainted = 0.0, False
+    for other in rows[:bisect.bisect_left(rows, seq, key=lambda r: r["seq"])]:
+        if other.get("phase") != "backward":
+            continue
+        earlier = state.entry.get((side, rank, step, other["id"]))
+        if earlier is not None and earlier.metrics and earlier is not exclude:
+            error = input_error(state, earlier)
+            known = max(known, 0.0 if math.isnan(error) else error)
+            tainted = tainted or id(earlier) in state.tainted
+    return known, tainted
+
+
+def _parent_span(state: VerdictState, node: Node, module: str) -> dict[str, Any] | None:
+    best = None
+    for span in state.spans.get((node.side, node.rank, node.step), []):
+        if _inside(module, span["module"]) and (best is None or len(span["module"]) > len(best["module"])):
+            best = span
+    return best
+
+
+def _judge_made(state: VerdictState, node: Node, row: Row, own: Any, known: float, tainted: bool,
+                owner: Row, what: str, *, nest: bool = True) -> bool:
+    """Judge a tensor some module's code made from what had ``known`` error (and taint)."""
+    lower = state.noise.lower_dtype(own.t.get("dtype"), own.r.get("dtype"))
+    error, tol = raw_error(own), state.noise.tolerance(lower)
+    own.error, own.tolerance = error, tol
+    if own.metrics.get("bit_exact"):
+        own.status = "identical"
+        return False
+    if not error > tol:
+        own.status = "passed"
+        return False
+    if error > max(tol, state.noise.ratio * known) and (is_float(lower) or known == 0):
+        own.status, own.verdict = "failed", "culprit"
+        own.metrics["input_error"] = known
+        own.metrics["ratio"] = error / known if known > 0 else math.inf
+        own.note = join(own.note, what)
+        state.tainted.add(id(own))
+        if not nest:
+            return True
+        rows = [r for r in state.calls.get((node.side, node.rank, node.step, owner["cseq"]), [])
+                if r.get("io") in INPUT_IO]
+        state.extra_nodes.append(Node(node.side, node.rank, node.step, row["seq"], row["seq"] - 0.5,
+                                      rows, [own], verdict="culprit", in_error=known, worst=own,
+                                      owner=owner))
+        return True
+    if tainted:
+        own.status, own.verdict = "failed", "inherits"
+        state.tainted.add(id(own))
+        return True
+    own.status = "passed"
+    own.note = join(own.note, f"{what}; in proportion to the error of what it read")
+    return False
+
+
+def available(state: VerdictState, node: Node, span: dict[str, Any], seq: int) -> tuple[float, bool]:
+    """Largest error, and any divergence, among what the owner's code could read by ``seq``:
+    its own inputs and the records of its submodules so far."""
+    rows = state.ordered.get((node.side, node.rank, node.step), [])
+    lo = bisect.bisect_left(rows, span["start"], key=lambda r: r["seq"])
+    hi = bisect.bisect_left(rows, seq, key=lambda r: r["seq"])
+    known, tainted = 0.0, False
+    for row in rows[lo:hi]:
+        if not _inside(row.get("module") or "", span["module"]) and (row.get("module") or "") != span["module"]:
+            continue
+        pair = state.entry.get((node.side, node.rank, node.step, row["id"]))
+        if pair is None or not pair.metrics:
+            continue
+        error = input_error(state, pair)
+        if math.isfinite(error) or error == math.inf:
+            known = max(known, 0.0 if math.isnan(error) else error)
+        tainted = tainted or id(pair) in state.tainted
+    return known, tainted
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return (outer == "" and inner != "") or inner.startswith(outer + ".")

@@ -1,0 +1,138 @@
+"""What the verdict passes share: the nodes to judge, the indexes, and reading an error."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from opscope.compare.flow import PASS_THROUGH, base_op
+from opscope.compare.pair import INPUT_IO, Pair
+from opscope.compare.tolerance import NoiseModel
+
+PAIRED = ("exact", "aligned", "mapped", "flow")
+RowKey = tuple[str, int, int, int]  # side, rank, step, id or seq
+
+
+@dataclass
+class Node:
+    """One op call to judge: rows of its home side, and the pairs of its outputs."""
+
+    side: str
+    rank: int
+    step: int
+    seq: int
+    order: float
+    rows: list[dict[str, Any]]
+    outputs: list[Pair]
+    verdict: str = ""
+    in_error: float = 0.0
+    worst: Pair | None = None
+    owner: dict[str, Any] | None = None  # a module call whose own code made the output
+    kind: str = "call"  # or "gradient": a module-level gradient record (no op made it)
+
+    @property
+    def head(self) -> dict[str, Any]:
+        return self.outputs[0].home if self.outputs else self.rows[0]
+
+
+@dataclass
+class VerdictState:
+    """Everything the passes share."""
+
+    pairs: list[Pair]
+    noise: NoiseModel
+    entry: dict[RowKey, Pair] = field(default_factory=dict)
+    rows: dict[RowKey, dict[str, Any]] = field(default_factory=dict)
+    calls: dict[RowKey, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    consumers: dict[RowKey, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    nodes: list[Node] = field(default_factory=list)
+    tainted: set[int] = field(default_factory=set)
+    roots: list[tuple[Pair, dict[str, Any], str]] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)
+    first_by_rank: dict[int, Any] = field(default_factory=dict)
+    spans: dict[tuple[str, int, int], list[dict[str, Any]]] = field(default_factory=dict)
+    ordered: dict[tuple[str, int, int], list[dict[str, Any]]] = field(default_factory=dict)
+    span_ends: dict[tuple[str, int, int, int], dict[str, Any]] = field(default_factory=dict)
+    extra_nodes: list[Node] = field(default_factory=list)
+
+
+def raw_error(pair: Pair | None) -> float:
+    """‖t − r‖ / ‖r‖ of a measured pair (inf for NaN/Inf mismatches), nan when unmeasured."""
+    m = pair.metrics if pair is not None else None
+    if not m:
+        return math.nan
+    if m.get("nan_mismatch") or m.get("inf_mismatch"):
+        return math.inf
+    diff, ref = m.get("diff_norm", 0.0), m.get("ref_norm", 0.0)
+    if diff == 0:
+        return 0.0
+    return diff / ref if ref > 0 else math.inf
+
+
+def producer_entry(state: VerdictState, side: str, rank: int, step: int, producer: int) -> Pair | None:
+    """The measured pair of a producer; through one-sided views, layout ops and casts that
+    nothing paired (they carry their input's error on), up to the tensor they read."""
+    key = (side, rank, step, producer)
+    first = state.entry.get(key)
+    for _ in range(16):
+        pair = state.entry.get(key)
+        if pair is not None and pair.metrics:
+            return pair
+        row = state.rows.get(key)
+        if row is None or row.get("io") != "output" or base_op(row.get("op")) not in PASS_THROUGH:
+            break
+        inputs = [r for r in state.calls.get((side, rank, step, row["cseq"]), [])
+                  if r.get("io") in INPUT_IO and r.get("producer") is not None
+                  and (r.get("numel") or 0) > 0]
+        if len(inputs) != 1:
+            break
+        own = state.entry.get((side, rank, step, inputs[0]["id"]))
+        if own is not None and own.kind in PAIRED and own.metrics:
+            return own
+        key = (side, rank, step, inputs[0]["producer"])
+    return first
+
+
+def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = False) -> float:
+    """An input's relative error, taken at the most it plausibly is.
+
+    From statistics, the error is a lower bound: noise spread over n elements moves the
+    norm, mean and spread by about 1/sqrt(n) of its size, so a differing input may carry
+    sqrt(n) times the bound (at most ``(||t|| + ||r||) / ||r||``), and at least the rounding
+    noise of its precision. An output is judged on what is proven (its bound) against what
+    its inputs may carry, so rounding noise is never blamed on the op that received it.
+
+    ``elementwise``: the op divides element by element (Adam-like updates), so an element
+    that is noise on both sides (a gradient that is zero in truth) legitimately becomes a
+    full-size update: the input's error counts as its ``elem_rel_rms`` (tensors), or as the
+    most it may be (statistics, which cannot see elements).
+    """
+    error = raw_error(measured)
+    if elementwise and measured.mode != "statistics":
+        error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
+    if measured.mode != "statistics" or measured.metrics.get("bit_exact") or not error > 0:
+        return error
+    t, r = measured.t or {}, measured.r or {}
+    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+    n = max(int(r.get("numel") or t.get("numel") or 1), 1)
+    ref_norm = measured.metrics.get("ref_norm") or 0.0
+    t_norm = t.get("norm")
+    t_norm = float(t_norm) if t_norm is not None and math.isfinite(t_norm) else ref_norm
+    cap = (t_norm + ref_norm) / ref_norm if ref_norm > 0 else math.inf
+    if elementwise:
+        return max(error, cap)
+    return max(error, min(error * math.sqrt(n), cap), state.noise.tolerance(lower))
+
+
+def finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+def finite_or_inf(x: float) -> float:
+    return 0.0 if math.isnan(x) else x
+
+
+def join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
