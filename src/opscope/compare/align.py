@@ -169,7 +169,7 @@ def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
     out = []
     for t in a.rows:
         r = r_by_slot.get((t.get("io"), t.get("slot")))
-        if r is not None and r["id"] not in partner["reference"] and same_shape(t, r):
+        if r is not None and r["id"] not in partner["reference"]:
             partner["target"][t["id"]] = r
             partner["reference"][r["id"]] = t
             out.append(Pair(t, r, "mapped" if mapped else kind))

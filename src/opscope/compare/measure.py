@@ -54,17 +54,18 @@ def plan(pairs: list[Pair], noise: NoiseModel) -> dict[Job, list[int]]:
 
 def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel) -> Job | None:
     n_t, n_r = t.get("numel"), r.get("numel")
+    s_t, s_r = t.get("shape"), r.get("shape")
     if n_t is not None and n_r is not None and n_t != n_r:
-        pair.mode = "skipped"
-        pair.note = _join(pair.note, f"shapes differ: {list(t.get('shape') or [])} vs {list(r.get('shape') or [])}")
-        return None
+        return _skip_shapes(pair, t, r)
     same_dtype = t.get("dtype") == r.get("dtype")
     if same_dtype and t.get("hash") is not None and t.get("hash") == r.get("hash"):
-        s = M.identical(int(n_r or 0))
+        s = M.identical(int(n_r or 0))  # the same content (a parameter and its t() view too)
         norm = _float(r.get("norm"))
         s.sum_sq_reference = s.sum_sq_target = s.dot = norm**2 if math.isfinite(norm) else 0.0
         pair.mode, pair.metrics = "hash", M.finish(s)
         return None
+    if s_t is not None and s_r is not None and list(s_t) != list(s_r) and t.get("io") != "param":
+        return _skip_shapes(pair, t, r)  # (a parameter may be stored transposed: ONNX's Gemm)
     if t.get("data") and t.get("key") and r.get("data") and r.get("key"):
         lower = noise.lower_dtype(t.get("dtype"), r.get("dtype"))
         absmax = _float(r.get("absmax"))
@@ -74,6 +75,12 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
                    (r["data"], r["key"], r.get("view")),
                    floor, noise.element_tolerance(lower), nbytes, same_dtype)
     pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
+    return None
+
+
+def _skip_shapes(pair: Pair, t: dict[str, Any], r: dict[str, Any]) -> None:
+    pair.mode = "skipped"
+    pair.note = _join(pair.note, f"shapes differ: {list(t.get('shape') or [])} vs {list(r.get('shape') or [])}")
     return None
 
 

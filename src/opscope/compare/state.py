@@ -112,7 +112,7 @@ def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = Fals
     error = raw_error(measured)
     if elementwise and measured.mode != "statistics":
         error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
-    if measured.mode != "statistics" or measured.metrics.get("bit_exact") or not error > 0:
+    if measured.mode != "statistics" or measured.metrics.get("bit_exact") or math.isnan(error):
         return error
     t, r = measured.t or {}, measured.r or {}
     lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))

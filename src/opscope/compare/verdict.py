@@ -117,6 +117,8 @@ def judge(state: VerdictState) -> None:
             _judge_output(state, node, out, error, taint, floor)
             if id(out) in state.tainted:
                 info["tainted"] = True
+            elif out.status == "passed" and math.isfinite(out.error):
+                info["noise"] = max(info["noise"], out.error)  # what rounding did in this step
             param = out.home.get("param")
             if param:
                 info["param_error"][param] = max(info["param_error"].get(param, 0.0), finite(raw_error(out)))
@@ -133,11 +135,12 @@ def judge(state: VerdictState) -> None:
 
 def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
     """Per-rank memory across steps: was anything tainted before, and parameter errors."""
-    info = {"step": node.step, "tainted": False, "param_error": {}, "seen": set(),
-            "first": last is None, "tainted_before": False, "prev_param_error": {}}
+    info = {"step": node.step, "tainted": False, "param_error": {}, "seen": set(), "noise": 0.0,
+            "first": last is None, "tainted_before": False, "prev_param_error": {}, "prev_noise": 0.0}
     if last is not None:
         info["tainted_before"] = last["tainted"] or last["tainted_before"]
         info["prev_param_error"] = last["param_error"]
+        info["prev_noise"] = last["noise"]
         info["previous_step"] = last["step"]
     return info
 
@@ -153,6 +156,11 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         own = own if own is not None and own.kind in PAIRED else None
         producers = _producer_entries(state, node, row, own)
         measured = own if own is not None and own.metrics else next((p for p in producers if p.metrics), None)
+        if own is not None and own.mode == "skipped" and "shapes differ" in own.note:
+            # a data-dependent shape (tokens routed to an expert, a nonzero): the input is
+            # another tensor on each side, so this op's output says nothing of the op itself
+            in_error = math.inf
+            continue
         if measured is None:
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
@@ -220,6 +228,9 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     explained = not info["first"] and (
         info["tainted_before"]
         or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))
+        # a buffer the forward updates (batch norm's running statistics) carries the noise of
+        # the previous step that computed it
+        or (name and name not in info["prev_param_error"] and error <= state.noise.ratio * info["prev_noise"])
         or (not name and row.get("phase") == "optimizer"))
     if explained:
         own.verdict = "inherits" if info["tainted_before"] else ""
@@ -233,9 +244,10 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = join(own.note, "no captured producer, in a step that had already diverged")
         state.tainted.add(id(own))
         return True
-    if row.get("io") == "grad" and row.get("producer") is None:
-        # a gradient the backward pass made out of sight (module / api level): in proportion
-        # to the gradients recorded in that backward pass, it is their noise
+    if row.get("producer") is None and (row.get("io") == "grad" or (row.get("phase") == "backward" and not name)):
+        # a gradient the backward pass made out of sight (module / api level, or a data-flow
+        # link the capture missed): in proportion to the gradients recorded in that backward
+        # pass, it is their noise
         known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
         if not error > max(tol, state.noise.ratio * known):
             own.status = "passed"
