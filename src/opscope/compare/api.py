@@ -64,7 +64,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     pairs: list[Pair] = []
     for rank, step in parts:
         pairs += _align(t_dump, r_dump, rank, step, names, problems)
-    jobs = measure.plan(pairs, noise)
+    jobs = measure.plan(pairs, noise, trust_hashes=measure.hashes_comparable(t_dump.manifest, r_dump.manifest))
     n_workers = max(1, int(workers or measure.default_workers()))
     problems += measure.run(jobs, pairs, str(t_dump.path), str(r_dump.path), workers=n_workers, progress=progress)
     from opscope.compare.verdict import run_passes

@@ -20,6 +20,7 @@ from typing import Any
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
 from opscope.compare.tolerance import NoiseModel
+from opscope.model.hashing import WEAK
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 Progress = Callable[[int, int], None]
@@ -39,26 +40,38 @@ class Job:
     same_dtype: bool
 
 
-def plan(pairs: list[Pair], noise: NoiseModel) -> dict[Job, list[int]]:
-    """Fill what needs no tensor read; return the tensor reads needed, each with its pairs."""
+def hashes_comparable(t_manifest: dict[str, Any], r_manifest: dict[str, Any]) -> bool:
+    """Do equal hashes in these two dumps prove equal content? Only for one algorithm on both
+    sides and not a weak one (``wsum64-v1``: structured changes such as moved ones of a mask
+    collide; docs/format.md)."""
+    algorithm = t_manifest.get("hash_algorithm")
+    return algorithm is not None and algorithm == r_manifest.get("hash_algorithm") and algorithm not in WEAK
+
+
+def plan(pairs: list[Pair], noise: NoiseModel, *, trust_hashes: bool = True) -> dict[Job, list[int]]:
+    """Fill what needs no tensor read; return the tensor reads needed, each with its pairs.
+
+    With ``trust_hashes`` false (see :func:`hashes_comparable`), equal hashes are not taken
+    as bit-exact: the tensors are read, or the statistics used."""
     jobs: dict[Job, list[int]] = {}
     for index, pair in enumerate(pairs):
         t, r = pair.t, pair.r
         if t is None or r is None:
             continue
-        job = _classify(pair, t, r, noise)
+        job = _classify(pair, t, r, noise, trust_hashes)
         if job is not None:
             jobs.setdefault(job, []).append(index)
     return jobs
 
 
-def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel) -> Job | None:
+def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel,
+              trust_hashes: bool = True) -> Job | None:
     n_t, n_r = t.get("numel"), r.get("numel")
     s_t, s_r = t.get("shape"), r.get("shape")
     if n_t is not None and n_r is not None and n_t != n_r:
         return _skip_shapes(pair, t, r)
     same_dtype = t.get("dtype") == r.get("dtype")
-    if same_dtype and t.get("hash") is not None and t.get("hash") == r.get("hash"):
+    if trust_hashes and same_dtype and t.get("hash") is not None and t.get("hash") == r.get("hash"):
         s = M.identical(int(n_r or 0))  # the same content (a parameter and its t() view too)
         norm = _float(r.get("norm"))
         s.sum_sq_reference = s.sum_sq_target = s.dot = norm**2 if math.isfinite(norm) else 0.0

@@ -18,12 +18,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from opscope.model.hashing import ALGORITHM
 from opscope.model.records import SCHEMA_FIELDS
 
 FORMAT_VERSION = "1.1"  # 1.1: the `view` column
 MANIFEST = "manifest.json"
 RANK_STATUS = "rank.json"
-HASH_ALGORITHM = "wsum64-v1"  # sum of element bits * (2*index + 1) mod 2**64, row-major order
+HASH_ALGORITHM = ALGORITHM  # "wsum64-v2": opscope.model.hashing, docs/format.md
 
 _TYPES = {
     "int64": pa.int64(),

@@ -1,30 +1,23 @@
 """Synthetic dumps for compare tests: a tiny numpy 'model' written with the real DumpWriter.
 
 Rows follow the capture schema: one row per tensor, ops numbered by ``seq``, inputs naming
-the output row that produced them (``producer``), statistics and a wsum64-v1 hash on every
+the output row that produced them (``producer``), statistics and a wsum64-v2 hash on every
 row, full tensors on outputs and leaves when ``data="tensor"``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from opscope.model.hashing import ALGORITHM, content_hash
 from opscope.model.records import new_row
 from opscope.storage.writer import DumpWriter
-
-
-def wsum64(arr: np.ndarray) -> int:
-    """The dump format's content hash: sum of element bits * (2 * index + 1) mod 2**64."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    bits = flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[flat.itemsize]).astype(np.uint64)
-    weights = np.arange(flat.size, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    with np.errstate(over="ignore"):
-        return int(np.sum(bits * weights, dtype=np.uint64))
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -52,10 +45,11 @@ class Run:
     """Write one rank of a synthetic dump, op by op."""
 
     def __init__(self, path: str | Path, *, data: str = "tensor", rank: int = 0,
-                 status: str = "complete") -> None:
-        self.writer = DumpWriter(path, rank, {"tool": "synth"}, overwrite=True)
+                 status: str = "complete", hash_algorithm: str = ALGORITHM,
+                 hasher: Callable[[np.ndarray], int] = content_hash) -> None:
+        self.writer = DumpWriter(path, rank, {"tool": "synth", "hash_algorithm": hash_algorithm}, overwrite=True)
         self.writer.open()
-        self.data, self.rank, self.status = data, rank, status
+        self.data, self.rank, self.status, self.hasher = data, rank, status, hasher
         self.step, self.next_id, self.seq = 0, 0, 0
         self.rows: list[list[Any]] = []
         self.calls: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -92,7 +86,7 @@ class Run:
             key = f"r{rid}"
             data = self.writer.add_tensor(self.step, key, dtype, list(value.shape), raw.tobytes(), raw.nbytes)
         row = new_row(id=rid, dtype=dtype, shape=list(value.shape), numel=int(value.size), data=data, key=key, **cols)
-        row[-1] = stats(value.astype(np.float64), wsum64(raw))
+        row[-1] = stats(value.astype(np.float64), self.hasher(raw))
         self.rows.append(row)
         return rid
 

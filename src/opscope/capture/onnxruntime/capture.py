@@ -32,6 +32,7 @@ from opscope.capture.onnxruntime.scopes import ScopedNode, resolve_modules
 from opscope.capture.onnxruntime.stats import dtype_name, tensor_stats
 from opscope.config import DATA, MODES, Filter, _choice
 from opscope.errors import ConfigError
+from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 from opscope.model.records import new_row
 from opscope.storage.safetensors_io import DTYPES
 
@@ -173,7 +174,7 @@ def _manifest(onnx: Any, ort: Any, model: Any, opts: dict[str, Any], command: li
         "provider": opts["providers"][0],
         "providers": opts["providers"],
         "run_id": None,
-        "hash_algorithm": "wsum64-v1",
+        "hash_algorithm": HASH_ALGORITHM,
         "level": "onnx",
         "model": {
             "path": source if isinstance(source, str) else getattr(source, "__fspath__", lambda: None)(),

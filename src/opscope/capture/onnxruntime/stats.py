@@ -7,7 +7,7 @@ needs a full float64 copy:
   NaN propagates as in numpy (a tensor holding one NaN has ``min`` = ``max`` = NaN);
   an Inf shows as ``max=inf`` / ``absmax=inf``. ``None`` for an empty tensor.
 - ``nan``, ``inf``, ``zeros``: element counts.
-- ``hash`` (``wsum64-v1``): see :mod:`opscope.model.hashing`, the reference definition
+- ``hash`` (``wsum64-v2``): see :mod:`opscope.model.hashing`, the reference definition
   shared with the PyTorch capture.
 """
 

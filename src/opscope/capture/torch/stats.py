@@ -31,7 +31,7 @@ CODES = {
 # float16 through the C kernel only with its SIMD path (the portable loop is slower than torch)
 F16_FAST = _fastats is not None and bool(getattr(_fastats, "SIMD", 0))
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_GOLD, _MIX, _M32 = 0x9E3779B9, 0x85EBCA6B, 0xFFFFFFFF
+_GOLD, _MIX1, _MIX2, _M32 = 0x9E3779B9, 0x7FEB352D, 0x846CA68B, 0xFFFFFFFF
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -69,18 +69,31 @@ def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
 
 
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x·c mod 2^32`` for int64 ``x`` in [0, 2^32) and a 32-bit constant, in halves of ``c``
+    so that no product overflows int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
 def _hash_words(t: torch.Tensor) -> torch.Tensor:
-    size = t.element_size()
-    flat = t.contiguous().reshape(-1)
-    if size >= 4:
-        words = flat.view(torch.int32).to(torch.int64) & _M32
-    elif size == 2:
-        words = flat.view(torch.int16).to(torch.int64) & 0xFFFF
-    else:
-        words = flat.view(torch.uint8).to(torch.int64)
-    idx = torch.arange(words.numel(), device=t.device, dtype=torch.int64)
-    h1 = (words * (2 * idx + 1)).sum() & _M32
-    h2 = ((words ^ ((idx * _GOLD) & _M32)) * _MIX).sum() & _M32
+    """``wsum64-v2`` (:mod:`opscope.model.hashing`) as torch reductions on ``t``'s device."""
+    raw = t.contiguous().reshape(-1).view(torch.uint8)
+    if raw.numel() % 4:
+        raw = torch.cat([raw, raw.new_zeros(4 - raw.numel() % 4)])
+    try:
+        words = raw.view(torch.int32)
+    except RuntimeError:  # a view whose storage offset is not a multiple of 4 bytes
+        words = raw.clone().view(torch.int32)
+    w = words.to(torch.int64) & _M32
+    salt = _mul32(torch.arange(w.numel(), device=t.device, dtype=torch.int64) & _M32, _GOLD)
+    x = w ^ salt
+    x = x ^ (x >> 16)
+    x = _mul32(x, _MIX1)
+    x = x ^ (x >> 15)
+    x = _mul32(x, _MIX2)
+    x = x ^ (x >> 16)
+    h1 = (x ^ salt).sum() & _M32
+    h2 = x.sum() & _M32
     return (h1 << 32) | h2
 
 

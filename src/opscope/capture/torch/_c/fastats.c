@@ -4,7 +4,7 @@
  * (min, max, sum, sumsq, nan, inf, zeros, hash) in a single pass, with the GIL released so
  * the training step goes on while a worker thread reduces. min/max ignore NaN here; the
  * caller turns them into NaN when nan > 0, matching torch's propagating reductions.
- * The content hash ("wsum64-v1") is defined next to hash_words32 below.
+ * The content hash ("wsum64-v2") is defined next to hash_mix in fastats_kernel.h.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,7 +16,6 @@
 
 #include "fastats_kernel.h"
 
-static const size_t ITEMSIZE_OF[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
 #define GIL_FREE_BYTES ((size_t)8 << 20) /* about half a millisecond of work */
 
 static PyObject *stats(PyObject *self, PyObject *args) {
@@ -32,7 +31,7 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     memset(&a, 0, sizeof a);
     a.mn = INFINITY;
     a.mx = -INFINITY;
-    if (n > 0 && (size_t)n * ITEMSIZE_OF[code] < GIL_FREE_BYTES) {
+    if (n > 0 && (size_t)n * ITEMSIZE[code] < GIL_FREE_BYTES) {
         /* a small tensor: done before another thread could use the GIL, and getting it back
          * can cost a whole switch interval (5 ms) when the writer thread holds it */
         run((const void *)(uintptr_t)ptr, n, code, &a);
@@ -66,8 +65,6 @@ static struct {
     Py_ssize_t cap, tail, next, done;
     int started, stop, idle;
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .work = PTHREAD_COND_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER};
-
-static const size_t ITEMSIZE[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
 
 /* Reduce one job and, for full-tensor dumps, copy its bytes out while they are in cache. */
 static void run_job(job_t *job) {

@@ -166,29 +166,41 @@ AVX2 static void double_stats_avx2(const double *x, Py_ssize_t n, acc_t *a) {
     }
 }
 
-/* hash_words32 / hash_words16 of fastats.c ("wsum64-v1"). */
-AVX2 static void hash_avx2(const void *w, Py_ssize_t n, int wide, uint32_t *h1, uint32_t *h2) {
-    __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), A = _mm256_setzero_si256(), B = A;
-    const __m256i eight = _mm256_set1_epi32(8), one = _mm256_set1_epi32(1);
-    const __m256i gold = _mm256_set1_epi32((int)GOLD), mix = _mm256_set1_epi32((int)MIX);
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i v = wide ? _mm256_loadu_si256((const __m256i *)((const uint32_t *)w + i))
-                         : _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-        A = _mm256_add_epi32(A, _mm256_mullo_epi32(v, _mm256_add_epi32(_mm256_add_epi32(idx, idx), one)));
-        B = _mm256_add_epi32(B, _mm256_mullo_epi32(_mm256_xor_si256(v, _mm256_mullo_epi32(idx, gold)), mix));
-        idx = _mm256_add_epi32(idx, eight);
+/* Eight lanes of hash_mix (fastats_kernel.h). */
+__attribute__((target("avx2,f16c"), always_inline)) static inline __m256i mix8(__m256i v, __m256i salt) {
+    __m256i x = _mm256_xor_si256(v, salt);
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)MIX1));
+    x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+    x = _mm256_mullo_epi32(x, _mm256_set1_epi32((int)MIX2));
+    return _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
+}
+
+/* hash_bytes of fastats_kernel.h ("wsum64-v2"), 16 words at a time in two independent
+ * halves (more work in flight: ~7% faster than one); i * GOLD is carried along by addition. */
+AVX2 static void hash_avx2(const void *p, size_t nbytes, uint32_t first, uint32_t *h1, uint32_t *h2) {
+    const __m256i lane = _mm256_add_epi32(_mm256_set1_epi32((int)first), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i step = _mm256_set1_epi32((int)(8u * GOLD));
+    __m256i salt0 = _mm256_mullo_epi32(lane, _mm256_set1_epi32((int)GOLD)), salt1 = _mm256_add_epi32(salt0, step);
+    __m256i A0 = _mm256_setzero_si256(), A1 = A0, B0 = A0, B1 = A0;
+    const unsigned char *bytes = (const unsigned char *)p;
+    size_t pairs = nbytes / 64;
+    for (size_t k = 0; k < pairs; k++) {
+        __m256i x0 = mix8(_mm256_loadu_si256((const __m256i *)(bytes + 64 * k)), salt0);
+        __m256i x1 = mix8(_mm256_loadu_si256((const __m256i *)(bytes + 64 * k + 32)), salt1);
+        A0 = _mm256_add_epi32(A0, _mm256_xor_si256(x0, salt0));
+        A1 = _mm256_add_epi32(A1, _mm256_xor_si256(x1, salt1));
+        B0 = _mm256_add_epi32(B0, x0);
+        B1 = _mm256_add_epi32(B1, x1);
+        salt0 = _mm256_add_epi32(salt0, _mm256_add_epi32(step, step));
+        salt1 = _mm256_add_epi32(salt1, _mm256_add_epi32(step, step));
     }
     uint32_t la[8], lb[8], a = 0, b = 0;
-    _mm256_storeu_si256((__m256i *)la, A);
-    _mm256_storeu_si256((__m256i *)lb, B);
+    _mm256_storeu_si256((__m256i *)la, _mm256_add_epi32(A0, A1));
+    _mm256_storeu_si256((__m256i *)lb, _mm256_add_epi32(B0, B1));
     for (int l = 0; l < 8; l++) { a += la[l]; b += lb[l]; }
-    for (; i < n; i++) {
-        uint32_t k = (uint32_t)i, v = wide ? ((const uint32_t *)w)[i] : ((const uint16_t *)w)[i];
-        a += v * (2u * k + 1u);
-        b += (v ^ (k * GOLD)) * MIX;
-    }
     *h1 += a; *h2 += b;
+    hash_bytes(bytes + 64 * pairs, nbytes - 64 * pairs, first + 16u * (uint32_t)pairs, h1, h2); /* the tail */
 }
 
 static int has_avx2(void) {
@@ -203,16 +215,38 @@ static int has_avx2(void) {
 
 static int avx2_available(void) { return has_avx2(); }
 
-/* The float types (and 32/16-bit hashes) with AVX2; 0 when the portable code must run. */
+/* Statistics then hash of 32K elements at a time (block-aligned, so the statistics are those
+ * of one pass), while they are still in cache: one read of the tensor from memory, not two. */
+#define FUSED (8 * BLOCK)
+
+AVX2 static void float_fused_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    size_t size = ITEMSIZE[code];
+    for (Py_ssize_t off = 0; off < n; off += FUSED) {
+        Py_ssize_t m = n - off < FUSED ? n - off : FUSED;
+        const unsigned char *q = (const unsigned char *)p + (size_t)off * size;
+        if (code == F32) stats_f32_avx2(q, m, a);
+        else if (code == F16) stats_f16_avx2(q, m, a);
+        else stats_bf16_avx2(q, m, a);
+        hash_avx2(q, (size_t)m * size, (uint32_t)((size_t)off * size / 4), h1, h2);
+    }
+}
+
+/* Every dtype's hash with AVX2, and the float types' statistics (the integers' are the
+ * portable loops); 0 when the portable code must run. */
 static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
     if (!has_avx2()) return 0;
     switch (code) {
-    case F32: stats_f32_avx2(p, n, a); hash_avx2(p, n, 1, h1, h2); return 1;
-    case F16: stats_f16_avx2(p, n, a); hash_avx2(p, n, 0, h1, h2); return 1;
-    case BF16: stats_bf16_avx2(p, n, a); hash_avx2(p, n, 0, h1, h2); return 1;
-    case F64: double_stats_avx2((const double *)p, n, a); hash_avx2(p, 2 * n, 1, h1, h2); return 1;
+    case F32: case F16: case BF16: float_fused_avx2(p, n, code, a, h1, h2); return 1;
+    case F64: double_stats_avx2((const double *)p, n, a); break;
+    case I8: s_i8((const int8_t *)p, n, a); break;
+    case U8: case BOOL: s_u8((const uint8_t *)p, n, a); break;
+    case I16: s_i16((const int16_t *)p, n, a); break;
+    case I32: s_i32((const int32_t *)p, n, a); break;
+    case I64: s_i64((const int64_t *)p, n, a); break;
     default: return 0;
     }
+    hash_avx2(p, (size_t)n * ITEMSIZE[code], 0, h1, h2);
+    return 1;
 }
 #else
 static int avx2_available(void) { return 0; }

@@ -1,5 +1,5 @@
 /* The one-pass statistics kernel of opscope (see fastats.c for the definitions): the dtype
- * loops, the wsum64-v1 hash, the AVX2 versions and the final tuple. Included by fastats.c
+ * loops, the wsum64-v2 hash, the AVX2 versions and the final tuple. Included by fastats.c
  * (the Python module with its worker thread) and by the native dump observer (C++). */
 #ifndef OPSCOPE_FASTATS_KERNEL_H
 #define OPSCOPE_FASTATS_KERNEL_H
@@ -46,28 +46,53 @@ static inline float f16_to_f32(uint16_t h) {
 #define LANES 16
 #define BLOCK 4096
 #define GOLD 0x9E3779B9u
-#define MIX 0x85EBCA6Bu
+#define MIX1 0x7FEB352Du
+#define MIX2 0x846CA68Bu
 #define CLONES __attribute__((target_clones("avx2", "default")))
 
-/* Hash "wsum64-v1" over the 32-bit words (or narrower elements) w_i of a tensor:
- *   h1 = sum w_i * (2i+1) mod 2^32,  h2 = sum (w_i ^ (i * GOLD)) * MIX mod 2^32,
- *   hash = h1 << 32 | h2.
- * 64-bit elements are hashed as two little-endian 32-bit words. */
-#define HASH_WORDS(NAME, T)                                                                 \
-    static void NAME(const T *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) CLONES;          \
-    static void NAME(const T *w, Py_ssize_t n, uint32_t *h1, uint32_t *h2) {                \
-        uint32_t a = 0, b = 0;                                                              \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                \
-            uint32_t idx = (uint32_t)i, v = w[i];                                           \
-            a += v * (2u * idx + 1u);                                                       \
-            b += (v ^ (idx * GOLD)) * MIX;                                                  \
-        }                                                                                   \
-        *h1 += a; *h2 += b;                                                                 \
-    }
+/* Bytes per element of each dtype code. */
+static const size_t ITEMSIZE[] = {4, 8, 2, 2, 1, 1, 2, 4, 8, 1};
 
-HASH_WORDS(hash_words32, uint32_t)
-HASH_WORDS(hash_words16, uint16_t)
-HASH_WORDS(hash_words8, uint8_t)
+/* Hash "wsum64-v2" (docs/format.md). The tensor's bytes (row-major, little-endian elements)
+ * are read as little-endian 32-bit words w_i, the last one zero-padded; with i taken mod 2^32
+ * and s_i = i * GOLD:
+ *   x_i = lowbias32(w_i ^ s_i)   (x ^= x >> 16; x *= MIX1; x ^= x >> 15; x *= MIX2; x ^= x >> 16)
+ *   h1 = sum (x_i ^ s_i) mod 2^32,  h2 = sum x_i mod 2^32,  hash = h1 << 32 | h2.
+ * A sum of terms that each depend on (i, w_i) only, so blocks combine by addition. v1 had
+ * no mix: its terms were linear in w_i, and one-hot masks whose ones swapped places
+ * collided. x_i is a bijection of w_i, so any single changed word changes both halves. */
+static inline uint32_t hash_mix(uint32_t w, uint32_t salt) {
+    uint32_t x = w ^ salt;
+    x ^= x >> 16;
+    x *= MIX1;
+    x ^= x >> 15;
+    x *= MIX2;
+    x ^= x >> 16;
+    return x;
+}
+
+/* Adds the terms of the words of `nbytes` bytes at p, the first being word `first`. */
+static void hash_bytes(const void *p, size_t nbytes, uint32_t first, uint32_t *h1, uint32_t *h2) CLONES;
+static void hash_bytes(const void *p, size_t nbytes, uint32_t first, uint32_t *h1, uint32_t *h2) {
+    const unsigned char *bytes = (const unsigned char *)p;
+    size_t n = nbytes / 4;
+    uint32_t a = 0, b = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w, salt = (first + (uint32_t)i) * GOLD;
+        memcpy(&w, bytes + 4 * i, 4); /* a little-endian host, as everywhere in the dump */
+        uint32_t x = hash_mix(w, salt);
+        a += x ^ salt;
+        b += x;
+    }
+    if (nbytes % 4) {
+        uint32_t w = 0, salt = (first + (uint32_t)n) * GOLD;
+        memcpy(&w, bytes + 4 * n, nbytes % 4);
+        uint32_t x = hash_mix(w, salt);
+        a += x ^ salt;
+        b += x;
+    }
+    *h1 += a; *h2 += b;
+}
 
 /* Statistics of float-like data, converted to float32 by LOAD, in blocks: float lanes
  * inside a block (vectorised), double across blocks (accurate for long tensors). */
@@ -157,20 +182,19 @@ INT_STATS(s_i64, int64_t)
 
 static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
     uint32_t h1 = 0, h2 = 0;
-    if (run_avx2(p, n, code, a, &h1, &h2)) {
-        a->hash = ((uint64_t)h1 << 32) | h2;
-        return;
-    }
-    switch (code) {
-    case F32: s_f32((const float *)p, n, a); hash_words32((const uint32_t *)p, n, &h1, &h2); break;
-    case F64: s_f64((const double *)p, n, a); hash_words32((const uint32_t *)p, 2 * n, &h1, &h2); break;
-    case F16: s_f16((const uint16_t *)p, n, a); hash_words16((const uint16_t *)p, n, &h1, &h2); break;
-    case BF16: s_bf16((const uint16_t *)p, n, a); hash_words16((const uint16_t *)p, n, &h1, &h2); break;
-    case I8: s_i8((const int8_t *)p, n, a); hash_words8((const uint8_t *)p, n, &h1, &h2); break;
-    case U8: case BOOL: s_u8((const uint8_t *)p, n, a); hash_words8((const uint8_t *)p, n, &h1, &h2); break;
-    case I16: s_i16((const int16_t *)p, n, a); hash_words16((const uint16_t *)p, n, &h1, &h2); break;
-    case I32: s_i32((const int32_t *)p, n, a); hash_words32((const uint32_t *)p, n, &h1, &h2); break;
-    case I64: s_i64((const int64_t *)p, n, a); hash_words32((const uint32_t *)p, 2 * n, &h1, &h2); break;
+    if (!run_avx2(p, n, code, a, &h1, &h2)) {
+        switch (code) {
+        case F32: s_f32((const float *)p, n, a); break;
+        case F64: s_f64((const double *)p, n, a); break;
+        case F16: s_f16((const uint16_t *)p, n, a); break;
+        case BF16: s_bf16((const uint16_t *)p, n, a); break;
+        case I8: s_i8((const int8_t *)p, n, a); break;
+        case U8: case BOOL: s_u8((const uint8_t *)p, n, a); break;
+        case I16: s_i16((const int16_t *)p, n, a); break;
+        case I32: s_i32((const int32_t *)p, n, a); break;
+        case I64: s_i64((const int64_t *)p, n, a); break;
+        }
+        hash_bytes(p, (size_t)n * ITEMSIZE[code], 0, &h1, &h2);
     }
     a->hash = ((uint64_t)h1 << 32) | h2;
 }

@@ -1,0 +1,99 @@
+"""wsum64-v2 tells apart what wsum64-v1 did not (a Mixtral routing mask whose top-2 experts
+swap order for one token), and every implementation computes the same bits: the C kernel's
+portable loops and AVX2 path, the numpy reference and the torch reductions."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from opscope.capture.torch import stats
+from opscope.model.hashing import content_hash
+
+
+def routing_masks() -> list[torch.Tensor]:
+    """int64 one-hot [64, 2, 5] of top-2 expert indices; token 4 picks experts (1, 2) in the
+    first and (2, 1) in the second: its ones move from words 82, 94 to 84, 92."""
+    top = torch.randn(64, 5, generator=torch.Generator().manual_seed(0)).topk(2, dim=-1).indices
+    top[4] = torch.tensor([1, 2])
+    swapped = top.clone()
+    swapped[4] = torch.tensor([2, 1])
+    return [torch.nn.functional.one_hot(t, 5) for t in (top, swapped)]
+
+
+KERNEL = "import torch\n" + inspect.getsource(routing_masks) + textwrap.dedent("""
+    import json
+    from opscope.capture.torch import _fastats
+    from opscope.capture.torch.stats import CODES
+
+    def h(t):
+        return _fastats.stats(t.data_ptr(), t.numel(), CODES[t.dtype])[7]
+
+    torch.manual_seed(0)
+    masks = routing_masks()
+    cases = []
+    for dt in CODES:
+        for n in (1, 2, 3, 5, 17, 33, 4097, 32768 * 2 + 3):
+            t = torch.randn(n + 1).to(dt) if dt.is_floating_point else torch.randint(-9, 9, (n + 1,)).to(dt)
+            for view in (t[:n], t[1:]):  # the second starts off any 4-byte boundary for narrow dtypes
+                cases.append([str(dt), n, h(view), bytes(view.contiguous().view(torch.uint8).numpy()).hex()])
+    print(json.dumps({"simd": _fastats.SIMD, "mask": [h(m) for m in masks],
+                      "mask_as_float32": [h(m.view(torch.float32)) for m in masks], "cases": cases}))
+""")
+
+
+def wsum64_v1(arr: np.ndarray) -> int:
+    """The old hash (docs/format.md), to show the case collided there."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    w = flat.view({1: np.uint8, 2: np.uint16}.get(flat.itemsize, np.uint32)).astype(np.uint64)
+    i = np.arange(w.size, dtype=np.uint64)
+    h1 = int(np.sum(w * (2 * i + 1), dtype=np.uint64)) & 0xFFFFFFFF
+    h2 = int(np.sum(((w ^ ((i * np.uint64(0x9E3779B9)) & np.uint64(0xFFFFFFFF))) * np.uint64(0x85EBCA6B))
+                    & np.uint64(0xFFFFFFFF), dtype=np.uint64)) & 0xFFFFFFFF
+    return (h1 << 32) | h2
+
+
+def _kernel(no_simd: bool) -> dict:
+    env = {**os.environ, "OPSCOPE_NO_SIMD": "1" if no_simd else "0"}
+    proc = subprocess.run([sys.executable, "-c", KERNEL], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_swapped_mask_collided_in_v1_and_differs_in_v2_in_numpy_and_torch():
+    a, b = routing_masks()
+    words = [np.flatnonzero(m.numpy().reshape(-1).view(np.uint32)).tolist() for m in (a, b)]
+    assert sorted(set(words[0]) ^ set(words[1])) == [82, 84, 92, 94]  # the case met on Mixtral
+    assert wsum64_v1(a.numpy()) == wsum64_v1(b.numpy())
+    ref = [content_hash(m.numpy()) for m in (a, b)]
+    assert ref[0] != ref[1]
+    assert [stats.materialize_one(stats.device_stats(m))[9] for m in (a, b)] == ref  # torch reductions
+
+
+@pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
+@pytest.mark.parametrize("no_simd", [True, False], ids=["portable", "avx2"])
+def test_c_kernel_tells_the_swapped_masks_apart_and_equals_the_reference(no_simd):
+    out = _kernel(no_simd)
+    if not no_simd and not out["simd"]:
+        pytest.skip("this CPU has no AVX2: only the portable loops exist here")
+    assert out["simd"] == (0 if no_simd else 1)
+    ref = [content_hash(m.numpy()) for m in routing_masks()]
+    assert out["mask"][0] != out["mask"][1]
+    assert out["mask"] == out["mask_as_float32"] == ref  # int64 and the float32 path, same words
+    for dtype, n, got, raw in out["cases"]:
+        assert got == content_hash(np.frombuffer(bytes.fromhex(raw), dtype=np.uint8)), (dtype, n)
+
+
+def test_torch_reductions_equal_the_reference_on_unaligned_views():
+    base = torch.randn(203).to(torch.bfloat16)
+    for view in (base[1:100], base[3:4], base[:0]):
+        raw = view.contiguous().view(torch.uint8).numpy()
+        assert stats.materialize_one(stats.device_stats(view))[9] == content_hash(raw)
