@@ -69,13 +69,13 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     if node.owner is not None:  # a tensor made by a module's own code (module level)
         owner = node.owner
         f.module = owner.get("orig_module", owner.get("module")) or ""
-        f.op, f.io, f.slot = owner.get("orig_op", owner.get("op")) or "", "output", None
+        f.op, f.io, f.slot = owner.get("orig_op", owner.get("op")) or "", "its own code", None
         f.note = (f"{out.note}, differs while every gradient before it agrees" if node.kind == "gradient"
                   else f"made by its own code between its submodules: the tensor read as "
                        f"{home.get('io')} {home.get('slot')} of {home.get('module') or '(top level)'} "
                        f"differs, while what that code could read agrees")
         if node.kind == "gradient":
-            f.phase = "backward"
+            f.phase, f.inputs = "backward", []
         f.outputs = [_tensor(home, out)]
     return f
 

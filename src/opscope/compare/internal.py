@@ -92,7 +92,8 @@ def judge_gradient(state: VerdictState, node: Node, step_tainted: bool) -> bool:
     pair = node.outputs[0]
     row = pair.home
     known, tainted = backward_known(state, node.side, node.rank, node.step, row["seq"], pair)
-    tainted = tainted or step_tainted
+    if step_tainted:  # the backward also reads the forward's activations, already diverged
+        known, tainted = math.inf, True
     parent = _parent_span(state, node, row.get("module") or "")
     owner = parent["head"] if parent is not None else row
     what = (f"the gradient at {row.get('module') or '(top level)'}'s output: made by the backward of "

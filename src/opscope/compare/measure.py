@@ -67,7 +67,6 @@ def plan(pairs: list[Pair], noise: NoiseModel, *, trust_hashes: bool = True) -> 
 def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel,
               trust_hashes: bool = True) -> Job | None:
     n_t, n_r = t.get("numel"), r.get("numel")
-    s_t, s_r = t.get("shape"), r.get("shape")
     if n_t is not None and n_r is not None and n_t != n_r:
         return _skip_shapes(pair, t, r)
     same_dtype = t.get("dtype") == r.get("dtype")
@@ -77,8 +76,6 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
         s.sum_sq_reference = s.sum_sq_target = s.dot = norm**2 if math.isfinite(norm) else 0.0
         pair.mode, pair.metrics = "hash", M.finish(s)
         return None
-    if s_t is not None and s_r is not None and list(s_t) != list(s_r) and t.get("io") != "param":
-        return _skip_shapes(pair, t, r)  # (a parameter may be stored transposed: ONNX's Gemm)
     if t.get("data") and t.get("key") and r.get("data") and r.get("key"):
         lower = noise.lower_dtype(t.get("dtype"), r.get("dtype"))
         absmax = _float(r.get("absmax"))

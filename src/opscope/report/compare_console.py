@@ -60,7 +60,8 @@ def _first(f: Finding) -> Any:
     grid.add_row("what", what)
     grid.add_row("module", f.module or "(top level)")
     grid.add_row("op", f.op + (f"  [parameter {f.param}]" if f.param else ""))
-    grid.add_row("where", f"{f.phase}, step {f.step}, rank {f.rank}, call {f.call}, {f.io} {f.slot}")
+    what = f.io if f.slot is None else f"{f.io} {f.slot}"
+    grid.add_row("where", f"{f.phase}, step {f.step}, rank {f.rank}, call {f.call}, {what}")
     grid.add_row("error", _metrics_line(f.metrics))
     if f.source:
         grid.add_row("source", f.source)

@@ -15,13 +15,22 @@ NaN propagates into min/max/mean/std/norm as in torch; std is the population std
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
 
+from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
+
 try:
     from opscope.capture.torch import _fastats
 except ImportError:  # built without a C compiler: torch reductions instead
+    _fastats = None
+if _fastats is not None and getattr(_fastats, "HASH", "wsum64-v1") != HASH_ALGORITHM:
+    # an extension built from older sources would write another hash under this one's name
+    warnings.warn(f"opscope: the statistics kernel was built for hash "
+                  f"{getattr(_fastats, 'HASH', 'wsum64-v1')}, not {HASH_ALGORITHM}: using torch "
+                  f"reductions; rebuild it with `pip install -e .` (or scripts/install.sh)", stacklevel=2)
     _fastats = None
 
 CODES = {

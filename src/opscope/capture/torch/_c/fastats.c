@@ -246,7 +246,9 @@ PyMODINIT_FUNC PyInit__fastats(void) {
     pthread_atfork(NULL, NULL, child_after_fork);
     PyObject *m = PyModule_Create(&MODULE);
     /* SIMD: the AVX2 kernels run (float16 is then faster here than through torch) */
-    if (m && PyModule_AddIntConstant(m, "SIMD", avx2_available()) < 0) {
+    /* HASH: the content hash this build computes (a stale build must not be trusted) */
+    if (m && (PyModule_AddIntConstant(m, "SIMD", avx2_available()) < 0
+              || PyModule_AddStringConstant(m, "HASH", "wsum64-v2") < 0)) {
         Py_DECREF(m);
         return NULL;
     }
