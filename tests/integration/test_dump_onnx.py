@@ -257,7 +257,7 @@ def test_core_imports_without_onnx(tmp_path):
         "import sys\n"
         "sys.modules['onnx'] = None\nsys.modules['onnxruntime'] = None\n"
         "import opscope.cli.dump_onnx, opscope.capture.onnxruntime.capture\n"
-        "from opscope.capture.onnxruntime import ops, scopes, plan, fp16\n"
+        "from opscope.capture.onnxruntime import scopes, plan, fp16\n"
         "from opscope.capture.onnxruntime import dump_onnx\n"
         "from opscope.errors import OpscopeError\n"
         "try:\n    dump_onnx('m.onnx', {}, 'd')\nexcept OpscopeError as e:\n    print(e)\n"

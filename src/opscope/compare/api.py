@@ -11,7 +11,7 @@ from typing import Any
 from opscope.compare import crossframework, measure
 from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
-from opscope.compare.crosslevels import dump_level, is_cross, manifest_warnings
+from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table
@@ -109,7 +109,7 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
         _inherit_data(rows)
     rename_target(t_rows, names)
     levels = dump_level(t_dump), dump_level(r_dump)
-    if is_cross(*levels):  # an ONNX Runtime dump: pair through the op correspondence table
+    if is_cross(*levels):  # an ONNX Runtime dump (a framework with an op table): pair through it
         return crossframework.align_partition(t_rows, r_rows, *levels)
     return align_partition(t_rows, r_rows)
 

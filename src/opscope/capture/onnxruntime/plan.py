@@ -13,9 +13,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from opscope.capture.onnxruntime.graph import GraphNode, attrs_json
-from opscope.capture.onnxruntime.ops import onnx_op_name
 from opscope.capture.onnxruntime.scopes import NodeScope
 from opscope.config import Filter
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def onnx_op_name(domain: str, op_type: str) -> str:
+    """The ``op`` column of an ONNX Runtime record: ``onnx::Gemm``, ``com.microsoft::FusedMatMul``
+    (compare reads it back with :func:`opscope.compare.crossframework.tables.onnx.split_onnx_op`)."""
+    return f"onnx::{op_type}" if domain in _DEFAULT_DOMAINS else f"{domain}::{op_type}"
+
 
 # Initializer names the exporters invent for values that are no parameter of the model.
 _DERIVED = re.compile(r"(^onnx::)|(^_?val_\d+$)|(^const_)|(/)|(^[A-Z]\w*_\d+$)|(__\d+$)")

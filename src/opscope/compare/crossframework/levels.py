@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from opscope.compare.crossframework.tables import table_for
+
 TORCH_LEVELS = ("aten", "api", "module")
 
 
@@ -15,8 +17,9 @@ def dump_level(dump: Any) -> str | None:
 
 
 def is_cross(t_level: str | None, r_level: str | None) -> bool:
-    """True when a side is an ONNX Runtime dump: align with :func:`align_partition`."""
-    return "onnx" in (t_level, r_level)
+    """True when a side is a dump of a framework with an op table (an ONNX Runtime dump):
+    align with :func:`~opscope.compare.crossframework.align_partition`."""
+    return table_for(t_level) is not None or table_for(r_level) is not None
 
 
 def manifest_warnings(dump: Any, side: str) -> list[str]:

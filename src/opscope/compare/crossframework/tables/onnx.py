@@ -1,52 +1,31 @@
-"""Which PyTorch ops an ONNX node stands for: a pure-data table for compare. No onnx, no torch.
+"""The ONNX (Runtime) op table: which PyTorch ops an ONNX node stands for. Pure data, no onnx.
 
-Op names on each side
----------------------
-- ONNX Runtime dumps name ops ``onnx::<OpType>`` for the default domain and
-  ``<domain>::<OpType>`` otherwise (``com.microsoft::FusedMatMul``): see :func:`onnx_op_name`.
-- PyTorch dumps name aten ops ``aten.addmm.default`` (or ``aten::addmm``) and torch API
-  calls ``torch.nn.functional.linear``. :func:`torch_key` reduces every spelling to the
-  overload packet (``aten.addmm``) or the API name, which is what the table holds.
+Op names: ONNX Runtime dumps name ops ``onnx::<OpType>`` for the default domain and
+``<domain>::<OpType>`` otherwise (``com.microsoft::FusedMatMul``); the table keys ops by
+:func:`onnx_key` (``Gemm``, ``com.microsoft::FusedMatMul``).
 
-How compare should use this module
-----------------------------------
-1. **Pair within a module.** Records of both dumps carry ``module`` paths of the same
-   ``named_modules()`` tree. Inside one module (and phase), walk both op sequences in
-   execution order (``seq``) and pair an ONNX node with a torch op only when
-   :func:`corresponds` says so (sequence alignment with this as the match predicate;
-   never pair two records just because they are at the same position).
+What the aligner does with it (:mod:`opscope.compare.crossframework`):
+
+1. **Correspondence.** Within one module, both op sequences are aligned with
+   :meth:`~OpTable.corresponds` as the match predicate (never by position alone).
 2. **Decompositions.** Some opsets spell one torch op as several nodes (GELU as
-   ``Div, Erf, Add, Mul, Mul`` before opset 20; LayerNorm as ``ReduceMean, Sub, Pow,
-   ReduceMean, Add, Sqrt, Div, Mul, Add`` before opset 17). When a torch op is left
-   unpaired and :func:`is_decomposition` accepts the ONNX nodes of the same module that
-   are left between its paired neighbours, pair the torch op's *output* with the *last*
-   of those nodes' output (and its inputs with the first nodes' inputs). The inner nodes
-   (``Erf``, ``Pow``...) have no counterpart: report them as unpaired, never pair them
-   with a torch op that happens to share a name (``Add`` inside a GELU is not
-   ``aten.add`` of the residual connection).
-3. **Folds.** :data:`FOLDED` lists torch ops that an exporter folds into the previous
-   node: eval-mode ``BatchNorm`` into the preceding ``Conv`` (the Conv weight and bias
-   are then a new initializer with no PyTorch parameter name — its ``param`` row has
-   ``param`` empty and a ``note`` saying "derived initializer"). The ONNX ``Conv``
-   output then corresponds to the torch ``batch_norm`` output, not to the torch
-   ``conv2d`` output, which is left unpaired. Pair that way when the torch conv's output
-   feeds (data flow, ``producer``) a folded op and the ONNX conv's weight is derived.
-4. **Runtime-internal nodes.** :data:`NO_COUNTERPART` ops (``Constant``, ``Shape``,
-   ``Cast`` inserted by a converter, ``Identity`` of a shared weight...) are bookkeeping:
-   leave them unpaired and judge them as identities if they carry data.
-5. **ORT fusions.** With ``opt_level`` above ``disable`` the dump holds ONNX Runtime's
-   fused nodes (``Gemm`` from MatMul+Add, ``com.microsoft::FusedMatMul`` with a folded
-   transpose and scale, ``LayerNormalization`` from its decomposition); :data:`FUSED`
-   lists the torch ops each may cover, so a fused node pairs with the *last* torch op of
-   the group it covers.
+   ``Div, Erf, Add, Mul, Mul`` before opset 20; LayerNorm as ``ReduceMean, Sub, Pow, ...``
+   before opset 17): :data:`DECOMPOSITIONS`. The torch op's output pairs with the run's last
+   node; the inner nodes have no counterpart (``Add`` inside a GELU is no residual ``add``).
+3. **Folds.** :data:`FOLDED`: an eval-mode ``BatchNorm`` folded into the preceding ``Conv``
+   (whose weight is then a derived initializer): the ONNX ``Conv`` output is the torch
+   batch norm's output, and the torch convolution stays unpaired.
+4. **Internal nodes.** :data:`NO_COUNTERPART` (``Constant``, ``Shape``, a converter's
+   ``Cast``...) are bookkeeping: unpaired, judged as identities if they carry data.
+5. **ORT fusions.** :data:`FUSED`: a fused node (``Gemm`` from MatMul+Add,
+   ``com.microsoft::FusedMatMul``, ``SkipLayerNormalization``) pairs with the last torch op
+   of the group it covers. ``FusedConv``/``FusedGemm`` with an ``activation`` attribute
+   output the activation's result.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-
-DEFAULT_DOMAINS = ("", "ai.onnx")
+from opscope.compare.crossframework.tables.table import OpTable
 
 # ONNX op type (default domain) -> torch ops (overload packets / API names) it stands for.
 ONNX_TO_TORCH: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
@@ -176,7 +155,8 @@ FOLDED: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "torch.nn.functional.batch_norm": ("Conv", "ConvTranspose", "Gemm"),
 }.items()}
 
-# ONNX Runtime's fused and contrib nodes -> the torch ops of the group they cover.
+# ONNX Runtime's fused and contrib nodes (default-domain ones by type) -> the torch ops of the
+# group they cover.
 FUSED: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
     "com.microsoft::FusedMatMul": ("aten.matmul", "aten.mm", "aten.bmm", "aten.transpose", "aten.mul",
                                    "aten.div", "aten.linear"),
@@ -193,8 +173,8 @@ FUSED: dict[str, frozenset[str]] = {k: frozenset(v) for k, v in {
                                  "aten.scaled_dot_product_attention"),
     "com.microsoft::MultiHeadAttention": ("aten.scaled_dot_product_attention", "aten.matmul", "aten.softmax"),
     "com.microsoft.nchwc::Conv": ("aten.convolution", "aten.conv2d"),
-    "onnx::Gemm": ("aten.linear", "aten.addmm", "aten.matmul", "aten.add"),
-    "onnx::LayerNormalization": ("aten.layer_norm", "aten.native_layer_norm"),
+    "Gemm": ("aten.linear", "aten.addmm", "aten.matmul", "aten.add"),
+    "LayerNormalization": ("aten.layer_norm", "aten.native_layer_norm"),
 }.items()}
 
 # Bookkeeping nodes with no torch counterpart by design: leave unpaired.
@@ -204,29 +184,15 @@ NO_COUNTERPART: frozenset[str] = frozenset({
     "com.microsoft::MemcpyToHost", "com.microsoft::MemcpyFromHost",
 })
 
-# Ops that keep every element in place (a reshape, a copy, a cast): one that runs on one side
-# only can be judged as an identity between its input and its output. Transposes, slices and
-# broadcasts are not (their output is another arrangement of the elements).
+# Nodes that keep every element in place: one on one side only is judged as an identity.
 ORDER_PRESERVING: frozenset[str] = frozenset({
-    "aten.view", "aten._unsafe_view", "aten.reshape", "aten.flatten", "aten.unflatten", "aten.squeeze",
-    "aten.unsqueeze", "aten.clone", "aten.contiguous", "aten.alias", "aten.detach", "aten.dropout",
-    "aten._to_copy", "aten.to", "aten.lift_fresh", "aten.expand",
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Cast", "CastLike", "Dropout", "Expand",
-    "Unflatten",  # module level: class names (Flatten, Dropout, Identity as above)
 })
 
-_ATEN = re.compile(r"^(?:torch\.ops\.)?aten(?:\.|::)([A-Za-z0-9_]+)")
-# torch API spellings: torch.add, torch.nn.functional.gelu, Tensor.add, torch.Tensor.__add__
-_API = re.compile(r"^(?:torch\.(?:nn\.functional\.|special\.|linalg\.)?|(?:torch\.)?Tensor\.)([A-Za-z0-9_]+)$")
-_DUNDER = {"matmul": "matmul", "rmatmul": "matmul", "add": "add", "radd": "add", "iadd": "add_",
-           "sub": "sub", "rsub": "rsub", "isub": "sub_", "mul": "mul", "rmul": "mul", "imul": "mul_",
-           "truediv": "div", "rtruediv": "div", "itruediv": "div_", "pow": "pow", "neg": "neg",
-           "getitem": "index"}
-
-
-def onnx_op_name(domain: str, op_type: str) -> str:
-    """The ``op`` column of an ONNX Runtime record: ``onnx::Gemm``, ``com.microsoft::FusedMatMul``."""
-    return f"onnx::{op_type}" if domain in DEFAULT_DOMAINS else f"{domain}::{op_type}"
+# Nodes that only move or copy elements: many move tensors of one size, so position is no proof.
+MOVEMENT: frozenset[str] = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Slice",
+                                      "Split", "Gather", "Expand", "Identity", "Cast", "Concat", "Tile",
+                                      "Pad", "Dropout"})
 
 
 def split_onnx_op(op: str) -> tuple[str, str]:
@@ -235,87 +201,17 @@ def split_onnx_op(op: str) -> tuple[str, str]:
     return ("" if domain in ("onnx", "ai.onnx") else domain), op_type
 
 
-def torch_key(op: str) -> str:
-    """One spelling per torch op: ``aten::addmm``, ``aten.addmm.default`` -> ``aten.addmm``."""
-    m = _ATEN.match(op)
-    if m:
-        name = m.group(1)
-        return f"aten.{name}"
-    return op
-
-
-def torch_keys(op: str) -> frozenset[str]:
-    """Every table key a torch op name may be listed under: ``Tensor.matmul`` ->
-    {``Tensor.matmul``, ``aten.matmul``}; ``torch.Tensor.__truediv__`` -> {..., ``aten.div``}."""
-    key = torch_key(op)
-    m = _API.match(key)
-    if not m:
-        return frozenset({key})
-    base = m.group(1)
-    if base.startswith("__") and base.endswith("__"):
-        base = _DUNDER.get(base.strip("_"), base.strip("_"))
-    return frozenset({key, f"aten.{base}"})
-
-
-def _onnx_key(onnx_op: str) -> str:
-    domain, op_type = split_onnx_op(onnx_op) if "::" in onnx_op else ("", onnx_op)
+def onnx_key(op: str) -> str:
+    """The table key of an op: ``onnx::Gemm`` and ``Gemm`` -> ``Gemm``; other domains keep theirs."""
+    domain, op_type = split_onnx_op(op) if "::" in op else ("", op)
     return op_type if domain == "" else f"{domain}::{op_type}"
 
 
-def torch_ops_for(onnx_op: str) -> frozenset[str]:
-    """Every torch op an ONNX node (``onnx::Gemm``, ``Gemm`` or a fused ``domain::Op``) may stand for."""
-    key = _onnx_key(onnx_op)
-    out = set(ONNX_TO_TORCH.get(key, ()))
-    out |= FUSED.get(key if "::" in key else f"onnx::{key}", frozenset())
-    out |= {t for t, targets in FOLDED.items() if key in targets}
-    return frozenset(out)
+ONNX = OpTable(
+    framework="onnx", to_torch=ONNX_TO_TORCH, decompositions=DECOMPOSITIONS, fusions=FUSED, folded=FOLDED,
+    internal=NO_COUNTERPART, order_preserving=ORDER_PRESERVING, movement=MOVEMENT,
+    key=onnx_key, op_type=lambda op: split_onnx_op(op)[1], activation_attrs=("activation",),
+    name="ONNX", runtime="ONNX Runtime",
+)
 
-
-def corresponds(onnx_op: str, torch_op: str) -> bool:
-    """True when the ONNX node may compute what the torch op computes (its output may be paired)."""
-    return not torch_keys(torch_op).isdisjoint(torch_ops_for(onnx_op))
-
-
-def is_internal(onnx_op: str) -> bool:
-    """True for bookkeeping nodes that have no torch counterpart (:data:`NO_COUNTERPART`)."""
-    return _onnx_key(onnx_op) in NO_COUNTERPART
-
-
-def is_decomposition(torch_op: str, onnx_ops: Iterable[str]) -> bool:
-    """True when the ONNX nodes ``onnx_ops`` (in order) can be an exported decomposition of ``torch_op``.
-
-    Bookkeeping nodes are ignored; at least two arithmetic nodes must remain, all of them
-    in the torch op's :data:`DECOMPOSITIONS` set.
-    """
-    allowed = frozenset().union(*(DECOMPOSITIONS.get(k, frozenset()) for k in torch_keys(torch_op)))
-    if not allowed:
-        return False
-    ops = [_onnx_key(o) for o in onnx_ops if not is_internal(o)]
-    return len(ops) >= 2 and all(o in allowed for o in ops)
-
-
-def is_fusion(onnx_op: str, torch_ops: Iterable[str]) -> bool:
-    """True when one ONNX node (an ORT fusion such as ``com.microsoft::FusedMatMul``, or a
-    ``Gemm`` made from MatMul+Add) can stand for the torch ops ``torch_ops`` (in order).
-
-    Element-preserving torch ops (views, :data:`ORDER_PRESERVING`) in between are ignored;
-    at least two others must remain, all of them in the node's :data:`FUSED` set, and the
-    last one must be one of them (the fused node's output is the last op's output).
-    """
-    key = _onnx_key(onnx_op)
-    covered = FUSED.get(key if "::" in key else f"onnx::{key}")
-    if not covered:
-        return False
-    ops = list(torch_ops)
-    if not ops or preserves_order(ops[-1]):
-        return False
-    core = [o for o in ops if not preserves_order(o)]
-    return len(core) >= 2 and all(not torch_keys(o).isdisjoint(covered) for o in core)
-
-
-def preserves_order(op: str) -> bool:
-    """True for ops whose output holds their input's elements in the same order (:data:`ORDER_PRESERVING`):
-    ``aten.view``, ``Tensor.reshape``, ``onnx::Reshape``, ``onnx::Cast``, a ``Flatten`` module..."""
-    if "::" in op and not op.startswith("aten::"):
-        return _onnx_key(op) in ORDER_PRESERVING
-    return not torch_keys(op).isdisjoint(ORDER_PRESERVING)
+__all__ = ["DECOMPOSITIONS", "FOLDED", "FUSED", "NO_COUNTERPART", "ONNX", "ONNX_TO_TORCH", "onnx_key", "split_onnx_op"]
