@@ -30,7 +30,7 @@ _LAZY = {
     "Dump": ("opscope.storage.reader", "Dump"),
     "compare": ("opscope.compare.api", "compare"),
     "profile": ("opscope.profile.session", "profile"),
-    "watch": ("opscope.capture.torch.watch", "watch"),
+    "watch": ("opscope.watch", "watch"),
 }
 
 __all__ = [

@@ -267,12 +267,12 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
 
 
 def _watch_session(path: str) -> Any:
-    if "opscope.capture.torch.watch" in sys.modules:
+    if "opscope.watch.session" in sys.modules:
         return None  # the script called opscope.watch itself
     try:
-        from opscope.capture.torch.watch import watch
+        from opscope.watch import watch
     except ModuleNotFoundError as exc:
-        if exc.name in ("opscope.capture.torch.watch", "opscope.capture.torch"):
+        if exc.name in ("opscope.watch", "opscope.watch.session"):
             return None  # this opscope has no overflow watch
         raise
     return watch(config=path)

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.watch_event import OverflowEvent, TensorSummary
+    from opscope.watch.events import OverflowEvent, TensorSummary
 
 _WHAT = {
     "nan": "NaN",

@@ -45,7 +45,7 @@ def calls(dump) -> dict:
     """Every row keyed by (step, phase, module, op base name, call count, io, slot): what a
     comparison lines up between a native and a Python dump. Autograd's own detach calls (seen
     by a Python mode only) and the spellings add/add_ are normalised."""
-    from opscope.capture.torch.watch_check import base_name
+    from opscope.capture.torch.op_kinds import base_name
 
     out: dict = {}
     counts: dict = {}

@@ -13,7 +13,7 @@ import torch
 
 import opscope
 from opscope import native
-from opscope.capture.torch.watch_check import base_name
+from opscope.capture.torch.op_kinds import base_name
 from opscope.demo.models import mlp_task, train_step, transformer_task
 
 

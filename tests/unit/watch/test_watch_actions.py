@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from watch_models import LogRelu, MaskedAttention, ZeroVarNorm, train
 
 import opscope
-from opscope.capture.torch.watch_event import ChainLink, OverflowEvent, TensorSummary
 from opscope.report.overflow_console import render
+from opscope.watch.events import ChainLink, OverflowEvent, TensorSummary
 
 
 def _global_hooks() -> tuple[int, ...]:
@@ -145,7 +145,7 @@ def test_loss_and_time_spikes(monkeypatch):
     spikes = [e for e in w.result().events if e.kind == "loss_spike"]
     assert [e.step for e in spikes] == [4] and "9" in spikes[0].detail
 
-    import opscope.capture.torch.watch as watch_module
+    import opscope.watch.session as watch_module
 
     clock = iter([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 15.0, 16.0])
     monkeypatch.setattr(watch_module.time, "perf_counter", lambda: next(clock))

@@ -15,7 +15,7 @@ from watch_models import ExpHead, MaskedAttention, PairDistance, ZeroVarNorm, tr
 
 import opscope
 from opscope import native
-from opscope.capture.torch.watch_check import base_name
+from opscope.capture.torch.op_kinds import base_name
 
 
 @pytest.fixture(scope="module")

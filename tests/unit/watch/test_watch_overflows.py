@@ -7,7 +7,7 @@ import torch
 from watch_models import ExpHead, LogRelu, PairDistance, ZeroVarNorm, train
 
 import opscope
-from opscope.capture.torch.watch_check import base_name
+from opscope.capture.torch.op_kinds import base_name
 
 
 def _caught(model, inputs, **keys):

@@ -1,6 +1,6 @@
 """What the native observers learn about an op overload, once, from the same rules as the
 Python capture (:mod:`~opscope.capture.torch.dispatch` for dumps,
-:mod:`~opscope.capture.torch.watch_check` for watch): see ``_c/observer.h``."""
+:mod:`~opscope.capture.torch.op_kinds` for watch): see ``_c/observer.h``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from opscope.capture.torch.watch_check import _KINDS, ADDITIVE, _OpKind, base_name
+from opscope.capture.torch.op_kinds import ADDITIVE, base_name, kind_of
 
 # schema argument types the native side turns into torch's spelling (str(value) in Python)
 _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
@@ -33,7 +33,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     op, _, overload = rest.rpartition(".")
     try:
         func = getattr(getattr(getattr(torch.ops, ns), op), overload)
-        kind = _KINDS.get(func) or _KINDS.setdefault(func, _OpKind(func))
+        kind = kind_of(func)
         # the dispatcher's own kernels: OpOverload.has_kernel_for_dispatch_key also counts the
         # Python decompositions that tracing registers (native_batch_norm has one), which eager
         # dispatch, and so a dispatch mode, never runs

@@ -8,6 +8,7 @@ import os
 import platform
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,8 +51,11 @@ def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: A
 class DumpSession:
     """A running (or ready) dump. See :func:`dump`."""
 
-    def __init__(self, cfg: DumpConfig) -> None:
+    def __init__(self, cfg: DumpConfig, open_writer: Callable[[], Any] | None = None) -> None:
+        """``open_writer`` gives where rows and tensors go when the session starts (the watch's
+        flight recorder hands a ring buffer); by default a :class:`DumpWriter` at ``cfg.path``."""
         self.cfg = cfg
+        self.open_writer = open_writer or self._open_dump_writer
         self.rank = current_rank()
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.capturing = False
@@ -86,7 +90,7 @@ class DumpSession:
             from opscope.capture.torch.suspects import read_source
 
             source = read_source(cfg, self.rank)
-        self.writer = self._open_writer()
+        self.writer = self.open_writer()
         backend = dump_native.backend_for(cfg)
         if backend is not None:  # the aten or module level through the native dump module
             self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
@@ -114,11 +118,11 @@ class DumpSession:
         self._enter_step(0)
         return self
 
-    def _open_writer(self) -> Any:
-        """Where rows and tensors go (the flight recorder puts its ring in place of this)."""
-        return self._new_writer(self.cfg.path, self._manifest(), self.cfg.overwrite)
+    def _open_dump_writer(self) -> DumpWriter:
+        return self.new_writer(self.cfg.path, self.manifest(), self.cfg.overwrite)
 
-    def _new_writer(self, path: str, manifest: dict[str, Any], overwrite: bool = False) -> DumpWriter:
+    def new_writer(self, path: str, manifest: dict[str, Any], overwrite: bool = False) -> DumpWriter:
+        """An open :class:`DumpWriter` for this session's rank at ``path``."""
         cfg = self.cfg
         writer = DumpWriter(path, self.rank, manifest, queue_limit=int(cfg.queue_limit_mb * 2**20),
                             shard_bytes=int(cfg.shard_mb * 2**20), overwrite=overwrite)
@@ -132,7 +136,7 @@ class DumpSession:
 
     def stop(self) -> Any:
         """Flush everything, remove every hook, mark the dump complete; returns the :class:`opscope.Dump`."""
-        self._finish("complete")
+        self.finish("complete")
         from opscope.storage.reader import load
 
         return load(self.cfg.path) if self.writer is not None else None
@@ -142,11 +146,12 @@ class DumpSession:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
-            self._finish("complete")
+            self.finish("complete")
         else:
-            self._finish("crashed", f"{exc_type.__name__}: {exc}")
+            self.finish("crashed", f"{exc_type.__name__}: {exc}")
 
-    def _finish(self, status: str, error: str | None = None) -> None:
+    def finish(self, status: str, error: str | None = None) -> None:
+        """Flush, remove every hook and close the writer with ``status`` (``stop()`` without loading)."""
         if not self.started or not self.active or self.writer is None:
             self.started = False
             return
@@ -211,7 +216,7 @@ class DumpSession:
             self._level.forked()
 
     def _atexit(self) -> None:
-        self._finish("complete")
+        self.finish("complete")
 
     def _note_unreached(self) -> None:
         last = self.cfg.steps.last
@@ -319,7 +324,8 @@ class DumpSession:
             frame = frame.f_back
         return None
 
-    def _manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, Any]:
+        """The manifest a dump of this session starts with (its status is written at the end)."""
         device = "cpu"
         if torch.cuda.is_available():
             device = f"cuda ({torch.cuda.get_device_name()})"

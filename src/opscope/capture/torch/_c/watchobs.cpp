@@ -1,10 +1,12 @@
-// Native aten-level observer of opscope.watch: the per-op work of watch_check.Checker, run
-// from a thread-local at::RecordFunction callback instead of a Python TorchDispatchMode.
+// Native aten-level observer of opscope.watch: the per-op work of the Checker in
+// opscope/watch/check.py, run from a thread-local at::RecordFunction callback instead of a
+// Python TorchDispatchMode.
 //
 // Built on first use against the installed torch (see opscope/native.py); the Python side
-// (watch_native.py) keeps the rules' sources of truth: which op is a view, a cast, a select
-// op, an additive mask op, writes in place (asked once per overload through `classify`), and
-// everything that happens on a hit (`on_hit`: the event, the chain back, raise/warn/record).
+// (opscope/watch/observer.py, capture/torch/op_kinds.py) keeps the rules' sources of truth:
+// which op is a view, a cast, a select op, an additive mask op, writes in place (asked once
+// per overload through `classify`), and everything that happens on a hit (`on_hit`: the
+// event, the chain back, raise/warn/record).
 //
 // What is recorded is what a Python dispatch mode would see at the top of the stack: the
 // outermost op of each call (depth 1 of FUNCTION records on this thread), forward,

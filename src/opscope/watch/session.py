@@ -4,12 +4,13 @@ Every op output (aten level: every dispatcher op, forward, backward and optimize
 level: every module output) gets one fused reduction; gradients, updated parameters, the
 loss and the model's inputs are checked too. On a hit: the op, module path, phase, step,
 rank, source line, its inputs' statistics and the chain back to the earliest abnormal
-output (see :mod:`~opscope.capture.torch.watch_chain`). Then, per ``action``:
+output (see :mod:`~opscope.watch.chain`), handed to the session's ``report`` callable
+(``event -> str``) for its text. Then, per ``action``:
 
 - ``raise``: :class:`opscope.OverflowDetected` at the end of the op (CPU) or of the step
   (accelerators, where the flags are read once per step);
 - ``warn``: one log line (logger ``opscope.watch``) per op, and go on;
-- ``record``: the flight recorder (:mod:`~opscope.capture.torch.watch_flight`) writes the
+- ``record``: the flight recorder (:mod:`~opscope.watch.flight`) writes the
   last ``history`` steps' statistics as a dump, plus the next step with full tensors.
 """
 
@@ -20,7 +21,7 @@ import logging
 import os
 import time
 import weakref
-from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,10 +29,12 @@ import torch
 from opscope.capture.steps import StepClock
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.modules import ModuleTracker, tensors_of
-from opscope.capture.torch.watch_chain import build_event
-from opscope.capture.torch.watch_check import MODULE, NAME, PHASE, Checker, WatchDispatchMode
-from opscope.capture.torch.watch_event import OverflowEvent, WatchResult
-from opscope.capture.torch.watch_modes import (
+from opscope.config import WatchConfig
+from opscope.errors import ConfigError, OverflowDetected
+from opscope.watch.chain import build_event
+from opscope.watch.check import MODULE, NAME, PHASE, Checker, WatchDispatchMode
+from opscope.watch.events import OverflowEvent, WatchResult
+from opscope.watch.modes import (
     enter_under,
     exit_mode,
     optimizer_params,
@@ -39,43 +42,24 @@ from opscope.capture.torch.watch_modes import (
     top_mode,
     user_source,
 )
-from opscope.capture.torch.watch_native import NativeChecker, load_backend, param_names_by_impl
-from opscope.capture.torch.watch_steps import StepChecks
-from opscope.config import WatchConfig, watch_config
-from opscope.errors import ConfigError, OverflowDetected
-from opscope.report.overflow_console import render
+from opscope.watch.observer import NativeChecker, load_backend, param_names_by_impl
+from opscope.watch.step_checks import StepChecks
 
 log = logging.getLogger("opscope.watch")
 _current_node = torch._C._current_autograd_node
 
 
-def watch(action: str | None = None, *, config: Any = None, **keys: Any) -> WatchSession:
-    """Check every op output for NaN/Inf (and values beyond ``limit``) while training runs.
-
-    Use as a context manager around the loop, with ``w.step(loss=loss)`` at each step's
-    end (or let opscope find steps from ``optimizer.step()``), or ``start()``/``stop()``.
+class WatchSession:
+    """A running (or ready) watch. See :func:`opscope.watch.watch`.
 
     Args:
-        action: ``raise`` (default), ``warn`` or ``record`` (flight recorder).
-        config: a config file (JSON, YAML, TOML) or mapping with an ``overflow`` section;
-            ``$OPSCOPE_CONFIG`` if None.
-        **keys: level (``aten``/``module``), limit, path, history, loss_spike, time_spike,
-            steps, ranks, enable (see docs/overflow.md).
-
-    Returns:
-        A :class:`WatchSession`; its ``stop()`` returns a :class:`WatchResult`.
-
-    Raises:
-        ConfigError: a bad key or value, before anything is installed.
+        cfg: the resolved ``overflow`` config.
+        report: turns an event into the text of a warning or of :class:`OverflowDetected`.
     """
-    return WatchSession(watch_config(config, action=action, **keys))
 
-
-class WatchSession(StepChecks):
-    """A running (or ready) watch. See :func:`watch`."""
-
-    def __init__(self, cfg: WatchConfig) -> None:
+    def __init__(self, cfg: WatchConfig, report: Callable[[OverflowEvent], str]) -> None:
         self.cfg = cfg
+        self.report = report
         self.rank = current_rank()
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.started = False
@@ -90,6 +74,7 @@ class WatchSession(StepChecks):
         self.checker: Checker = (NativeChecker(self.modules, cfg.limit, self._hit, backend, ops=not module_level)
                                  if self.native else Checker(self.modules, cfg.limit, self._hit))
         self.checker.tag_nodes = not module_level
+        self.step_checks = StepChecks(cfg, self.rank, self.checker, self._emit)
         self.flight: Any = None
         self._mode: WatchDispatchMode | None = None
         self._handles: list[Any] = []
@@ -97,8 +82,6 @@ class WatchSession(StepChecks):
         self._warned: set[tuple[str, ...]] = set()
         self._seen: dict[int, int] = {}
         self._roots: list[weakref.ref] = []
-        self._losses: deque[float] = deque(maxlen=cfg.history)
-        self._times: deque[float] = deque(maxlen=cfg.history)
         self._step_start = 0.0
         self._optimizer_seen = False
         self._mode_suspended = False
@@ -121,7 +104,7 @@ class WatchSession(StepChecks):
             return self
         try:
             if self.cfg.action == "record":
-                from opscope.capture.torch.watch_flight import FlightRecorder
+                from opscope.watch.flight import FlightRecorder
 
                 self.flight = FlightRecorder(self.cfg.path or "opscope-overflow", self.cfg.level, self.cfg.history)
                 self.flight.start()
@@ -153,7 +136,7 @@ class WatchSession(StepChecks):
         self._reraise()
         if loss is not None and self.checker.on:
             with self._quiet():
-                self._check_loss(loss)
+                self.step_checks.check_loss(loss, self.clock.step)
         self.clock.user_step()
 
     def stop(self) -> WatchResult:
@@ -203,7 +186,7 @@ class WatchSession(StepChecks):
             self.checker.reset()
         finally:
             if self.flight is not None and self.flight.started:
-                self.flight._finish(status, error)
+                self.flight.finish(status, error)
 
     # -- steps -------------------------------------------------------------------------
     def _boundary(self, finished: int, step: int) -> None:
@@ -221,7 +204,7 @@ class WatchSession(StepChecks):
                 if not self._optimizer_seen:
                     self._check_parameters()
                 self.checker.resolve()
-                self._check_time(finished, elapsed)
+                self.step_checks.check_time(finished, elapsed)
             self._record_events(finished)
         finally:
             self._resolving = None
@@ -246,7 +229,8 @@ class WatchSession(StepChecks):
         if path is not None:
             self._dumped |= keys
             self._last_dump_step = step
-            log.warning("%s\nflight recorder: writing steps up to %d and the next one to %s", render(first), step, path)
+            log.warning("%s\nflight recorder: writing steps up to %d and the next one to %s", self.report(first), step,
+                        path)
 
     # -- hits --------------------------------------------------------------------------
     def _hit(self, index: int, slot: int, kind: str, t: torch.Tensor | None, args: Any,
@@ -267,13 +251,18 @@ class WatchSession(StepChecks):
                             source=user_source() if immediate else None, param=param, names=names,
                             ident=self.checker.ident)
         event.detail = detail
+        if self.cfg.action == "warn":
+            self._warned.add(key)
+        self._emit(event)
+
+    def _emit(self, event: OverflowEvent) -> None:
+        """Keep ``event`` and act on it: raise or warn (``record`` acts at the step's end)."""
         self.events.append(event)
         self._step_events.append(event)
         if self.cfg.action == "raise":
-            raise OverflowDetected(render(event), event)
+            raise OverflowDetected(self.report(event), event)
         if self.cfg.action == "warn":
-            self._warned.add(key)
-            log.warning("%s", render(event))
+            log.warning("%s", self.report(event))
 
     def _check_parameters(self) -> None:
         """No optimizer ran this step: check the gradients and parameters of the models seen."""

@@ -90,71 +90,90 @@ class RingWriter:
             self.on_sink_done(status, error)
 
 
-class FlightRecorder(DumpSession):
-    """A statistics dump into a :class:`RingWriter`; its steps are driven by the watch."""
+class FlightRecorder:
+    """A statistics dump into a :class:`RingWriter`, whose steps the watch drives.
+
+    It holds a :class:`DumpSession` (the capture, with the ring in place of a writer) and
+    decides, on a trigger, where the ring goes and which ops keep full tensors next.
+    """
 
     def __init__(self, path: str, level: str, history: int) -> None:
-        super().__init__(DumpConfig(path=path, steps=StepSelection("all"), level=level, data="statistics"))
         self.history = history
         self.written: list[str] = []
         self.pending_notes: list[str] = []
+        cfg = DumpConfig(path=path, steps=StepSelection("all"), level=level, data="statistics")
+        self.dump = DumpSession(cfg, open_writer=self._open_ring)
+
+    @property
+    def started(self) -> bool:
+        return self.dump.started
 
     def start(self) -> FlightRecorder:
-        super().start()
-        self.clock.manual = True  # steps end only when the watch says so
+        self.dump.start()
+        self.dump.clock.manual = True  # steps end only when the watch says so
         return self
 
-    def _open_writer(self) -> RingWriter:
-        ring = RingWriter(self.history, int(self.cfg.shard_mb * 2**20), int(self.cfg.queue_limit_mb * 2**20))
+    def finish(self, status: str, error: str | None = None) -> None:
+        """Stop capturing; a dump being written gets ``status``."""
+        self.dump.finish(status, error)
+
+    def _open_ring(self) -> RingWriter:
+        cfg = self.dump.cfg
+        ring = RingWriter(self.history, int(cfg.shard_mb * 2**20), int(cfg.queue_limit_mb * 2**20))
         ring.on_sink_done = self._sink_done
         return ring
 
     @property
     def ring(self) -> RingWriter:
-        return self.writer  # type: ignore[return-value]
+        return self.dump.writer  # type: ignore[return-value]
 
     def end_step(self) -> None:
         """End the current step (the watch calls this at each of its boundaries)."""
-        if self.started and self.active:
-            self.clock.user_step()
+        if self.dump.started and self.dump.active:
+            self.dump.clock.user_step()
 
     def trigger(self, step: int, reason: str, tensor_ops: list[str], event: dict[str, Any] | None) -> str | None:
         """Write the ring (which ends with ``step``) as a dump; the next step goes there too,
         with full tensors for ``tensor_ops``. Returns the dump path (None if one is being written)."""
-        ring = self.ring
-        if not self.active or ring.sink is not None:
+        ring, dump = self.ring, self.dump
+        if not dump.active or ring.sink is not None:
             return None
-        path = _free_path(self.cfg.path)
-        manifest = self._manifest()
-        manifest["config"] = dict(manifest["config"], path=path, tensor_ops={"include": tensor_ops, "exclude": []})
-        manifest["stats_backend"] = ring.manifest.get("stats_backend", manifest["stats_backend"])
+        path = _free_path(dump.cfg.path)
         kept = [s for s, _ in ring.steps]
+        manifest = self._manifest(path, tensor_ops)
         manifest["flight_recorder"] = {"trigger": reason, "step": step, "history_steps": kept,
                                        "tensor_step": step + 1, "tensor_ops": tensor_ops, "event": event}
         self.pending_notes = [f"flight recorder: {reason} at step {step}; steps {kept} are statistics kept in memory, "
                               f"step {step + 1} adds full tensors for {', '.join(tensor_ops) or 'no op'}"]
-        sink = self._new_writer(path, manifest)
+        sink = dump.new_writer(path, manifest)
         ring.write_to(sink)
         ring.sink, ring.sink_step = sink, step + 1
-        self.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
+        dump.cfg.tensor_ops = Filter(tuple(tensor_ops)) if tensor_ops else Filter(("<none>",))
         self._replan()
-        if self.capturing:  # the next step has begun (nothing recorded yet): begin it again with the new plan
-            self.recorder.begin_step(self.clock.step)
+        if dump.capturing:  # the next step has begun (nothing recorded yet): begin it again with the new plan
+            dump.recorder.begin_step(dump.clock.step)
         self.written.append(path)
         return path
+
+    def _manifest(self, path: str, tensor_ops: list[str]) -> dict[str, Any]:
+        manifest = self.dump.manifest()
+        manifest["config"] = dict(manifest["config"], path=path, tensor_ops={"include": tensor_ops, "exclude": []})
+        manifest["stats_backend"] = self.ring.manifest.get("stats_backend", manifest["stats_backend"])
+        return manifest
 
     def _replan(self) -> None:
         """The recorder decides which calls keep tensors from its config when it is built
         (its ``plan``): rebuild that decision after ``tensor_ops`` changed."""
-        if self.recorder is not None and hasattr(self.recorder, "plan"):
+        recorder = self.dump.recorder
+        if recorder is not None and hasattr(recorder, "plan"):
             from opscope.capture.torch.suspects import TensorPlan
 
-            self.recorder.plan = TensorPlan.make(self.cfg, self.rank)
+            recorder.plan = TensorPlan.make(self.dump.cfg, self.dump.rank)
 
     def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
         ring = self.ring
         sink, ring.sink, ring.sink_step = ring.sink, None, None
-        self.cfg.tensor_ops = Filter()
+        self.dump.cfg.tensor_ops = Filter()
         self._replan()
         if sink is not None:
             sink.manifest["notes"] = list(self.pending_notes)

@@ -7,7 +7,7 @@ device and are read for the whole step in one transfer per dtype (:meth:`Checker
 
 Each observed call leaves an *entry* (op, module, phase, input ids, outputs with their
 range and a weak reference) so that, on a hit, the chain back to the earliest abnormal
-output can be walked (:mod:`~opscope.capture.torch.watch_chain`). Entries live for one step.
+output can be walked (:mod:`~opscope.watch.chain`). Entries live for one step.
 
 The -Inf that a mask writes on purpose is not an alarm: in forward, -Inf (and no NaN/+Inf)
 in the output of an op that only moves values (masked_fill, where, full, cat, ...) or of an
@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opscope.capture.torch.dispatch import flat_outputs, op_info, written_tensors
+from opscope.capture.torch.dispatch import flat_outputs, written_tensors
+from opscope.capture.torch.op_kinds import ADDITIVE, KINDS, OpKind, base_name
 
 _current_node = torch._C._current_autograd_node
 _no_dispatch = torch._C._DisableTorchDispatch
@@ -36,49 +37,8 @@ NAME, MODULE, PHASE, FWD, NODE, IN_IDS, OUTS, VIEW = range(8)
 # output record layout
 O_ID, O_REF, O_VER, O_LO, O_HI, O_DTYPE = range(6)
 
-# Ops that only move or fill values: -Inf in their output was put there (a mask), not made.
-SELECT_OPS = frozenset("""
-masked_fill masked_fill_ where full full_like new_full fill fill_ scalar_tensor lift_fresh lift_fresh_copy
-index_put index_put_ masked_scatter masked_scatter_ triu triu_ tril tril_ cat stack clone copy copy_
-_to_copy expand repeat constant_pad_nd index_select gather scatter scatter_ maximum minimum max min amax amin
-unsqueeze_copy view_copy _unsafe_view contiguous narrow_copy slice_scatter select_scatter _reshape_alias
-""".split())
-# Ops whose output holds copies of their first input's values (checked already): not read
-# again, and transparent to the chain, like views. (_to_copy only when the dtype does not narrow.)
-PASSTHROUGH = frozenset("""
-clone _unsafe_view contiguous alias_copy detach_copy detach_ embedding index_select gather select_backward
-slice_backward expand_copy permute_copy transpose_copy t_copy view_copy _reshape_copy _to_copy
-""".split())
-# Ops through which an additive mask (-Inf where masked, 0 elsewhere) is applied.
-ADDITIVE = frozenset("add add_ sub sub_ baddbmm addmm _efficientzerotensor".split())
-# Ops whose output is uninitialised memory, filled in place afterwards: never checked.
-UNINITIALISED = frozenset("empty empty_like empty_strided new_empty new_empty_strided set_ resize_".split())
 _WIDENS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float64),
            (torch.float16, torch.float64), (torch.bfloat16, torch.float64)}
-
-
-def base_name(op: str) -> str:
-    """``aten.masked_fill_.Scalar`` -> ``masked_fill_``."""
-    parts = op.split(".")
-    return parts[1] if len(parts) > 2 and parts[0] == "aten" else parts[-1]
-
-
-class _OpKind:
-    __slots__ = ("name", "info", "transparent", "cast", "select", "skip")
-
-    def __init__(self, func: Any) -> None:
-        info = op_info(func)
-        self.name = info.name
-        self.info = info
-        base = base_name(info.name)
-        view = bool(info.view_outputs) and not info.written_outputs
-        self.cast = base == "_to_copy"
-        self.transparent = view or (base in PASSTHROUGH and not self.cast)
-        self.select = base in SELECT_OPS
-        self.skip = base in UNINITIALISED
-
-
-_KINDS: dict[Any, _OpKind] = {}
 
 
 def classify(lo: float, hi: float, limit: float) -> str | None:
@@ -132,9 +92,9 @@ class Checker:
     # -- observing -----------------------------------------------------------------------
     def op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Check one aten op's outputs (called by the dispatch mode after the op ran)."""
-        kind = _KINDS.get(func)
+        kind = KINDS.get(func)
         if kind is None:
-            kind = _KINDS[func] = _OpKind(func)
+            kind = KINDS[func] = OpKind(func)
         if type(out) is _Tensor:
             outs: Any = (out,)
         else:

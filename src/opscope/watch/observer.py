@@ -1,6 +1,6 @@
 """The aten-level watch run natively: a C++ ``at::RecordFunction`` observer (``_c/watchobs.cpp``,
 built on first use by :mod:`opscope.native`) does the per-op work of
-:class:`~opscope.capture.torch.watch_check.Checker` — one fused range pass per output, the
+:class:`~opscope.watch.check.Checker` — one fused range pass per output, the
 mask and propagation marks, the entries for the chain back — without entering Python per op.
 A Python :class:`~torch.utils._python_dispatch.TorchDispatchMode` alone costs more than the
 whole native check (see benchmarks/bench_watch.py).
@@ -32,7 +32,7 @@ import torch
 
 from opscope import native
 from opscope.capture.torch.native_ops import classify_op
-from opscope.capture.torch.watch_check import Checker
+from opscope.watch.check import Checker
 
 log = logging.getLogger("opscope.watch")
 _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}

@@ -1,4 +1,4 @@
-"""From a hit to an :class:`~opscope.capture.torch.watch_event.OverflowEvent`: the inputs'
+"""From a hit to an :class:`~opscope.watch.events.OverflowEvent`: the inputs'
 statistics and the chain back to the earliest op whose output was already abnormal.
 
 Only runs on a hit, so it may be slow-ish: producers are found by scanning the step's
@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
+from opscope.capture.torch.op_kinds import base_name
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize_one
-from opscope.capture.torch.watch_check import (
+from opscope.watch.check import (
     FWD,
     IN_IDS,
     MODULE,
@@ -30,10 +31,9 @@ from opscope.capture.torch.watch_check import (
     OUTS,
     PHASE,
     VIEW,
-    base_name,
     classify,
 )
-from opscope.capture.torch.watch_event import ChainLink, OverflowEvent, TensorSummary
+from opscope.watch.events import ChainLink, OverflowEvent, TensorSummary
 
 # consumer op -> input slots where a zero (or a negative) makes Inf/NaN
 ZERO_SENSITIVE = {
