@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from opscope.compare import crossframework, measure
@@ -13,6 +13,7 @@ from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_tar
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.mapping import Mapping, load_mapping
+from opscope.compare.passes import CompareInputs, ResultPass, result_pass
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table
 from opscope.compare.tolerance import NoiseModel
@@ -27,7 +28,8 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
             mapping: str | os.PathLike | dict[str, Any] | Mapping | None = None,
             workers: int | None = None, progress: Callable[[int, int], None] | None = None,
             precision: str | None = None, noise: NoiseModel | None = None,
-            ranks: list[int] | None = None, steps: list[int] | None = None, replay: int = 0) -> CompareResult:
+            ranks: list[int] | None = None, steps: list[int] | None = None, replay: int = 0,
+            then: Sequence[ResultPass] = ()) -> CompareResult:
     """Compare two dumps and name the operator where they start to differ.
 
     Args:
@@ -42,6 +44,9 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         ranks, steps: compare only these.
         replay: re-run the top ``replay`` culprits in float64 on each side's inputs
             (:mod:`opscope.replay`, needs torch and full tensors); each gets ``.replay``.
+            It is the result pass registered as ``"replay"`` (:mod:`opscope.compare.passes`).
+        then: more passes over the finished result (:data:`~opscope.compare.passes.ResultPass`),
+            run in order after ``replay``.
 
     Returns:
         A :class:`~opscope.compare.result.CompareResult`.
@@ -79,10 +84,9 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         raise NothingToCompareError(_nothing_message(t_dump, r_dump, counts, problems))
     result = _result(t_dump, r_dump, state, pairs, counts, problems, noise, names, n_workers,
                      sum(j.nbytes for j in jobs), time.perf_counter() - start)
-    if replay:
-        from opscope.replay import replay_culprits  # imports torch: only when asked
-
-        replay_culprits(result, replay, t_dump, r_dump, noise=noise)
+    passes = [result_pass("replay", replay)] if replay else []
+    for finish in [*passes, *then]:
+        finish(result, CompareInputs(t_dump, r_dump, noise))
     return result
 
 

@@ -5,8 +5,11 @@ wrong (docs/replay.md).
 - :func:`replay_culprits` — the top culprits of a :class:`~opscope.compare.result.CompareResult`;
   each finding gets ``.replay`` (also in summary.json and the console).
 - :func:`register_replay` — a golden implementation for an op that cannot be re-run on CPU.
+- :func:`culprits_pass` — :func:`replay_culprits` as a pass over a finished comparison,
+  registered as ``"replay"`` (:mod:`opscope.compare.passes`): ``compare(..., replay=N)``.
 
-Importing this package is cheap; the engine (torch) loads on first use.
+Replay sits above compare: it takes a compare result (or runs compare); compare never
+imports it. Importing this package is cheap; the engine (torch) loads on first use.
 """
 
 from __future__ import annotations
@@ -14,10 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from opscope.compare.passes import CompareInputs, ResultPass, register_result_pass
 from opscope.replay.result import ReplayResult, SideReplay
 from opscope.replay.rules import register_replay
 
-__all__ = ["ReplayResult", "SideReplay", "register_replay", "replay", "replay_culprits"]
+__all__ = ["ReplayResult", "SideReplay", "culprits_pass", "register_replay", "replay", "replay_culprits"]
 
 
 def replay(target: str | os.PathLike | Any, reference: str | os.PathLike | Any, op: str = "first", *,
@@ -82,6 +86,14 @@ def replay_culprits(result: Any, n: int, target: Any = None, reference: Any = No
         t_dump.close()
         r_dump.close()
     return done
+
+
+@register_result_pass("replay")
+def culprits_pass(n: int) -> ResultPass:
+    """Replay the top ``n`` culprits of a finished comparison on the dumps it read."""
+    def run(result: Any, inputs: CompareInputs) -> None:
+        replay_culprits(result, n, inputs.target, inputs.reference, noise=inputs.noise)
+    return run
 
 
 def _summary(summary: str | os.PathLike | dict[str, Any]) -> dict[str, Any]:

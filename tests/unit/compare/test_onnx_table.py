@@ -88,16 +88,3 @@ def test_a_new_framework_is_a_new_table(monkeypatch):
     assert all(p.kind == "unpaired" for p in unrelated if p.t is None or p.r is None)
     assert not any(p.t is not None and p.r is not None and p.t["io"] == "output" for p in unrelated)
 
-
-def test_compare_imports_nothing_from_capture():
-    import ast
-    from pathlib import Path
-
-    import opscope.compare
-
-    root = Path(opscope.compare.__file__).parent
-    for path in root.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            assert not any(n.startswith("opscope.capture") for n in names), path
