@@ -11,8 +11,11 @@ Public API (each imported lazily, so ``import opscope`` is cheap and torch-free)
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
+from opscope._version import __version__
 from opscope.errors import (
     ConfigError,
     DumpExistsError,
@@ -22,15 +25,16 @@ from opscope.errors import (
     OverflowDetected,
 )
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from opscope.profile.session import ProfileSession
+    from opscope.watch.session import WatchSession
+
 
 _LAZY = {
     "dump": ("opscope.capture.torch.session", "dump"),
     "load": ("opscope.storage.reader", "load"),
     "Dump": ("opscope.storage.reader", "Dump"),
     "compare": ("opscope.compare.api", "compare"),
-    "profile": ("opscope.profile.session", "profile"),
-    "watch": ("opscope.watch", "watch"),
 }
 
 __all__ = [
@@ -48,6 +52,60 @@ __all__ = [
     "profile",
     "watch",
 ]
+
+
+def profile(output: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> ProfileSession:
+    """Profile a training loop: training trace on every step, task trace on the chosen steps.
+
+    Args:
+        output: folder for the profile (Ascend ``output``); or ``"output"`` in the config.
+        config: a config file or mapping whose ``"profile"`` section holds the same keys.
+        **keys: ``steps``, ``ranks``, ``training_trace``, ``task_trace``, ``fp_point``,
+            ``bp_point``, ``record_shapes``, ``with_stack``, ``warmup``, ``clock``,
+            ``overwrite``, ``enable``, ``merge_timeout`` (see docs/profile.md).
+
+    Returns:
+        A :class:`~opscope.profile.session.ProfileSession`; use it as a context manager or
+        call ``start()``/``stop()``.
+    """
+    from opscope.config import profile_config
+    from opscope.profile.session import ProfileSession
+    from opscope.report import renderer
+
+    return ProfileSession(profile_config(config, output=output, **keys), html=renderer("ProfileData", "html"))
+
+
+def watch(action: str | None = None, *, config: Any = None, **keys: Any) -> WatchSession:
+    """Check every op output for NaN/Inf (and values beyond ``limit``) while training runs.
+
+    Use as a context manager around the loop, with ``w.step(loss=loss)`` at each step's
+    end (or let opscope find steps from ``optimizer.step()``), or ``start()``/``stop()``.
+
+    Args:
+        action: ``raise`` (default), ``warn`` or ``record`` (flight recorder).
+        config: a config file (JSON, YAML, TOML) or mapping with an ``overflow`` section;
+            ``$OPSCOPE_CONFIG`` if None.
+        **keys: level (``aten``/``module``), limit, path, history, loss_spike, time_spike,
+            steps, ranks, enable (see docs/overflow.md).
+
+    Returns:
+        A :class:`~opscope.watch.session.WatchSession`; its ``stop()`` returns a
+        :class:`~opscope.watch.events.WatchResult`.
+
+    Raises:
+        ConfigError: a bad key or value, before anything is installed.
+    """
+    from opscope.config import watch_config
+    from opscope.report import renderer
+    from opscope.watch.session import WatchSession
+
+    return WatchSession(watch_config(config, action=action, **keys), report=renderer("OverflowEvent", "text"))
+
+
+# The entry points by name. ``opscope.profile`` and ``opscope.watch`` are also packages: once a
+# submodule of one is imported, Python binds the package to that name here, hiding the
+# function; the package is then callable and forwards to the function kept here.
+ENTRY_POINTS: dict[str, Callable[..., Any]] = {"profile": profile, "watch": watch}
 
 
 def __getattr__(name: str) -> Any:

@@ -262,7 +262,9 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
 
         if profile_session._active is not None:
             return None
-        return profile_session.ProfileSession(cfg)
+        from opscope.report import renderer
+
+        return profile_session.ProfileSession(cfg, html=renderer("ProfileData", "html"))
     return _watch_session(path)
 
 
@@ -270,12 +272,14 @@ def _watch_session(path: str) -> Any:
     if "opscope.watch.session" in sys.modules:
         return None  # the script called opscope.watch itself
     try:
-        from opscope.watch import watch
+        import opscope.watch.session  # noqa: F401
     except ModuleNotFoundError as exc:
         if exc.name in ("opscope.watch", "opscope.watch.session"):
             return None  # this opscope has no overflow watch
         raise
-    return watch(config=path)
+    from opscope import ENTRY_POINTS
+
+    return ENTRY_POINTS["watch"](config=path)
 
 
 # -- SIGTERM -------------------------------------------------------------------------------

@@ -50,9 +50,9 @@ def main(argv: list[str]) -> int:
         first = result.first_divergence
         print(f"{result.verdict}" + (f": {first.where}" if first else ""))
     else:
-        from opscope.report.compare_console import render
+        from opscope.report import render
 
-        print(render(result, color=sys.stdout.isatty()), end="")
+        print(render(result, "text", color=sys.stdout.isatty()), end="")
         if args.out:
             print(f"files: {args.out}/summary.json, pairs.parquet, pairs.csv, report.html"
                   + (", pairs.xlsx" if args.xlsx else ""))

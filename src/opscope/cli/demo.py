@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     for name, kw in runs.items():
         train(out / "dumps" / name, args.steps, **kw)
         print(f"  dumped {name:9s} -> {out / 'dumps' / name}")
-    from opscope.cli.show import render
+    from opscope.report import render
     from opscope.storage.reader import load
 
     print("\n" + render(load(out / "dumps" / "reference")))
@@ -86,7 +86,7 @@ def _compare(out: Path) -> int:
 
 def _profile(out: Path, steps: int) -> None:
     try:
-        import opscope.profile.session as profile_session
+        import opscope.profile.session  # noqa: F401
     except ImportError:
         print("\n(profile is not available in this build)")
         return
@@ -96,8 +96,8 @@ def _profile(out: Path, steps: int) -> None:
 
     model, opt, batch = transformer_task()
     total = steps + 5
-    with profile_session.profile(out / "profile", steps=f"{total - 2}-{total - 1}", task_trace=True,
-                                 overwrite=True) as p:
+    with opscope.profile(out / "profile", steps=f"{total - 2}-{total - 1}", task_trace=True,
+                         overwrite=True) as p:
         for i in range(total):
             train_step(model, opt, *batch(i))
             p.step()

@@ -40,6 +40,7 @@ def main(argv: list[str]) -> int:
         parser.print_help()
         return 2
     from opscope.profile.reader import load
+    from opscope.report import render
 
     if args.action == "show":
         data = load(args.dir)
@@ -47,15 +48,12 @@ def main(argv: list[str]) -> int:
             raise ProfileError(f"{args.dir} holds no recorded step: {'; '.join(data.warnings) or 'the run stopped before its first step ended'}")
         if args.html:
             from opscope.profile.writers import atomic_write
-            from opscope.report import profile_html
 
-            atomic_write(args.html, profile_html.render(data))
+            atomic_write(args.html, render(data, "html"))
         if args.json:
             print(json.dumps({"status": data.status, "warnings": data.warnings, **data.summary}, indent=2))
         else:
-            from opscope.report.profile_console import render_show
-
-            sys.stdout.write(render_show(data, top=args.top))
+            sys.stdout.write(render(data, "text", top=args.top))
         return 0
     from opscope.profile.diff import diff
 
@@ -67,7 +65,5 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
-        from opscope.report.profile_console import render_diff
-
-        sys.stdout.write(render_diff(result, top=args.top))
+        sys.stdout.write(render(result, "text", top=args.top))
     return 0 if result else 1

@@ -3,7 +3,8 @@
 ``opscope.profile`` is both this package and the function that starts a profile: once a
 submodule such as ``opscope.profile.diff`` is imported, Python binds the package to the
 name ``profile`` on ``opscope``, hiding the lazily imported function. So the package itself
-is callable and forwards to :func:`opscope.profile.session.profile`.
+is callable and forwards to :func:`opscope.profile`, which lives with the public API in
+``opscope/__init__.py`` (it hands the session its HTML renderer from :mod:`opscope.report`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 class _CallableModule(types.ModuleType):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from opscope.profile.session import profile
+        from opscope import ENTRY_POINTS
 
-        return profile(*args, **kwargs)
+        return ENTRY_POINTS["profile"](*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

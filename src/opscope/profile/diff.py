@@ -129,6 +129,11 @@ class ProfileDiff:
     def __bool__(self) -> bool:
         return not self.regressions
 
+    @property
+    def findings(self) -> list[str]:
+        """One sentence per finding: the machine, if it changed, then each flagged phase."""
+        return headlines(self)
+
     def to_json(self) -> dict[str, Any]:
         """Plain data for ``--json``."""
         return {
@@ -140,7 +145,7 @@ class ProfileDiff:
             "phases": [_change_json(c) for c in self.phases],
             "ops": [_change_json(c) for c in self.ops],
             "causes": {p: c.name for p, c in self.causes.items()},
-            "headlines": headlines(self),
+            "headlines": self.findings,
             "notes": self.notes,
         }
 

@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,7 @@ def finish(session: Any, error: BaseException | None) -> ProfileResult:
         info["calibration"] = session.calibration.to_json()
     files.append(writers.write_json(folder / "summary.json", info))
     if session.rank == merger_rank(cfg, session.world):
-        files += merge(Path(cfg.output), expected_ranks(cfg, session.world), cfg.merge_timeout)
+        files += merge(Path(cfg.output), expected_ranks(cfg, session.world), cfg.merge_timeout, session.html)
     return ProfileResult(str(cfg.output), session.rank, status, rows, info, [str(p) for p in files], warnings, message)
 
 
@@ -155,10 +156,12 @@ def wait_for_ranks(root: Path, ranks: list[int], timeout: float) -> list[int]:
         time.sleep(0.2)
 
 
-def merge(root: Path, ranks: list[int], timeout: float = 0) -> list[Path]:
-    """Write the merged files of every rank into ``root``; returns their paths."""
+def merge(root: Path, ranks: list[int], timeout: float = 0, html: Callable[[Any], str] | None = None) -> list[Path]:
+    """Write the merged files of every rank into ``root``; returns their paths.
+
+    ``html`` renders the merged :class:`~opscope.profile.reader.ProfileData` as ``report.html``
+    (the caller hands it: a renderer of :mod:`opscope.report`); None writes no page."""
     from opscope.profile.reader import load, read_summary
-    from opscope.report import profile_html
 
     missing = wait_for_ranks(root, ranks, timeout)
     data = load(root)
@@ -171,7 +174,8 @@ def merge(root: Path, ranks: list[int], timeout: float = 0) -> list[Path]:
     traces = [t for t in traces if t.exists()]
     if traces:
         files.append(chrome_trace.merge(traces, root / "trace.json.gz", {"ranks": sorted(data.rank_status)}))
-    files.append(writers.atomic_write(root / "report.html", profile_html.render(data)))
+    if html is not None:
+        files.append(writers.atomic_write(root / "report.html", html(data)))
     info["files"] = [p.name for p in files] + ["summary.json"]
     files.append(writers.write_json(root / "summary.json", info))
     return files

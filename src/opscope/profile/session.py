@@ -8,14 +8,14 @@
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from opscope.capture.steps import StepClock
-from opscope.config import ProfileConfig, profile_config
+from opscope.config import ProfileConfig
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
 from opscope.profile.breakdown import breakdown
@@ -31,29 +31,20 @@ class ProfileWarning(UserWarning):
     """Something about the profile the user should know (window never reached, ...)."""
 
 
-def profile(output: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> ProfileSession:
-    """Profile a training loop.
+class ProfileSession:
+    """One profile of one process (see :func:`opscope.profile`). ``stop()`` returns a
+    :class:`ProfileResult`.
 
     Args:
-        output: folder for the profile (Ascend ``output``); or ``"output"`` in the config.
-        config: a config file or mapping whose ``"profile"`` section holds the same keys.
-        **keys: ``steps``, ``ranks``, ``training_trace``, ``task_trace``, ``fp_point``,
-            ``bp_point``, ``record_shapes``, ``with_stack``, ``warmup``, ``clock``,
-            ``overwrite``, ``enable``, ``merge_timeout`` (see docs/profile.md).
-
-    Returns:
-        A :class:`ProfileSession`; use it as a context manager or call ``start()``/``stop()``.
+        config: the resolved ``profile`` config.
+        html: renders the merged profile as ``report.html`` (None: no page).
     """
-    return ProfileSession(profile_config(config, output=output, **keys))
 
-
-class ProfileSession:
-    """One profile of one process. ``stop()`` returns a :class:`ProfileResult`."""
-
-    def __init__(self, config: ProfileConfig) -> None:
+    def __init__(self, config: ProfileConfig, html: Callable[[Any], str] | None = None) -> None:
         if not (config.training_trace or config.task_trace):
             raise ConfigError("profile: training_trace and task_trace are both off: nothing to record")
         self.config = config
+        self.html = html
         self.rank = 0
         self.state = "new"
         self.result: ProfileResult | None = None

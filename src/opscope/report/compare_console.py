@@ -9,11 +9,13 @@ import math
 from typing import Any
 
 from opscope.compare.result import CompareResult, Finding
+from opscope.report import register_renderer
 
 VERDICT_STYLE = {"identical": "bold green", "within_tolerance": "bold green", "diverged": "bold red"}
 TOP = 5
 
 
+@register_renderer("CompareResult", "text")
 def render(result: CompareResult, *, color: bool = False, width: int = 110) -> str:
     """The report as text."""
     from rich.console import Console

@@ -23,10 +23,10 @@ def write_all(result: CompareResult, out: str | os.PathLike, *, xlsx: bool = Fal
     if xlsx:
         paths.append(write_xlsx(result, directory / "pairs.xlsx"))
     if html:
-        from opscope.report.compare_html import render
+        from opscope.report import render
 
         path = directory / "report.html"
-        path.write_text(render(result), encoding="utf-8")
+        path.write_text(render(result, "html"), encoding="utf-8")
         paths.append(path)
     return paths
 

@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any
 
 from opscope.compare.result import CompareResult, _clean
+from opscope.report import register_renderer
 
 MAX_ROWS = 50_000
 TABLE_COLUMNS = ("order", "rank", "step", "phase", "module", "op", "call", "io", "slot", "param", "kind",
@@ -26,6 +27,7 @@ TABLE_COLUMNS = ("order", "rank", "step", "phase", "module", "op", "call", "io",
                  "max_abs", "snr_db", "dtype_target", "dtype_reference", "shape_target", "source", "note")
 
 
+@register_renderer("CompareResult", "html")
 def render(result: CompareResult) -> str:
     """The page, as a string."""
     data = {"summary": result.to_summary(), "pairs": _pairs(result)}

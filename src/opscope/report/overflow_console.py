@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from opscope.report import register_renderer
+
 if TYPE_CHECKING:
     from opscope.watch.events import OverflowEvent, TensorSummary
 
@@ -32,6 +34,7 @@ def headline(event: OverflowEvent) -> str:
     return f"opscope.watch: {_WHAT.get(event.kind, event.kind)} in {subject} ({where})"
 
 
+@register_renderer("OverflowEvent", "text")
 def render(event: OverflowEvent) -> str:
     """The full message for a hit, as plain text."""
     lines = [headline(event)]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from opscope.report import register_renderer
+
 PHASE_ORDER = ("data_wait", "forward", "backward", "communication", "optimizer", "zero_grad", "other")
 
 
@@ -18,6 +20,7 @@ def _text(console: Any) -> str:
     return console.file.getvalue()
 
 
+@register_renderer("ProfileData", "text")
 def render_show(data: Any, top: int = 10, width: int = 110) -> str:
     """``opscope profile show``: status, step time, phases, slowest ranks, top ops, warnings."""
     from rich.table import Table
@@ -77,15 +80,14 @@ def _ops(con: Any, ops: list[dict[str, Any]]) -> None:
     con.print(table)
 
 
+@register_renderer("ProfileDiff", "text")
 def render_diff(result: Any, top: int = 10, width: int = 110) -> str:
     """``opscope profile diff``: headlines, the phase table and the largest op changes."""
     from rich.table import Table
 
-    from opscope.profile.diff import headlines
-
     con = _console(width)
     con.print(f"A: {result.a}\nB: {result.b}")
-    for line in headlines(result):
+    for line in result.findings:
         con.print(f"* {line}")
     table = Table(title=f"phases, B against A (median over steps; noise = {result.k:g} x robust spread)", title_justify="left")
     for col in ("phase", "A ms", "B ms", "delta ms", "delta %", "noise ms", "verdict"):

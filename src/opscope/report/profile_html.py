@@ -12,6 +12,8 @@ import html
 import json
 from typing import Any
 
+from opscope.report import register_renderer
+
 PHASE_COLORS = {
     "data_wait": "#8c564b",
     "forward": "#1f77b4",
@@ -49,6 +51,7 @@ def _script_json(obj: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+@register_renderer("ProfileData", "html")
 def render(data: Any) -> str:
     """The whole page for a :class:`~opscope.profile.reader.ProfileData`."""
     s = data.summary

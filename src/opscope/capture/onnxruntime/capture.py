@@ -160,7 +160,7 @@ def _manifest(onnx: Any, ort: Any, model: Any, opts: dict[str, Any], command: li
               source: Any) -> dict[str, Any]:
     import platform
 
-    from opscope import __version__
+    from opscope._version import __version__
 
     config = {k: v for k, v in opts.items() if not k.endswith("_filter")}
     return {

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from opscope import __version__
+from opscope._version import __version__
 from opscope.capture.steps import StepClock
 from opscope.capture.torch import dump_native, levels
 from opscope.capture.torch.compiled import CompileWatch
