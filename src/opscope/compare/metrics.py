@@ -296,7 +296,7 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     root_n = math.sqrt(max(n, 1))
     # the statistics are sums taken in float32 lanes (float64 data in doubles): a shift
     # smaller than their own rounding says nothing, so each bound is net of it
-    c = max(_STAT_ROUNDING.get(str(t.get("dtype")), 4e-6), _STAT_ROUNDING.get(str(r.get("dtype")), 4e-6))
+    c = statistics_resolution(t, r)
     norms = (tgt_norm if math.isfinite(tgt_norm) else 0.0) + (ref_norm if math.isfinite(ref_norm) else 0.0)
     mean_sq = (norms / 2) ** 2 / max(n, 1)
     stds = [_num(t.get("std")), _num(r.get("std"))]
@@ -323,9 +323,21 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     return s
 
 
-# relative rounding of a statistic's sums, by the dtype of the data it was taken over
-_STAT_ROUNDING = {"float64": 1e-13, "complex128": 1e-13, "int64": 1e-13, "int32": 1e-13,
-                  "int16": 1e-13, "int8": 1e-13, "uint8": 1e-13, "bool": 1e-13}
+# data whose statistics are summed in doubles (the rest in float32 lanes)
+_EXACT_SUMS = frozenset({"float64", "complex128", "int64", "int32", "int16", "int8", "uint8", "bool"})
+
+
+def statistics_resolution(t: dict[str, Any], r: dict[str, Any]) -> float:
+    """The relative difference of two tensors' norms or means that their statistics cannot
+    resolve: the kernel sums float32 data in float32 lanes of up to 256 elements (blocks of
+    4096 over 16 lanes), a relative rounding of about 2^-24 * sqrt(elements per lane), taken
+    4 times over; float64 and integer data are summed in doubles."""
+    def one(row: dict[str, Any]) -> float:
+        if str(row.get("dtype")) in _EXACT_SUMS:
+            return 1e-13
+        n = int(row.get("numel") or 1)
+        return 4 * 2.0**-24 * math.sqrt(max(1.0, min(n, 4096) / 16))
+    return one(t) + one(r)
 
 
 def _num(value: Any) -> float:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.compare.flow import PASS_THROUGH, base_op
+from opscope.compare.metrics import statistics_resolution
 from opscope.compare.pair import INPUT_IO, Pair
 from opscope.compare.tolerance import NoiseModel
 
@@ -31,6 +32,7 @@ class Node:
     worst: Pair | None = None
     owner: dict[str, Any] | None = None  # a module call whose own code made the output
     kind: str = "call"  # or "gradient": a module-level gradient record (no op made it)
+    spread_n: int = 0  # elements of the largest input judged from statistics that differs
 
     @property
     def head(self) -> dict[str, Any]:
@@ -98,11 +100,10 @@ def producer_entry(state: VerdictState, side: str, rank: int, step: int, produce
 def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = False) -> float:
     """An input's relative error, taken at the most it plausibly is.
 
-    From statistics, the error is a lower bound: noise spread over n elements moves the
-    norm, mean and spread by about 1/sqrt(n) of its size, so a differing input may carry
-    sqrt(n) times the bound (at most ``(||t|| + ||r||) / ||r||``), and at least the rounding
-    noise of its precision. An output is judged on what is proven (its bound) against what
-    its inputs may carry, so rounding noise is never blamed on the op that received it.
+    From statistics, the error is a lower bound, and a difference below the statistics'
+    resolution does not show at all: an input whose hash differs carries at least that.
+    (How much more noise spread over many elements may hide is weighed against the size of
+    the output it feeds, in :func:`statistics_spread`.)
 
     ``elementwise``: the op divides element by element (Adam-like updates), so an element
     that is noise on both sides (a gradient that is zero in truth) legitimately becomes a
@@ -114,16 +115,28 @@ def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = Fals
         error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
     if measured.mode != "statistics" or measured.metrics.get("bit_exact") or math.isnan(error):
         return error
-    t, r = measured.t or {}, measured.r or {}
-    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
-    n = max(int(r.get("numel") or t.get("numel") or 1), 1)
+    if elementwise:
+        return max(error, _cap(measured))
+    return max(error, statistics_resolution(measured.t or {}, measured.r or {}))
+
+
+def statistics_spread(n_in: int, n_out: int) -> float:
+    """How much more a statistics-only input error may be, seen from an output of ``n_out``
+    elements: noise spread over n elements moves the norm, mean and spread by about 1/sqrt(n)
+    of its size, so bounds taken over many input elements understate it sqrt(n_in / n_out)
+    times beside a bound over few output elements (a layer norm's saved statistics, a bias
+    gradient). 1 when the output is as large as the input (elementwise ops keep their
+    ratio, and faults there are still found)."""
+    return math.sqrt(n_in / n_out) if n_out > 0 and n_in > n_out else 1.0
+
+
+def _cap(measured: Pair) -> float:
+    """The most a relative error can be: (||t|| + ||r||) / ||r||."""
+    t = measured.t or {}
     ref_norm = measured.metrics.get("ref_norm") or 0.0
     t_norm = t.get("norm")
     t_norm = float(t_norm) if t_norm is not None and math.isfinite(t_norm) else ref_norm
-    cap = (t_norm + ref_norm) / ref_norm if ref_norm > 0 else math.inf
-    if elementwise:
-        return max(error, cap)
-    return max(error, min(error * math.sqrt(n), cap), state.noise.tolerance(lower))
+    return (t_norm + ref_norm) / ref_norm if ref_norm > 0 else math.inf
 
 
 def finite(x: float) -> float:

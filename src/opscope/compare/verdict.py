@@ -47,6 +47,7 @@ from opscope.compare.state import (
     join,
     producer_entry,
     raw_error,
+    statistics_spread,
 )
 from opscope.compare.tolerance import NoiseModel, is_float
 
@@ -178,6 +179,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             error = math.inf
         if is_float(row.get("dtype")) or error > 0:
             in_error = max(in_error, finite_or_inf(error))
+        if measured.mode == "statistics" and not measured.metrics.get("bit_exact"):
+            node.spread_n = max(node.spread_n, int(row.get("numel") or 0))
         ref_norm = measured.metrics.get("ref_norm", 0.0)
         if (row.get("numel") or 0) > 1 and is_float(row.get("dtype")) and ref_norm > 0:
             floor = min(floor, ref_norm)
@@ -294,6 +297,7 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
         error = 0.0 if diff == 0 else (diff / denom if denom > 0 else math.inf)
     out.error, out.tolerance = error, tol
     in_error *= condition(node.rows, out.home, m.get("ref_norm") or 0.0)
+    in_error *= statistics_spread(node.spread_n, int(out.home.get("numel") or 0))
     m["input_error"] = in_error
     m["ratio"] = error / in_error if in_error > 0 else (0.0 if error == 0 else math.inf)
     out.status = _output_status(state, node, out, error, tol, in_error, in_taint, is_float(lower))
