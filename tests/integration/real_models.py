@@ -1,0 +1,315 @@
+"""Tiny random-config Hugging Face models, trained a few steps under opscope.dump (issue 19).
+
+Nothing is downloaded: every model is built from a config with a fixed seed, so two runs of
+one family start from the same weights and see the same batch. A *pair* is a target run that
+differs from the plain reference run (fp32, eager attention, two threads) in one way: a benign
+change (same run again, threads, bf16 autocast, sdpa attention, torch.compile) or a fault
+injected in one place. ``fault_module`` says which module the first divergence should name.
+
+Used by test_real_models.py; ``python real_models.py matrix OUT`` prints the whole matrix
+(see real_models_matrix.py). ``python real_models.py train JSON`` trains a list of runs in a fresh
+process: torch.compile runs go there, because a crash must not take the caller with it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, SEQ, BATCH, IMAGE, LABELS = 64, 16, 4, 32, 4
+FAULTS = ("act", "norm_eps", "attn_scale", "weight_row")
+# target-run kwargs of each benign pair; every run starts from REFERENCE
+BENIGN: dict[str, dict[str, Any]] = {
+    "same_twice": {},
+    "threads": {"threads": 1},
+    "bf16_autocast": {"autocast": True},
+    "sdpa": {"attn": "sdpa"},
+    "compiled": {"compile": True},
+}
+# Two threads pinned (not the machine's count) so that "threads 1 vs 2" means the same on
+# every machine and the other pairs differ from the reference in one thing only.
+REFERENCE: dict[str, Any] = {"attn": "eager", "threads": 2}
+# ROW 1: ResNet's first bottleneck conv has only 2 output channels
+NORM_EPS, ATTN_SCALE, ROW_DELTA, ROW = 1e-1, 1.5, 0.05, 1
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to build one family and where its faults go (module paths in layer 1, parameter in layer 0).
+
+    ``act_swap`` replaces the activation's ``forward`` on that instance only, so the module
+    keeps its path and class (a swapped class would change what module level records) and
+    every other layer keeps the real activation.
+    """
+
+    build: Callable[[str], nn.Module]
+    batch: Callable[[torch.Generator], dict[str, torch.Tensor]]
+    act: str
+    act_swap: Callable[[torch.Tensor], torch.Tensor]
+    norm: str
+    attention: str | None  # None: the family has no attention (no sdpa pair, no attn_scale)
+    weight: str
+
+
+def _causal_lm(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen)
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _masked_lm(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, VOCAB, (BATCH, SEQ), generator=gen)
+    masked = torch.rand(BATCH, SEQ, generator=gen) < 0.3
+    masked[:, 0] = True  # every row has a label
+    labels = torch.where(masked, ids, torch.full_like(ids, -100))
+    return {"input_ids": torch.where(masked, torch.full_like(ids, 4), ids), "labels": labels}
+
+
+def _seq2seq(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.randint(1, VOCAB, (BATCH, SEQ), generator=gen),
+            "labels": torch.randint(1, VOCAB, (BATCH, SEQ // 2), generator=gen)}
+
+
+def _images(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen),
+            "labels": torch.randint(0, LABELS, (BATCH,), generator=gen)}
+
+
+def _model(cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[str], nn.Module]:
+    def build(attn: str) -> nn.Module:
+        import transformers
+
+        config = getattr(transformers, cfg_name)(**cfg)
+        config._attn_implementation = attn
+        return getattr(transformers, cls_name)(config)
+    return build
+
+
+# The swapped activation must change the function's shape, not only its rounding: with the
+# Hugging Face init (std 0.02) pre-activations are ~0.1, where GELU's tanh approximation and
+# exact GELU agree to float32 rounding (tried: GPT-2 and BERT losses came out bit-identical).
+# SiLU and GELU differ by ~0.15 x^2 there, a few percent of the output.
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x)
+
+
+def _silu(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(x)
+
+
+_LM = {"vocab_size": VOCAB, "max_position_embeddings": 2 * SEQ, "bos_token_id": 1,
+       "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False}
+_LLAMA = {**_LM, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2}  # GQA: 2 kv heads for 4 heads
+
+FAMILIES: dict[str, Family] = {
+    # gelu_new: the tanh formula in Python ops (pow, mul, tanh, ...); the fault is one SiLU.
+    "gpt2": Family(
+        _model("GPT2LMHeadModel", "GPT2Config", vocab_size=VOCAB, n_positions=2 * SEQ, n_embd=32,
+               n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+               bos_token_id=1, eos_token_id=2),
+        _causal_lm, "transformer.h.1.mlp.act", _silu, "transformer.h.1.ln_1",
+        "transformer.h.1.attn", "transformer.h.0.mlp.c_fc.weight"),
+    "llama": Family(
+        _model("LlamaForCausalLM", "LlamaConfig", **_LLAMA),
+        _causal_lm, "model.layers.1.mlp.act_fn", _gelu, "model.layers.1.input_layernorm",
+        "model.layers.1.self_attn", "model.layers.0.mlp.up_proj.weight"),
+    "bert": Family(
+        _model("BertForMaskedLM", "BertConfig", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=2, intermediate_size=64, max_position_embeddings=2 * SEQ,
+               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0),
+        _masked_lm, "bert.encoder.layer.1.intermediate.intermediate_act_fn", _silu,
+        "bert.encoder.layer.1.attention.output.LayerNorm", "bert.encoder.layer.1.attention.self",
+        "bert.encoder.layer.0.intermediate.dense.weight"),
+    # T5 over BART: relative position bias made in block 0 and reused by block 1, RMS-style
+    # T5LayerNorm, no attention scaling (1.0): shapes of data flow the others do not have.
+    # One decoder block (the faults are in the encoder): T5 is the largest graph here.
+    "t5": Family(
+        _model("T5ForConditionalGeneration", "T5Config", vocab_size=VOCAB, d_model=32, d_kv=16,
+               d_ff=64, num_layers=2, num_decoder_layers=1, num_heads=2, dropout_rate=0.0,
+               relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0,
+               eos_token_id=2, tie_word_embeddings=False),
+        _seq2seq, "encoder.block.1.layer.1.DenseReluDense.act", _gelu,
+        "encoder.block.1.layer.0.layer_norm", "encoder.block.1.layer.0.SelfAttention",
+        "encoder.block.0.layer.1.DenseReluDense.wi.weight"),
+    # Bottleneck layers with BatchNorm; hidden_sizes [8, 16] give 2 and 4 reduced channels.
+    "resnet": Family(
+        _model("ResNetForImageClassification", "ResNetConfig", num_channels=3, embedding_size=8,
+               hidden_sizes=[8, 16], depths=[1, 1], num_labels=LABELS),
+        _images, "resnet.encoder.stages.1.layers.0.layer.0.activation", _gelu,
+        "resnet.encoder.stages.1.layers.0.layer.0.normalization", None,
+        "resnet.encoder.stages.0.layers.0.layer.0.convolution.weight"),
+    "vit": Family(
+        _model("ViTForImageClassification", "ViTConfig", image_size=IMAGE, patch_size=8,
+               hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+               num_labels=LABELS, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+        _images, "vit.layers.1.mlp.activation_fn", _silu, "vit.layers.1.layernorm_before",
+        "vit.layers.1.attention", "vit.layers.0.mlp.fc1.weight"),
+    # experts_implementation="eager": the reference per-expert loop, which calls the act_fn
+    # module once per expert hit (grouped_mm, the default, is a CPU fallback of a GPU kernel).
+    "mixtral": Family(
+        _model("MixtralForCausalLM", "MixtralConfig", **_LLAMA, num_local_experts=4,
+               num_experts_per_tok=2, experts_implementation="eager"),
+        _causal_lm, "model.layers.1.mlp.experts.act_fn", _gelu,
+        "model.layers.1.input_layernorm", "model.layers.1.self_attn",
+        "model.layers.0.self_attn.q_proj.weight"),
+}
+
+
+def pairs(family: str) -> list[str]:
+    """The pairs that make sense for ``family``: benign ones first, then faults."""
+    attention = FAMILIES[family].attention is not None
+    return [p for p in (*BENIGN, *FAULTS) if attention or p not in ("sdpa", "attn_scale")]
+
+
+def fault_module(family: str, fault: str) -> str:
+    """The module the first divergence should name for ``fault``.
+
+    act, norm_eps: the swapped activation / the norm itself (its inputs agree, its output not).
+    attn_scale: the attention module; the scaled matmul (eager) or the sdpa call happens in a
+    function it calls, not in a submodule, and its q/k/v projections still agree.
+    weight_row: the module that owns the changed parameter (a root: a parameter that differs
+    before any op ran).
+    """
+    fam = FAMILIES[family]
+    return {"act": fam.act, "norm_eps": fam.norm, "attn_scale": fam.attention or "",
+            "weight_row": fam.weight.rsplit(".", 1)[0]}[fault]
+
+
+def inject(model: nn.Module, family: str, fault: str) -> None:
+    """Put ``fault`` into ``model`` in one place (see ``Family``)."""
+    fam = FAMILIES[family]
+    if fault == "act":
+        model.get_submodule(fam.act).forward = fam.act_swap
+    elif fault == "norm_eps":
+        norm = model.get_submodule(fam.norm)
+        setattr(norm, "variance_epsilon" if hasattr(norm, "variance_epsilon") else "eps", NORM_EPS)
+    elif fault == "attn_scale" and fam.attention:
+        # every attention interface (eager and sdpa) takes scaling=module.scaling
+        attention = model.get_submodule(fam.attention)
+        attention.scaling = attention.scaling * ATTN_SCALE
+    elif fault == "weight_row":
+        with torch.no_grad():
+            model.get_parameter(fam.weight)[ROW] += ROW_DELTA
+    else:
+        raise ValueError(f"no fault {fault!r} for {family}")
+
+
+def run_record(path: Path) -> dict[str, Any]:
+    """What ``train`` recorded beside the dump: losses (float.hex, for bit-identity), seconds."""
+    return json.loads(Path(f"{path}.run.json").read_text())
+
+
+def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool = False,
+          threads: int | None = None, compile: bool = False, level: str = "aten",
+          data: str = "statistics", fault: str | None = None, seed: int = 0) -> Path:
+    """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
+
+    The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
+    """
+    import opscope
+
+    start = time.perf_counter()
+    fam = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = fam.build(attn)
+    model.train()
+    if fault:
+        inject(model, family, fault)
+    batch = fam.batch(torch.Generator().manual_seed(seed))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    runner = torch.compile(model, backend="eager") if compile else model
+    old_threads = torch.get_num_threads()
+    losses: list[torch.Tensor] = []
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        with opscope.dump(path, steps=list(range(steps)), level=level, data=data,
+                          overwrite=True) as d:
+            for _ in range(steps):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    loss = runner(**batch).loss
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
+                d.step()
+    finally:
+        torch.set_num_threads(old_threads)
+    values = [float(v) for v in losses]
+    if not all(math.isfinite(v) for v in values):
+        raise RuntimeError(f"{family}: non-finite loss {values}")
+    seconds = time.perf_counter() - start
+    Path(f"{path}.run.json").write_text(json.dumps({
+        "family": family, "losses": [v.hex() for v in values], "seconds": round(seconds, 3)}))
+    print(f"[real_models] {Path(path).name}: {seconds:.2f}s", file=sys.stderr)
+    return Path(path)
+
+
+def train_in_subprocesses(specs: list[dict[str, Any]], *, timeout: float = 900) -> dict[str, str]:
+    """``train(**spec)`` for each spec, in order, in fresh interpreters; returns {path: why} of failures.
+
+    One interpreter runs them all (importing torch and transformers once); when one run kills
+    it (torch.compile under capture can die of SIGSEGV), that run is reported and the rest go
+    on in a new interpreter.
+    """
+    for spec in specs:
+        Path(f"{spec['path']}.run.json").unlink(missing_ok=True)
+    failures: dict[str, str] = {}
+    todo = list(specs)
+    while todo:
+        done = subprocess.run([sys.executable, __file__, "train", json.dumps(todo, default=str)],
+                              capture_output=True, text=True, timeout=timeout)
+        todo = [s for s in todo if not Path(f"{s['path']}.run.json").exists()]
+        if todo:
+            code = done.returncode
+            what = f"signal {-code}" if code < 0 else f"exit {code}"
+            failures[str(todo[0]["path"])] = f"crash ({what}): {done.stderr[-2000:]}"
+            todo = todo[1:]
+    return failures
+
+
+def pair_spec(family: str, pair: str, path: Path, **kwargs: Any) -> dict[str, Any]:
+    """The ``train`` kwargs of the target run of ``pair`` (family and path included).
+
+    ``kwargs`` change the base run (data mode, level, sdpa on both sides); the pair's own change
+    is applied last.
+    """
+    spec = {**REFERENCE, **kwargs, **BENIGN.get(pair, {}), "family": family, "path": path}
+    if pair in FAULTS:
+        spec["fault"] = pair
+    return spec
+
+
+def run_pair(family: str, pair: str, path: Path, **kwargs: Any) -> Path:
+    """The target run of ``pair``; compiled runs go to a subprocess (RuntimeError if it fails)."""
+    spec = pair_spec(family, pair, path, **kwargs)
+    if not spec.get("compile"):
+        return train(spec.pop("family"), spec.pop("path"), **spec)
+    failures = train_in_subprocesses([spec])
+    if failures:
+        raise RuntimeError(failures[str(path)])
+    return Path(path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["train"]:
+        for spec in json.loads(sys.argv[2]):
+            train(spec.pop("family"), Path(spec.pop("path")), **spec)
+    elif sys.argv[1:2] == ["matrix"]:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from real_models_matrix import main
+
+        sys.exit(main(sys.argv[2:]))
+    else:
+        sys.exit(f"usage: {sys.argv[0]} train JSON | matrix OUT [--families ...] [--modes ...]")

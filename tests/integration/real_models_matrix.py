@@ -1,0 +1,108 @@
+"""The real-model matrix of issue 19: family x pair x data mode -> verdict, as a table.
+
+``python real_models.py matrix OUT [--families gpt2,llama] [--modes statistics,tensor]
+[--level aten] [--steps 3]`` trains every pair's target and one reference per family and mode
+under OUT, compares them and prints one row per pair as it goes: the verdict, how many
+culprits, the first divergence, whether that is what the test expects ("ok" / "WRONG"), and
+the target run's wall time. A compiled run that kills its process is reported as "crash".
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import real_models as rm
+
+
+@dataclass
+class Row:
+    family: str
+    pair: str
+    mode: str
+    verdict: str
+    culprits: int | None = None
+    first: str = ""
+    expected: bool | None = None
+    seconds: float = 0.0
+    compare_seconds: float = 0.0
+
+    def line(self) -> str:
+        mark = {None: "", True: "ok", False: "WRONG"}[self.expected]
+        culprits = "" if self.culprits is None else str(self.culprits)
+        return (f"{self.family:<8} {self.pair:<14} {self.mode:<10} {self.verdict:<16} {culprits:>4}  "
+                f"{mark:<5} {self.seconds:6.2f}s {self.compare_seconds:6.2f}s  {self.first}")
+
+
+HEADER = (f"{'family':<8} {'pair':<14} {'mode':<10} {'verdict':<16} {'cul':>4}  {'exp':<5} "
+          f"{'run':>7} {'compare':>7}  first divergence (module | op | phase | step)")
+
+
+def expected(family: str, pair: str, verdict: str, first: object) -> bool:
+    """What test_real_models asserts, in one place for the table."""
+    if pair not in rm.FAULTS:
+        return verdict in ("identical", "within_tolerance") and first is None
+    want = rm.fault_module(family, pair)
+    module = getattr(first, "module", None) or ""
+    return verdict == "diverged" and (module == want or module.startswith(want + "."))
+
+
+def compare_row(family: str, pair: str, mode: str, target: Path, reference: Path) -> Row:
+    import opscope
+
+    start = time.perf_counter()
+    try:
+        result = opscope.compare(target, reference, workers=1)
+    except Exception as exc:  # the table reports it; the tests let it raise
+        return Row(family, pair, mode, f"error: {type(exc).__name__}", first=str(exc)[:120],
+                   expected=False, compare_seconds=time.perf_counter() - start)
+    first = result.first_divergence
+    where = "" if first is None else (
+        f"{first.module or '(top)'} | {first.param or first.op} | {first.phase} | {first.step}"
+        + (f" [{first.kind}]" if first.kind != "culprit" else ""))
+    return Row(family, pair, mode, result.verdict, len(result.culprits), where,
+               expected(family, pair, result.verdict, first),
+               compare_seconds=time.perf_counter() - start)
+
+
+def matrix(out: Path, families: list[str], modes: list[str], level: str, steps: int) -> list[Row]:
+    rows: list[Row] = []
+    print(HEADER, flush=True)
+    for family in families:
+        for mode in modes:
+            kwargs = {"level": level, "data": mode, "steps": steps}
+            reference = rm.train(family, out / f"{family}-{mode}-{level}-reference",
+                                 **rm.REFERENCE, **kwargs)
+            print(f"# {family} {mode} reference: {rm.run_record(reference)['seconds']:.2f}s",
+                  flush=True)
+            for pair in rm.pairs(family):
+                target = out / f"{family}-{mode}-{level}-{pair}"
+                start = time.perf_counter()
+                try:
+                    rm.run_pair(family, pair, target, **kwargs)
+                except RuntimeError as exc:
+                    row = Row(family, pair, mode, str(exc).split(":")[0], expected=False,
+                              first=str(exc).strip().splitlines()[-1][:120])
+                else:
+                    row = compare_row(family, pair, mode, target, reference)
+                row.seconds = time.perf_counter() - start
+                rows.append(row)
+                print(row.line(), flush=True)
+    return rows
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="real_models.py matrix")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--families", default=",".join(rm.FAMILIES))
+    parser.add_argument("--modes", default="statistics,tensor")
+    parser.add_argument("--level", default="aten", choices=["aten", "module"])
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    rows = matrix(args.out, args.families.split(","), args.modes.split(","), args.level, args.steps)
+    wrong = [r for r in rows if not r.expected]
+    print(f"# {len(rows)} pairs, {len(wrong)} not as expected, {time.perf_counter() - start:.1f}s")
+    return 1 if wrong else 0

@@ -1,0 +1,168 @@
+"""Real third-party models (tiny random-config Hugging Face transformers), issue 19.
+
+Every family trains two AdamW steps under opscope.dump; the reference is the plain run (fp32,
+eager attention, two threads) and the target differs in one way. Benign differences must
+come out identical or within tolerance with no culprit; a fault injected in one place must
+come out diverged with the first divergence naming the module the fault is in
+(real_models.fault_module says which and why). Dumps are made once per session and shared.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parent))
+import real_models as rm  # noqa: E402
+
+import opscope  # noqa: E402
+
+STEPS = 2  # step 0 holds every first divergence; step 1 runs on updated weights
+MODES = ("statistics", "tensor")
+
+
+class Runs:
+    """Dumps and comparisons made at most once per (family, pair, data, level, attn) in a session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.results: dict[tuple[str, ...], Any] = {}
+        self.crashed: dict[str, str] = {}
+
+    def path(self, family: str, pair: str, data: str, level: str, attn: str) -> Path:
+        return self.root / f"{family}-{pair}-{data}-{level}-{attn}"
+
+    def dump(self, family: str, pair: str, data: str, level: str = "aten",
+             attn: str = "eager") -> Path:
+        path = self.path(family, pair, data, level, attn)
+        kwargs = {"data": data, "level": level, "steps": STEPS, "attn": attn}
+        if pair == "compiled" and str(path) not in self.crashed and not Path(f"{path}.run.json").exists():
+            # every compiled run at once: one interpreter start instead of one a family
+            specs = [rm.pair_spec(f, pair, self.path(f, pair, data, level, attn), **kwargs)
+                     for f in COMPILED]
+            self.crashed.update(rm.train_in_subprocesses(specs))
+        if str(path) in self.crashed:
+            pytest.fail(f"{family} {pair}: {self.crashed[str(path)]}")
+        if not Path(f"{path}.run.json").exists():
+            if pair == "reference":
+                rm.train(family, path, **{**rm.REFERENCE, **kwargs})
+            else:
+                rm.run_pair(family, pair, path, **kwargs)
+        return path
+
+    def compare(self, family: str, pair: str, data: str, level: str = "aten",
+                attn: str = "eager") -> Any:
+        key = (family, pair, data, level, attn)
+        if key not in self.results:
+            target = self.dump(family, pair, data, level, attn)
+            reference = self.dump(family, "reference", data, level, attn)
+            self.results[key] = opscope.compare(target, reference)
+        return self.results[key]
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("real_models"))
+
+
+def _culprits(result: Any) -> list[str]:
+    return [c.where for c in result.culprits[:5]]
+
+
+# Full tensors only where they can change the judgement (and the file stays within a few
+# minutes on two cores): the benign differences of a few ulps to a few bf16 epsilons, and the
+# subtlest fault (an activation off by a few percent). Statistics mode runs every pair; the
+# matrix script (python real_models.py matrix OUT) runs every pair in both modes.
+TENSOR_PAIRS = ("threads", "bf16_autocast", "act")
+# torch.compile costs ~10 s a family even with backend="eager": the decoder that crashed under
+# capture (SIGSEGV, gpt2), BatchNorm buffers (resnet) and the data-dependent expert loop that
+# breaks the graph (mixtral). The matrix script compiles every family.
+COMPILED = ("gpt2", "resnet", "mixtral")
+
+
+def _cases(pairs: tuple[str, ...], modes: tuple[str, ...] = MODES) -> list[Any]:
+    return [pytest.param(f, p, m, id=f"{f}-{p}-{m}",
+                         marks=[pytest.mark.slow] if m == "tensor" else [])
+            for f in rm.FAMILIES for p in pairs for m in modes
+            if p in rm.pairs(f) and (m != "tensor" or p in TENSOR_PAIRS)]
+
+
+@pytest.mark.parametrize("family, pair, data", _cases(("threads", "bf16_autocast", "sdpa")))
+def test_benign_pair_has_no_culprit(runs: Runs, family: str, pair: str, data: str) -> None:
+    """No culprit for a benign change of threads, precision or attention kernel.
+
+    Mixtral under bf16 autocast is the hard one: its router logits, rounded to bf16, send 1 of
+    64 tokens of layer 0 to another expert (measured), so the expert loop runs other shapes.
+    That is still the precision change and nothing else, so it is held to the same rule.
+    """
+    result = runs.compare(family, pair, data)
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
+
+
+@pytest.mark.parametrize("family", rm.FAMILIES)
+def test_same_run_twice_is_identical(runs: Runs, family: str) -> None:
+    result = runs.compare(family, "same_twice", "statistics")
+    same, reference = (rm.run_record(runs.dump(family, p, "statistics")) for p in ("same_twice", "reference"))
+    assert same["losses"] == reference["losses"]  # the model itself is deterministic
+    assert result.verdict == "identical", _culprits(result)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", COMPILED)
+def test_compiled_run_has_no_culprit(runs: Runs, family: str) -> None:
+    """torch.compile(backend="eager") against the eager run; in a subprocess, as it may crash."""
+    result = runs.compare(family, "compiled", "statistics")
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
+
+
+def _assert_fault_named(runs: Runs, result: Any, family: str, fault: str, data: str,
+                        level: str = "aten", attn: str = "eager") -> None:
+    losses = [rm.run_record(runs.dump(family, p, data, level, attn))["losses"] for p in (fault, "reference")]
+    assert losses[0] != losses[1]  # the fault is real: it changes training
+    assert result.verdict == "diverged"
+    first = result.first_divergence
+    assert first is not None
+    want = rm.fault_module(family, fault)
+    # The module is named exactly: each fault sits in one module whose own computation (not a
+    # child's) changed, and the first step's forward is where it shows first.
+    assert (first.module, first.phase, first.step) == (want, "forward", 0), first.where
+    if fault == "weight_row":
+        assert (first.kind, first.param) == ("root", rm.FAMILIES[family].weight), first.where
+    else:
+        assert first.kind == "culprit", first.where
+
+
+@pytest.mark.parametrize("family, fault, data", _cases(rm.FAULTS))
+def test_fault_is_named(runs: Runs, family: str, fault: str, data: str) -> None:
+    _assert_fault_named(runs, runs.compare(family, fault, data), family, fault, data)
+
+
+@pytest.mark.parametrize("family", ["llama", "bert"])
+def test_attention_scale_is_named_under_sdpa(runs: Runs, family: str) -> None:
+    """The same fault when both sides use sdpa: the scale reaches the fused op, not a mul."""
+    result = runs.compare(family, "attn_scale", "statistics", attn="sdpa")
+    _assert_fault_named(runs, result, family, "attn_scale", "statistics", attn="sdpa")
+    assert "scaled_dot_product" in result.first_divergence.op, result.first_divergence.where
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, fault, data", _cases(rm.FAULTS, ("statistics",)))
+def test_fault_is_named_at_module_level(runs: Runs, family: str, fault: str, data: str) -> None:
+    """Module level: the innermost module whose inputs agree and whose outputs differ."""
+    result = runs.compare(family, fault, data, level="module")
+    _assert_fault_named(runs, result, family, fault, data, level="module")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, pair, data", _cases(("same_twice", "bf16_autocast"), ("statistics",)))
+def test_benign_pair_at_module_level(runs: Runs, family: str, pair: str, data: str) -> None:
+    result = runs.compare(family, pair, data, level="module")
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
