@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from opscope.compare.conditioning import reduction
 from opscope.compare.pair import INPUT_IO
 from opscope.compare.state import Node, VerdictState, input_error, join, raw_error
 from opscope.compare.tolerance import is_float
@@ -37,14 +38,32 @@ def build_spans(state: VerdictState) -> None:
         b[0], b[1] = min(b[0], row["seq"]), max(b[1], row["seq"])
         if row["seq"] < b[2]["seq"]:
             b[2] = row
+    for key, rows in ordered.items():
+        rows.sort(key=lambda r: r["seq"])
+        state.ordered[key] = rows
     for (side, rank, step, module, _, _), (start, end, head) in bounds.items():
+        if end == start and "." not in str(head.get("op") or "."):
+            # a module call (op = its class name, not aten.* / torch.* / Opt.step) whose
+            # inputs came as keywords (model(**batch)) and were not recorded
+            start = _first_inside(state.ordered[(side, rank, step)], module, end)
         if end > start:
             span = {"start": start, "end": end, "module": module, "head": head}
             state.spans.setdefault((side, rank, step), []).append(span)
             state.span_ends[(side, rank, step, end)] = span
-    for key, rows in ordered.items():
-        rows.sort(key=lambda r: r["seq"])
-        state.ordered[key] = rows
+
+
+def _first_inside(rows: list[Row], module: str, end: int) -> float:
+    """Where a call whose inputs were not recorded began: before the run of forward records
+    of its submodules that ends at its output."""
+    i = bisect.bisect_left(rows, end, key=lambda r: r["seq"])
+    start: float = end
+    while i > 0:
+        row = rows[i - 1]
+        inner = row.get("module") or ""
+        if row.get("phase") != "forward" or not (inner == module or _inside(inner, module)):
+            break
+        start, i = row["seq"] - 0.5, i - 1
+    return start
 
 
 def owner_of(state: VerdictState, side: str, rank: int, step: int, row: Row) -> dict[str, Any] | None:
@@ -118,6 +137,24 @@ def backward_known(state: VerdictState, side: str, rank: int, step: int, seq: in
             known = max(known, 0.0 if math.isnan(error) else error)
             tainted = tainted or id(earlier) in state.tainted
     return known, tainted
+
+
+def module_gradient_error(state: VerdictState, node: Node, grad_row: Row, own: Any) -> float:
+    """The error a parameter's gradient may carry from the gradient recorded at its module's
+    output: a bias gradient sums that over the batch, and where the sum cancels (a key bias,
+    whose true gradient is zero) the error relative to it grows ||g_out||·sqrt(r)/||g||."""
+    rows = state.ordered.get((node.side, node.rank, node.step), [])
+    module = grad_row.get("module")
+    for row in rows[:bisect.bisect_left(rows, grad_row["seq"], key=lambda r: r["seq"])]:
+        if row.get("phase") != "backward" or row.get("module") != module or row.get("producer") is not None:
+            continue
+        record = state.entry.get((node.side, node.rank, node.step, row["id"]))
+        if record is None or not record.metrics:
+            continue
+        error = input_error(state, record)
+        factor = reduction([row], grad_row, own.metrics.get("ref_norm") or 0.0)
+        return 0.0 if math.isnan(error) else error * factor
+    return 0.0
 
 
 def _parent_span(state: VerdictState, node: Node, module: str) -> dict[str, Any] | None:

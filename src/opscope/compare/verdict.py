@@ -33,6 +33,7 @@ from opscope.compare.internal import (
     gradient_nodes,
     judge_gradient,
     judge_internal,
+    module_gradient_error,
     owner_of,
 )
 from opscope.compare.nesting import demote_enclosing
@@ -257,6 +258,7 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         # link the capture missed): in proportion to the gradients recorded in that backward
         # pass, it is their noise
         known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
+        known = max(known, module_gradient_error(state, node, row, own))
         if not error > max(tol, state.noise.ratio * known):
             own.status = "passed"
             own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
