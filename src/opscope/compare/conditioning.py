@@ -89,3 +89,22 @@ def _num(value: Any) -> float:
         return float(value) if value is not None else math.nan
     except (TypeError, ValueError):
         return math.nan
+
+
+@register_condition("mul", "mul_")
+def product(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """a ⊙ b: ||Δ(ab)|| <= ||Δa||·max|b| + max|a|·||Δb|| (a broadcast input's error repeats),
+    so where b weighs a's rows unevenly (an inverse RMS cubed in a norm's backward) the
+    product's relative error is out of proportion to each factor's. Two tensors only: a
+    scalar factor scales error and value alike."""
+    factors = [r for r in inputs if (r.get("numel") or 0) > 1]
+    if len(factors) != 2 or out_norm <= 0:
+        return 1.0
+    n_out = out_row.get("numel") or 0
+    total = 0.0
+    for mine, other in (factors, factors[::-1]):
+        norm, absmax, n = _num(mine.get("norm")), _num(other.get("absmax")), mine.get("numel") or 0
+        if not (math.isfinite(norm) and math.isfinite(absmax)) or n <= 0:
+            return 1.0
+        total += norm * absmax * math.sqrt(max(1.0, n_out / n)) / out_norm
+    return total
