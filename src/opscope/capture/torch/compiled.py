@@ -18,12 +18,19 @@ the one place where dynamo calls a backend, patched only while a dump runs) so t
   calls of a few aten kernels on scratch buffers would read as model ops) runs with capture
   paused, forward and backward, and is said once in a warning.
 
+With graph breaks a forward runs several graphs, made from the frames of submodules or
+from dynamo's resumed frames, whose module hooks dynamo dropped (it traced them): each
+graph's call finds the module of its frame, and what its module paths start from, in the
+Python frames that call it (:func:`_frames`), and leaves the tracker at the module whose
+frame goes on after it.
+
 What was compiled is written to the manifest (``compiled``). Graphs compiled before the
 dump started are not wrapped.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import warnings
@@ -31,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.modules import strip_wrapped, tensors_of
+from opscope.capture.torch.modules import strip_wrapped, tensors_of, unwrap
 
 if TYPE_CHECKING:
     from opscope.capture.torch.session import DumpSession
@@ -40,28 +47,38 @@ if TYPE_CHECKING:
 _ATEN_BACKENDS = frozenset(("eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_default_partitioner"))
 _ROOT = re.compile(r"^[LG]\['[^']*'\]")  # the frame's local or global a module path starts from
 _INDEX = re.compile(r"\._modules\['([^']*)'\]|\[['\"]?([^\]'\"]*)['\"]?\]")
+_NAME = re.compile(r"^([LG])\['([^']*)'\]$")
 
 _ACTIVE: CompileWatch | None = None  # graphs outlive the dump: their hooks do nothing after it
 
 
-def graph_scope(path: str) -> None:
-    """Called by an instrumented FX graph before the nodes of module ``path`` (relative to
-    the module that called the graph)."""
+def graph_scope(root: str, path: str) -> None:
+    """Called by an instrumented FX graph before the nodes of module ``path``, relative to
+    ``root``: the frame's local or global the graph's module paths start from (``""``: the
+    module whose frame made the graph)."""
     watch = _ACTIVE
     if watch is not None and watch.entries:
-        depth, base = watch.entries[-1]
-        watch.session.modules.set_inner(depth, f"{base}.{path}" if base and path else base or path)
+        scope = watch.entries[-1]
+        base = scope.roots.get(root, scope.frame) if root else scope.frame
+        watch.session.modules.set_inner(scope.depth, f"{base}.{path}" if base and path else base or path)
+
+
+def _source_of(node: Any) -> tuple[str, str]:
+    """The root (``L['self']``, ``G['model']``) and the path from it of the module an FX
+    node of dynamo's graph came from (``("", "")``: none)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return "", ""
+    fqn = str(list(stack.values())[-1][0])
+    root = _ROOT.match(fqn)
+    fqn = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), fqn[root.end():] if root else fqn)
+    return (root.group(0) if root else ""), strip_wrapped(fqn.lstrip("."))
 
 
 def module_of(node: Any) -> str:
     """The module an FX node of dynamo's graph came from, as ``named_modules()`` names it
     from the graph's root (``L['self'].layers.0`` or ``L['self']._modules['layers']...``)."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return ""
-    fqn = _ROOT.sub("", str(list(stack.values())[-1][0]))
-    fqn = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), fqn)
-    return strip_wrapped(fqn.lstrip("."))
+    return _source_of(node)[1]
 
 
 def _scope_nodes(gm: torch.fx.GraphModule) -> list[str]:
@@ -72,15 +89,73 @@ def _scope_nodes(gm: torch.fx.GraphModule) -> list[str]:
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        path = module_of(node)
-        if path != last:
+        source = _source_of(node)
+        if source != last:
             with gm.graph.inserting_before(node):
-                gm.graph.call_function(graph_scope, (path,))
-            last = path
-            if path not in seen:
-                seen.append(path)
+                gm.graph.call_function(graph_scope, source)
+            last = source
+            if source[1] not in seen:
+                seen.append(source[1])
     gm.recompile()
     return seen
+
+
+class Scope:
+    """A running graph: the tracker's depth below it, the module of the frame that called
+    it (``frame``), and what the roots of its module paths are at this call."""
+
+    __slots__ = ("depth", "frame", "roots")
+
+    def __init__(self, depth: int, frame: str, roots: dict[str, str]) -> None:
+        self.depth, self.frame, self.roots = depth, frame, roots
+
+
+_SKIP_FILES = (__file__, f"{os.sep}torch{os.sep}_dynamo{os.sep}")
+
+
+def _frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None, dict[str, str]]:
+    """Where a compiled graph runs, read from the Python frames that called it: the module
+    whose frame made the graph, the module that frame returns to, and the module each root
+    of the graph's module paths is at this call.
+
+    Dynamo turns a frame that graph-breaks into code without its module hooks (they were
+    traced), so the modules between the innermost call the hooks saw and the graph are
+    known only from the frames: each one's ``self``. One walk per graph call, never per op.
+    """
+    depth = tracker.hooked()
+    top = tracker._callers[depth - 1] if depth else None
+    stop = (id(top), id(unwrap(top))) if top is not None else ()
+    frame: str | None = None
+    called: str | None = None
+    found: dict[str, str] = {}
+    own = True
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code.co_filename == _SKIP_FILES[0] or _SKIP_FILES[1] in code.co_filename:
+            f = f.f_back
+            continue
+        if own:  # the graph's own frame: its locals and globals are the roots
+            own = False
+            for root in roots:
+                match = _NAME.match(root)
+                if match:
+                    scope = f.f_locals if match.group(1) == "L" else f.f_globals
+                    name = tracker.name_of(scope.get(match.group(2)))
+                    if name is not None:
+                        found[root] = name
+        if "self" in code.co_varnames:
+            obj = f.f_locals.get("self")
+            if obj is not None and id(obj) in stop:
+                break
+            name = tracker.name_of(obj)
+            if name is not None and name != frame:
+                if frame is not None:
+                    called = name
+                    break
+                frame = name
+        f = f.f_back
+    return frame, called, found
 
 
 class CompileWatch:
@@ -89,7 +164,7 @@ class CompileWatch:
     def __init__(self, session: DumpSession) -> None:
         self.session = session
         self.graphs: list[dict[str, Any]] = []
-        self.entries: list[tuple[int, str]] = []  # (module stack depth, path) of running graphs
+        self.entries: list[Scope] = []  # the running graphs, innermost last
         self.installed = False
         self._paused: list[bool] = []
         self._original: Any = None
@@ -166,6 +241,7 @@ class CompileWatch:
         backend = _backend_name(getattr(graph, "compiler_fn", None))
         runs_graph = getattr(compiled_fn, "__self__", None) is gm  # eager: the FX code itself
         modules = sorted({module_of(n) for n in gm.graph.nodes} - {""})
+        roots = frozenset(_source_of(n)[0] for n in gm.graph.nodes) - {""}
         if runs_graph:
             modules = _scope_nodes(gm)
             compiled_fn = gm.forward
@@ -176,7 +252,10 @@ class CompileWatch:
                 "module_paths": "kept" if runs_graph else "the calling module's"}
         self.graphs.append(info)
         self._warn(info)
-        return GraphRun(self, info, compiled_fn, runs_graph, inner == "recorded").as_callable()
+        reason = getattr(graph, "compile_subgraph_reason", None)
+        run = GraphRun(self, info, compiled_fn, runs_graph, inner == "recorded")
+        run.roots, run.returns = roots, reason is not None and not reason.graph_break
+        return run.as_callable()
 
     def _warn(self, info: dict[str, Any]) -> None:
         """One line, once per dump, where compile hides what this level would record."""
@@ -204,6 +283,8 @@ class GraphRun:
         self.watch, self.info, self.fn = watch, info, fn
         self.scoped, self.transparent = scoped, transparent
         self.op = info["graph"]
+        self.roots: frozenset[str] = frozenset()  # the frame's locals and globals its module paths start from
+        self.returns = False  # the graph ends its frame (dynamo compiled it at a return, not a graph break)
 
     def as_callable(self) -> Any:
         run = self.__call__
@@ -219,11 +300,21 @@ class GraphRun:
         s = watch.session
         if _ACTIVE is not watch or not s.capturing:
             return self.fn(*args, **kwargs)
-        path, phase = s.modules.path, s.phase
+        tracker = s.modules
+        depth = tracker.hooked()
+        try:
+            frame, called, roots = _frames(tracker, self.roots)
+        except Exception as exc:  # opscope's failure never stops the run
+            s.internal_error(exc)
+            frame, called, roots = None, None, {}
+        if frame is None:  # no module frame below the innermost hooked call
+            frame = tracker.stack[depth - 1] if depth else ""
+        tracker.set_inner(depth, frame)  # the graph's frame's module: its ops', and its own call's
+        path, phase = tracker.path, s.phase
         level = s.cfg.level
         record = (level != "aten" or not self.transparent) and s.recorder.selected(path, self.op, phase)
         call = self._record(path, phase, tensors_of((args, kwargs)), None) if record else -1
-        watch.entries.append((len(s.modules.stack), path))
+        watch.entries.append(Scope(depth, frame, roots))
         if not self.transparent:
             watch.pause()
         try:
@@ -231,9 +322,10 @@ class GraphRun:
         finally:
             if not self.transparent:
                 watch.resume()
-            depth, _ = watch.entries.pop()
-            if self.scoped:
-                s.modules.set_inner(depth, None)
+            watch.entries.pop()
+            # what runs next runs in the graph's frame (it goes on after a graph break), or in
+            # the frame that called it (the graph ended its frame)
+            tracker.set_inner(depth, called if self.returns else frame)
         if record and s.capturing:
             self._record(path, phase, tensors_of(out), call)
         if not self.transparent and s.capturing and "backward" in s.cfg.phases:

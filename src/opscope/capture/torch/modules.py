@@ -128,6 +128,20 @@ class ModuleTracker:
                 return True
         return id(module) not in self.names and isinstance(module, torch.fx.GraphModule)
 
+    def hooked(self) -> int:
+        """The stack's depth without the entries :meth:`set_inner` made (compiled graphs' scopes)."""
+        depth = len(self._callers)
+        while depth and self._callers[depth - 1] is None:
+            depth -= 1
+        return depth
+
+    def name_of(self, obj: Any) -> str | None:
+        """The path of a module of the model (None: not a module of it)."""
+        if not isinstance(obj, torch.nn.Module):
+            return None
+        name = self.names.get(id(obj))
+        return name if name is not None else self.names.get(id(unwrap(obj)))
+
     def set_inner(self, depth: int, path: str | None) -> None:
         """Inside a compiled graph run as its FX code: the module its next ops belong to
         (``path``; None: back to the graph's caller at stack ``depth``)."""
@@ -161,10 +175,19 @@ class ModuleTracker:
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if _is_compiling():
             return
-        path = self.stack.pop() if self.stack else self._name(module)
-        if self._callers:
-            self._callers.pop()
-        if self._shadows and self._shadows.pop():
+        callers = self._callers
+        if not callers or callers[-1] is not module:
+            # Under torch.compile a call's hooks need not pair up: dynamo turns a frame that
+            # graph-breaks into code without its (traced) hooks, and a compiled graph's
+            # scopes replace the entries above it. Only this module's own entry is popped,
+            # with whatever is left above it; a call without one has nothing to pop.
+            if not any(c is module for c in callers):
+                return
+            while callers[-1] is not module:
+                del self.stack[-1], callers[-1], self._shadows[-1]
+        path = self.stack.pop()
+        callers.pop()
+        if self._shadows.pop():
             return
         if self.on_change is not None:
             self.on_change(self.stack[-1] if self.stack else "")
