@@ -1,7 +1,8 @@
 """Verdicts: which operator made the two sides diverge.
 
-Passes over the measured pairs, applied in order (:data:`VERDICT_PASSES`; the replay
-feature plugs in before ranking with :func:`register_pass`):
+Passes over the measured pairs, applied in order (:data:`VERDICT_PASSES`; a pass that
+needs the pairs and the verdict state registers with :func:`register_pass`; one over the
+finished result, such as float64 replay, with :mod:`opscope.compare.passes`):
 
 1. :func:`index` — op calls, their rows and the pair holding each row, per side.
 2. :func:`judge` — in execution order, per rank and step: an op whose output error is out of
@@ -353,7 +354,8 @@ VERDICT_PASSES: list[VerdictPass] = [index, judge, demote_enclosing]
 
 
 def register_pass(fn: VerdictPass, *, before: VerdictPass | None = None) -> VerdictPass:
-    """Add a pass (e.g. float64 replay of suspects); refuses one already registered."""
+    """Add a pass over the verdict state (before ``before``, or last); refuses one already
+    registered. (Replay runs over the finished result instead: opscope.compare.passes.)"""
     if fn in VERDICT_PASSES:
         raise ValueError(f"verdict pass {fn.__name__} is already registered")
     at = VERDICT_PASSES.index(before) if before in VERDICT_PASSES else len(VERDICT_PASSES)
