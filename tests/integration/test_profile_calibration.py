@@ -80,6 +80,13 @@ TRAIN = textwrap.dedent(
 )
 
 
+# Under four busy loops pinned to its CPU the thread always waits (slower); the short
+# calibration workload, timed between the waits, now and then comes out faster (+-30%), and
+# the headline then says the machine was "different": both name the machine, not the code.
+_MACHINE_BUSIER = "the machine was slower during B"
+_MACHINE_MIXED = "the machine was different during B"
+
+
 def opscope_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120)
 
@@ -118,7 +125,7 @@ def test_calibration_is_recorded_and_read_back(runs) -> None:
 def test_same_code_on_a_busier_machine_is_not_flagged(runs) -> None:
     done = opscope_cli("diff", str(runs / "base"), str(runs / "busy"))
     assert done.returncode == 0, done.stdout
-    assert "the machine was slower during B" in done.stdout
+    assert _MACHINE_BUSIER in done.stdout or _MACHINE_MIXED in done.stdout
     assert "waited for a CPU" in done.stdout
     assert "no phase changed beyond noise once the machine is taken into account" in done.stdout
     raw = opscope_cli("diff", str(runs / "base"), str(runs / "busy"), "--ignore-machine")
@@ -133,7 +140,7 @@ def test_slower_code_on_a_busier_machine_is_still_flagged(runs) -> None:
     step = next(c for c in result["phases"] if c["name"] == "step")
     assert step["direction"] == "slower" and 0 < step["wait_ms"] < step["delta_ms"]
     assert result["causes"]["step"] in ("aten::mm", "aten::addmm")
-    assert result["headlines"][0].startswith("the machine was slower during B")
+    assert result["headlines"][0].startswith((_MACHINE_BUSIER, _MACHINE_MIXED))
 
 
 def test_profile_without_calibration_is_compared_as_before(runs, tmp_path) -> None:
