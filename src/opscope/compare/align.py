@@ -151,11 +151,9 @@ def _match(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[int, int]]:
 
 
 def _similarity(a: OpCall, b: OpCall) -> float:
-    """2 for the same op, +1 for the same output shapes, +1 as output norms get closer."""
+    """3 for a match (same op, same output shapes: see _matchable), +1 as output norms get closer."""
     oa, ob = a.outputs(), b.outputs()
-    score = 2.0
-    if [list(o.get("shape") or []) for o in oa] == [list(o.get("shape") or []) for o in ob]:
-        score += 1.0
+    score = 3.0
     if oa and ob:
         na, nb = oa[0].get("norm"), ob[0].get("norm")
         if na is not None and nb is not None and math.isfinite(na) and math.isfinite(nb):

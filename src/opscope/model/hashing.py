@@ -61,3 +61,16 @@ def content_hash(arr: np.ndarray) -> int:
         h1 += int(np.sum(x ^ salt, dtype=np.uint64))
         h2 += int(np.sum(x, dtype=np.uint64))
     return ((h1 & M32) << 32) | (h2 & M32)
+
+
+def wsum64_v1(arr: np.ndarray) -> int:
+    """The old ``wsum64-v1`` of ``arr`` (dumps written before v2): over elements of their own
+    width (16- and 8-bit dtypes at their width, others as 32-bit words),
+    ``h1 = Σ w_i·(2i+1)``, ``h2 = Σ (w_i XOR i·0x9E3779B9)·0x85EBCA6B``, both mod 2^32."""
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    w = flat.view({1: np.uint8, 2: np.uint16}.get(flat.itemsize, np.uint32)).astype(np.uint64)
+    i = np.arange(w.size, dtype=np.uint64)
+    h1 = int(np.sum(w * (2 * i + 1), dtype=np.uint64)) & M32
+    h2 = int(np.sum(((w ^ ((i * np.uint64(GOLD)) & np.uint64(M32))) * np.uint64(0x85EBCA6B))
+                    & np.uint64(M32), dtype=np.uint64)) & M32
+    return (h1 << 32) | h2

@@ -13,17 +13,7 @@ import synth
 
 import opscope
 from opscope.compare.measure import hashes_comparable
-
-
-def wsum64_v1(arr: np.ndarray) -> int:
-    """The old hash (docs/format.md): linear in the words, so the swapped masks collide."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    w = flat.view({1: np.uint8, 2: np.uint16}.get(flat.itemsize, np.uint32)).astype(np.uint64)
-    i = np.arange(w.size, dtype=np.uint64)
-    h1 = int(np.sum(w * (2 * i + 1), dtype=np.uint64)) & 0xFFFFFFFF
-    h2 = int(np.sum(((w ^ ((i * np.uint64(0x9E3779B9)) & np.uint64(0xFFFFFFFF))) * np.uint64(0x85EBCA6B))
-                    & np.uint64(0xFFFFFFFF), dtype=np.uint64)) & 0xFFFFFFFF
-    return (h1 << 32) | h2
+from opscope.model.hashing import wsum64_v1
 
 
 def routed_run(path, *, swap: bool, data: str = "tensor", **hashing) -> object:

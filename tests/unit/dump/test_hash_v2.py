@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from opscope.capture.torch import stats
-from opscope.model.hashing import content_hash
+from opscope.model.hashing import content_hash, wsum64_v1
 
 
 def routing_masks() -> list[torch.Tensor]:
@@ -49,16 +49,6 @@ KERNEL = "import torch\n" + inspect.getsource(routing_masks) + textwrap.dedent("
                       "mask_as_float32": [h(m.view(torch.float32)) for m in masks], "cases": cases}))
 """)
 
-
-def wsum64_v1(arr: np.ndarray) -> int:
-    """The old hash (docs/format.md), to show the case collided there."""
-    flat = np.ascontiguousarray(arr).reshape(-1)
-    w = flat.view({1: np.uint8, 2: np.uint16}.get(flat.itemsize, np.uint32)).astype(np.uint64)
-    i = np.arange(w.size, dtype=np.uint64)
-    h1 = int(np.sum(w * (2 * i + 1), dtype=np.uint64)) & 0xFFFFFFFF
-    h2 = int(np.sum(((w ^ ((i * np.uint64(0x9E3779B9)) & np.uint64(0xFFFFFFFF))) * np.uint64(0x85EBCA6B))
-                    & np.uint64(0xFFFFFFFF), dtype=np.uint64)) & 0xFFFFFFFF
-    return (h1 << 32) | h2
 
 
 def _kernel(no_simd: bool) -> dict:

@@ -64,10 +64,13 @@ class CallMatcher:
         for match in self.claims.matches:
             mark_fold(match, self.t, self.r)
 
-    def _foreign_and_torch(self) -> tuple[Side, Side] | None:
+    def _foreign_and_torch(self) -> tuple[Side, Side, OpTable] | None:
+        """The side with an op table, the torch side and that table (None: no foreign side)."""
         if self.t.foreign == self.r.foreign:
             return None
-        return (self.t, self.r) if self.t.foreign else (self.r, self.t)
+        foreign, torch = (self.t, self.r) if self.t.foreign else (self.r, self.t)
+        assert foreign.table is not None
+        return foreign, torch, foreign.table
 
     def by_node_name(self) -> None:
         r_by_node = {(c.rows[0].get("node"), c.op): c for c in self.r.calls if c.rows[0].get("node")}
@@ -114,9 +117,7 @@ class CallMatcher:
         sides = self._foreign_and_torch()
         if sides is None:
             return
-        foreign, torch = sides
-        table = foreign.table
-        assert table is not None
+        foreign, torch, table = sides
         for norm in torch.calls:
             targets = table.folds_into(norm.op)
             if targets and norm.outputs():
@@ -151,9 +152,7 @@ class CallMatcher:
         sides = self._foreign_and_torch()
         if sides is None:
             return
-        foreign, torch = sides
-        table = foreign.table
-        assert table is not None
+        foreign, torch, table = sides
         readers = foreign.readers()
         chosen: dict[int, tuple[OpCall, dict[str, Any]]] = {}  # torch output id -> (foreign call, its row)
         for call in torch.calls:
