@@ -20,9 +20,19 @@ from opscope.storage.safetensors_io import ShardReader
 def load(path: str | os.PathLike) -> Dump:
     """Open a dump written by :func:`opscope.dump` (or ``dump-onnx``, or the flight recorder).
 
+    A folder without opscope's manifest is tried against the peer formats
+    (:mod:`opscope.storage.peers`: msprobe, MindSpore's Data Dump).
+
     Raises:
         DumpFormatError: no dump there, or one written by a newer opscope.
     """
+    p = Path(path)
+    if p.is_dir() and not (p / fmt.MANIFEST).is_file():
+        from opscope.storage.peers import open_peer
+
+        peer = open_peer(p)
+        if peer is not None:
+            return peer
     return Dump(path)
 
 
@@ -40,7 +50,8 @@ class Dump:
             raise DumpFormatError(f"{str(self.path)!r} is not a directory; give the path of an opscope dump")
         if not manifest.is_file():
             raise DumpFormatError(f"{str(self.path)!r} has no {fmt.MANIFEST}: it is not an opscope dump "
-                                  "(or its run never started writing)")
+                                  "(or its run never started writing), nor an msprobe or MindSpore dump "
+                                  "(give the dump root, a step folder or a rank folder)")
         try:
             self.manifest: dict[str, Any] = json.loads(manifest.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
