@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,16 @@ def load(path: str | os.PathLike) -> Dump:
     """
     p = Path(path)
     if p.is_dir() and not (p / fmt.MANIFEST).is_file():
-        from opscope.storage.peers import open_peer
-
-        peer = open_peer(p)
-        if peer is not None:
-            return peer
+        for opener in PEER_OPENERS:
+            peer = opener(p)
+            if peer is not None:
+                return peer
     return Dump(path)
+
+
+# Openers of other tools' dumps, tried in order on a folder without opscope's manifest;
+# ``opscope.storage.peers`` adds its own when the storage package is imported.
+PEER_OPENERS: list[Callable[[Path], Dump | None]] = []
 
 
 class Dump:

@@ -41,7 +41,7 @@ import torch
 from opscope.capture.torch.modules import strip_wrapped, tensors_of, unwrap
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.session import DumpSession
+    from opscope.capture.torch.host import CaptureHost
 
 # Backends whose graphs run the model's aten ops one by one, as eager PyTorch would.
 _ATEN_BACKENDS = frozenset(("eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_default_partitioner"))
@@ -161,7 +161,7 @@ def _frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None
 class CompileWatch:
     """Installed by the session when torch._dynamo is (or becomes) loaded; removed at stop."""
 
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         self.session = session
         self.graphs: list[dict[str, Any]] = []
         self.entries: list[Scope] = []  # the running graphs, innermost last
@@ -220,13 +220,13 @@ class CompileWatch:
         self._paused.append(s.capturing)
         if s.capturing:
             s.capturing = False
-            s._level.stop_capture()
+            s.level.stop_capture()
 
     def resume(self) -> None:
         s = self.session
         if self._paused.pop() and s.started and s.failure is None:
             s.capturing = True
-            s._level.set_phase(s.phase)
+            s.level.set_phase(s.phase)
 
     def _compile_start(self, args: Any) -> None:
         self.pause()
@@ -339,8 +339,8 @@ class GraphRun:
         was, s.capturing = s.capturing, False  # the Python levels' own ops are not the user's
         try:
             if call is None:
-                return s._level.record_graph(self.op, path, phase, items, [])
-            return s._level.record_graph(self.op, path, phase, [], items, call)
+                return s.level.record_graph(self.op, path, phase, items, [])
+            return s.level.record_graph(self.op, path, phase, [], items, call)
         except Exception as exc:
             s.internal_error(exc)
             return -1
@@ -372,8 +372,8 @@ class GraphRun:
         items = [(i, io, g) for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
         try:
             if call is None:
-                return s._level.record_graph(self.op, path, "backward", items, [])
-            return s._level.record_graph(self.op, path, "backward", [], items, call)
+                return s.level.record_graph(self.op, path, "backward", items, [])
+            return s.level.record_graph(self.op, path, "backward", [], items, call)
         except Exception as exc:
             s.internal_error(exc)
             return -1

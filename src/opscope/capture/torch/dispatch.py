@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.session import DumpSession
+    from opscope.capture.torch.host import CaptureHost
 
 _current_node = torch._C._current_autograd_node
 
@@ -91,7 +91,7 @@ def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any])
 class DumpDispatchMode(TorchDispatchMode):
     """Records every aten op while the session is capturing a selected step."""
 
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         super().__init__()
         self.session = session
 

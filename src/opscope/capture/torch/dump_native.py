@@ -46,7 +46,7 @@ from opscope.errors import DumpWriteError
 from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.session import DumpSession
+    from opscope.capture.torch.host import CaptureHost
 
 _PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
 _PHASE_NAMES = ("forward", "backward", "optimizer")
@@ -122,7 +122,7 @@ class NativeRecorder(Recorder):
 class _Hooks:
     """What the C++ side asks Python: filters, slow statistics, generator states, errors."""
 
-    def __init__(self, session: DumpSession, recorder: NativeRecorder) -> None:
+    def __init__(self, session: CaptureHost, recorder: NativeRecorder) -> None:
         self.session = session
         self.recorder = recorder
 
@@ -163,7 +163,7 @@ class _Hooks:
 class NativeAtenLevel(Level):
     """The aten level through the native observer."""
 
-    def __init__(self, session: DumpSession, backend: Any) -> None:
+    def __init__(self, session: CaptureHost, backend: Any) -> None:
         super().__init__(session)
         self.native = backend
         recorder = session.recorder

@@ -22,13 +22,13 @@ from opscope.capture.torch.modules import tensors_of
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.session import DumpSession
+    from opscope.capture.torch.host import CaptureHost
 
 
 class NativeModuleLevel(NativeAtenLevel):
     """Module inputs, own parameters and outputs; gradients at module outputs in backward."""
 
-    def __init__(self, session: DumpSession, backend: Any) -> None:
+    def __init__(self, session: CaptureHost, backend: Any) -> None:
         super().__init__(session, backend)
         session.modules.on_change = None  # no per-op observer asks which module runs
         session.modules._on_enter = self._enter

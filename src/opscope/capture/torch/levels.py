@@ -18,13 +18,13 @@ from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import tensors_of
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.session import DumpSession
+    from opscope.capture.torch.host import CaptureHost
 
 
 class Level:
     """Base: a level that installs nothing (module hooks are always on)."""
 
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         self.session = session
         self.on = False
 
@@ -105,7 +105,7 @@ def _remove_from_stack(mode: Any) -> None:
 
 
 class AtenLevel(_ModeLevel):
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         super().__init__(session)
         self.mode = DumpDispatchMode(session)
 
@@ -138,7 +138,7 @@ def api_name(func: Any) -> str | None:
 
 
 class _ApiMode(TorchFunctionMode):
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         super().__init__()
         self.session = session
 
@@ -168,7 +168,7 @@ class _ApiMode(TorchFunctionMode):
         return out
 
 
-def _hook_backward(s: DumpSession, name: str, module: str, out: Any) -> None:
+def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
     for t in tensors_of(out):
         node = t.grad_fn if t.requires_grad else None
         if node is not None and "opscope_api" not in node.metadata:
@@ -176,7 +176,7 @@ def _hook_backward(s: DumpSession, name: str, module: str, out: Any) -> None:
             node.register_hook(_backward_recorder(s, name, module, node.name()))
 
 
-def _backward_recorder(s: DumpSession, name: str, module: str, node_name: str) -> Any:
+def _backward_recorder(s: CaptureHost, name: str, module: str, node_name: str) -> Any:
     def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
         s.backward_ran()
         if s.capturing and s.recorder.selected(module, name, "backward"):
@@ -187,7 +187,7 @@ def _backward_recorder(s: DumpSession, name: str, module: str, node_name: str) -
 
 
 class ApiLevel(_ModeLevel):
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         super().__init__(session)
         self.mode = _ApiMode(session)
 
@@ -195,7 +195,7 @@ class ApiLevel(_ModeLevel):
 class ModuleLevel(Level):
     """Module inputs, own parameters and outputs; gradients at module outputs in backward."""
 
-    def __init__(self, session: DumpSession) -> None:
+    def __init__(self, session: CaptureHost) -> None:
         super().__init__(session)
         session.modules._on_enter = self._enter
         session.modules._on_exit = self._exit
@@ -239,5 +239,5 @@ def module_inputs(module: torch.nn.Module, args: Any) -> list[tuple[int, str | N
     return inputs + [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
 
 
-def make(level: str, session: DumpSession) -> Level:
+def make(level: str, session: CaptureHost) -> Level:
     return {"aten": AtenLevel, "api": ApiLevel, "module": ModuleLevel}[level](session)

@@ -72,6 +72,11 @@ class DumpSession:
         self._handles: list[Any] = []
 
     @property
+    def level(self) -> levels.Level | None:
+        """The capture level (None before :meth:`start`); ``compiled`` records graphs through it."""
+        return self._level
+
+    @property
     def step_index(self) -> int:
         """The step being executed (0-based)."""
         return self.clock.step

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from opscope.storage import reader
 from opscope.storage.peers.base import PeerDump
 
 __all__ = ["BUILT_IN", "PeerDump", "PeerFormat", "formats", "open_peer", "register_format"]
@@ -64,3 +65,6 @@ def open_peer(path: str | Path) -> PeerDump | None:
         if peer.detect(p):
             return peer.open(p)
     return None
+
+
+reader.PEER_OPENERS.append(open_peer)
