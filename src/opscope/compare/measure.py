@@ -160,9 +160,9 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[Job, dict[str, Any] | str]]:
     """Measure a batch of jobs in this process (a pool worker or the caller)."""
     from opscope.errors import DumpFormatError
-    from opscope.storage.reader import Dump
+    from opscope.storage.reader import load
 
-    t_dump, r_dump = Dump(target), Dump(reference)
+    t_dump, r_dump = load(target), load(reference)  # load: a peer dump (msprobe, MindSpore) too
     out: list[tuple[Job, dict[str, Any] | str]] = []
     blas = _OpenBlas.find()
     previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
