@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from typing import Any
 
+from opscope.compare.opnames import torch_base
 from opscope.compare.pair import INPUT_IO, Pair
 
 Row = dict[str, Any]
@@ -47,10 +48,13 @@ _MAX_WALK = 16
 
 
 def base_op(op: str | None) -> str:
-    """``aten.view.default`` -> ``view``; ``Tensor.view`` / ``torch.reshape`` -> the last name."""
+    """``aten.view.default`` -> ``view``; ``Tensor.view`` / ``torch.reshape`` -> the last name;
+    ``mindspore.Reshape`` -> ``reshape`` (:mod:`opscope.compare.opnames`)."""
     parts = str(op or "").split(".")
     if parts[0] == "aten" and len(parts) >= 2:
         return parts[1]
+    if len(parts) == 2:  # another framework's op (mindspore.MatMul): its vocabulary's torch op
+        return torch_base(parts[0], parts[1]) or parts[1]
     return parts[-1]
 
 
