@@ -1,4 +1,7 @@
-"""``opscope convert DUMP --to npy -o DIR``: one .npy per tensor plus index.csv, for numpy users."""
+"""``opscope convert DUMP --to npy -o DIR``: one .npy per tensor plus index.csv, for numpy users.
+
+``--to opscope`` writes a peer dump (msprobe, MindSpore's Data Dump) in opscope's own format
+(Parquet records, safetensors tensors), for speed on repeated compares."""
 
 from __future__ import annotations
 
@@ -18,14 +21,28 @@ INDEX_COLUMNS = ["file", "id", "rank", "step", "phase", "module", "op", "call", 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="opscope convert", description=__doc__)
     parser.add_argument("dump", help="path of a dump directory")
-    parser.add_argument("--to", choices=["npy"], default="npy", help="output format (npy)")
+    parser.add_argument("--to", choices=["npy", "opscope"], default="npy",
+                        help="output format: npy (one .npy per tensor), or opscope (a peer dump in opscope's format)")
     parser.add_argument("-o", "--output", required=True, help="directory to write into")
     args = parser.parse_args(argv)
+    if args.to == "opscope":
+        return _to_opscope(args.dump, Path(args.output))
     count, skipped = convert(load(args.dump), Path(args.output))
     print(f"wrote {count} .npy files and index.csv to {args.output}")
     if skipped:
         print(f"{skipped} records hold statistics only (dump with data=\"tensor\" to keep their tensors)")
     return 0 if count else 2
+
+
+def _to_opscope(path: str, out: Path) -> int:
+    from opscope.storage.peers.export import write_opscope
+
+    dump = load(path)
+    if (Path(path) / "manifest.json").is_file():
+        raise OpscopeError(f"{path} is already an opscope dump; --to opscope converts msprobe and MindSpore dumps")
+    records, tensors = write_opscope(dump, out)
+    print(f"wrote {records} records and {tensors} tensors to {out} (opscope format)")
+    return 0 if records else 2
 
 
 def convert(dump: Dump, out: Path) -> tuple[int, int]:

@@ -16,7 +16,8 @@ def render(dump: Dump) -> str:
     lines = [
         f"dump       {dump.path}",
         f"status     {dump.status}" + (f" ({dump.error})" if dump.error else ""),
-        f"format     {m.get('format_version')}, written by opscope {m.get('tool', {}).get('version')}, "
+        f"format     {m.get('format_version')}, written by {m.get('tool', {}).get('name', 'opscope')} "
+        f"{m.get('tool', {}).get('version')}, "
         f"{', '.join(f'{k} {v}' for k, v in m.get('framework', {}).items())}",
         f"command    {' '.join(m.get('command', [])) or '-'}",
         f"config     level={m.get('config', {}).get('level', '-')} mode={m.get('config', {}).get('mode', '-')} "

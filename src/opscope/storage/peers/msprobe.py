@@ -120,8 +120,8 @@ def _manifest(first: dict[str, Any], found: dict[tuple[int, int], Path]) -> dict
     md5 = '"md5"' in _head(next(iter(found.values())) / "dump.json")
     return {
         "format_version": fmt.FORMAT_VERSION,
-        "tool": {"name": TOOL, "version": "?", "task": first.get("task"), "level": level},
-        "framework": {str(first.get("framework") or "pytorch"): "?"},
+        "tool": {"name": TOOL, "version": "(not recorded)", "task": first.get("task"), "level": level},
+        "framework": {str(first.get("framework") or "pytorch"): "(not recorded)"},
         "level": _LEVELS.get(level, "api"),
         "config": {"level": _LEVELS.get(level, "api"), "mode": "all", "data": data},
         "hash_algorithm": HASH_ALGORITHM if md5 else None,

@@ -95,12 +95,16 @@ class _Builder:
         self.calls: Counter[tuple[str, str, str]] = Counter()
         self.made_by: dict[tuple[Any, ...], int] = {}
         self.params: dict[tuple[str, tuple[Any, ...]], str] = {}
+        self.optimized: set[tuple[Any, ...]] = set()
         self.start = 0.0  # where the entry being read began (L0 modules: before their submodules)
 
     def add_all(self, data: dict[str, Any]) -> None:
         self._index_parameters(data)
         last_backward = max((i for i, n in enumerate(data) if n.endswith(".backward")
                              or ".backward." in n), default=-1)
+        optimizer = {n for i, n in enumerate(data) if self._under_optimizer(n)
+                     or (not self.construct and i > last_backward >= 0)}
+        self._index_optimized(data, optimizer)
         starts = _starts(data, self.construct) if self.level == "L0" else {}
         for position, name in enumerate(data):
             entry, seq = data[name], float(position)
@@ -110,8 +114,7 @@ class _Builder:
                 continue
             api = parse_entry(name)
             if api is not None:
-                late = not self.construct and position > last_backward >= 0
-                self._api(name, api, entry, seq, late)
+                self._api(name, api, entry, seq, name in optimizer)
             elif parse_module(name) is not None:
                 self._module(name, parse_module(name), entry, seq)  # type: ignore[arg-type]
             else:
@@ -124,18 +127,14 @@ class _Builder:
             row["id"] = self.step * 100_000_000 + i
             row["seq"] = places[row["seq"]]
         self._link()
-        for row in self.rows:
-            if row.pop("requires_grad", None) and row["io"] == "input" and row["producer"] is None \
-                    and row["phase"] != "backward":
-                row["io"] = "param"  # a leaf that requires grad: a parameter msprobe did not name
         return self.rows
 
     # -- entries ---------------------------------------------------------------------
-    def _api(self, name: str, api: tuple[str, str, int, str], entry: Row, seq: float, late: bool) -> None:
+    def _api(self, name: str, api: tuple[str, str, int, str], entry: Row, seq: float, optimizer: bool) -> None:
         prefix, raw, _, direction = api
         op = api_name(prefix, raw)
         if direction == "forward":
-            phase = "optimizer" if self._under_optimizer(name) or late else "forward"
+            phase = "optimizer" if optimizer else "forward"
             module = self._module_of(name)
             call = self._call(seq, phase, module, op, self.sources.get(name))
             self._forward_rows(call, entry, module)
@@ -169,8 +168,10 @@ class _Builder:
         slot, positional = 0, []
         for i, value in enumerate(entry.get("input_args") or []):
             for stat in _tensors(value):
-                param = self.params.get((module, _identity(stat)))
-                self._row(call, "param" if param else "input", slot, None, stat, param=param)
+                identity = _identity(stat)
+                param = self.params.get((module, identity)) or self.params.get(("*", identity))
+                known = param is not None or identity in self.optimized
+                self._row(call, "param" if known else "input", slot, None, stat, param=param)
                 slot += 1
             if not _has_tensor(value):
                 positional.append([i, _plain(value)])
@@ -203,7 +204,7 @@ class _Builder:
 
     def _row(self, call: Row, io: str, slot: int, arg: str | None, stat: Row, param: str | None = None) -> None:
         row = {**call, **tensor_columns(stat, self.problems), "rank": self.rank, "step": self.step,
-               "io": io, "slot": slot, "arg": arg, "param": param, "requires_grad": stat.get("requires_grad")}
+               "io": io, "slot": slot, "arg": arg, "param": param}
         if io != "output" and call["phase"] == "forward":
             row["seq"] = min(row["seq"], self.start)  # L0: a module's inputs before its submodules
         self.rows.append(row)
@@ -233,17 +234,41 @@ class _Builder:
             for param, stat in (entry.get("parameters") or {}).items():
                 if isinstance(stat, dict):
                     self.params[(parsed[0], _identity(stat))] = _join(parsed[0], param)
+                    self.params.setdefault(("*", _identity(stat)), _join(parsed[0], param))
+
+    def _index_optimized(self, data: dict[str, Any], optimizer: set[str]) -> None:
+        """Tensors the optimizer reads that require grad: the parameters (msprobe's L1 names
+        none), so the API inputs holding them are ``param`` rows, as at opscope's api level."""
+        for name in optimizer:
+            entry = data.get(name)
+            for value in (entry.get("input_args") or []) if isinstance(entry, dict) else []:
+                for stat in _tensors(value):
+                    if stat.get("requires_grad"):
+                        self.optimized.add(_identity(stat))
 
     def _link(self) -> None:
         """Data flow from equal statistics: an input's producer is the latest earlier output
-        holding the same tensor (see the module docstring)."""
+        holding the same tensor (see the module docstring). Failing that, one of the same
+        shape and extremes in another float dtype: a cast msprobe does not record
+        (``.float()``), exact on the extremes."""
+        cast_of: dict[tuple[Any, ...], Row] = {}
         for row in self.rows:
             key = _flow_key(row)
+            if key is None:
+                continue
+            cast_key = (tuple(row.get("shape") or []), row.get("max"), row.get("min"))
             if row["io"] == "output":
-                if key is not None:
-                    self.made_by[key] = row["id"]
-            elif key is not None and key in self.made_by:
+                self.made_by[key] = row["id"]
+                cast_of[cast_key] = row
+            elif key in self.made_by:
                 row["producer"] = self.made_by[key]
+            elif cast_key in cast_of and _floating(row) and _floating(cast_of[cast_key]) \
+                    and cast_of[cast_key]["dtype"] != row["dtype"] and row.get("max") is not None:
+                row["producer"] = cast_of[cast_key]["id"]
+
+
+def _floating(row: Row) -> bool:
+    return str(row.get("dtype")).startswith(("float", "bfloat"))
 
 
 def _starts(data: dict[str, Any], construct: dict[str, Any]) -> dict[str, float]:
