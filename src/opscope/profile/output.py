@@ -6,6 +6,7 @@ import contextlib
 import os
 import platform
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,8 +32,6 @@ def expected_ranks(config: ProfileConfig, world: int) -> list[int]:
 
 def meta(config: ProfileConfig, rank: int, world: int, status: str) -> dict[str, Any]:
     """The descriptive part of ``summary.json``."""
-    import torch
-
     return {
         "format": FORMAT,
         "version": FORMAT_VERSION,
@@ -42,9 +41,24 @@ def meta(config: ProfileConfig, rank: int, world: int, status: str) -> dict[str,
         "config": config.to_json(),
         "host": platform.node(),
         "pid": os.getpid(),
-        "torch": torch.__version__,
+        **_framework_versions(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _framework_versions() -> dict[str, str | None]:
+    """``torch`` (None when it does not import: a TensorFlow-only install) and
+    ``tensorflow`` when the program imported it."""
+    try:
+        import torch
+
+        versions: dict[str, str | None] = {"torch": torch.__version__}
+    except ImportError:
+        versions = {"torch": None}
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        versions["tensorflow"] = getattr(tf, "__version__", None)
+    return versions
 
 
 def prepare(root: Path, rank: int, config: ProfileConfig) -> Path:
@@ -166,7 +180,7 @@ def merge(root: Path, ranks: list[int], timeout: float = 0, html: Callable[[Any]
     missing = wait_for_ranks(root, ranks, timeout)
     data = load(root)
     first = read_summary(root / f"rank{min(data.rank_status)}")
-    info = {k: first[k] for k in ("format", "version", "world_size", "config", "host", "torch", "started") if k in first}
+    info = {k: first[k] for k in ("format", "version", "world_size", "config", "host", "torch", "tensorflow", "started") if k in first}
     info.update(data.summary, status=data.status, rank_status={str(k): v for k, v in data.rank_status.items()})
     info["warnings"] = data.warnings + [f"rank {r}: no finished profile after waiting {timeout:g} s; merged without it" for r in missing]
     files = writers.write_steps(root, data.steps) + writers.write_ops(root, data.ops)

@@ -1,0 +1,291 @@
+"""``opscope.tensorflow.profile``: the training trace and task trace for TensorFlow / Keras.
+
+The same files as the PyTorch profile (``steps.parquet``, ``ops.parquet``, ``trace.json.gz``,
+``summary.json``, ``report.html``), so ``opscope profile show`` and ``diff`` read both.
+
+>>> with opscope.tensorflow.profile("prof/run1", task_trace=True, steps="5-6") as p:  # doctest: +SKIP
+...     for x, y in dataset:
+...         train_step(x, y)             # a tf.function, or eager code
+...         p.step()
+>>> model.fit(ds, callbacks=[opscope.tensorflow.profile("prof/run2")])  # doctest: +SKIP
+
+The session is a Keras callback: in ``fit`` a step is one call of the train function
+(``steps_per_execution`` batches), from one batch's start to the next. Without ``p.step()``
+or the callback, a step ends after each call of a ``tf.function`` that applies an optimizer
+(in eager code, after each ``optimizer.apply``). How the phases are timed:
+:mod:`opscope.profile.tensorflow_marks`.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from opscope.capture.steps import StepClock
+from opscope.config import ProfileConfig, profile_config
+from opscope.errors import ConfigError, ProfileError
+from opscope.profile import output
+from opscope.profile.breakdown import breakdown
+from opscope.profile.calibration import Calibration, SchedWait
+from opscope.profile.chrome_trace import TID_PHASES, TID_STEPS, TraceWriter, span
+from opscope.profile.model import PRIORITY, ProfileResult, StepRow
+from opscope.profile.session import MAX_SPAN_STEPS, ProfileWarning
+
+_active: TFProfileSession | None = None
+NO_MARKS = (
+    "no forward, backward or optimizer time was seen: the train step was traced before the "
+    "profile started (start the profile before the first call of the tf.function), or it "
+    "has no Keras layer, GradientTape or Keras optimizer; those steps count as other"
+)
+
+
+class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
+    """One TensorFlow profile of one process; a context manager and a Keras callback.
+
+    Args:
+        config: the resolved ``profile`` config (``clock`` must be ``auto`` or ``host``).
+        html: renders the merged profile as ``report.html`` (None: no page).
+    """
+
+    def __init__(self, config: ProfileConfig, html: Callable[[Any], str] | None = None) -> None:
+        super().__init__()
+        if not (config.training_trace or config.task_trace):
+            raise ConfigError("profile: training_trace and task_trace are both off: nothing to record")
+        if config.clock not in ("auto", "host"):
+            raise ConfigError(f"profile: clock {config.clock!r} is for PyTorch; TensorFlow profiles use the host clock (\"auto\" or \"host\")")
+        self.config = config
+        self.html = html
+        self.rank, self.world = 0, 1
+        self.state = "new"
+        self.result: ProfileResult | None = None
+        self.task: Any = None
+        self.calibration: Calibration | None = None
+        self.sched: SchedWait | None = None
+        self._rows: list[StepRow] = []
+        self._spans: list[tuple[int, bool, int, int, dict[str, list[tuple[int, int]]]]] = []
+        self._by_callback = False
+        self._batch_seen = False
+        self._models: list[Any] = []
+        self._marked = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> TFProfileSession:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            self.stop()
+            return False
+        try:
+            self.stop(error=exc)
+        except ProfileError as write_error:  # never hide the user's own exception behind ours
+            warnings.warn(str(write_error), ProfileWarning, stacklevel=2)
+        return False
+
+    def start(self) -> TFProfileSession:
+        """Install the hooks and begin step 0."""
+        global _active
+        if self.state != "new":
+            raise ProfileError("this profile session was already started; make a new one with opscope.tensorflow.profile(...)")
+        from opscope.capture.torch.dist import current_rank, world_size
+
+        self.rank, self.world = current_rank(), world_size()
+        cfg = self.config
+        if not cfg.enable or (cfg.ranks is not None and self.rank not in cfg.ranks):
+            self.state = "skipped"
+            return self
+        if _active is not None:
+            raise ProfileError(f"another TensorFlow profile ({_active.config.output}) is running in this process; stop it first")
+        self.folder = output.prepare(Path(cfg.output), self.rank, cfg)
+        self.sched = SchedWait.open()
+        self.calibration = Calibration(self.sched)
+        self.calibration.run("start")
+        self.origin = time.perf_counter_ns()
+        self.trace = TraceWriter(self.folder / "trace.json.gz", self.rank)
+        if cfg.task_trace:
+            from opscope.profile.tensorflow_trace import TFTaskTrace
+
+            self.task = TFTaskTrace(self.trace, self.rank, self.origin, self.folder)
+        from opscope.profile.tensorflow_marks import PhaseMarks
+
+        self.steps = StepClock(on_boundary=self._boundary)
+        self.timers = PhaseMarks(self.steps.poll, self.steps.optimizer_step, cfg.fp_point, cfg.bp_point, cfg.training_trace)
+        try:
+            self.timers.install()
+        except BaseException:
+            self.timers.remove()
+            self.trace.abort("hooks could not be installed")
+            raise
+        _active = self
+        self.state = "running"
+        self._begin(0)
+        return self
+
+    def step(self) -> None:
+        """Mark the end of a training step (optional, see the module's docstring)."""
+        if self.state == "running":
+            self.steps.user_step()
+
+    def stop(self, error: BaseException | None = None) -> ProfileResult:
+        """Remove every hook, write the files and return the result (idempotent)."""
+        global _active
+        if self.result is not None:
+            return self.result
+        if self.state in ("new", "skipped"):
+            self.result = ProfileResult(self.config.output, self.rank, "skipped", [], {}, [])
+            return self.result
+        try:
+            if error is None:
+                self.steps.poll()
+            self._finish_last(error)
+        finally:
+            self.timers.remove()
+            if self.task is not None:
+                self.task.abort()
+            for model in self._models:  # its train function holds opscope's marks: trace anew
+                model.train_function = None
+            _active = None
+            self.state = "stopped"
+        if error is None and self.calibration is not None:
+            self.calibration.run("end")
+        if self.sched is not None:
+            self.sched.close()
+        if self.config.training_trace and self._rows and not self._marked:
+            self.timers.notes.append(NO_MARKS)
+        self.result = output.finish(self, error)
+        for message in self.result.warnings:
+            warnings.warn(message, ProfileWarning, stacklevel=2)
+        return self.result
+
+    # ------------------------------------------------------------------ Keras callback
+    def on_train_begin(self, logs: Any = None) -> None:
+        """Start the session when ``fit`` starts (unless it runs already); trace the train
+        function anew so that it holds the phase marks."""
+        if self.state == "new":
+            self._by_callback = True
+            self.start()
+        model = self.model
+        if self.state == "running" and model is not None and all(m is not model for m in self._models):
+            self._models.append(model)
+            model.make_train_function(force=True)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        """A new call of the train function: the previous one's step ends here."""
+        if self.state != "running":
+            return
+        if self._batch_seen:
+            self.steps.user_step()
+        else:
+            self.steps.manual = True  # from now on only batches end steps
+            self._batch_seen = True
+
+    def on_train_end(self, logs: Any = None) -> None:
+        """Stop the session if ``fit`` started it."""
+        if self._by_callback:
+            self.stop()
+
+    # ------------------------------------------------------------------ steps
+    def _begin(self, step: int) -> None:
+        traced = self.task is not None and step in self.config.steps
+        if traced:
+            self.task.begin()
+        self._step, self._traced = step, traced
+        self._wait0 = self.sched.read() if self.sched is not None else 0
+        self._start = time.perf_counter_ns()
+
+    def _boundary(self, finished: int, following: int) -> None:
+        self._close(time.perf_counter_ns(), complete=True)
+        self._begin(following)
+        missing = self.timers.unresolved_points() if finished == 0 else []
+        if missing:
+            raise ConfigError(
+                f"profile: fp_point/bp_point {missing} matched no Keras layer of the model; "
+                "give a layer name (layer.name) or null for the automatic point"
+            )
+
+    def _close(self, end: int, complete: bool) -> None:
+        offset = time.time_ns() - time.perf_counter_ns()
+        intervals = self.timers.take(self._start, end, offset)
+        self._marked = self._marked or any(intervals[p] for p in ("forward", "backward", "optimizer"))
+        traced = self._traced
+        if traced:
+            if complete:
+                self.task.end(self._step, intervals)
+            else:
+                self.task.abort()
+                traced = False
+        wait = self.sched.read() - self._wait0 if self.sched is not None else 0
+        phases, _, _ = breakdown(self._start, end, intervals)
+        self._rows.append(StepRow(self.rank, self._step, self._start - self.origin, end - self._start, phases, 0, 0, traced, complete, wait))
+        if (traced or self._step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
+            self._spans.append((self._step, complete, self._start, end, intervals))
+
+    def _finish_last(self, error: BaseException | None) -> None:
+        end = time.perf_counter_ns()
+        if error is None and self._step > 0 and self._idle(end):
+            self.timers.take(self._start, end, 0)
+            if self.task is not None:
+                self.task.abort()
+            return
+        self._close(end, complete=error is None)
+
+    def _idle(self, end: int) -> bool:
+        """A trailing piece after the last boundary with no step work in it is not a step."""
+        if not self.config.training_trace:
+            return self.steps.manual
+        offset = time.time_ns() - time.perf_counter_ns()
+        marks = self.timers.peek(self._start, end, offset)
+        return not any(marks[p] for p in ("forward", "backward", "optimizer"))
+
+    # ------------------------------------------------------------------ output
+    @property
+    def rows(self) -> list[StepRow]:
+        """Steps recorded so far."""
+        return list(self._rows)
+
+    def write_spans(self) -> None:
+        """The buffered steps and their phase intervals as trace spans."""
+        origin, rank = self.origin, self.rank
+        for step, complete, start, end, phases in self._spans:
+            label = f"step {step}" + ("" if complete else " (raised)")
+            self.trace.event(span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step}))
+            for phase in PRIORITY:
+                for lo, hi in phases.get(phase, ()):
+                    self.trace.event(span(phase, rank, TID_PHASES, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step}))
+        self._spans.clear()
+
+
+def profile(output: str | None = None, *, config: Any = None, **keys: Any) -> TFProfileSession:
+    """Profile a TensorFlow / Keras training run: training trace on every step, task trace
+    (TensorFlow's profiler) on the chosen steps.
+
+    Args:
+        output: folder of the profile (Ascend ``output``); or ``"output"`` in the config.
+        config: a config file or mapping whose ``"profile"`` section holds the same keys
+            (``profiling_options`` spellings included).
+        **keys: ``steps``, ``ranks``, ``training_trace``, ``task_trace``, ``fp_point`` and
+            ``bp_point`` (Keras layer names), ``warmup``, ``overwrite``, ``enable``,
+            ``merge_timeout`` (see docs/tensorflow.md, "Profile").
+
+    Returns:
+        A :class:`TFProfileSession`: a context manager (``start()``/``step()``/``stop()``)
+        and a Keras callback for ``model.fit(..., callbacks=[...])``.
+    """
+    from opscope.report import renderer
+
+    return TFProfileSession(profile_config(config, output=output, **keys), html=renderer("ProfileData", "html"))
+
+
+def start_profile(config: ProfileConfig, html: Callable[[Any], str] | None = None) -> TFProfileSession | None:
+    """Start a TensorFlow profile from a resolved config (zero-code: ``opscope run``,
+    ``$OPSCOPE_CONFIG``); None when one runs already. The caller stops it at exit."""
+    if _active is not None:
+        return None
+    session = TFProfileSession(config, html=html)
+    session.start()
+    return session

@@ -1,0 +1,389 @@
+"""Phase marks of the TensorFlow training trace: where a step's phases start and end.
+
+TensorFlow runs a training step as a graph (``tf.function``, Keras ``fit``), so Python
+hooks alone see only the tracing, not the execution. At trace time the hooks below put a
+``tf.timestamp`` op into the graph at each phase edge, wired with control dependencies:
+
+====================  ===========================================  ============================
+mark                  runs after                                   what waits for it
+====================  ===========================================  ============================
+``data_start``        (nothing)                                    the iterator's ``get_next``
+``data_end``          the iterator's outputs                       (nothing)
+``forward_start``     the model's inputs (first outermost Keras    the model's inputs
+                      layer call, or the ``fp_point`` layer)
+``backward_start``    the loss (``GradientTape.gradient`` entry)   (nothing)
+``backward_end``      every gradient (the ``bp_point`` layer's)    the gradients it returns
+``optimizer_start``   the gradients handed to ``optimizer.apply``  those gradients
+``optimizer_end``     every op ``apply`` created                   (nothing)
+====================  ===========================================  ============================
+
+Each timestamp is written into one slot of a small float64 variable that the session reads
+once per step; in eager code (``run_eagerly``, an eager custom loop) the same hooks take a
+host clock mark instead. The added ops are identities and timestamps: the numbers the model
+computes do not change. Inside an XLA cluster no timestamp can run, so no mark is placed
+there (:attr:`PhaseMarks.notes` says so).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+SLOTS = ("data_start", "data_end", "forward_start", "backward_start", "backward_end", "optimizer_start", "optimizer_end", "forward_end")
+SLOT = {name: i for i, name in enumerate(SLOTS)}
+XLA_NOTE = (
+    "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
+    "(a timestamp cannot run inside an XLA cluster), so that time is counted as other; "
+    "compile with jit_compile=False for the split"
+)
+
+
+class PhaseMarks:
+    """Installs the hooks and turns one step's marks into phase intervals (host ns).
+
+    Args:
+        on_poll: called at safe points (iterator next, outermost layer call, tf.function
+            entry): resolves a pending step boundary.
+        on_optimizer_step: called after an eager ``optimizer.apply`` and after each call of
+            a ``tf.function`` that applies an optimizer (step detection).
+        fp_point / bp_point: Keras layer names (``layer.name`` or ``layer.path``), or None.
+        detailed: False records no phase marks (``training_trace=False``), only steps.
+    """
+
+    def __init__(self, on_poll: Callable[[], None], on_optimizer_step: Callable[[], None],
+                 fp_point: str | None = None, bp_point: str | None = None, detailed: bool = True) -> None:
+        import tensorflow as tf
+
+        self.tf = tf
+        self.detailed = detailed
+        self.fp_point, self.bp_point = fp_point, bp_point
+        self.found = {k: False for k in (fp_point, bp_point) if k}
+        self.notes: list[str] = []
+        self.step_functions: set[str] = set()
+        self.bp_variables: set[int] = set()  # ids of the bp_point layer's variables
+        self.host: list[tuple[int, int]] = []  # (slot, perf_counter_ns) from eager code
+        with tf.device("/CPU:0"):
+            self.slots = tf.Variable(tf.zeros([len(SLOTS)], tf.float64), trainable=False, name="opscope_profile_marks")
+        self._on_poll, self._on_opt = on_poll, on_optimizer_step
+        self._depth = 0
+        self._opt_depth = 0
+        self._patches: list[tuple[Any, str, Any, Any]] = []
+        self.active = False
+
+    # ------------------------------------------------------------------ install / remove
+    def install(self) -> None:
+        """Patch the classes; :meth:`remove` undoes it (call it on every exit path)."""
+        from keras.src.layers.layer import Layer
+        from keras.src.optimizers.base_optimizer import BaseOptimizer
+        from tensorflow.python.data.ops import iterator_ops
+        from tensorflow.python.eager import backprop
+        from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+        self.active = True
+        self._patch(polymorphic_function.Function, "__call__", self._wrap_function)
+        self._patch(BaseOptimizer, "apply", self._wrap_apply)
+        self._patch(Layer, "__call__", self._wrap_layer)
+        if not self.detailed:
+            return
+        iterator = iterator_ops.OwnedIterator
+        self._patch(iterator, "_next_internal", self._wrap_next)
+        self._patch(iterator, "get_next_as_optional", self._wrap_next)
+        self._patch(backprop.GradientTape, "gradient", self._wrap_gradient)
+
+    def remove(self) -> None:
+        """Undo every patch; safe to call twice."""
+        self.active = False
+        while self._patches:
+            owner, name, original, wrapper = self._patches.pop()
+            if owner.__dict__.get(name) is wrapper:
+                setattr(owner, name, original)
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name]
+        wrapper = make(original)
+        setattr(owner, name, wrapper)
+        self._patches.append((owner, name, original, wrapper))
+
+    # ------------------------------------------------------------------ reading a step
+    def take(self, start: int, end: int, offset_ns: int) -> dict[str, list[tuple[int, int]]]:
+        """Phase intervals of the step ``[start, end]`` (perf_counter ns).
+
+        Args:
+            offset_ns: ``time.time_ns() - time.perf_counter_ns()``, to bring graph
+                timestamps (Unix seconds) onto the host clock.
+        """
+        out = self.peek(start, end, offset_ns)
+        self.host.clear()
+        return out
+
+    def peek(self, start: int, end: int, offset_ns: int) -> dict[str, list[tuple[int, int]]]:
+        """Like :meth:`take`, but the eager marks stay for the next call."""
+        marks = [(t, s) for s, t in self.host if start <= t <= end]
+        if self.detailed:
+            for slot, seconds in enumerate(self.slots.numpy().tolist()):
+                t = round(seconds * 1e9) - offset_ns
+                if start - 2_000 <= t <= end + 2_000:  # written in this step (us resolution)
+                    marks.append((min(max(t, start), end), slot))
+        return pair_marks(sorted(marks), end)
+
+    def unresolved_points(self) -> list[str]:
+        """fp_point / bp_point names that matched no Keras layer called so far."""
+        return [name for name, found in self.found.items() if not found]
+
+    # ------------------------------------------------------------------ marks
+    def _in_graph(self) -> bool:
+        return not self.tf.executing_eagerly()
+
+    def _mark(self, slot: str, after: list[Any] | None = None) -> Any:
+        """A host mark (eager) or a timestamp op run after ``after`` (graph); returns the op."""
+        if not self._in_graph():
+            self.host.append((SLOT[slot], time.perf_counter_ns()))
+            return None
+        from tensorflow.python.framework import ops
+        from tensorflow.python.ops import control_flow_util
+
+        if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+            if XLA_NOTE not in self.notes:
+                self.notes.append(XLA_NOTE)
+            return None
+        tf = self.tf
+        with tf.control_dependencies([t for t in after or () if _is_graph_tensor(tf, t)]):
+            stamp = tf.timestamp()
+        self.slots[SLOT[slot]].assign(stamp)
+        return stamp
+
+    def _after(self, stamp: Any) -> Any:
+        """A context in which every new op waits for ``stamp`` (a no-op without one)."""
+        return self.tf.control_dependencies([stamp]) if stamp is not None else contextlib.nullcontext()
+
+    def _gate(self, stamp: Any, structure: Any) -> Any:
+        """``structure`` with every tensor passed through an identity that waits for ``stamp``."""
+        if stamp is None:
+            return structure
+        tf = self.tf
+        with tf.control_dependencies([stamp]):
+            return tf.nest.map_structure(lambda t: _identity(tf, t), structure)
+
+    # ------------------------------------------------------------------ wrappers
+    def _wrap_function(self, original: Any) -> Any:
+        marks = self
+
+        @functools.wraps(original)
+        def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            if not marks.active or not marks.tf.executing_eagerly():
+                return original(fn, *args, **kwargs)
+            marks._on_poll()
+            out = original(fn, *args, **kwargs)
+            if getattr(fn, "_name", None) in marks.step_functions:
+                marks._on_opt()
+            return out
+
+        return call
+
+    def _wrap_next(self, original: Any) -> Any:
+        marks = self
+
+        @functools.wraps(original)
+        def next_element(iterator: Any, *args: Any, **kwargs: Any) -> Any:
+            if not marks.active:
+                return original(iterator, *args, **kwargs)
+            if not marks._in_graph():
+                marks._on_poll()
+            stamp = marks._mark("data_start")
+            if stamp is None:
+                out = original(iterator, *args, **kwargs)
+            else:
+                with marks.tf.control_dependencies([stamp]):
+                    out = original(iterator, *args, **kwargs)
+            marks._mark("data_end", _flat_tensors(marks.tf, out))
+            return out
+
+        return next_element
+
+    def _wrap_layer(self, original: Any) -> Any:
+        marks = self
+
+        @functools.wraps(original)
+        def layer_call(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not marks.active:
+                return original(layer, *args, **kwargs)
+            outer = marks._depth == 0
+            named = marks.fp_point is not None and marks.fp_point in (layer.name, getattr(layer, "path", None))
+            if named:
+                marks.found[marks.fp_point] = True  # type: ignore[index]
+            bp_layer = marks.bp_point is not None and marks.bp_point in (layer.name, getattr(layer, "path", None))
+            if outer and not marks._in_graph():
+                marks._on_poll()
+            starts = marks.detailed and (named if marks.fp_point else outer) and not _symbolic(args)
+            stamp = marks._mark("forward_start", _flat_tensors(marks.tf, args)) if starts else None
+            marks._depth += 1
+            try:
+                with marks._after(stamp):
+                    out = original(layer, *args, **kwargs)
+            finally:
+                marks._depth -= 1
+            if bp_layer:  # built by now: its variables exist
+                marks.found[marks.bp_point] = True  # type: ignore[index]
+                marks.bp_variables.update(id(v) for v in layer.trainable_variables)
+            if outer and marks.detailed and not _symbolic(args):
+                marks._mark("forward_end", _flat_tensors(marks.tf, out))
+            return out
+
+        return layer_call
+
+    def _wrap_gradient(self, original: Any) -> Any:
+        marks = self
+
+        @functools.wraps(original)
+        def gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
+            if not marks.active:
+                return original(tape, target, sources, *args, **kwargs)
+            stamp = marks._mark("backward_start", _flat_tensors(marks.tf, target))
+            with marks._after(stamp):  # else the executor may run the timestamp late
+                grads = original(tape, target, sources, *args, **kwargs)
+            watched = _bp_gradients(marks.tf, sources, grads, marks.bp_variables) if marks.bp_point else None
+            stamp = marks._mark("backward_end", watched if watched is not None else _flat_tensors(marks.tf, grads))
+            return marks._gate(stamp, grads)
+
+        return gradient
+
+    def _wrap_apply(self, original: Any) -> Any:
+        marks = self
+
+        @functools.wraps(original)
+        def apply(optimizer: Any, grads: Any, *args: Any, **kwargs: Any) -> Any:
+            if not marks.active or marks._opt_depth:  # a wrapping optimizer (loss scale) calls its inner one
+                return original(optimizer, grads, *args, **kwargs)
+            in_graph = marks._in_graph()
+            stamp = marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)) if marks.detailed else None
+            graph = _default_graph() if in_graph else None
+            first = len(graph.get_operations()) if graph is not None else 0
+            marks._opt_depth += 1
+            try:
+                with marks._after(stamp):
+                    out = original(optimizer, grads, *args, **kwargs)
+            finally:
+                marks._opt_depth -= 1
+            if in_graph:
+                marks.step_functions.add(_outermost_graph(graph).name)
+                if marks.detailed:
+                    marks._mark("optimizer_end", graph.get_operations()[first:])
+            else:
+                if marks.detailed:
+                    marks._mark("optimizer_end")
+                marks._on_opt()
+            return out
+
+        return apply
+
+
+def pair_marks(marks: list[tuple[int, int]], end: int) -> dict[str, list[tuple[int, int]]]:
+    """Phase intervals from time-ordered ``(ns, slot)`` marks of one step.
+
+    Forward runs from ``forward_start`` to ``backward_start`` (so it includes the loss), or
+    to the last ``forward_end`` when there is no backward; the other phases run from their
+    ``*_start`` to their ``*_end``. An end without a start is dropped.
+    """
+    out: dict[str, list[tuple[int, int]]] = {"data_wait": [], "forward": [], "backward": [], "optimizer": []}
+    opened: dict[str, int] = {}
+    forward_end: int | None = None
+    for t, slot in marks:
+        name = SLOTS[slot]
+        if name == "forward_end":
+            forward_end = t
+            continue
+        phase, edge = _PHASE_OF[name]
+        if phase == "forward" and edge == "start":
+            if "forward" in opened and forward_end is not None and forward_end > opened["forward"]:
+                out["forward"].append((opened.pop("forward"), forward_end))
+            opened.setdefault("forward", t)
+            forward_end = None
+            continue
+        if name == "backward_start" and "forward" in opened:
+            out["forward"].append((opened.pop("forward"), t))
+        if edge == "start":
+            opened[phase] = t
+        elif phase in opened:
+            out[phase].append((opened.pop(phase), t))
+    if "forward" in opened:
+        out["forward"].append((opened["forward"], forward_end if forward_end is not None and forward_end > opened["forward"] else end))
+    return out
+
+
+_PHASE_OF = {
+    "data_start": ("data_wait", "start"),
+    "data_end": ("data_wait", "end"),
+    "forward_start": ("forward", "start"),
+    "backward_start": ("backward", "start"),
+    "backward_end": ("backward", "end"),
+    "optimizer_start": ("optimizer", "start"),
+    "optimizer_end": ("optimizer", "end"),
+}
+
+
+def _is_graph_tensor(tf: Any, value: Any) -> bool:
+    return isinstance(value, (tf.Tensor, tf.Operation)) and not isinstance(value, tf.__internal__.EagerTensor)
+
+
+def _flat_tensors(tf: Any, structure: Any) -> list[Any]:
+    """Graph tensors (and ops) in a nested structure; IndexedSlices by their values;
+    optionals by their variant tensor."""
+    out = []
+    for item in tf.nest.flatten(structure, expand_composites=True):
+        if isinstance(item, tf.Operation) or (isinstance(item, tf.Tensor) and _is_graph_tensor(tf, item)):
+            out.append(item)
+    return out
+
+
+def _identity(tf: Any, value: Any) -> Any:
+    if isinstance(value, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
+    if isinstance(value, tf.Tensor) and _is_graph_tensor(tf, value):
+        return tf.identity(value)
+    return value
+
+
+def _symbolic(args: Any) -> bool:
+    """Keras builds models on symbolic KerasTensors: no step runs there."""
+    from keras.src.backend.common.keras_tensor import KerasTensor
+
+    return any(isinstance(a, KerasTensor) for a in _flatten_any(args))
+
+
+def _flatten_any(args: Any) -> list[Any]:
+    from keras.src import tree
+
+    try:
+        return list(tree.flatten(args))
+    except Exception:  # noqa: BLE001 - an unflattenable argument is not a KerasTensor
+        return []
+
+
+def _bp_gradients(tf: Any, sources: Any, grads: Any, variables: set[int]) -> list[Any] | None:
+    """The gradients of the ``bp_point`` layer's variables, or None when none is among them."""
+    flat_sources = tf.nest.flatten(sources)
+    flat_grads = tf.nest.flatten(grads, expand_composites=False)
+    chosen = []
+    for source, grad in zip(flat_sources, flat_grads):
+        if id(source) in variables and grad is not None:
+            chosen.extend(_flat_tensors(tf, grad))
+    return chosen or None
+
+
+def _default_graph() -> Any:
+    from tensorflow.python.framework import ops
+
+    return ops.get_default_graph()
+
+
+def _outermost_graph(graph: Any) -> Any:
+    """The graph of the tf.function called from eager code that (maybe through nested
+    functions and control flow) holds ``graph``."""
+    from tensorflow.python.framework.func_graph import FuncGraph
+
+    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+        graph = graph.outer_graph
+    return graph
