@@ -16,7 +16,13 @@ dump on, into ``<case>/``. ``reference`` and ``rerun`` dump both steps (iteratio
 - ``reference``: the net as written.
 - ``rerun``: the same run again (a separate process).
 - ``fault``: ``b1.norm2``'s LayerNorm epsilon is 1e-1 instead of 1e-7 (one layer).
-- ``fp16``: the whole net in float16 (``Cell.to_float``), loss in float32.
+- ``fp16``: the LayerNorms and GELUs in float16 (``Cell.to_float``; each block casts their
+  results back to the input's dtype, a no-op in float32), everything else in float32.
+  Not the whole net: on CPU, MindSpore 2.10 runs MatMul in float32 even in a float16 net,
+  and its dump then writes those float32 outputs under a Float16 name (half their bytes, so
+  the values are garbage); the reader refuses such files (it checks each file's dtype
+  against the kernel's device dtype in the IR), but a net made mostly of them would leave
+  little to compare. The attention's two products are ``ops.MatMul`` primitives.
 - ``inserted``: ``b1`` scales its MLP output by 1.001 (an extra Mul; ×1.0 would be folded).
 
 To keep the fixtures small, two things MindSpore wrote are trimmed after each run: the
@@ -31,6 +37,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,14 +50,16 @@ def run_case(case: str, out: Path) -> None:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    iterations = "all" if case in ("reference", "rerun") else "0"
     config = {"common_dump_settings": {"dump_mode": 0, "path": str(out), "net_name": "Net",
-                                       "iteration": "all" if case in ("reference", "rerun") else "0", "saved_data": "tensor", "input_output": 0,
+                                       "iteration": iterations, "saved_data": "tensor", "input_output": 0,
                                        "kernels": [], "support_device": [0]},
               "e2e_dump_settings": {"enable": True, "trans_flag": True}}
     config_path = out.parent / f".{case}_dump_config.json"
     config_path.write_text(json.dumps(config))
     env = {**os.environ, "MINDSPORE_DUMP_CONFIG": str(config_path), "GLOG_v": "3"}
-    subprocess.run([sys.executable, __file__, "--train", case], check=True, env=env)
+    with tempfile.TemporaryDirectory() as scratch:  # where MindSpore leaves its compile files
+        subprocess.run([sys.executable, __file__, "--train", case], check=True, env=env, cwd=scratch)
     config_path.unlink()
     for pb in out.glob("rank_*/graphs/*.pb"):
         pb.unlink()
@@ -73,7 +82,7 @@ def train(case: str) -> None:
         def __init__(self, eps: float = 1e-7, scale: float | None = None) -> None:
             super().__init__()
             self.softmax = nn.Softmax(axis=-1)
-            self.scores = ops.MatMul(transpose_b=True)  # primitives: see the note on fp16 above
+            self.scores = ops.MatMul(transpose_b=True)
             self.mix = ops.MatMul()
             self.norm1 = nn.LayerNorm((DIM,), epsilon=1e-7)
             self.fc1 = nn.Dense(DIM, HIDDEN)
@@ -102,7 +111,7 @@ def train(case: str) -> None:
             return self.head(self.b1(self.b0(x)))
 
     net = Net()
-    if case == "fp16":  # the cells with fp16 CPU kernels; see the module docstring for MatMul
+    if case == "fp16":  # see the docstring: MatMul stays float32
         for block in (net.b0, net.b1):
             for cell in (block.norm1, block.act, block.norm2):
                 cell.to_float(ms.float16)
