@@ -56,9 +56,9 @@ setup(
     cmdclass=cmdclass,
     ext_modules=[
         Extension(
-            "opscope.capture.torch._fastats",
-            sources=["src/opscope/capture/torch/_c/fastats.c"],
-            depends=["src/opscope/capture/torch/_c/fastats_avx2.h", "src/opscope/capture/torch/_c/fastats_kernel.h"],
+            "opscope.capture.torch.native._fastats",
+            sources=["src/opscope/capture/torch/native/_c/fastats.c"],
+            depends=["src/opscope/capture/torch/native/_c/fastats_avx2.h", "src/opscope/capture/torch/native/_c/fastats_kernel.h"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

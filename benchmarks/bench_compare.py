@@ -128,7 +128,8 @@ def same_runs(root: Path) -> None:
         subprocess.run([sys.executable, "-c", MSPROBE_DUMP, str(root / f"msp-{side}"), mode], capture_output=True,
                        check=True, timeout=1800)
         _opscope_dump(root / f"ops-{side}", mode == "fault")
-    theirs = _wall(["msprobe", "compare", "-tp", str(root / "msp-tgt" / "step0"), "-gp",
+    msprobe = shutil.which("msprobe") or str(Path(sys.executable).with_name("msprobe"))  # the venv's script
+    theirs = _wall([msprobe, "compare", "-tp", str(root / "msp-tgt" / "step0"), "-gp",
                     str(root / "msp-ref" / "step0"), "-o", str(root / "msp-out")])
     ours = _wall([sys.executable, "-m", "opscope", "compare", str(root / "ops-tgt"), str(root / "ops-ref"),
                   "-o", str(root / "ops-out"), "-q"])

@@ -14,4 +14,4 @@ target="."
 # The native aten observer of opscope.watch links the installed torch: build it now (once
 # per torch version, a few seconds) rather than at the first watch. Without a compiler
 # opscope still works (watch then uses a slower Python dispatch mode).
-.venv/bin/python -m opscope.native || echo "opscope: continuing without the native observer" >&2
+.venv/bin/python -m opscope.capture.torch.native.build || echo "opscope: continuing without the native observer" >&2

@@ -41,6 +41,8 @@ from opscope.config_types import (
 from opscope.errors import ConfigError
 
 PHASES = ("forward", "backward", "optimizer")
+# The phases' codes in the native observers (enum Phase in capture/torch/native/_c/observer.h).
+PHASE_CODES = {phase: code for code, phase in enumerate(PHASES)}
 MODES = ("input", "output", "all")
 LEVELS = ("module", "api", "aten")
 DATA = ("statistics", "tensor")

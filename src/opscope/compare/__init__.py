@@ -11,16 +11,6 @@ imported, Python binds ``opscope.compare`` to it, so the package itself is made 
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from opscope._callable import callable_package
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from opscope.compare.api import compare
-
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_package(__name__, "opscope.compare.api:compare")

@@ -1,6 +1,6 @@
 """The content hash ``wsum64-v2`` in numpy: the reference definition (docs/format.md).
 
-The C kernel (capture/torch/_c/fastats_kernel.h) and the torch reductions
+The C kernel (capture/torch/native/_c/fastats_kernel.h) and the torch reductions
 (capture/torch/stats.py) compute the same value; tests hold the three to it.
 
 The tensor's bytes (elements in row-major order, each little-endian) are read as

@@ -9,16 +9,6 @@ is callable and forwards to :func:`opscope.profile`, which lives with the public
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from opscope._callable import callable_package
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from opscope import ENTRY_POINTS
-
-        return ENTRY_POINTS["profile"](*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_package(__name__, "opscope:ENTRY_POINTS")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from opscope.profile.model import PHASES
 from opscope.report import register_renderer
-
-PHASE_ORDER = ("data_wait", "forward", "backward", "communication", "optimizer", "zero_grad", "other")
 
 
 def _console(width: int) -> Any:
@@ -39,7 +38,7 @@ def render_show(data: Any, top: int = 10, width: int = 110) -> str:
     table = Table(title="phases (steady steps)", title_justify="left")
     for col in ("phase", "median ms", "mean ms", "share", ""):
         table.add_column(col, justify="left" if col in ("phase", "") else "right")
-    for phase in PHASE_ORDER:
+    for phase in PHASES:
         row = s.get("phases", {}).get(phase, {})
         share = row.get("share", 0.0)
         table.add_row(phase, f"{row.get('median_ms', 0):.3f}", f"{row.get('mean_ms', 0):.3f}", f"{share * 100:.1f}%", "#" * round(share * 40))

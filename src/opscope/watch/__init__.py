@@ -4,7 +4,7 @@ The package, beside ``capture`` (whose hooks it uses) and below ``report``:
 
 - :mod:`~opscope.watch.session` — :class:`WatchSession`: hooks, steps, actions;
 - :mod:`~opscope.watch.check` — the per-op check (Python dispatch mode) and its entries;
-- :mod:`~opscope.watch.observer` — the same check run by the native observer (``capture/torch/_c``);
+- :mod:`~opscope.watch.observer` — the same check run by the native observer (``capture/torch/native/_c``);
 - :mod:`~opscope.watch.chain` — from a hit to an event: inputs and the chain back;
 - :mod:`~opscope.watch.step_checks` — loss and step-time spikes;
 - :mod:`~opscope.watch.flight` — the flight recorder, which holds a dump session;
@@ -21,16 +21,6 @@ the package itself is callable and forwards to the function.
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from opscope._callable import callable_package
 
-
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from opscope import ENTRY_POINTS
-
-        return ENTRY_POINTS["watch"](*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+callable_package(__name__, "opscope:ENTRY_POINTS")

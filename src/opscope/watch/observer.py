@@ -1,5 +1,5 @@
 """The aten-level watch run natively: a C++ ``at::RecordFunction`` observer (``_c/watchobs.cpp``,
-built on first use by :mod:`opscope.native`) does the per-op work of
+built on first use by :mod:`opscope.capture.torch.native.build`) does the per-op work of
 :class:`~opscope.watch.check.Checker` — one fused range pass per output, the
 mask and propagation marks, the entries for the chain back — without entering Python per op.
 A Python :class:`~torch.utils._python_dispatch.TorchDispatchMode` alone costs more than the
@@ -30,13 +30,12 @@ from typing import Any
 
 import torch
 
-from opscope import native
-from opscope.capture.torch.native_ops import classify_op
+from opscope.capture.torch.native import build as native
+from opscope.capture.torch.native.ops import classify_op
+from opscope.config import PHASE_CODES, PHASES
 from opscope.watch.check import Checker
 
 log = logging.getLogger("opscope.watch")
-_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
-_PHASE_NAMES = {v: k for k, v in _PHASES.items()}
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
 _NODE_PREFIX = "autograd::engine::evaluate_function: "
 _warned = False
@@ -82,7 +81,7 @@ class NativeChecker(Checker):
     # -- configuration pushed to the observer ---------------------------------------------
     def _push(self) -> None:
         if hasattr(self, "limit"):
-            self._n.configure(self._on and self._ops_on and not self._hush, _PHASES[self._phase], self._defer, self.limit)
+            self._n.configure(self._on and self._ops_on and not self._hush, PHASE_CODES[self._phase], self._defer, self.limit)
 
     on = property(lambda self: self._on, lambda self, v: self._set("_on", v))
     ops_on = property(lambda self: self._ops_on, lambda self, v: self._set("_ops_on", v))
@@ -144,7 +143,7 @@ class NativeChecker(Checker):
         entries = self._n.entries(0)
         for e in entries:
             e[1] = self._path_list[e[1]] if e[1] >= 0 else ""
-            e[2] = _PHASE_NAMES[e[2]]
+            e[2] = PHASES[e[2]]
             if e[4] is not None:
                 e[4] = e[4].removeprefix(_NODE_PREFIX)
             for rec in e[6]:
@@ -164,7 +163,7 @@ class NativeChecker(Checker):
                 in_ids: tuple[int, ...], outs: Any, args: Any = None, *, check: bool = True,
                 select: bool = False, strict: bool = False) -> int:
         self.module_changed(module)
-        index = self._n.observe(name, self._paths[module], _PHASES[phase], tuple(in_ids), list(outs),
+        index = self._n.observe(name, self._paths[module], PHASE_CODES[phase], tuple(in_ids), list(outs),
                                 check, select, strict)
         self.module_changed(self.modules.path)
         self.reraise()
@@ -176,7 +175,7 @@ class NativeChecker(Checker):
         ``args`` (the call's inputs) are shown on a hit."""
         self._call_args = args
         try:
-            self._n.observe(name, self._path_index(path), _PHASES[phase], in_ids, outs, True, False, False)
+            self._n.observe(name, self._path_index(path), PHASE_CODES[phase], in_ids, outs, True, False, False)
         finally:
             self._call_args = None
         if self.raised is not None:

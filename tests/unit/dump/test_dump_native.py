@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import opscope
-from opscope import native
+from opscope.capture.torch.native import build as native
 from opscope.capture.torch.op_kinds import base_name
 from opscope.demo.models import mlp_task, train_step, transformer_task
 
@@ -102,9 +102,9 @@ def test_random_ops_keep_their_generator_state_and_args(tmp_path, monkeypatch):
 
 
 def test_a_failing_hook_stops_capture_not_the_run(tmp_path, monkeypatch):
-    from opscope.capture.torch import dump_native
+    from opscope.capture.torch.native import aten as native_aten
 
-    real = dump_native._Hooks.selected
+    real = native_aten._Hooks.selected
     calls = {"n": 0}
 
     def flaky(self, module, op, phase):
@@ -113,7 +113,7 @@ def test_a_failing_hook_stops_capture_not_the_run(tmp_path, monkeypatch):
             raise KeyError("simulated opscope bug")
         return real(self, module, op, phase)
 
-    monkeypatch.setattr(dump_native._Hooks, "selected", flaky)
+    monkeypatch.setattr(native_aten._Hooks, "selected", flaky)
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
     task = lambda: mlp_task(batch=8, d_in=16, hidden=16, depth=2)  # noqa: E731
     torch.manual_seed(0)
@@ -133,8 +133,8 @@ def test_a_failing_hook_stops_capture_not_the_run(tmp_path, monkeypatch):
 def test_without_a_compiler_the_python_mode_dumps_the_same(tmp_path):
     code = textwrap.dedent("""
         import torch, opscope
-        from opscope.capture.torch import dump_native
-        assert dump_native.backend_for(opscope.config.dump_config(None, path="x")) is None
+        from opscope.capture.torch.native import aten as native_aten
+        assert native_aten.backend_for(opscope.config.dump_config(None, path="x")) is None
         torch.manual_seed(0)
         x = torch.randn(3, 3, requires_grad=True)
         with opscope.dump({!r}) as d:

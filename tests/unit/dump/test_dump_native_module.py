@@ -12,7 +12,7 @@ from dump_helpers import small_mlp, small_transformer
 from torch import nn
 
 import opscope
-from opscope import native
+from opscope.capture.torch.native import build as native
 from opscope.demo.models import train_step, transformer_task
 
 _SAME = ["step", "phase", "module", "op", "call", "io", "slot", "arg", "dtype", "numel", "param", "note",

@@ -16,8 +16,8 @@ from dump_helpers import bare, calls, small_mlp, small_transformer, train_with, 
 from safetensors.numpy import load_file
 
 import opscope
-from opscope import native
-from opscope.capture.torch import dump_native
+from opscope.capture.torch.native import aten as native_aten
+from opscope.capture.torch.native import build as native
 from opscope.capture.torch.suspects import TensorDumpSize
 from opscope.config import dump_config
 from opscope.demo.models import train_step
@@ -169,7 +169,7 @@ def test_the_size_said_before_a_window_is_what_is_stored(tmp_path, monkeypatch):
 
 def test_full_shards_reach_the_writer_while_the_step_runs(tmp_path, monkeypatch):
     events = []
-    add_shard, end_step = opscope.storage.writer.DumpWriter.add_shard, dump_native.NativeRecorder.end_step
+    add_shard, end_step = opscope.storage.writer.DumpWriter.add_shard, native_aten.NativeRecorder.end_step
 
     def spy_shard(self, step, chunks, size, nbytes):
         events.append(("shard", step, nbytes))
@@ -180,7 +180,7 @@ def test_full_shards_reach_the_writer_while_the_step_runs(tmp_path, monkeypatch)
         return end_step(self)
 
     monkeypatch.setattr(opscope.storage.writer.DumpWriter, "add_shard", spy_shard)
-    monkeypatch.setattr(dump_native.NativeRecorder, "end_step", spy_end)
+    monkeypatch.setattr(native_aten.NativeRecorder, "end_step", spy_end)
     shard_mb = 1  # the step stores about 15 MB
     _, dump = train_with("native", monkeypatch, tmp_path / "d", 1, _medium_transformer, data="tensor", shard_mb=shard_mb)
     during = [e for e in events[: events.index(("end", 0, 0))] if e[0] == "shard"]
@@ -289,15 +289,15 @@ def test_which_dumps_run_natively(monkeypatch):
     def config(**keys):
         return dump_config(None, path="x", **keys)
 
-    assert dump_native.backend_for(config(data="tensor")) is not None
-    assert dump_native.backend_for(config(data="tensor", tensor_limit_mb=1)) is not None
-    assert dump_native.backend_for(config(tensor_ops=["aten.mm*"])) is not None
-    assert dump_native.backend_for(config(level="module")) is not None
+    assert native_aten.backend_for(config(data="tensor")) is not None
+    assert native_aten.backend_for(config(data="tensor", tensor_limit_mb=1)) is not None
+    assert native_aten.backend_for(config(tensor_ops=["aten.mm*"])) is not None
+    assert native_aten.backend_for(config(level="module")) is not None
     for keys in ({"data": "tensor", "source": True}, {"level": "api", "data": "tensor"},
                  {"level": "module", "data": "tensor"}, {"level": "module", "tensor_ops": ["Linear"]}):
-        assert dump_native.backend_for(config(**keys)) is None, keys
+        assert native_aten.backend_for(config(**keys)) is None, keys
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "python")
-    assert dump_native.backend_for(config(data="tensor")) is None
+    assert native_aten.backend_for(config(data="tensor")) is None
 
 
 def test_a_shard_written_directly_or_through_the_page_cache_is_the_same_file(tmp_path):

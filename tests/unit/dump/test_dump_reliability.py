@@ -187,8 +187,8 @@ def test_show_names_the_first_nan_and_convert_writes_npy(tmp_path, run_cli):
 def test_an_internal_error_stops_capture_not_the_run(tmp_path, monkeypatch):
     from dump_helpers import bare
 
-    from opscope.capture.torch import dump_native
     from opscope.capture.torch import recorder as recorder_module
+    from opscope.capture.torch.native import aten as native_aten
 
     calls = {"n": 0}
 
@@ -200,7 +200,7 @@ def test_an_internal_error_stops_capture_not_the_run(tmp_path, monkeypatch):
             return real(self, *args, **kwargs)
         return record_params
 
-    for cls in (recorder_module.Recorder, dump_native.NativeRecorder):
+    for cls in (recorder_module.Recorder, native_aten.NativeRecorder):
         monkeypatch.setattr(cls, "record_params", flaky(cls.record_params))
     with pytest.warns(RuntimeWarning, match="stopped capturing at step 1 after an internal error"):
         losses, dump = train(tmp_path / "d", 3)

@@ -31,7 +31,7 @@ def routing_masks() -> list[torch.Tensor]:
 
 KERNEL = "import torch\n" + inspect.getsource(routing_masks) + textwrap.dedent("""
     import json
-    from opscope.capture.torch import _fastats
+    from opscope.capture.torch.native import _fastats
     from opscope.capture.torch.stats import CODES
 
     def h(t):

@@ -15,7 +15,7 @@ from opscope.capture.torch import stats
 
 CASES = textwrap.dedent("""
     import json, math, random, torch
-    from opscope.capture.torch import _fastats
+    from opscope.capture.torch.native import _fastats
     random.seed(0)
     torch.manual_seed(0)
     codes = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}

@@ -1,6 +1,6 @@
 """What the capture levels need from the session that owns them, as Protocols.
 
-The levels (``levels``, ``dispatch``, ``dump_native``, ``dump_native_module``) and the
+The levels (``levels``, ``dispatch``, ``native.aten``, ``native.module``) and the
 torch.compile watch (``compiled``) are built by :class:`~opscope.capture.torch.session.DumpSession`
 and call back into it. They see it through :class:`CaptureHost`, so none of them imports
 the session module: imports in ``capture/torch`` run one way, session → levels → here.

@@ -1,5 +1,5 @@
 """What kind of op an aten overload is, for the checks of ``opscope.watch`` and for the native
-observers of both watch and dump (:mod:`~opscope.capture.torch.native_ops` hands it to C++).
+observers of both watch and dump (:mod:`~opscope.capture.torch.native.ops` hands it to C++).
 
 One table, asked once per overload: is it a view or a copy of its first input (transparent to
 the chain back to a NaN), a cast, an op that only moves or fills values (its -Inf is a mask),

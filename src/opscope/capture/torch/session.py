@@ -15,10 +15,11 @@ import torch
 
 from opscope._version import __version__
 from opscope.capture.steps import StepClock
-from opscope.capture.torch import dump_native, levels
+from opscope.capture.torch import levels
 from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
+from opscope.capture.torch.native import aten as native_aten
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import DumpConfig, dump_config, env
 from opscope.errors import ConfigError, OpscopeError
@@ -96,17 +97,17 @@ class DumpSession:
 
             source = read_source(cfg, self.rank)
         self.writer = self.open_writer()
-        backend = dump_native.backend_for(cfg)
+        backend = native_aten.backend_for(cfg)
         if backend is not None:  # the aten or module level through the native dump module
-            self.recorder = dump_native.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
+            self.recorder = native_aten.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
         else:
             self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
         if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
             self.recorder.plan.before_start(source, self.recorder.selected)
         if backend is not None:
-            from opscope.capture.torch.dump_native_module import NativeModuleLevel
+            from opscope.capture.torch.native.module import NativeModuleLevel
 
-            native_level = NativeModuleLevel if cfg.level == "module" else dump_native.NativeAtenLevel
+            native_level = NativeModuleLevel if cfg.level == "module" else native_aten.NativeAtenLevel
             self._level = native_level(self, backend)
             self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:

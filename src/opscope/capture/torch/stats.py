@@ -23,7 +23,7 @@ import torch
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 
 try:
-    from opscope.capture.torch import _fastats
+    from opscope.capture.torch.native import _fastats
 except ImportError:  # built without a C compiler: torch reductions instead
     _fastats = None
 if _fastats is not None and getattr(_fastats, "HASH", "wsum64-v1") != HASH_ALGORITHM:

@@ -1,7 +1,7 @@
 // Native aten-level dump: the per-op work of recorder.Recorder and dispatch.DumpDispatchMode,
 // run from the shared RecordFunction observer (observer.h) instead of a Python
 // TorchDispatchMode. Used for aten-level dumps of statistics or of every full tensor (see
-// dump_native.py, which falls back to the Python mode for everything else).
+// native/aten.py, which falls back to the Python mode for everything else).
 //
 // Rows are kept in C++ and handed to Python once per step (take_rows), in the Python
 // recorder's row layout. Each tensor is measured once: an input that an earlier recorded op

@@ -36,7 +36,7 @@ namespace {
 
 enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2 };
 
-// What an op overload is, from the Python side's rules (see native_ops.classify_op and op_kinds.py).
+// What an op overload is, from the Python side's rules (see native/ops.py classify_op and op_kinds.py).
 struct OpKind {
   int name = -1;           // interned "aten.add_.Tensor"
   bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded

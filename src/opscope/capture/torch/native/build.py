@@ -7,7 +7,7 @@ version and the source's hash; concurrent processes (torchrun ranks) wait for on
 under a file lock. Without a compiler the callers fall back to their Python path and say
 why once.
 
-``python -m opscope.native`` builds everything now (the install script does it).
+``python -m opscope.capture.torch.native.build`` builds everything now (the install script does it).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-log = logging.getLogger("opscope.native")
-_C = Path(__file__).parent / "capture" / "torch" / "_c"
+log = logging.getLogger(__name__)
+_C = Path(__file__).parent / "_c"
 _SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp"}
 _LOADED: dict[str, ModuleType | None] = {}
 _ERRORS: dict[str, str] = {}

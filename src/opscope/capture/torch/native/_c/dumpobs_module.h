@@ -91,7 +91,7 @@ int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
 }
 
 // take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
-// value (see native_table.Columns): (n, ints, strs, names, args, shape_offsets,
+// value (see native/table.py, Columns): (n, ints, strs, names, args, shape_offsets,
 // shape_values, stats_f, stats_i, stats_valid, slow_links, keys, views). ints: int64 id, seq,
 // call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
 // (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;

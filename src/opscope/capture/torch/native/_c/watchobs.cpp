@@ -2,7 +2,7 @@
 // opscope/watch/check.py, run from a thread-local at::RecordFunction callback instead of a
 // Python TorchDispatchMode.
 //
-// Built on first use against the installed torch (see opscope/native.py); the Python side
+// Built on first use against the installed torch (see opscope/capture/torch/native/build.py); the Python side
 // (opscope/watch/observer.py, capture/torch/op_kinds.py) keeps the rules' sources of truth:
 // which op is a view, a cast, a select op, an additive mask op, writes in place (asked once
 // per overload through `classify`), and everything that happens on a hit (`on_hit`: the

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.dump_native import _PHASES, NativeAtenLevel
 from opscope.capture.torch.levels import module_inputs
 from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.native.aten import NativeAtenLevel
+from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class NativeModuleLevel(NativeAtenLevel):
     def activate(self) -> None:
         if not self.on:
             self.on = True
-            self.native.configure(True, _PHASES[self.session.phase])
+            self.native.configure(True, PHASE_CODES[self.session.phase])
 
     def deactivate(self) -> None:
         if self.on:
@@ -63,7 +64,7 @@ class NativeModuleLevel(NativeAtenLevel):
         call = -1
         try:
             if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
-                call = self.native.record_call(op, path, _PHASES[s.phase], module_inputs(module, args), (), -1)
+                call = self.native.record_call(op, path, PHASE_CODES[s.phase], module_inputs(module, args), (), -1)
         except Exception as exc:
             self._guard(exc)
         self._calls.append(call)
@@ -78,7 +79,7 @@ class NativeModuleLevel(NativeAtenLevel):
             outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]
             # outputs that require grad get a C++ hook: their gradient's row in backward
             grads = self._grads and s.recorder.selected(path, op, "backward")
-            self.native.record_call(op, path, _PHASES[s.phase], (), outs, call, grads)
+            self.native.record_call(op, path, PHASE_CODES[s.phase], (), outs, call, grads)
         except Exception as exc:
             self._guard(exc)
 

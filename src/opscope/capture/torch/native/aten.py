@@ -1,5 +1,5 @@
 """The aten level of a dump, run natively: the C++ observer of ``_c/dumpobs.cpp`` (built on
-first use by :mod:`opscope.native`) records every op a dispatch mode would see and measures
+first use by :mod:`opscope.capture.torch.native.build`) records every op a dispatch mode would see and measures
 its tensors in one pass, without entering Python per op; Python receives the step's rows
 once, at its end, in the same layout as :class:`~opscope.capture.torch.recorder.Recorder`
 builds them. A Python dispatch mode alone costs more than this whole capture.
@@ -19,7 +19,7 @@ Python path.
 
 Used for ``level="aten"`` dumps (statistics, full tensors, ``tensor_ops``) without
 ``suspects`` or ``source``, and for module-level statistics
-(:mod:`~opscope.capture.torch.dump_native_module`); everything else (and
+(:mod:`~opscope.capture.torch.native.module`); everything else (and
 ``OPSCOPE_DUMP_BACKEND=python``, or no C++ compiler) goes through
 :class:`~opscope.capture.torch.dispatch.DumpDispatchMode`. Both write the same dump.
 """
@@ -33,23 +33,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope import native
 from opscope.capture.torch.levels import Level
 from opscope.capture.torch.modules import strip_wrapped
-from opscope.capture.torch.native_ops import classify_op
-from opscope.capture.torch.native_table import Columns
+from opscope.capture.torch.native import build as native
+from opscope.capture.torch.native.ops import classify_op
+from opscope.capture.torch.native.table import Columns
 from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
 from opscope.capture.torch.tensor_size import table_rows
-from opscope.config import DumpConfig, env
+from opscope.config import PHASE_CODES, PHASES, DumpConfig, env
 from opscope.errors import DumpWriteError
 from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
 
-_PHASES = {"forward": 0, "backward": 1, "optimizer": 2}
-_PHASE_NAMES = ("forward", "backward", "optimizer")
 
 
 def backend_for(cfg: DumpConfig) -> Any:
@@ -127,7 +125,7 @@ class _Hooks:
         self.recorder = recorder
 
     def selected(self, module: str, op: str, phase: int) -> bool:
-        return self.recorder.selected(module, op, _PHASE_NAMES[phase])
+        return self.recorder.selected(module, op, PHASES[phase])
 
     def tensor_op(self, op: str) -> bool:
         """With ``tensor_ops``: does ``op`` keep its full tensors (asked once per op)?"""
@@ -180,14 +178,14 @@ class NativeAtenLevel(Level):
         self.native.set_params(pairs)
 
     def set_phase(self, phase: str) -> None:
-        self.native.configure(self.on, _PHASES[phase])
+        self.native.configure(self.on, PHASE_CODES[phase])
 
     def stop_capture(self) -> None:
         self.native.configure(False, 0)  # safe inside an op; the callback is removed at stop
 
     def record_graph(self, op: str, path: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
                      outputs: list[tuple[int, str | None, torch.Tensor]], call: int = -1) -> int:
-        return self.native.record_call(op, path, _PHASES[phase], inputs, outputs, call)
+        return self.native.record_call(op, path, PHASE_CODES[phase], inputs, outputs, call)
 
     def forked(self) -> None:
         self.on = False
@@ -197,7 +195,7 @@ class NativeAtenLevel(Level):
     def activate(self) -> None:  # at step boundaries only: see _c/observer.h
         if not self.on:
             self.on = True
-            self.native.configure(True, _PHASES[self.session.phase])
+            self.native.configure(True, PHASE_CODES[self.session.phase])
             self.native.register(True)
 
     def deactivate(self) -> None:
