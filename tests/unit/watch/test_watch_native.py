@@ -14,7 +14,7 @@ import torch
 from watch_models import ExpHead, MaskedAttention, PairDistance, ZeroVarNorm, train
 
 import opscope
-from opscope import native
+from opscope.capture.torch.native import build as native
 from opscope.capture.torch.op_kinds import base_name
 
 
@@ -172,7 +172,7 @@ def test_without_a_compiler_watch_falls_back_to_the_python_mode_and_says_why(tmp
 @pytest.mark.slow
 def test_concurrent_first_builds_wait_for_one_another(tmp_path):
     code = """
-        from opscope import native
+        from opscope.capture.torch.native import build as native
         assert native.load("_opscope_watch") is not None, native.error("_opscope_watch")
         print("ok")
     """
