@@ -69,6 +69,14 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
     n_t, n_r = t.get("numel"), r.get("numel")
     if n_t is not None and n_r is not None and n_t != n_r:
         return _skip_shapes(pair, t, r)
+    for side, row in (("target", t), ("reference", r)):
+        if not row.get("data") and row.get("norm") is None and row.get("hash") is None and (row.get("numel") or 0):
+            # a record with neither statistics nor a tensor (a peer dump's file that could not
+            # be trusted): nothing to judge it by, which is not "no difference"
+            pair.mode = "skipped"
+            pair.note = _join(pair.note, f"the {side} holds no statistics and no tensor here"
+                                         + (f" ({row['note']})" if row.get("note") else ""))
+            return None
     same_dtype = t.get("dtype") == r.get("dtype")
     empty = n_t == 0 and n_r == 0  # nothing to differ (batch norm's zero-size saved buffers)
     if empty or (trust_hashes and same_dtype and t.get("hash") is not None and t.get("hash") == r.get("hash")):

@@ -119,11 +119,11 @@ def _layout(path: Path) -> _Layout:
 def open_dump(path: Path) -> PeerDump:
     """Open the MindSpore Data Dump at ``path`` (root, rank, net, graph or iteration folder)."""
     layout = _layout(path)
-    problems: list[str] = []
     meta = _metadata(next(iter(layout.ranks.values())))
+    opened: list[PeerDump] = []
 
-    def build(rank: int, step: int) -> pa.Table:
-        return _build(layout, rank, step, problems)
+    def build(rank: int, step: int) -> pa.Table:  # what it cannot read goes to the dump's problems
+        return _build(layout, rank, step, opened[0].problems)
 
     def open_tensor(rank: int, step: int, data: str, key: str) -> tuple[str, np.ndarray]:
         return _open_tensor(layout, rank, step, data, key)
@@ -136,7 +136,8 @@ def open_dump(path: Path) -> PeerDump:
         "config": {"level": "mindspore", "mode": "all", "data": data, "mindspore": meta.get("config")},
         "hash_algorithm": fmt.HASH_ALGORITHM,
     }
-    return PeerDump(path, manifest, list(layout.folders), build, open_tensor, problems)
+    opened.append(PeerDump(path, manifest, list(layout.folders), build, open_tensor))
+    return opened[0]
 
 
 def _metadata(rank_dir: Path) -> dict[str, Any]:
@@ -194,7 +195,6 @@ def _build(layout: _Layout, rank: int, step: int, problems: list[str]) -> pa.Tab
             for row in read_statistics(folder / STATISTIC_CSV):
                 statistics[row.op_name].append(row)
         unmatched = builder.add_graph(str(index), folder, order, graph, files, statistics, problems)
-        unmatched = [n for n in unmatched if not n.startswith("Parameter.")]
         if unmatched:
             _note(problems, f"{len(unmatched)} tensor files in {folder} name no op of {_ORDER.format(graph_id)} "
                             f"(e.g. {unmatched[0]}): skipped")

@@ -59,6 +59,9 @@ class KernelGraph:
     inputs: dict[str, list[Source]] = field(default_factory=dict)
     # the dtypes the kernel's device buffers hold: (inputs, outputs), None where not a tensor
     device_dtypes: dict[str, tuple[list[str | None], list[str | None]]] = field(default_factory=dict)
+    consumers: dict[str, list[str]] = field(default_factory=dict)  # kernel -> kernels reading it
+    # the shapes the graph infers: (inputs, outputs), None where unknown or not a tensor
+    shapes: dict[str, tuple[list[list[int] | None], list[list[int] | None]]] = field(default_factory=dict)
 
 
 def read_graph(path: Path) -> KernelGraph:
@@ -89,13 +92,13 @@ def _op_type(name: str) -> str:
     return name.removeprefix("PrimFunc_")
 
 
-def split_args(text: str) -> list[str]:
+def split_args(text: str, opening: str = "([{", closing: str = ")]}") -> list[str]:
     """The top-level, comma-separated arguments of a call whose text starts after its '('."""
     args, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        if ch in "([{":
+        if ch in opening:
             depth += 1
-        elif ch in ")]}":
+        elif ch in closing:
             if depth == 0:
                 tail = text[start:i].strip()
                 if tail:
@@ -120,9 +123,35 @@ def _kernels(nodes: dict[str, _Node], weights: set[str]) -> KernelGraph:
             sources.append(_resolve(arg, nodes, weights))
         graph.ops[node.scope] = node.op
         graph.inputs[node.scope] = sources
+        for source in sources:
+            if source.kind == "kernel":
+                graph.consumers.setdefault(source.name, []).append(node.scope)
         if len(node.types) >= 2:
             graph.device_dtypes[node.scope] = _device_dtypes(node.types[1])
+        if node.types:
+            graph.shapes[node.scope] = _shapes(node.types[0])
     return graph
+
+
+_TENSOR_SHAPE = re.compile(r"Tensor\[\w+\]\]?,\s*\(([-\d,\s]*)\)")
+
+
+def _shapes(line: str) -> tuple[list[list[int] | None], list[list[int] | None]]:
+    """``(<Tensor[Float32], (4, 16)>, <UMonad, NoShape>) -> (<Tensor[Float16], (4, 16)>)`` ->
+    the inferred shapes of the tensor arguments (monads dropped) and of the outputs."""
+    left, _, right = line.partition("->")
+
+    def shapes(part: str) -> list[list[int] | None]:
+        part = part.strip()
+        items = split_args(part[1:], "([{<", ")]}>") if part.startswith("(") else [part]
+        out: list[list[int] | None] = []
+        for item in items:
+            if "Monad" in item:
+                continue
+            m = _TENSOR_SHAPE.search(item) if item.startswith(("<Tensor", "<Ref")) else None
+            out.append([int(x) for x in m.group(1).replace(" ", "").split(",") if x] if m else None)
+        return out
+    return shapes(left), shapes(right)
 
 
 def _device_dtypes(line: str) -> tuple[list[str | None], list[str | None]]:
@@ -131,7 +160,7 @@ def _device_dtypes(line: str) -> tuple[list[str | None], list[str | None]]:
     left, _, right = line.partition("->")
     def dtypes(part: str) -> list[str | None]:
         part = part.strip()
-        items = split_args(part[1:]) if part.startswith("(") else [part]
+        items = split_args(part[1:], "([{<", ")]}>") if part.startswith("(") else [part]
         out: list[str | None] = []
         for item in items:
             if "Monad" in item:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,10 @@ from opscope.storage.peers.mindspore_files import (
     StatisticRow,
     TensorFile,
     load_array,
-    mangle,
     numel,
 )
 from opscope.storage.peers.mindspore_ir import KernelGraph, Source
+from opscope.storage.peers.mindspore_match import match_files
 
 OP_PREFIX = "mindspore."
 # Cells that wrap the user's net for training; their scopes are dropped from module paths.
@@ -54,6 +55,47 @@ def module_of(full_name: str) -> str:
     return ".".join(name for name, _ in cells)
 
 
+EXPANDED = "Expand/"  # ops MindSpore expanded from a functional call: a scope of their own
+
+
+def expanded_places(order: tuple[str, ...], graph: KernelGraph | None) -> dict[str, tuple[str, str]]:
+    """(phase, module) of the ops MindSpore expanded from functional calls (``Expand/_Muls/Mul-op0``:
+    no cell in the scope): backward when what they read was, and the module their producers
+    share, else their consumers (``fc2(x) * 1.001`` in ``b1`` -> ``b1.fc2``)."""
+    places: dict[str, tuple[str, str]] = {}
+    if graph is None:
+        return places
+
+    def place(full: str) -> tuple[str, str] | None:
+        return places.get(full) if full.startswith(EXPANDED) else (phase_of(full), module_of(full))
+
+    for full in order:
+        if not full.startswith(EXPANDED):
+            continue
+        producers = [place(s.name) for s in graph.inputs.get(full, []) if s.kind == "kernel"]
+        consumers = [place(c) for c in graph.consumers.get(full, [])]
+        known = [p for p in producers if p]
+        phase = "backward" if any(p[0] == "backward" for p in known) else (known[0][0] if known else "forward")
+        # where the values it transforms were made; else where they go (MindSpore's scopes of
+        # a block's ops may name another instance of that block, so the two can disagree)
+        made = _common_prefix([p[1] for p in known if p[1] and p[0] == phase])
+        places[full] = (phase, made or _common_prefix([c[1] for c in consumers if c and c[1] and c[0] == phase]))
+    return places
+
+
+def _common_prefix(modules: list[str]) -> str:
+    if not modules:
+        return ""
+    parts = modules[0].split(".")
+    for module in modules[1:]:
+        other = module.split(".")
+        n = 0
+        while n < min(len(parts), len(other)) and parts[n] == other[n]:
+            n += 1
+        parts = parts[:n]
+    return ".".join(parts)
+
+
 def forward_op_of(full_name: str) -> str | None:
     """The forward op a gradient op differentiates (``.../Grad_MatMul/MatMul-op2`` -> MatMul)."""
     for segment in reversed(full_name.split("/")[:-1]):
@@ -70,26 +112,36 @@ class RowBuilder:
         self.rows: list[dict[str, Any]] = []
         self.outputs: dict[tuple[str, int], int] = {}  # (full name, slot) -> record id
         self.calls: dict[tuple[str, str, str], int] = defaultdict(int)
+        self.places: dict[str, tuple[str, str]] = {}  # phase and module of expanded ops
 
     def add_graph(self, data: str, folder: Path, order: tuple[str, ...], graph: KernelGraph | None,
                   files: dict[str, list[TensorFile]], statistics: dict[str, list[StatisticRow]],
                   problems: list[str]) -> list[str]:
         """Add the ops of one graph's iteration folder; returns the files no op claimed."""
         offset = int(data) * _GRAPH_SEQ
-        claimed: set[str] = set()
+        first: dict[str, int] = {}
+        for key, items in [*files.items(), *statistics.items()]:
+            first[key] = min([first.get(key, 1 << 62), *(item.timestamp for item in items)])
+        matched, renumbered = match_files(order, first)
+        self.places = expanded_places(order, graph)
         for index, full in enumerate(order):
-            key = mangle(full)
-            tensors, stats = files.get(key, []), statistics.get(key, [])
-            if not tensors and not stats:
-                continue
-            claimed.add(key)
-            self._add_call(offset + index, full, data, folder, tensors, stats, graph, problems)
-        return [f.file for key, group in files.items() if key not in claimed for f in group]
+            key = matched.get(full)
+            tensors, stats = files.get(key, []) if key else [], statistics.get(key, []) if key else []
+            if tensors or stats:
+                self._add_call(offset + index, full, data, folder, tensors, stats, graph, problems)
+        if renumbered:
+            _add(problems, f"{folder}: MindSpore numbered {len(renumbered)} ops differently in file names than "
+                           f"in the execution order (e.g. {sorted(renumbered)[0]}), so a file name cannot say "
+                           "which of them it is: they are not compared")
+        claimed = set(matched.values())
+        return [f.file for key, group in files.items() if key not in claimed for f in group
+                if f.op_type != "Parameter"]
 
     def _add_call(self, seq: int, full: str, data: str, folder: Path, tensors: list[TensorFile],
                   stats: list[StatisticRow], graph: KernelGraph | None, problems: list[str]) -> None:
         op_type = (tensors[0].op_type if tensors else stats[0].op_type) or full.rsplit("/", 1)[-1].split("-op")[0]
-        phase, module, op = phase_of(full), module_of(full), OP_PREFIX + op_type
+        phase, module = self.places.get(full) or (phase_of(full), module_of(full))
+        op = OP_PREFIX + op_type
         call = self.calls[(phase, module, op)]
         self.calls[(phase, module, op)] += 1
         sources = graph.inputs.get(full, []) if graph is not None else []
@@ -102,12 +154,8 @@ class RowBuilder:
             if io == "input":
                 self._link(row, sources[slot] if slot < len(sources) else None, graph)
             if isinstance(item, TensorFile):
-                wrong = _wrong_dtype(graph, full, io, slot, item.dtype)
-                if wrong:
-                    row["dtype"], row["note"] = item.dtype, wrong
-                    _add(problems, DEFECT)
-                else:
-                    self._tensor(row, item, data, folder, problems)
+                self._tensor(row, item, data, folder, problems, lambda shape, io=io, slot=slot, item=item:
+                             _untrusted(graph, full, io, slot, item.dtype, shape))
             else:
                 _statistics(row, item)
             if io == "output":
@@ -138,17 +186,24 @@ class RowBuilder:
         elif source.kind == "input":
             row["arg"] = source.name
 
-    def _tensor(self, row: dict[str, Any], item: TensorFile, data: str, folder: Path, problems: list[str]) -> None:
+    def _tensor(self, row: dict[str, Any], item: TensorFile, data: str, folder: Path, problems: list[str],
+                check: Callable[[list[int]], str | None]) -> None:
+        """Shape, statistics and where the tensor is; ``check(shape)`` says why the file is not
+        the tensor (then only its shape is kept, and a note says why)."""
         from opscope.capture.onnxruntime.stats import tensor_stats
 
         row["dtype"] = item.dtype
         try:
             arr = load_array(folder / item.file)
         except DumpFormatError as exc:
-            message = f"{folder}: {exc}"
-            if message not in problems:
-                problems.append(message)
+            _add(problems, f"{folder}: {exc}")
             row["note"] = "unreadable tensor file"
+            return
+        row["shape"], row["numel"] = list(arr.shape), int(arr.size)
+        wrong = check(row["shape"])
+        if wrong:
+            row["note"] = wrong
+            _add(problems, DEFECT)
             return
         if item.dtype == "bfloat16" and arr.dtype.kind == "u":
             from opscope.storage.safetensors_io import widen
@@ -156,7 +211,6 @@ class RowBuilder:
             values = widen(arr, "bfloat16")
         else:
             values = arr
-        row["shape"], row["numel"] = list(arr.shape), int(arr.size)
         row.update(zip(STAT_NAMES, tensor_stats(values)))
         row["data"], row["key"] = data, item.file
 
@@ -171,17 +225,22 @@ DEFECT = ("some tensors were written under a dtype other than their kernel's (th
           "say so in 'note')")
 
 
-def _wrong_dtype(graph: KernelGraph | None, full: str, io: str, slot: int, dtype: str) -> str | None:
-    """Why a file's dtype cannot be trusted (it is not the kernel's device dtype), or None."""
-    types = graph.device_dtypes.get(full) if graph is not None else None
-    if types is None:
+def _untrusted(graph: KernelGraph | None, full: str, io: str, slot: int, dtype: str, shape: list[int]) -> str | None:
+    """Why a file is not the tensor the IR says the op has there (another dtype on the
+    device, another shape), or None."""
+    if graph is None:
         return None
-    listed = types[0] if io == "input" else types[1]
-    device = listed[slot] if slot < len(listed) else None
-    if device is None or device == dtype or device not in _FLOAT_NAMES or dtype not in _FLOAT_NAMES:
-        return None
-    return (f"not compared: MindSpore wrote it as {dtype} but the kernel's {io} {slot} is {device} "
-            "on the device (IR), so the file holds other bytes than the tensor")
+    at = 0 if io == "input" else 1
+    dtypes, shapes = graph.device_dtypes.get(full, ([], [])), graph.shapes.get(full, ([], []))
+    device = dtypes[at][slot] if slot < len(dtypes[at]) else None
+    if device is not None and device != dtype and device in _FLOAT_NAMES and dtype in _FLOAT_NAMES:
+        return (f"not compared: MindSpore wrote it as {dtype} but the kernel's {io} {slot} is {device} "
+                "on the device (IR), so the file holds other bytes than the tensor")
+    inferred = shapes[at][slot] if slot < len(shapes[at]) else None
+    if inferred is not None and inferred != shape and -1 not in inferred and -2 not in inferred:
+        return (f"not compared: the file's shape {shape} is not the {inferred} the IR gives {io} {slot} "
+                "of this op: the file belongs to another op")
+    return None
 
 
 _FLOAT_NAMES = frozenset({"float16", "float32", "float64", "bfloat16"})
