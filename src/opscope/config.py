@@ -241,9 +241,29 @@ _PROFILE_PARSERS = {
 PROFILE_ALIASES = {"profiling_mode": "enable", "path": "output"}
 
 
+ASCEND_ONLY_PROFILE_KEYS = ("aicpu", "aic_metrics")  # Ascend AI Core/AI CPU counters: nothing to record here
+
+
+def _profiling_options(values: dict[str, Any]) -> dict[str, Any]:
+    """Ascend's ``profiling_options`` inside the profile section: a JSON string (as the seeds
+    hand it to the session) or a mapping of profile keys; the section's own keys win.
+    ``aicpu`` and ``aic_metrics`` are accepted and ignored."""
+    options = values.pop("profiling_options", None)
+    if isinstance(options, (str, bytes)):
+        try:
+            options = json.loads(options)
+        except ValueError as exc:
+            raise ConfigError(f"profile: profiling_options is not valid JSON ({exc}); give a JSON object such as "
+                              '\'{"output": "prof/run1", "task_trace": "on"}\' or a mapping') from exc
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"profile: profiling_options must be a JSON object or a mapping of profile keys, not {options!r}")
+    merged = {**(options or {}), **values}
+    return {k: v for k, v in merged.items() if k not in ASCEND_ONLY_PROFILE_KEYS}
+
+
 def profile_config(config: str | os.PathLike | Mapping | None = None, **kwargs: Any) -> ProfileConfig:
     """Resolve a :class:`ProfileConfig` from a config file or mapping plus keyword overrides."""
-    values = dict(section_of(config, "profile"))
+    values = _profiling_options(dict(section_of(config, "profile")))
     values.update({k: v for k, v in kwargs.items() if v is not None})
     cfg = _build(ProfileConfig, _PROFILE_PARSERS, PROFILE_ALIASES, "profile", values)
     if not cfg.output:

@@ -26,7 +26,6 @@ there (:attr:`PhaseMarks.notes` says so).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -155,10 +154,6 @@ class PhaseMarks:
         self.slots[SLOT[slot]].assign(stamp)
         return stamp
 
-    def _after(self, stamp: Any) -> Any:
-        """A context in which every new op waits for ``stamp`` (a no-op without one)."""
-        return self.tf.control_dependencies([stamp]) if stamp is not None else contextlib.nullcontext()
-
     def _gate(self, stamp: Any, structure: Any) -> Any:
         """``structure`` with every tensor passed through an identity that waits for ``stamp``."""
         if stamp is None:
@@ -218,11 +213,11 @@ class PhaseMarks:
             if outer and not marks._in_graph():
                 marks._on_poll()
             starts = marks.detailed and (named if marks.fp_point else outer) and not _symbolic(args)
-            stamp = marks._mark("forward_start", _flat_tensors(marks.tf, args)) if starts else None
+            if starts:  # only the inputs wait: control inputs on every op would stop Grappler's fusions
+                args = marks._gate(marks._mark("forward_start", _flat_tensors(marks.tf, args)), args)
             marks._depth += 1
             try:
-                with marks._after(stamp):
-                    out = original(layer, *args, **kwargs)
+                out = original(layer, *args, **kwargs)
             finally:
                 marks._depth -= 1
             if bp_layer:  # built by now: its variables exist
@@ -242,8 +237,13 @@ class PhaseMarks:
             if not marks.active:
                 return original(tape, target, sources, *args, **kwargs)
             stamp = marks._mark("backward_start", _flat_tensors(marks.tf, target))
-            with marks._after(stamp):  # else the executor may run the timestamp late
-                grads = original(tape, target, sources, *args, **kwargs)
+            if stamp is not None and not args and kwargs.get("output_gradients") is None:
+                # The backward pass starts from ones (TF's own seed): handing the same ones,
+                # made after the mark, makes the backward ops wait for it.
+                kwargs["output_gradients"] = marks._gate(stamp, marks.tf.nest.map_structure(marks.tf.ones_like, target))
+            elif stamp is not None and kwargs.get("output_gradients") is not None:
+                kwargs["output_gradients"] = marks._gate(stamp, kwargs["output_gradients"])
+            grads = original(tape, target, sources, *args, **kwargs)
             watched = _bp_gradients(marks.tf, sources, grads, marks.bp_variables) if marks.bp_point else None
             stamp = marks._mark("backward_end", watched if watched is not None else _flat_tensors(marks.tf, grads))
             return marks._gate(stamp, grads)
@@ -258,13 +258,13 @@ class PhaseMarks:
             if not marks.active or marks._opt_depth:  # a wrapping optimizer (loss scale) calls its inner one
                 return original(optimizer, grads, *args, **kwargs)
             in_graph = marks._in_graph()
-            stamp = marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)) if marks.detailed else None
+            if marks.detailed:
+                grads = marks._gate(marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)), list(grads))
             graph = _default_graph() if in_graph else None
             first = len(graph.get_operations()) if graph is not None else 0
             marks._opt_depth += 1
             try:
-                with marks._after(stamp):
-                    out = original(optimizer, grads, *args, **kwargs)
+                out = original(optimizer, grads, *args, **kwargs)
             finally:
                 marks._opt_depth -= 1
             if in_graph:

@@ -1,0 +1,119 @@
+"""Overhead of opscope.tensorflow.profile against a bare Keras ``fit``, in one invocation.
+
+A small Keras transformer (2 blocks, d=64, 4 heads, seq 32, batch 16, AdamW) trained with
+``fit`` on a tf.data pipeline, TensorFlow set to one inter-op and one intra-op thread
+(``tf.config.threading``). Rounds alternate: a bare ``fit`` and a ``fit`` with the profile
+as its callback (training trace on); each round is one epoch, its first steps (where the
+train function is traced) left out. Both runs carry the same tiny timing callback
+(``on_train_batch_begin`` only, so Keras keeps its asynchronous batch-end dispatch).
+Prints the ratio of median step times (profiled / bare), then one profiled run with the task
+trace on some steps, with its cost as opscope reports it.
+
+    python benchmarks/bench_profile_tf.py [--rounds 5] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from opscope.profile.tensorflow import profile  # noqa: E402
+
+SKIP = 3  # steps at the start of each round: tracing, first allocations
+
+
+def transformer(seq: int = 32, d: int = 64, heads: int = 4, vocab: int = 500) -> keras.Model:
+    inp = keras.Input((seq,), dtype="int32")
+    x = keras.layers.Embedding(vocab, d)(inp)
+    for i in range(2):
+        a = keras.layers.MultiHeadAttention(heads, d // heads, name=f"attn{i}")(x, x)
+        x = keras.layers.LayerNormalization(name=f"ln{i}a")(x + a)
+        f = keras.layers.Dense(4 * d, activation="relu", name=f"ff{i}a")(x)
+        x = keras.layers.LayerNormalization(name=f"ln{i}b")(x + keras.layers.Dense(d, name=f"ff{i}b")(f))
+    out = keras.layers.Dense(10, name="head")(keras.layers.GlobalAveragePooling1D()(x))
+    model = keras.Model(inp, out)
+    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def dataset(steps: int, seq: int = 32, vocab: int = 500, batch: int = 16) -> tf.data.Dataset:
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, vocab, (steps * batch, seq)).astype("int32")
+    y = rng.integers(0, 10, (steps * batch,)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+class BatchClock(keras.callbacks.Callback):
+    """Wall and process CPU time between consecutive batch starts (batch-begin only: Keras
+    keeps its asynchronous batch-end dispatch, as in a bare fit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.marks: list[tuple[float, float]] = []
+
+    def on_train_batch_begin(self, batch: int, logs: object = None) -> None:
+        self.marks.append((time.perf_counter(), time.process_time()))
+
+    def on_train_end(self, logs: object = None) -> None:
+        self.marks.append((time.perf_counter(), time.process_time()))
+
+    def steps(self) -> tuple[list[float], list[float]]:
+        pairs = list(zip(self.marks, self.marks[1:]))[SKIP:]
+        return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
+
+
+def fit_round(model: keras.Model, data: tf.data.Dataset, extra: list[keras.callbacks.Callback]) -> tuple[list[float], list[float]]:
+    clock = BatchClock()
+    model.fit(data, epochs=1, verbose=0, callbacks=[*extra, clock])
+    return clock.steps()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--verbose", action="store_true", help="print each round's medians")
+    args = parser.parse_args()
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}; tf.config.threading: inter-op 1, intra-op 1")
+    keras.utils.set_random_seed(0)
+    bare_model, profiled_model, data = transformer(), transformer(), dataset(args.steps)
+    bare_model.fit(data.take(SKIP + 1), epochs=1, verbose=0)  # trace the bare model's function once
+    wall: dict[str, list[float]] = {"bare": [], "profiled": []}
+    cpu: dict[str, list[float]] = {"bare": [], "profiled": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(str(Path(tmp) / "train"), overwrite=True) as session:  # one session: traced once
+            for r in range(args.rounds):
+                for name, model, extra in (("bare", bare_model, []), ("profiled", profiled_model, [session])):
+                    w, c = fit_round(model, data, extra)
+                    wall[name] += w
+                    cpu[name] += c
+                    if args.verbose:
+                        print(f"  round {r} {name}: {statistics.median(w) * 1e3:.3f} ms wall, {statistics.median(c) * 1e3:.3f} ms CPU")
+        med = {k: statistics.median(v) for k, v in wall.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
+        print(f"training trace, Keras fit ({len(wall['bare'])} steps each, {args.rounds} rounds interleaved):")
+        print(f"  wall: bare {med['bare'] * 1e3:.3f} ms/step, profiled {med['profiled'] * 1e3:.3f} ms/step, ratio {med['profiled'] / med['bare']:.3f}x")
+        print(f"  process CPU: bare {cmed['bare'] * 1e3:.3f} ms/step, profiled {cmed['profiled'] * 1e3:.3f} ms/step, ratio {cmed['profiled'] / cmed['bare']:.3f}x")
+        print(f"  load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall ratios are only as good as a quiet machine)")
+        task_session = profile(str(Path(tmp) / "task"), overwrite=True, task_trace=True, steps="10-14")
+        profiled_model.fit(data, epochs=1, verbose=0, callbacks=[task_session])
+        task = task_session.result.summary["task_trace"]
+        print(f"task trace (steps 10-14): profiled step / unprofiled step {task.get('ratio')}x, "
+              f"{task['trace_mb_per_step']} MB of trace per step, {task['export_ms_per_step']} ms export per step "
+              "(between steps, not in step times)")
+
+
+if __name__ == "__main__":
+    main()
