@@ -23,7 +23,7 @@ LAYERS = {
     "compare": 3, "watch": 3, "profile": 3, "check_ranks": 3,
     "replay": 4,
     "report": 5,
-    "": 6,  # the public API in opscope/__init__.py wires the layers
+    "": 6, "tensorflow": 6,  # the public API (opscope/__init__.py, opscope.tensorflow) wires the layers
     "cli": 7, "autostart": 7, "__main__": 7,
 }
 

@@ -19,6 +19,8 @@ CompareResult     text, html                             compare_console, compar
 ProfileData       text, html                             profile_console, profile_html
 ProfileDiff       text                                   profile_console
 Dump              text (``opscope show``)                dump_console
+ReplayResult      text (``opscope replay``)              replay_console
+RankCheck         text (``opscope check-ranks``)         ranks_console
 ================  =====================================  ==================================
 
 A new format: a module here with a registered function, and its name in ``_MODULES``.
@@ -40,6 +42,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "ProfileData": ("opscope.report.profile_console", "opscope.report.profile_html"),
     "ProfileDiff": ("opscope.report.profile_console",),
     "Dump": ("opscope.report.dump_console",),
+    "ReplayResult": ("opscope.report.replay_console",),
+    "RankCheck": ("opscope.report.ranks_console",),
 }
 _RENDERERS: dict[tuple[str, str], Renderer] = {}
 
