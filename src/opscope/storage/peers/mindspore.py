@@ -119,6 +119,9 @@ def _layout(path: Path) -> _Layout:
 def open_dump(path: Path) -> PeerDump:
     """Open the MindSpore Data Dump at ``path`` (root, rank, net, graph or iteration folder)."""
     layout = _layout(path)
+    for (rank, _), folders in layout.folders.items():
+        for graph_id, _ in folders:
+            _execution_order(layout.ranks[rank], graph_id)  # missing: say so now, not mid-compare
     meta = _metadata(next(iter(layout.ranks.values())))
     opened: list[PeerDump] = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +121,15 @@ class RowBuilder:
         """Add the ops of one graph's iteration folder; returns the files no op claimed."""
         offset = int(data) * _GRAPH_SEQ
         first: dict[str, int] = {}
-        for key, items in [*files.items(), *statistics.items()]:
-            first[key] = min([first.get(key, 1 << 62), *(item.timestamp for item in items)])
+        for name, stamps in [*((k, [f.timestamp for f in v]) for k, v in files.items()),
+                             *((k, [r.timestamp for r in v]) for k, v in statistics.items())]:
+            first[name] = min([first.get(name, 1 << 62), *stamps])
         matched, renumbered = match_files(order, first)
         self.places = expanded_places(order, graph)
         for index, full in enumerate(order):
-            key = matched.get(full)
-            tensors, stats = files.get(key, []) if key else [], statistics.get(key, []) if key else []
+            mangled = matched.get(full)
+            tensors = files.get(mangled, []) if mangled else []
+            stats = statistics.get(mangled, []) if mangled else []
             if tensors or stats:
                 self._add_call(offset + index, full, data, folder, tensors, stats, graph, problems)
         if renumbered:
@@ -148,14 +151,13 @@ class RowBuilder:
         by_slot: dict[tuple[str, int], TensorFile | StatisticRow] = {(s.io, s.slot): s for s in stats}
         by_slot.update({(t.io, t.slot): t for t in tensors})
         for (io, slot), item in sorted(by_slot.items(), key=lambda kv: (kv[0][0] != "input", kv[0][1])):
-            row = {"id": len(self.rows), "rank": self.rank, "step": self.step, "seq": seq, "phase": phase,
+            row: dict[str, Any] = {"id": len(self.rows), "rank": self.rank, "step": self.step, "seq": seq, "phase": phase,
                    "module": module, "op": op, "call": call, "io": io, "slot": slot, "device": None,
                    "node": full, "fwd_op": forward_op_of(full) if phase == "backward" else None}
             if io == "input":
                 self._link(row, sources[slot] if slot < len(sources) else None, graph)
             if isinstance(item, TensorFile):
-                self._tensor(row, item, data, folder, problems, lambda shape, io=io, slot=slot, item=item:
-                             _untrusted(graph, full, io, slot, item.dtype, shape))
+                self._tensor(row, item, data, folder, problems, partial(_untrusted, graph, full, io, slot, item.dtype))
             else:
                 _statistics(row, item)
             if io == "output":

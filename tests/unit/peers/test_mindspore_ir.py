@@ -1,0 +1,89 @@
+"""The MindSpore IR reader (data flow through MindSpore's bookkeeping nodes), the matching of
+dump files to ops, and the op vocabulary that lets compare's per-op rules read MindSpore ops."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from opscope.compare import opnames
+from opscope.compare.conditioning import condition
+from opscope.compare.flow import PASS_THROUGH, base_op
+from opscope.storage.peers.mindspore_ir import Source, read_graph, split_args
+from opscope.storage.peers.mindspore_match import match_files
+
+IR = """# IR entry: @kernel_graph0
+%para1_w: <Ref[Tensor[Float32]], (16, 8), ref_key=w, is_parameter>  :  has_default
+%para2_inputs0: <Tensor[Float32], (4, 8)> : [4, 8]
+
+subgraph @kernel_graph0() {
+  %0(a) = Load(%para1_w, UMonad[U]) cnode_attrs: {checkpoint: Bool(1)}
+      : (<Ref[Tensor[Float32]], (16, 8), ref_key=w, is_parameter>, <UMonad, NoShape>) -> (<Tensor[Float32], (16, 8)>)
+      # Fullname with scope: (Default/Load-op0)
+  %1(x) = PrimFunc_MatMul(%para2_inputs0, %0, Bool(0), Bool(1)) {instance name: matmul}
+      : (<Tensor[Float32], (4, 8)>, <Tensor[Float32], (16, 8)>, <Bool, NoShape>, <Bool, NoShape>) -> (<Tensor[Float16], (4, 16)>)
+      : (<Float32xDefaultFormat[const vector]{4, 8}>, <Float32xDefaultFormat[const vector]{16, 8}>, <BoolxDefaultFormat[const vector]{}>, <BoolxDefaultFormat[const vector]{}>) -> (<Float32xDefaultFormat[const vector]{4, 16}>)
+      : (Tensor, Tensor, Scalar, Scalar) -> (Tensor)
+      # Fullname with scope: (Default/net-Net/fc-Dense/MatMul-op0)
+  %2(s) = UpdateState(UMonad[U], %1)
+      # Fullname with scope: (Default/UpdateState-op0)
+  %3(y) = PrimFunc_LayerNorm(%1, %0, %0, I64(-1), I64(-1), F32(1e-07))
+      # Fullname with scope: (Default/net-Net/norm-LayerNorm/LayerNorm-op0)
+  %4(z) = TupleGetItem(%3, I64(2))
+      # Fullname with scope: (Default/net-Net/norm-LayerNorm/TupleGetItem-op0)
+  %5(d) = Depend(%4, %2)
+      # Fullname with scope: (Default/Depend-op0)
+  %6(o) = SGD(%para1_w, %5, Tensor(shape=[1], dtype=Int32, value=[1]), %2)
+      # Fullname with scope: (Default/optimizer-SGD/SGD-op0)
+}
+"""
+
+
+def test_split_args_keeps_nested_calls_whole() -> None:
+    assert split_args("%1, Tensor(shape=[1], dtype=Int32, value=[1]), (I64(1), I64(0))) {attrs}") == [
+        "%1", "Tensor(shape=[1], dtype=Int32, value=[1])", "(I64(1), I64(0))"]
+
+
+def test_data_flow_through_bookkeeping_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "g.ir"
+    path.write_text(IR)
+    g = read_graph(path)
+    assert set(g.ops) == {"Default/net-Net/fc-Dense/MatMul-op0", "Default/net-Net/norm-LayerNorm/LayerNorm-op0",
+                          "Default/optimizer-SGD/SGD-op0"}  # Load, UpdateState, TupleGetItem, Depend: not kernels
+    assert g.inputs["Default/net-Net/fc-Dense/MatMul-op0"] == [
+        Source("input", "inputs0"), Source("param", "w"), Source("const", "Bool(0)"), Source("const", "Bool(1)")]
+    # SGD: the weight, then Depend -> TupleGetItem(.., 2) -> the norm's output 2; the monad is no input
+    sgd = g.inputs["Default/optimizer-SGD/SGD-op0"]
+    assert sgd[:2] == [Source("param", "w"), Source("kernel", "Default/net-Net/norm-LayerNorm/LayerNorm-op0", 2)]
+    assert len(sgd) == 3
+    assert g.consumers["Default/net-Net/fc-Dense/MatMul-op0"] == ["Default/net-Net/norm-LayerNorm/LayerNorm-op0"]
+    # inferred Float16, device Float32: what the reader checks dump files against
+    assert g.device_dtypes["Default/net-Net/fc-Dense/MatMul-op0"] == (["float32", "float32", "bool", "bool"],
+                                                                      ["float32"])
+    assert g.shapes["Default/net-Net/fc-Dense/MatMul-op0"] == ([[4, 8], [16, 8], None, None], [[4, 16]])
+
+
+def test_files_match_ops_only_where_numbered_alike() -> None:
+    order = ["A/x/Cast-op1", "A/x/Cast-op2", "A/y/Add-op0", "B/AddN-op1"]
+    written = {"A_x_Cast-op1": 10, "A_x_Cast-op2": 20, "A_y_Add-op0": 30, "B_AddN-op0": 40}
+    matched, renumbered = match_files(order, written)
+    assert matched == {"A/x/Cast-op1": "A_x_Cast-op1", "A/x/Cast-op2": "A_x_Cast-op2", "A/y/Add-op0": "A_y_Add-op0"}
+    assert renumbered == {"B/AddN-op1"}
+    # the same names written in another order than they run: each file is another op's
+    matched, renumbered = match_files(order, {**written, "A_x_Cast-op1": 25})
+    assert "A/x/Cast-op1" not in matched and renumbered == {"A/x/Cast-op1", "A/x/Cast-op2", "B/AddN-op1"}
+
+
+def test_vocabulary_gives_mindspore_ops_torch_rules() -> None:
+    assert base_op("mindspore.MatMul") == "mm"
+    assert base_op("mindspore.Reshape") in PASS_THROUGH and base_op("mindspore.Cast") in PASS_THROUGH
+    assert base_op("mindspore.SomethingNew") == "SomethingNew"
+    assert base_op("aten.mm.default") == "mm" and base_op("Tensor.add") == "add"
+    # a LayerNorm's saved mean (slot 1) is a reduction: its error may be magnified by ||x||·sqrt(r)/||mean||
+    x = {"io": "input", "numel": 64, "norm": 8.0, "std": 0.1}
+    mean = {"io": "output", "slot": 1, "numel": 4, "op": "mindspore.LayerNorm"}
+    assert condition([x, mean], mean, 0.5) == pytest.approx(8.0 * 4 / 0.5)
+    assert condition([x, {**mean, "op": "mindspore.Gather"}], {**mean, "op": "mindspore.Gather"}, 0.5) == 1.0
+    with pytest.raises(ValueError, match="already registered"):
+        opnames.register_vocabulary("mindspore", {})

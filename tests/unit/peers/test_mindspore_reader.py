@@ -1,0 +1,214 @@
+"""The MindSpore Data Dump reader on the committed real dumps (tests/data/mindspore), and on
+copies of them with faults injected: a truncated .npy, a pickled object array, a missing
+execution order, a file name pointing outside the dump."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import opscope
+from opscope.errors import DumpFormatError
+from opscope.storage.peers import mindspore as ms_reader
+from opscope.storage.peers.mindspore_files import load_array, parse_name, read_statistics
+from opscope.storage.peers.mindspore_rows import module_of, phase_of
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "mindspore"
+ITERATION = Path("rank_0/Net/0/0")
+
+
+def _rows(path: Path, step: int = 0) -> list[dict]:
+    return opscope.load(path).records(step=step).to_pylist()
+
+
+def _copy(tmp_path: Path, case: str = "fault") -> Path:
+    shutil.copytree(DATA / case, tmp_path / case)
+    return tmp_path / case
+
+
+def test_layout_steps_manifest() -> None:
+    d = opscope.load(DATA / "reference")
+    assert type(d).__name__ == "PeerDump"
+    assert d.partitions() == [(0, 0), (0, 1)]
+    assert d.manifest["level"] == "mindspore" and d.manifest["framework"] == {"mindspore": "2.10.0"}
+    assert d.manifest["device"] == "CPU" and d.manifest["config"]["data"] == "tensor"
+
+
+@pytest.mark.parametrize("below", ["", "rank_0", "rank_0/Net", "rank_0/Net/0", "rank_0/Net/0/1"])
+def test_any_folder_of_the_dump_opens(below: str) -> None:
+    d = opscope.load(DATA / "reference" / below)
+    assert d.partitions() == ([(0, 1)] if below.endswith("/1") else [(0, 0), (0, 1)])
+
+
+def test_not_a_mindspore_dump(tmp_path: Path) -> None:
+    (tmp_path / "rank_0").mkdir()  # a rank_N folder with nothing MindSpore writes
+    assert not ms_reader.detect(tmp_path) and not ms_reader.detect(tmp_path / "rank_0")
+    with pytest.raises(DumpFormatError, match="msprobe or MindSpore"):
+        opscope.load(tmp_path)
+
+
+def test_records_scopes_phases_data_flow() -> None:
+    rows = _rows(DATA / "reference")
+    by_id = {r["id"]: r for r in rows}
+    fc1 = [r for r in rows if r["module"] == "b0.fc1" and r["op"] == "mindspore.MatMul" and r["phase"] == "forward"]
+    assert [(r["io"], r["slot"], r["dtype"], r["param"]) for r in fc1] == [
+        ("input", 0, "float32", None), ("param", 1, "float32", "b0.fc1.weight"),
+        ("input", 2, "bool", None), ("input", 3, "bool", None), ("output", 0, "float32", None)]
+    producer = by_id[fc1[0]["producer"]]  # read through the IR's TupleGetItem to output 0 of the norm
+    assert (producer["op"], producer["module"], producer["io"], producer["slot"]) == (
+        "mindspore.LayerNorm", "b0.norm1", "output", 0)
+    assert fc1[3]["min"] == 1.0  # the transpose_b flag, a constant input like any other
+    eps = [r for r in rows if r["module"] == "b1.norm2" and r["op"] == "mindspore.LayerNorm" and r["slot"] == 5
+           and r["io"] == "input"]
+    assert len(eps) == 1 and eps[0]["max"] == pytest.approx(1e-7)
+    assert {r["phase"] for r in rows} == {"forward", "backward", "optimizer"}
+    grads = [r for r in rows if r["phase"] == "backward" and r["op"] == "mindspore.LayerNormGrad"]
+    assert grads and all(r["fwd_op"] == "mindspore.LayerNorm" for r in grads)
+    updated = [r for r in rows if r["phase"] == "optimizer" and r["param"] == "b0.fc1.weight"]
+    assert updated and all(r["io"] == "output" and r["slot"] >= 100 for r in updated)
+    seqs = [r["seq"] for r in rows]
+    assert seqs == sorted(seqs)
+
+
+def test_statistics_and_tensors_match_the_files() -> None:
+    d = opscope.load(DATA / "reference")
+    row = next(r for r in d.records(step=1).to_pylist() if r["module"] == "b0.fc1" and r["io"] == "output"
+               and r["op"] == "mindspore.MatMul")
+    files = [f for f in (DATA / "reference" / "rank_0/Net/0/1").iterdir()
+             if f.name.startswith("MatMul.Default_network-WithLossCell__backbone-Net_b0-Block_fc1-Dense_MatMul-op0.")
+             and ".output.0." in f.name]
+    assert len(files) == 1 and row["key"] == files[0].name
+    expected = np.load(files[0], allow_pickle=False)
+    np.testing.assert_array_equal(d.row_tensor(row), expected)
+    assert row["norm"] == pytest.approx(float(np.linalg.norm(expected.astype(np.float64))))
+    assert row["shape"] == list(expected.shape) and row["numel"] == expected.size
+
+
+def test_expanded_op_placed_by_its_producer() -> None:
+    rows = _rows(DATA / "inserted")
+    mul = [r for r in rows if r["node"] == "Expand/_Muls/Mul-op2" and r["io"] == "output"]
+    assert len(mul) == 1 and (mul[0]["phase"], mul[0]["module"]) == ("forward", "b1.fc2")
+    softmax_grad = [r for r in rows if str(r["node"]).startswith("Expand/_SoftmaxBackward/")]
+    assert softmax_grad and {r["phase"] for r in softmax_grad} == {"backward"}
+
+
+def test_renumbered_ops_are_not_matched_by_name() -> None:
+    d = opscope.load(DATA / "reference")
+    rows = d.records(step=0).to_pylist()
+    assert not [r for r in rows if r["op"] == "mindspore.AddN"]  # files AddN-op0, order AddN-op1
+    assert any("numbered 3 ops differently" in p for p in d.problems)
+
+
+def test_float16_files_the_ir_contradicts_are_not_read() -> None:
+    d = opscope.load(DATA / "fp16")
+    rows = d.records(step=0).to_pylist()
+    gelu = [r for r in rows if r["op"] == "mindspore.GeLU" and r["io"] == "output" and r["phase"] == "forward"]
+    assert gelu and all(r["norm"] is None and r["data"] is None and r["shape"] == [4, 16] for r in gelu)
+    assert all("float32 on the device" in r["note"] for r in gelu)
+    assert any("dtype other than their kernel's" in p for p in d.problems)
+
+
+def test_statistic_csv() -> None:
+    rows = read_statistics(DATA / "statistic_reference" / ITERATION / "statistic.csv")
+    first = rows[0]
+    assert (first.op_type, first.io, first.slot, first.dtype, first.shape) == ("Add", "input", 0, "float32", [4, 8])
+    assert set(first.stats) == {"max", "min", "norm", "absmax"}
+    d = opscope.load(DATA / "statistic_reference")
+    assert d.manifest["config"]["data"] == "statistics"
+    recs = d.records(step=0).to_pylist()
+    # without the IR, nothing says which inputs are weights: they read as plain inputs
+    tensor_recs = {(r["node"], "input" if r["io"] == "param" else r["io"], r["slot"]): r
+                   for r in _rows(DATA / "reference")}
+    assert not [r for r in recs if r["io"] == "param" or r["producer"] is not None]
+    for r in recs[:40]:
+        t = tensor_recs[(r["node"], r["io"], r["slot"])]
+        assert r["data"] is None and r["max"] == pytest.approx(t["max"], rel=1e-6)
+        assert r["norm"] == pytest.approx(t["norm"], rel=1e-6, abs=1e-12)
+    assert any("ms_output_trace_code_graph_0.ir is missing" in p for p in d.problems)
+
+
+def test_statistic_csv_without_its_columns(tmp_path: Path) -> None:
+    bad = tmp_path / "statistic.csv"
+    bad.write_text("Op Type,Op Name,Task ID\nAdd,Default_Add-op0,0\n")
+    with pytest.raises(DumpFormatError, match="no column IO, Slot, Data Type, Shape"):
+        read_statistics(bad)
+
+
+def test_truncated_npy_is_named(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".output.0." in f.name)
+    victim.write_bytes(victim.read_bytes()[:-40])
+    d = opscope.load(dump)
+    row = next(r for r in d.records(step=0).to_pylist() if r["key"] is None and r["module"] == "b0.fc1"
+               and r["io"] == "output" and r["op"] == "mindspore.MatMul")
+    assert row["note"] == "unreadable tensor file" and row["norm"] is None
+    assert any(victim.name in p and "truncated" in p for p in d.problems)
+
+
+class _Marker:
+    """Unpickling this creates a file: proof that something unpickled it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (Path.touch, (self.path,))
+
+
+def test_object_array_is_refused_without_unpickling(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    marker = tmp_path / "unpickled"
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".input.0." in f.name)
+    arr = np.empty(1, dtype=object)
+    arr[0] = _Marker(marker)
+    with open(victim, "wb") as f:
+        np.save(f, arr, allow_pickle=True)
+    assert pickle.dumps(arr)  # the payload is a real pickle
+    with pytest.raises(DumpFormatError, match="Python objects"):
+        load_array(victim)
+    d = opscope.load(dump)
+    d.records(step=0)
+    assert not marker.exists()
+    assert any("holds Python objects" in p and "refused" in p for p in d.problems)
+
+
+def test_missing_execution_order(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    shutil.rmtree(dump / "rank_0" / "execution_order")
+    with pytest.raises(DumpFormatError, match="ms_execution_order_graph_0.csv is missing.*copy the whole rank_N"):
+        opscope.load(dump)
+
+
+def test_file_names_never_become_paths() -> None:
+    d = opscope.load(DATA / "fault")
+    with pytest.raises(DumpFormatError, match="not a file of"):
+        d.tensor(0, 0, "0", "../../../execution_order/ms_execution_order_graph_0.csv")
+    with pytest.raises(DumpFormatError, match="no iteration folder"):
+        d.tensor(0, 0, "../0", "x.npy")
+
+
+def test_scope_names() -> None:
+    full = "Default/network-WithLossCell/_backbone-Net/b0-Block/fc1-Dense/MatMul-op0"
+    assert (phase_of(full), module_of(full)) == ("forward", "b0.fc1")
+    grad = "Gradients/Default/network-WithLossCell/_backbone-Net/head-Dense/Grad_MatMul/MatMul-op5"
+    assert (phase_of(grad), module_of(grad)) == ("backward", "head")
+    assert (phase_of("Default/optimizer-SGD/SGD-op0"), module_of("Default/optimizer-SGD/SGD-op0")) == (
+        "optimizer", "optimizer")
+    loss = "Default/network-WithLossCell/_loss_fn-SoftmaxCrossEntropyWithLogits/SparseSoftmaxCrossEntropyWithLogits-op0"
+    assert module_of(loss) == "_loss_fn"
+
+
+def test_file_names() -> None:
+    name = ("MatMul.Default_network-WithLossCell__backbone-Net_b0-Block_fc1-Dense_MatMul-op0.0.0."
+            "1796168337463883.input.3.DefaultFormat.Bool.npy")
+    f = parse_name(name)
+    assert f is not None and (f.op_type, f.io, f.slot, f.dtype, f.timestamp) == (
+        "MatMul", "input", 3, "bool", 1796168337463883)
+    assert f.op_name == "Default_network-WithLossCell__backbone-Net_b0-Block_fc1-Dense_MatMul-op0"
+    assert parse_name("statistic.csv") is None and parse_name("a.b.c.d.e.f.g.h.i.npy") is None
