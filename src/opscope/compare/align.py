@@ -44,7 +44,7 @@ def rename_target(rows: list[dict[str, Any]], mapping: Mapping) -> None:
 
 def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) -> list[Pair]:
     """Align the rows of one (rank, step); returns paired, identity and unpaired entries."""
-    t_calls, r_calls = _calls(t_rows, "target"), _calls(r_rows, "reference")
+    t_calls, r_calls = op_calls(t_rows, "target"), op_calls(r_rows, "reference")
     pairs: list[Pair] = []
     partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
     one_sided: list[OpCall] = []
@@ -70,7 +70,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     return pairs
 
 
-def _calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:
+def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:
     """Op calls per (phase, module), in execution order.
 
     A call is identified by (phase, module, op, call index), so records of one call written

@@ -58,7 +58,7 @@ class Finding:
         return f"{module} · {what} · {self.phase} · step {self.step} · rank {self.rank}"
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
+        return json_safe(asdict(self))
 
 
 @dataclass
@@ -108,7 +108,7 @@ class CompareResult:
 
     def to_summary(self) -> dict[str, Any]:
         """The ``summary.json`` document (docs/compare.md has the schema)."""
-        return _clean({
+        return json_safe({
             "schema": "opscope.compare.summary/1",
             "target": self.target,
             "reference": self.reference,
@@ -129,16 +129,16 @@ class CompareResult:
         return json.dumps(self.to_summary(), indent=1, allow_nan=False)
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """JSON-safe copy: non-finite floats become strings ("inf", "-inf", "nan")."""
     if isinstance(value, float):
         if math.isfinite(value):
             return value
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        return _clean(value.item())
+        return json_safe(value.item())
     return value

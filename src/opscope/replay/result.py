@@ -5,9 +5,10 @@ No torch here: compare results and reporters carry these as dicts (``to_dict``).
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from opscope.compare.result import json_safe
 
 # Per-op verdicts, in the user's words (also the order of the console legend).
 VERDICT_TEXT = {
@@ -84,14 +85,4 @@ class ReplayResult:
         return VERDICT_TEXT.get(self.verdict, self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
-        return _clean(asdict(self))
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clean(v) for v in value]
-    return value
+        return json_safe(asdict(self))

@@ -18,7 +18,7 @@ import math
 from importlib import resources
 from typing import Any
 
-from opscope.compare.result import CompareResult, _clean
+from opscope.compare.result import CompareResult, json_safe
 from opscope.report import register_renderer
 
 MAX_ROWS = 50_000
@@ -47,7 +47,7 @@ def render(result: CompareResult) -> str:
 
 def safe_json(data: Any) -> str:
     """JSON that can sit inside a <script> element: no '<', '>' or '&' left unescaped."""
-    text = json.dumps(_clean(data), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    text = json.dumps(json_safe(data), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 

@@ -177,7 +177,7 @@ class Dump:
             from opscope.storage.safetensors_io import widen
 
             arr = widen(arr, dtype)
-        return _place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
+        return place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
 
     def row_tensor(self, row: dict[str, Any], raw: bool = False) -> np.ndarray:
         """The full tensor of a record given as a dict (e.g. one row of ``records().to_pylist()``).
@@ -196,7 +196,7 @@ class Dump:
         self._shards.clear()
 
 
-def _place_view(base: np.ndarray, geometry: dict[str, Any]) -> np.ndarray:
+def place_view(base: np.ndarray, geometry: dict[str, Any]) -> np.ndarray:
     """Rebuild a view from its base's contiguous data, as a new array (never aliasing the file)."""
     flat = np.ascontiguousarray(base).reshape(-1)
     shape, stride, offset = geometry["shape"], geometry["stride"], int(geometry["offset"])

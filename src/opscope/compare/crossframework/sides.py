@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from opscope.compare.align import OpCall, _calls
+from opscope.compare.align import OpCall, op_calls
 from opscope.compare.crossframework import torchnames
 from opscope.compare.crossframework.tables import OpTable
 
@@ -31,7 +31,7 @@ class Side:
     @classmethod
     def build(cls, name: str, level: str, rows: list[dict[str, Any]], table: OpTable | None) -> Side:
         side = cls(name, level, rows, table)
-        groups = _calls(rows, name)
+        groups = op_calls(rows, name)
         side.calls = sorted((c for calls in groups.values() for c in calls), key=lambda c: c.seq)
         side.by_id = {r["id"]: r for r in rows}
         for call in side.calls:

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from opscope.errors import DumpFormatError
 from opscope.storage import format as fmt
-from opscope.storage.reader import Dump, _place_view
+from opscope.storage.reader import Dump, place_view
 
 # (rank, step, data, key) -> (dtype name as in the record, array). bfloat16 comes back as its
 # uint16 bit pattern and float8 as uint8 (as in safetensors); the dump widens them to float32.
@@ -76,4 +76,4 @@ class PeerDump(Dump):
             from opscope.storage.safetensors_io import widen
 
             arr = widen(arr, dtype)
-        return _place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
+        return place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
