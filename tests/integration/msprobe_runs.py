@@ -5,6 +5,8 @@ singleton that wraps torch's APIs):
     python msprobe_runs.py OUT [--tool msprobe|opscope] [--task statistics|tensor]
         [--level L1|mix|L0] [--summary statistics|md5] [--fault none|act|weight] [--insert]
         [--bf16] [--model block|gpt2]
+    python msprobe_runs.py --many CASES.json   # [[OUT, [ARGS...]], ...]: torch and msprobe
+                                               # imported once, one forked process per dump
 
 ``--fault act``: layer 1's GELU uses the tanh approximation (the same API, other numbers);
 ``--fault weight``: layer 1's fc weight is off by 1% before training; ``--insert``: layer 1
@@ -81,7 +83,7 @@ def loss_of(model: nn.Module, batch: dict[str, torch.Tensor], args: argparse.Nam
     return F.cross_entropy(model(x).float(), batch["y"])
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--tool", default="msprobe", choices=["msprobe", "opscope"])
@@ -93,7 +95,47 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--model", default="block", choices=["block", "gpt2"])
     parser.add_argument("--steps", type=int, default=2)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def many(cases: list[tuple[str, list[str]]], parallel: int = 2) -> int:
+    """Each case in a child forked after the imports (msprobe's debugger is created in the
+    child, so every dump starts from a clean debugger); returns how many failed."""
+    import os
+
+    import msprobe.pytorch  # noqa: F401 - imported once, before the forks
+
+    import opscope  # noqa: F401
+
+    failed, running = 0, set()
+    for out, argv in cases:
+        if len(running) >= parallel:
+            pid, status = os.wait()
+            running.discard(pid)
+            failed += status != 0
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                run(parse([out, *argv]))
+                code = 0
+            finally:
+                os._exit(code)
+        running.add(pid)
+    for pid in running:
+        failed += os.waitpid(pid, 0)[1] != 0
+    return failed
+
+
+def main() -> None:
+    import sys
+
+    if sys.argv[1:2] == ["--many"]:
+        sys.exit(many(json.loads(Path(sys.argv[2]).read_text())))
+    run(parse(sys.argv[1:]))
+
+
+def run(args: argparse.Namespace) -> None:
     model, batches = build(args)
     if args.bf16:
         model = model.to(torch.bfloat16)

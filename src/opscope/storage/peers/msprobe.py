@@ -105,13 +105,14 @@ def open_msprobe(path: Path) -> PeerDump:
                         "(only PyTorch dumps are tested)")
 
     def build(rank: int, step: int) -> pa.Table:
-        rows = read_partition(found[(rank, step)], rank, step, problems)
+        rows = read_partition(found[(rank, step)], rank, step, peer.problems)  # what it meets: the dump's problems
         return pa.Table.from_pylist(rows, schema=fmt.SCHEMA)
 
     def open_tensor(rank: int, step: int, data: str, key: str) -> tuple[str, np.ndarray]:
         return load_tensor(found[(rank, step)], data)
 
-    return PeerDump(path, manifest, list(found), build, open_tensor, problems)
+    peer = PeerDump(path, manifest, list(found), build, open_tensor, problems)
+    return peer
 
 
 def _manifest(first: dict[str, Any], found: dict[tuple[int, int], Path]) -> dict[str, Any]:
