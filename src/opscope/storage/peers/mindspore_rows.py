@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from opscope.errors import DumpFormatError
 from opscope.model.records import SCHEMA_FIELDS, STAT_NAMES
+from opscope.model.tensor_stats import tensor_stats
 from opscope.storage import format as fmt
 from opscope.storage.peers.mindspore_files import (
     StatisticRow,
@@ -192,8 +193,6 @@ class RowBuilder:
                 check: Callable[[list[int]], str | None]) -> None:
         """Shape, statistics and where the tensor is; ``check(shape)`` says why the file is not
         the tensor (then only its shape is kept, and a note says why)."""
-        from opscope.capture.onnxruntime.stats import tensor_stats
-
         row["dtype"] = item.dtype
         try:
             arr = load_array(folder / item.file)
