@@ -25,6 +25,9 @@ dump on, into ``<case>/``. ``reference`` and ``rerun`` dump both steps (iteratio
   little to compare. The attention's two products are ``ops.MatMul`` primitives.
 - ``inserted``: ``b1`` scales its MLP output by 1.001 (an extra Mul; ×1.0 would be folded).
 
+Not committed (size), made on demand with ``run_case("act", Path(OUT))``: ``act``, ``b1``'s
+GELU replaced by a ReLU.
+
 To keep the fixtures small, two things MindSpore wrote are trimmed after each run: the
 binary graph (``graphs/*.pb``) is deleted, and the ``# In file ...`` source-trace comment
 lines of the text IR (``graphs/*.ir``) are dropped; every other byte is MindSpore's.
@@ -105,6 +108,8 @@ def train(case: str) -> None:
             self.b0 = Block()
             self.b1 = Block(eps=1e-1 if case == "fault" else 1e-7,
                             scale=1.001 if case == "inserted" else None)
+            if case == "act":
+                self.b1.act = nn.ReLU()
             self.head = nn.Dense(DIM, CLASSES)
 
         def construct(self, x):  # noqa: ANN001, ANN202

@@ -212,3 +212,16 @@ def test_file_names() -> None:
         "MatMul", "input", 3, "bool", 1796168337463883)
     assert f.op_name == "Default_network-WithLossCell__backbone-Net_b0-Block_fc1-Dense_MatMul-op0"
     assert parse_name("statistic.csv") is None and parse_name("a.b.c.d.e.f.g.h.i.npy") is None
+
+
+def test_ranks_are_rank_folders(tmp_path: Path) -> None:
+    for name, (case, rank) in {"ref": ("reference", "rank_0"), "bad": ("fault", "rank_0")}.items():
+        for r in (0, 1):  # rank 1 of "bad" is the fault, rank 0 its reference
+            source = DATA / (case if (name, r) == ("bad", 1) else "reference") / rank
+            shutil.copytree(source, tmp_path / name / f"rank_{r}")
+    d = opscope.load(tmp_path / "bad")
+    assert d.ranks == [0, 1] and d.partitions() == [(0, 0), (0, 1), (1, 0)]
+    assert opscope.load(tmp_path / "bad" / "rank_1").partitions() == [(1, 0)]
+    result = opscope.compare(tmp_path / "bad", tmp_path / "ref", workers=1)
+    assert sorted(result.first_divergence_by_rank) == [1]
+    assert (result.first_divergence.rank, result.first_divergence.module) == (1, "b1.norm2")
