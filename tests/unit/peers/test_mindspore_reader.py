@@ -225,3 +225,13 @@ def test_ranks_are_rank_folders(tmp_path: Path) -> None:
     result = opscope.compare(tmp_path / "bad", tmp_path / "ref", workers=1)
     assert sorted(result.first_divergence_by_rank) == [1]
     assert (result.first_divergence.rank, result.first_divergence.module) == (1, "b1.norm2")
+
+
+def test_device_format_is_not_compared(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".output.0." in f.name)
+    victim.rename(victim.with_name(victim.name.replace(".DefaultFormat.", ".NC1HWC0.")))
+    row = next(r for r in _rows(dump) if r["module"] == "b0.fc1" and r["io"] == "output"
+               and r["op"] == "mindspore.MatMul")
+    assert row["norm"] is None and row["data"] is None and "trans_flag" in row["note"]

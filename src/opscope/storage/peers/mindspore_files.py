@@ -42,6 +42,12 @@ class TensorFile:
     io: str
     slot: int
     dtype: str  # torch-style: float32, bfloat16, bool...
+    layout: str = "DefaultFormat"  # the device format the data is stored in
+
+
+# Formats whose data is in the tensor's own (row-major) order; others (NC1HWC0, FRACTAL_NZ...)
+# are Ascend device layouts, written so when the dump config's trans_flag is false.
+HOST_FORMATS = frozenset({"DefaultFormat", "ND", "NCHW", "NHWC", "NCDHW", "NDHWC", "HWCN", "NC", "NCL"})
 
 
 def mangle(full_name: str) -> str:
@@ -59,12 +65,12 @@ def parse_name(name: str) -> TensorFile | None:
     parts = name.split(".")
     if len(parts) < _FIELDS_AFTER_NAME + 2 or parts[-1] != "npy" or parts[-5] not in ("input", "output"):
         return None
-    task, stream, stamp, io, slot, _fmt, dtype = parts[-8:-1]
+    task, stream, stamp, io, slot, layout, dtype = parts[-8:-1]
     if not (slot.isdigit() and stamp.isdigit()):
         return None
     head = parts[:-_FIELDS_AFTER_NAME]
     op_type, op_name = head[0], mangle(".".join(head[1:]))
-    return TensorFile(name, op_type, op_name, int(stamp), io, int(slot), dtype_name(dtype))
+    return TensorFile(name, op_type, op_name, int(stamp), io, int(slot), dtype_name(dtype), layout)
 
 
 def load_array(path: Path) -> np.ndarray:
