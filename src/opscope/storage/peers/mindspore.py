@@ -29,7 +29,6 @@ import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +58,23 @@ class _Layout:
     ranks: dict[int, Path]
     folders: dict[tuple[int, int], list[tuple[int, Path]]] = field(default_factory=dict)
     listing: dict[Path, frozenset[str]] = field(default_factory=dict)
+    orders: dict[tuple[int, int], tuple[str, ...]] = field(default_factory=dict)  # (rank, graph) ->
+    graphs: dict[tuple[int, int], KernelGraph | None] = field(default_factory=dict)
+
+    def order(self, rank: int, graph: int) -> tuple[str, ...]:
+        """The execution order of one graph of one rank (read once)."""
+        if (rank, graph) not in self.orders:
+            self.orders[(rank, graph)] = _execution_order(self.ranks[rank], graph)
+        return self.orders[(rank, graph)]
+
+    def graph(self, rank: int, graph: int) -> KernelGraph | None:
+        """The kernel graph (data flow) of one graph of one rank, None without its IR (read once)."""
+        if (rank, graph) not in self.graphs:
+            try:
+                self.graphs[(rank, graph)] = read_graph(self.ranks[rank] / _IR.format(graph))
+            except OSError:
+                self.graphs[(rank, graph)] = None
+        return self.graphs[(rank, graph)]
 
 
 def _is_rank_dir(d: Path) -> bool:
@@ -121,7 +137,7 @@ def open_dump(path: Path) -> PeerDump:
     layout = _layout(path)
     for (rank, _), folders in layout.folders.items():
         for graph_id, _ in folders:
-            _execution_order(layout.ranks[rank], graph_id)  # missing: say so now, not mid-compare
+            layout.order(rank, graph_id)  # missing: say so now, not mid-compare
     meta = _metadata(next(iter(layout.ranks.values())))
     opened: list[PeerDump] = []
 
@@ -157,7 +173,6 @@ def _metadata(rank_dir: Path) -> dict[str, Any]:
     return meta
 
 
-@lru_cache(maxsize=64)
 def _execution_order(rank_dir: Path, graph: int) -> tuple[str, ...]:
     path = rank_dir / _ORDER.format(graph)
     try:
@@ -171,20 +186,11 @@ def _execution_order(rank_dir: Path, graph: int) -> tuple[str, ...]:
     return tuple(r for r in rows if not r.startswith("NodeExecutionOrder"))
 
 
-@lru_cache(maxsize=64)
-def _graph(rank_dir: Path, graph: int) -> KernelGraph | None:
-    try:
-        return read_graph(rank_dir / _IR.format(graph))
-    except OSError:
-        return None
-
-
 def _build(layout: _Layout, rank: int, step: int, problems: list[str]) -> pa.Table:
     rank_dir = layout.ranks[rank]
     builder = RowBuilder(rank, step)
     for index, (graph_id, folder) in enumerate(layout.folders[(rank, step)]):
-        order = _execution_order(rank_dir, graph_id)
-        graph = _graph(rank_dir, graph_id)
+        order, graph = layout.order(rank, graph_id), layout.graph(rank, graph_id)
         if graph is None:
             _note(problems, f"{rank_dir / _IR.format(graph_id)} is missing: no data flow (producers) and "
                             f"no parameter names for graph {graph_id}; compare pairs ops by order only")
