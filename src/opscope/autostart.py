@@ -43,7 +43,9 @@ def activate(origin: str = "OPSCOPE_CONFIG") -> Autostart | None:
     global _autostart
     if _autostart is not None:
         return _autostart
-    path = os.environ.get(ENV_CONFIG)
+    from opscope.config.env import env
+
+    path = env("CONFIG")
     if not path:
         return None
     path = os.path.abspath(path)
@@ -187,9 +189,9 @@ class Autostart:
         if self.broken:
             _fail(self.broken)
         self.state = "started"
-        from opscope.config import env
+        from opscope.config import env, foreign
 
-        if not env("LAUNCHER") and os.environ.get("RANK", "0") == "0":  # else the launcher said it, once
+        if not env("LAUNCHER") and foreign("RANK", "0") == "0":  # else the launcher said it, once
             sys.stderr.write(describe(self.sections) + f" (from {ENV_CONFIG})\n")
         try:
             for name, cfg in self.sections.items():

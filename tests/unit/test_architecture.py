@@ -17,7 +17,7 @@ ROOT = Path(opscope.__file__).parent
 
 # Lower number = lower layer; a module may import its own layer or lower ones.
 LAYERS = {
-    "_version": 0, "errors": 0, "model": 0, "config": 0, "config_types": 0, "_callable": 0,
+    "_version": 0, "errors": 0, "model": 0, "config": 0, "_callable": 0,
     "storage": 1,
     "capture": 2, "demo": 2,
     "compare": 3, "watch": 3, "profile": 3, "check_ranks": 3,
@@ -130,3 +130,17 @@ def test_the_native_observers_number_phases_as_config_does():
     assert enum is not None
     codes = {name.strip().lower(): int(code) for name, code in re.findall(r"(\w+)\s*=\s*(\d+)", enum.group(1))}
     assert codes == PHASE_CODES and tuple(codes) == PHASES
+
+
+def _reads_environment(node: ast.AST) -> bool:
+    """``os.environ.get(...)``, ``os.getenv(...)`` or ``os.environ[...]`` read (not a copy of the whole)."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        text = ast.unparse(node.func)
+        return text in ("os.environ.get", "os.getenv", "environ.get", "getenv")
+    return isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == "os.environ"
+
+
+def test_environment_variables_are_read_only_in_config_env():
+    readers = sorted(f"{m}:{n.lineno}" for m, p in MODULES.items() if not m.startswith("opscope.config")
+                     for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))) if _reads_environment(n))
+    assert readers == []

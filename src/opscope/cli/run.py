@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from opscope.config.env import env
 from opscope.errors import DumpExistsError, OpscopeError, ProfileError
 
 USAGE = "opscope run [-c CONFIG] [--run-id ID] -- COMMAND [ARGS...]"
@@ -85,7 +86,7 @@ def main(argv: list[str]) -> int:
     from opscope.autostart import describe
 
     print(describe(check_config(config)), file=sys.stderr, flush=True)  # once, from the launcher
-    run_id = args.run_id or os.environ.get("OPSCOPE_RUN_ID") or uuid.uuid4().hex
+    run_id = args.run_id or env("RUN_ID") or uuid.uuid4().hex
     with tempfile.TemporaryDirectory(prefix="opscope-run-") as boot:
         (Path(boot) / "sitecustomize.py").write_text(SITECUSTOMIZE, encoding="utf-8")
         code = launch(command, child_env(os.environ, boot, config, run_id))
@@ -124,7 +125,7 @@ def _split_at_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def resolve_config(path: str | None) -> Path:
     """The config file as an absolute path (children may change directory)."""
-    path = path or os.environ.get("OPSCOPE_CONFIG")
+    path = path or env("CONFIG")
     if not path:
         raise OpscopeError(f"no config; pass -c CONFIG (a JSON, YAML or TOML file) or set OPSCOPE_CONFIG\n"
                            f"usage: {USAGE}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch
 
 from opscope.capture.torch.native import build as native
 from opscope.capture.torch.native.ops import classify_op
-from opscope.config import PHASE_CODES, PHASES
+from opscope.config import PHASE_CODES, PHASES, env
 from opscope.watch.check import Checker
 
 log = logging.getLogger("opscope.watch")
@@ -45,7 +44,7 @@ def load_backend() -> Any:
     """The native module, or None when ``OPSCOPE_WATCH_BACKEND=python`` or it cannot be built
     (then said once, with the reason)."""
     global _warned
-    choice = os.environ.get("OPSCOPE_WATCH_BACKEND", "native").lower()
+    choice = (env("WATCH_BACKEND") or "native").lower()
     if choice == "python":
         return None
     module = native.load("_opscope_watch")

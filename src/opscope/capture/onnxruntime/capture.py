@@ -30,7 +30,7 @@ from opscope.capture.onnxruntime.inputs import check_samples, load_samples
 from opscope.capture.onnxruntime.plan import Plan, is_parameter_name, plan_rows
 from opscope.capture.onnxruntime.scopes import ScopedNode, resolve_modules
 from opscope.capture.onnxruntime.stats import dtype_name, tensor_stats
-from opscope.config import DATA, MODES, Filter, _choice
+from opscope.config import DATA, MODES, Filter, parse_choice
 from opscope.errors import ConfigError
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 from opscope.model.records import new_row
@@ -122,8 +122,8 @@ def _options(provider: str | None, opt_level: str | None, data: str, mode: str, 
     ops_filter, scope_filter = Filter.parse("ops", ops), Filter.parse("scope", scope)
     return {
         "provider": provider, "providers": g.resolve_provider(provider),
-        "opt_level": g.check_opt_level(opt_level), "data": _choice("data", data, DATA),
-        "mode": _choice("mode", mode, MODES), "ops": ops_filter.to_json(), "scope": scope_filter.to_json(),
+        "opt_level": g.check_opt_level(opt_level), "data": parse_choice("data", data, DATA),
+        "mode": parse_choice("mode", mode, MODES), "ops": ops_filter.to_json(), "scope": scope_filter.to_json(),
         "ops_filter": ops_filter, "scope_filter": scope_filter, "memory_limit_mb": memory_limit_mb,
     }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from opscope.config.env import foreign
 
 
 def current_rank() -> int:
@@ -15,7 +15,7 @@ def current_rank() -> int:
     except Exception:  # a broken or absent distributed backend means "not distributed"
         pass
     for name in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(name)
+        value = foreign(name)
         if value is not None and value.strip().isdigit():
             return int(value)
     return 0
@@ -30,5 +30,5 @@ def world_size() -> int:
             return int(dist.get_world_size())
     except Exception:
         pass
-    value = os.environ.get("WORLD_SIZE", "1")
+    value = foreign("WORLD_SIZE") or "1"
     return int(value) if value.isdigit() else 1

@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from opscope.config.env import env, foreign
+
 log = logging.getLogger(__name__)
 _C = Path(__file__).parent / "_c"
 _SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp"}
@@ -33,8 +35,8 @@ _ERRORS: dict[str, str] = {}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("OPSCOPE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope")
+    root = env("CACHE_DIR") or os.path.join(
+        foreign("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "opscope")
     return Path(root) / "native"
 
 
@@ -53,7 +55,7 @@ def _command(source: Path, out: Path) -> list[str]:
     import torch
     from torch.utils import cpp_extension as ce
 
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
+    cxx = foreign("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     includes = [f"-I{p}" for p in [*ce.include_paths(), sysconfig.get_paths()["include"]]]
     libs = ce.library_paths()

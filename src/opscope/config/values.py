@@ -1,4 +1,5 @@
-"""Value types and validators shared by every config section (see :mod:`opscope.config`).
+"""Value types and validators shared by every config section (see :mod:`opscope.config`); public so that every
+section (and a framework adapter with its own keys) validates values the same way.
 
 Each validator takes the key (for the message) and the value, and returns the parsed value
 or raises :class:`~opscope.errors.ConfigError` naming the key, the value and what is allowed.
@@ -19,7 +20,7 @@ class StepSelection:
 
     def __init__(self, spec: Any = "all") -> None:
         self.spec = spec
-        self.steps: frozenset[int] | None = _parse_steps(spec)
+        self.steps: frozenset[int] | None = parse_steps(spec)
 
     def __contains__(self, step: int) -> bool:
         return self.steps is None or step in self.steps
@@ -36,7 +37,7 @@ class StepSelection:
         return f"StepSelection({self.spec!r})"
 
 
-def _parse_steps(spec: Any) -> frozenset[int] | None:
+def parse_steps(spec: Any) -> frozenset[int] | None:
     allowed = 'allowed: "all", "0|5|10", "0-3", "0-3|8", an integer or a list of integers'
     if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("all", "")):
         return None
@@ -95,10 +96,10 @@ class Filter:
             unknown = set(value) - {"include", "exclude"}
             if unknown:
                 raise ConfigError(f"{key}: unknown keys {sorted(unknown)}; allowed: include, exclude")
-            inc = _str_list(f"{key}.include", value.get("include", []))
-            exc = _str_list(f"{key}.exclude", value.get("exclude", []))
+            inc = parse_str_list(f"{key}.include", value.get("include", []))
+            exc = parse_str_list(f"{key}.exclude", value.get("exclude", []))
             return cls(tuple(inc), tuple(exc))
-        items = _str_list(key, value)
+        items = parse_str_list(key, value)
         inc = tuple(p for p in items if not p.startswith("!"))
         exc = tuple(p[1:] for p in items if p.startswith("!"))
         return cls(inc, exc)
@@ -117,7 +118,7 @@ class Filter:
         return {"include": list(self.include), "exclude": list(self.exclude)}
 
 
-def _str_list(key: str, value: Any) -> list[str]:
+def parse_str_list(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -125,13 +126,13 @@ def _str_list(key: str, value: Any) -> list[str]:
     return list(value)
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+def parse_choice(key: str, value: Any, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value.lower() not in allowed:
         raise ConfigError(f"{key}: {value!r} is not allowed; allowed: {', '.join(allowed)}")
     return value.lower()
 
 
-def _bool(key: str, value: Any) -> bool:
+def parse_bool(key: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
@@ -141,13 +142,13 @@ def _bool(key: str, value: Any) -> bool:
     raise ConfigError(f"{key}: {value!r} is not a boolean; allowed: true, false")
 
 
-def _number(key: str, value: Any, minimum: float = 0) -> float:
+def parse_number(key: str, value: Any, minimum: float = 0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
         raise ConfigError(f"{key}: {value!r} is not a number >= {minimum}")
     return value
 
 
-def _ranks(value: Any) -> tuple[int, ...] | None:
+def parse_ranks(value: Any) -> tuple[int, ...] | None:
     if value is None or value == "all":
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -163,13 +164,13 @@ def _ranks(value: Any) -> tuple[int, ...] | None:
     return ranks
 
 
-def _path(key: str, value: Any) -> str:
+def parse_path(key: str, value: Any) -> str:
     if not isinstance(value, (str, os.PathLike)) or not str(value):
         raise ConfigError(f"{key}: {value!r} is not a path; give a directory such as \"dumps/run1\"")
     return os.fspath(value)
 
 
-def _optional_str(key: str, value: Any) -> str | None:
+def parse_optional_str(key: str, value: Any) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
