@@ -235,3 +235,32 @@ def test_device_format_is_not_compared(tmp_path: Path) -> None:
     row = next(r for r in _rows(dump) if r["module"] == "b0.fc1" and r["io"] == "output"
                and r["op"] == "mindspore.MatMul")
     assert row["norm"] is None and row["data"] is None and "trans_flag" in row["note"]
+
+
+def _with_md5(source: Path, out: Path, change: str | None = None) -> Path:
+    """A copy of a statistic dump whose statistic.csv also has an MD5 column (the digest of
+    each row's own text, so equal rows have equal digests); ``change``: an op whose rows get
+    another digest."""
+    import hashlib
+
+    shutil.copytree(source, out)
+    path = out / ITERATION / "statistic.csv"
+    lines = path.read_text().splitlines()
+    rows = [lines[0] + ",MD5"]
+    for line in lines[1:]:
+        digest = hashlib.md5(line.split(",", 5)[5].encode() + (b"x" if change and change in line else b""))
+        rows.append(f"{line}{digest.hexdigest()},")
+    path.write_text("\n".join(rows) + "\n")
+    return out
+
+
+def test_statistic_digests_prove_identity(tmp_path: Path) -> None:
+    a = _with_md5(DATA / "statistic_reference", tmp_path / "a")
+    b = _with_md5(DATA / "statistic_reference", tmp_path / "b", change="b1-Block_fc1-Dense_BiasAdd-op0")
+    assert opscope.load(a).manifest["hash_algorithm"] == "mindspore-md5-64"
+    same = opscope.compare(a, _with_md5(DATA / "statistic_reference", tmp_path / "c"), workers=1)
+    assert same.verdict == "identical" and same.counts["identical"] == same.counts["pairs"]
+    # equal statistics, other digests: not identical, and no difference the statistics show
+    other = opscope.compare(b, a, workers=1)
+    assert other.verdict == "within_tolerance" and other.counts["identical"] < other.counts["pairs"]
+    assert opscope.load(DATA / "statistic_reference").manifest["hash_algorithm"] is None

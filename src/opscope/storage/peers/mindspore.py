@@ -39,7 +39,12 @@ from opscope.errors import DumpFormatError
 from opscope.storage import format as fmt
 from opscope.storage.peers import register_format
 from opscope.storage.peers.base import PeerDump
-from opscope.storage.peers.mindspore_files import STATISTIC_CSV, parse_name, read_statistics
+from opscope.storage.peers.mindspore_files import (
+    STATISTIC_CSV,
+    digest_column,
+    parse_name,
+    read_statistics,
+)
 from opscope.storage.peers.mindspore_ir import KernelGraph, read_graph
 from opscope.storage.peers.mindspore_rows import RowBuilder
 
@@ -141,22 +146,33 @@ def open_dump(path: Path) -> PeerDump:
     meta = _metadata(next(iter(layout.ranks.values())))
     opened: list[PeerDump] = []
 
+    data, algorithm = _content(layout)
+
     def build(rank: int, step: int) -> pa.Table:  # what it cannot read goes to the dump's problems
-        return _build(layout, rank, step, opened[0].problems)
+        return _build(layout, rank, step, opened[0].problems, digests=data == "statistics")
 
     def open_tensor(rank: int, step: int, data: str, key: str) -> tuple[str, np.ndarray]:
         return _open_tensor(layout, rank, step, data, key)
 
-    data = "tensor" if any(n.endswith(".npy") for names in layout.listing.values() for n in names) else "statistics"
     manifest = {
         "format_version": fmt.FORMAT_VERSION, "tool": {"name": TOOL, "version": meta.get("ms_version", "?")},
         "framework": {"mindspore": meta.get("ms_version", "?")}, "level": "mindspore",
         "device": meta.get("device_target"), "world_size": len(layout.ranks),
         "config": {"level": "mindspore", "mode": "all", "data": data, "mindspore": meta.get("config")},
-        "hash_algorithm": fmt.HASH_ALGORITHM,
+        "hash_algorithm": algorithm,
     }
     opened.append(PeerDump(path, manifest, list(layout.folders), build, open_tensor))
     return opened[0]
+
+
+def _content(layout: _Layout) -> tuple[str, str | None]:
+    """``tensor`` or ``statistics``, and the algorithm of the records' hashes: opscope's own
+    (computed from the tensors), a statistic.csv digest's first 64 bits, or none."""
+    if any(n.endswith(".npy") for names in layout.listing.values() for n in names):
+        return "tensor", fmt.HASH_ALGORITHM
+    csvs = [folder / STATISTIC_CSV for folder, names in layout.listing.items() if STATISTIC_CSV in names]
+    digest = digest_column(csvs[0]) if csvs else None
+    return "statistics", (f"mindspore-{digest.lower()}-64" if digest else None)
 
 
 def _metadata(rank_dir: Path) -> dict[str, Any]:
@@ -186,9 +202,11 @@ def _execution_order(rank_dir: Path, graph: int) -> tuple[str, ...]:
     return tuple(r for r in rows if not r.startswith("NodeExecutionOrder"))
 
 
-def _build(layout: _Layout, rank: int, step: int, problems: list[str]) -> pa.Table:
+def _build(layout: _Layout, rank: int, step: int, problems: list[str], digests: bool) -> pa.Table:
+    """One partition's records; ``digests``: keep statistic.csv digests as hashes (a dump of
+    statistics only: with tensors, hashes are opscope's own, computed from them)."""
     rank_dir = layout.ranks[rank]
-    builder = RowBuilder(rank, step)
+    builder = RowBuilder(rank, step, digests)
     for index, (graph_id, folder) in enumerate(layout.folders[(rank, step)]):
         order, graph = layout.order(rank, graph_id), layout.graph(rank, graph_id)
         if graph is None:

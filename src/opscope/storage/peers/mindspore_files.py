@@ -99,6 +99,9 @@ def load_array(path: Path) -> np.ndarray:
 _STAT_COLUMNS = {"Max Value": "max", "Min Value": "min", "Avg Value": "mean", "L2Norm Value": "norm",
                  "NaN Count": "nan", "Zero Count": "zeros"}
 _INF_COLUMNS = ("Negative Inf Count", "Positive Inf Count")
+# content digests a statistic dump may hold ("hash:md5" / "hash:sha1" in statistic_category):
+# their first 64 bits are kept as the record's hash (equal content, equal hash)
+DIGEST_COLUMNS = ("MD5", "SHA1")
 STATISTIC_CSV = "statistic.csv"
 REQUIRED_COLUMNS = ("Op Type", "Op Name", "IO", "Slot", "Data Type", "Shape")
 
@@ -153,10 +156,24 @@ def _statistic_row(row: list[str], at: dict[str, int]) -> StatisticRow:
         stats["inf"] = sum(int(float(cell(c) or 0)) for c in _INF_COLUMNS)
     if "max" in stats and "min" in stats:
         stats["absmax"] = max(abs(stats["max"]), abs(stats["min"]))
+    for column in DIGEST_COLUMNS:
+        if re.fullmatch(r"[0-9a-fA-F]{16,}", cell(column)):
+            stats["hash"] = int(cell(column)[:16], 16)
+            break
     shape = [int(x) for x in re.findall(r"-?\d+", cell("Shape"))]
     stamp = cell("Timestamp")
     return StatisticRow(cell("Op Type"), mangle(cell("Op Name")), int(stamp) if stamp.isdigit() else 0,
                         cell("IO").lower(), int(cell("Slot")), dtype_name(cell("Data Type")), shape, stats)
+
+
+def digest_column(path: Path) -> str | None:
+    """The digest column (``MD5``, ``SHA1``) a ``statistic.csv`` has, if any."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = [h.strip() for h in next(csv.reader(f), [])]
+    except (OSError, UnicodeDecodeError):
+        return None
+    return next((c for c in DIGEST_COLUMNS if c in header), None)
 
 
 def numel(shape: list[int]) -> int:

@@ -110,8 +110,8 @@ def forward_op_of(full_name: str) -> str | None:
 class RowBuilder:
     """Rows of one (rank, iteration), graph by graph."""
 
-    def __init__(self, rank: int, step: int) -> None:
-        self.rank, self.step = rank, step
+    def __init__(self, rank: int, step: int, digests: bool = False) -> None:
+        self.rank, self.step, self.digests = rank, step, digests
         self.rows: list[dict[str, Any]] = []
         self.outputs: dict[tuple[str, int], int] = {}  # (full name, slot) -> record id
         self.calls: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -161,7 +161,7 @@ class RowBuilder:
             if isinstance(item, TensorFile):
                 self._tensor(row, item, data, folder, problems, partial(_untrusted, graph, full, io, slot, item.dtype))
             else:
-                _statistics(row, item)
+                _statistics(row, item, self.digests)
             if io == "output":
                 self.outputs[(full, slot)] = row["id"]
             self.rows.append(row)
@@ -255,9 +255,11 @@ def _add(problems: list[str], message: str) -> None:
         problems.append(message)
 
 
-def _statistics(row: dict[str, Any], item: StatisticRow) -> None:
+def _statistics(row: dict[str, Any], item: StatisticRow, digests: bool) -> None:
     row["dtype"], row["shape"], row["numel"] = item.dtype, item.shape, numel(item.shape)
     stats = dict(item.stats)
+    if not digests:
+        stats.pop("hash", None)
     norm, n = stats.get("norm"), row["numel"]
     mean = stats.get("mean")
     if norm is not None and mean is not None and n:
