@@ -78,6 +78,31 @@ def fit_round(model: keras.Model, data: tf.data.Dataset, extra: list[keras.callb
     return clock.steps()
 
 
+def interleaved(model: keras.Model, data: tf.data.Dataset, out: Path, steps: int) -> dict[str, list[float]]:
+    """Wall time of single train-function calls, bare and marked alternately (what ``fit``
+    runs per batch, without its callbacks): load that drifts hits both sides alike."""
+    model.make_train_function(force=True)
+    bare_fn = model.train_function
+    iterator = iter(data.repeat())
+    bare_fn(iterator)
+    times: dict[str, list[float]] = {"bare": [], "profiled": []}
+    with profile(str(out), overwrite=True) as session:
+        model.make_train_function(force=True)  # traced under the session: holds the marks
+        marked_fn = model.train_function
+        marked_fn(iterator)
+        session.step()
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            bare_fn(iterator)
+            t1 = time.perf_counter()
+            marked_fn(iterator)
+            session.step()
+            t2 = time.perf_counter()
+            times["bare"].append(t1 - t0)
+            times["profiled"].append(t2 - t1)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12)
@@ -107,6 +132,13 @@ def main() -> None:
         print(f"  wall: bare {med['bare'] * 1e3:.3f} ms/step, profiled {med['profiled'] * 1e3:.3f} ms/step, ratio {med['profiled'] / med['bare']:.3f}x")
         print(f"  process CPU: bare {cmed['bare'] * 1e3:.3f} ms/step, profiled {cmed['profiled'] * 1e3:.3f} ms/step, ratio {cmed['profiled'] / cmed['bare']:.3f}x")
         print(f"  load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall ratios are only as good as a quiet machine)")
+        pair = interleaved(profiled_model, data, Path(tmp) / "pairs", args.rounds * args.steps)
+        print(f"training trace, step by step ({len(pair['bare'])} pairs; one model, its train function traced "
+              "without and with the marks, called alternately on one iterator, the profile's per-step work included):")
+        b, p = statistics.median(pair["bare"]), statistics.median(pair["profiled"])
+        ratios = sorted(q / a for a, q in zip(pair["bare"], pair["profiled"]))
+        print(f"  wall: bare {b * 1e3:.3f} ms/step, profiled {p * 1e3:.3f} ms/step, ratio of medians {p / b:.3f}x, "
+              f"median of pair ratios {ratios[len(ratios) // 2]:.3f}x")
         task_session = profile(str(Path(tmp) / "task"), overwrite=True, task_trace=True, steps="10-14")
         profiled_model.fit(data, epochs=1, verbose=0, callbacks=[task_session])
         task = task_session.result.summary["task_trace"]

@@ -258,13 +258,15 @@ class PhaseMarks:
             if not marks.active or marks._opt_depth:  # a wrapping optimizer (loss scale) calls its inner one
                 return original(optimizer, grads, *args, **kwargs)
             in_graph = marks._in_graph()
-            if marks.detailed:
-                grads = marks._gate(marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)), list(grads))
+            stamp = marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)) if marks.detailed else None
             graph = _default_graph() if in_graph else None
             first = len(graph.get_operations()) if graph is not None else 0
             marks._opt_depth += 1
             try:
-                out = original(optimizer, grads, *args, **kwargs)
+                # Every op of the update waits for the mark: the ones that need no gradient
+                # (learning rate, bias corrections) would otherwise run at the step's start.
+                with marks.tf.control_dependencies([stamp] if stamp is not None else []):
+                    out = original(optimizer, grads, *args, **kwargs)
             finally:
                 marks._opt_depth -= 1
             if in_graph:

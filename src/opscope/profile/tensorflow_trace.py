@@ -197,4 +197,6 @@ def phase_at(t: int, phases: Mapping[str, Sequence[Interval]]) -> str:
 
 def _is_function_call(plane: Any, line: Any, name: str) -> bool:
     """A tf.function's own run on the Python thread (named after the function)."""
+    if name.startswith("EagerLocalExecute: __inference_"):
+        return True
     return line.name == "python" and ":" not in name and "::" not in name and name.isidentifier()

@@ -1,0 +1,248 @@
+"""opscope.tensorflow's profile on real TensorFlow / Keras runs, read back through the real CLI.
+
+One subprocess (TensorFlow imports once) trains small Keras models under the profile:
+``fit`` twice with the same code, once with an expensive custom gradient (slow backward),
+once with a slow input pipeline; a custom loop (tf.function, ``p.step()``) with a slow
+pipeline; ``fit(run_eagerly=True)``; a profile configured through Ascend's
+``profiling_options``; and an ``fp_point`` that names no layer. Each run's files are then
+read by ``opscope profile show`` / ``diff``, and the report opens in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("tensorflow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+TRAIN = textwrap.dedent(
+    '''
+    import json, os, sys, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np, tensorflow as tf, keras
+    from opscope.errors import ConfigError
+    from opscope.profile.tensorflow import profile
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    root = sys.argv[1]
+    out = {}
+
+    def slow_gradient(n):
+        @tf.custom_gradient
+        def op(x):
+            def grad(dy):
+                z = tf.eye(384) * (1.0 + 1e-9 * tf.reduce_mean(dy))  # depends on dy: not folded
+                for _ in range(n):
+                    z = tf.matmul(z, z)
+                return dy + 0.0 * tf.reduce_mean(z)
+            return tf.identity(x), grad
+        return op
+
+    class SlowBackward(keras.layers.Layer):
+        def __init__(self, n, **kw):
+            super().__init__(**kw)
+            self.op = slow_gradient(n)
+        def call(self, x):
+            return self.op(x) if self.op is not None else x
+
+    def model(extra_matmuls=1, eager=False):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((32,))
+        h = keras.layers.Dense(128, activation="relu", name="hidden")(inp)
+        h = SlowBackward(extra_matmuls, name="tap")(h)
+        out = keras.layers.Dense(10, name="head")(h)
+        m = keras.Model(inp, out)
+        m.compile(optimizer=keras.optimizers.Adam(1e-3), run_eagerly=eager,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    def data(steps, sleep=0.0):
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(steps * 16, 32)).astype("float32")
+        y = rng.integers(0, 10, steps * 16).astype("int32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+        if sleep:
+            pause = lambda a: (time.sleep(sleep), a)[1]
+            ds = ds.map(lambda a, b: (tf.ensure_shape(tf.numpy_function(pause, [a], tf.float32), [None, 32]), b))
+        return ds
+
+    def fit(name, steps=16, sleep=0.0, **kw):
+        p = profile(f"{root}/{name}", steps="5-6", task_trace=True, overwrite=True)
+        model(**kw).fit(data(steps, sleep), epochs=1, verbose=0, callbacks=[p])
+        out[name] = {"status": p.result.status, "warnings": p.result.warnings}
+
+    fit("base")
+    fit("same")
+    fit("slowbwd", extra_matmuls=12)
+    fit("slowdata", sleep=0.03)
+    fit("eager", steps=10, eager=True)
+
+    m = model()
+    opt, loss_fn = m.optimizer, m.loss
+
+    @tf.function
+    def train_step(a, b):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(b, m(a, training=True))
+        grads = tape.gradient(loss, m.trainable_variables)
+        opt.apply_gradients(zip(grads, m.trainable_variables))
+        return loss
+
+    with profile(f"{root}/loop", steps="4", task_trace=True, overwrite=True) as p:
+        for a, b in data(12, sleep=0.03):
+            train_step(a, b)
+            p.step()
+
+    options = '{"output": "%s/ascend", "training_trace": "on", "task_trace": "on", "fp_point": "", "bp_point": "", "aicpu": "on"}' % root
+    p = profile(config={"profile": {"profiling_mode": True, "profiling_options": options, "steps": "3"}})
+    model().fit(data(8), epochs=1, verbose=0, callbacks=[p])
+
+    try:
+        p = profile(f"{root}/badpoint", fp_point="no_such_layer", overwrite=True)
+        model().fit(data(6), epochs=1, verbose=0, callbacks=[p])
+        out["badpoint"] = "no error"
+    except ConfigError as exc:
+        out["badpoint"] = str(exc)
+    print(json.dumps(out))
+    '''
+)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def opscope_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tfprof")
+    script = root / "train_tf.py"
+    script.write_text(TRAIN)
+    done = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def steady(folder, skip=2):
+    rows = pq.read_table(folder / "steps.parquet").to_pylist()
+    return [r for r in rows if r["step"] >= skip and not r["task_trace"] and r["complete"]]
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def test_phases_add_up_and_every_phase_is_seen(runs) -> None:
+    root, out = runs
+    assert out["base"]["status"] == "complete" and out["base"]["warnings"] == []
+    rows = pq.read_table(root / "base" / "steps.parquet").to_pylist()
+    assert [r["step"] for r in rows] == list(range(16)), "one step per batch of fit"
+    for r in rows:
+        parts = sum(r[f"{p}_ns"] for p in ("data_wait", "forward", "backward", "communication", "optimizer", "zero_grad", "other"))
+        assert parts == r["wall_ns"], "exclusive phases sum to the step's wall time exactly (integer ns)"
+    for r in steady(root / "base"):
+        assert r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0, r
+
+
+def test_phase_marks_agree_with_tensorflows_own_op_trace(runs) -> None:
+    """The task trace times every op on TensorFlow's clock; the training trace's phases must
+    hold them: gradient ops in backward, the model's forward ops in forward, Adam in optimizer."""
+    root, _ = runs
+    ops = pq.read_table(root / "base" / "rank0" / "ops.parquet").to_pylist()
+    share: dict[tuple[str, str], float] = {}
+    for op in ops:
+        name = op["name"]
+        kind = "backward" if name.startswith("gradient_tape/") else "optimizer" if name.startswith("adam/") else \
+            "forward" if name.startswith("functional") else None
+        if kind:
+            share[(kind, op["phase"])] = share.get((kind, op["phase"]), 0.0) + op["self_us"]
+    for kind in ("forward", "backward", "optimizer"):
+        total = sum(v for (k, _), v in share.items() if k == kind)
+        assert total > 0, (kind, share)
+        assert share.get((kind, kind), 0.0) >= 0.9 * total, (kind, share)
+
+
+def test_slow_input_pipeline_is_data_wait(runs) -> None:
+    root, _ = runs
+    for name in ("slowdata", "loop"):  # in fit (get_next inside the graph) and an eager loop
+        rows = steady(root / name)
+        assert len(rows) >= 5, name
+        wait = median([r["data_wait_ns"] for r in rows])
+        assert wait > 20e6, (name, wait)  # a 30 ms sleep per batch
+        assert median([r["data_wait_ns"] for r in steady(root / "base")]) < 5e6
+        assert median([r["backward_ns"] for r in rows]) < wait
+
+
+def test_slow_custom_gradient_is_backward_and_named_in_the_ops_table(runs) -> None:
+    root, _ = runs
+    base = median([r["backward_ns"] for r in steady(root / "base")])
+    slow = median([r["backward_ns"] for r in steady(root / "slowbwd")])
+    assert slow > base + 3e6, (base, slow)
+    fwd_base = median([r["forward_ns"] for r in steady(root / "base")])
+    fwd_slow = median([r["forward_ns"] for r in steady(root / "slowbwd")])
+    assert fwd_slow < fwd_base + 0.5 * (slow - base), "the slowdown lands in backward, not forward"
+    ops = [o for o in pq.read_table(root / "slowbwd" / "rank0" / "ops.parquet").to_pylist() if o["phase"] == "backward"]
+    top = max(ops, key=lambda o: o["self_us"])
+    assert "MatMul" in top["name"], top  # the custom gradient's matmuls
+
+
+def test_eager_fit_is_timed_by_host_marks(runs) -> None:
+    root, out = runs
+    assert out["eager"]["status"] == "complete"
+    rows = steady(root / "eager")
+    assert rows and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in rows), rows
+
+
+def test_profiling_options_and_bad_points(runs) -> None:
+    root, out = runs
+    summary = json.loads((root / "ascend" / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["config"]["task_trace"] is True
+    assert summary["steps"]["task_traced"] == 1 and "tensorflow" in summary
+    assert "no_such_layer" in out["badpoint"] and "layer" in out["badpoint"]
+
+
+def test_show_and_diff_read_tensorflow_profiles(runs) -> None:
+    root, _ = runs
+    done = opscope_cli("show", str(root / "base"))
+    assert done.returncode == 0, done.stderr
+    for word in ("status: complete", "forward", "backward", "optimizer", "MatMul", "Iterator::"):
+        assert word in done.stdout, word
+    done = opscope_cli("diff", str(root / "base"), str(root / "slowbwd"), "--json")
+    assert done.returncode == 1, done.stdout
+    result = json.loads(done.stdout)
+    flagged = {c["name"]: c["direction"] for c in result["phases"] if c["direction"] != "same"}
+    assert flagged.get("backward") == "slower", result["phases"]
+    assert "MatMul" in (result["causes"].get("backward") or ""), result["causes"]
+    done = opscope_cli("diff", str(root / "base"), str(root / "same"), "--json")
+    assert done.returncode in (0, 1), done.stderr
+    same = json.loads(done.stdout)
+    assert "backward" not in {c["name"] for c in same["phases"] if c["direction"] == "slower" and c["delta_ms"] > 3}
+
+
+@pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM), reason="chromium not installed")
+def test_report_of_a_tensorflow_profile_draws_in_headless_chromium(runs, tmp_path) -> None:
+    root, _ = runs
+    page = root / "base" / "report.html"
+    done = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'ud'}",
+            "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=90,
+    )
+    body = re.search(r"<body[^>]*>", done.stdout).group(0)
+    assert 'data-chart="ok"' in body, done.stderr[-2000:]
+    assert "data-error" not in body, body
+    assert int(re.search(r'data-points="(\d+)"', body).group(1)) == 16
+    assert "Uncaught" not in done.stderr
