@@ -26,6 +26,10 @@ subgraph @kernel_graph0() {
       : (<Float32xDefaultFormat[const vector]{4, 8}>, <Float32xDefaultFormat[const vector]{16, 8}>, <BoolxDefaultFormat[const vector]{}>, <BoolxDefaultFormat[const vector]{}>) -> (<Float32xDefaultFormat[const vector]{4, 16}>)
       : (Tensor, Tensor, Scalar, Scalar) -> (Tensor)
       # Fullname with scope: (Default/net-Net/fc-Dense/MatMul-op0)
+      # In file /venv/lib/python3.11/site-packages/mindspore/nn/wrap/cell_wrapper.py:423~438, 4~19/    def construct(self, *inputs):/
+      # In file /home/me/train.py:28~29, 4~45/    def construct(self, x):/
+      # In file /home/me/train.py:30, 15~27/        return self.fc(x)/
+      # In file /venv/lib/python3.11/site-packages/mindspore/nn/layer/basic.py:744, 8~40/        x = self.matmul(x, self.weight)/
   %2(s) = UpdateState(UMonad[U], %1)
       # Fullname with scope: (Default/UpdateState-op0)
   %3(y) = PrimFunc_LayerNorm(%1, %0, %0, I64(-1), I64(-1), F32(1e-07))
@@ -57,6 +61,7 @@ def test_data_flow_through_bookkeeping_nodes(tmp_path: Path) -> None:
     sgd = g.inputs["Default/optimizer-SGD/SGD-op0"]
     assert sgd[:2] == [Source("param", "w"), Source("kernel", "Default/net-Net/norm-LayerNorm/LayerNorm-op0", 2)]
     assert len(sgd) == 3
+    assert g.sources == {"Default/net-Net/fc-Dense/MatMul-op0": "/home/me/train.py:30"}  # the user's innermost line
     assert g.consumers["Default/net-Net/fc-Dense/MatMul-op0"] == ["Default/net-Net/norm-LayerNorm/LayerNorm-op0"]
     # inferred Float16, device Float32: what the reader checks dump files against
     assert g.device_dtypes["Default/net-Net/fc-Dense/MatMul-op0"] == (["float32", "float32", "bool", "bool"],

@@ -26,6 +26,8 @@ from pathlib import Path
 _NODE = re.compile(r"^\s*%(\d+)\([^)]*\)\s*=\s*([A-Za-z_][\w]*)\((.*)$")
 _SCOPE = re.compile(r"^\s*#\s*Fullname with scope:\s*\((.*)\)\s*$")
 _PARAM = re.compile(r"^%(para\d+)_(\S+?):\s*<(.*)$")
+_IN_FILE = re.compile(r"^\s*#\s*In file (.+?):(\d+)")
+_LIBRARY = ("site-packages", "dist-packages", "/mindspore/")  # frames that are not the user's
 _MONADS = ("UMonad", "IOMonad")
 _SIDE_EFFECT_ONLY = ("UpdateState",)  # nodes that only order side effects: monads
 _SEE_THROUGH = ("Load", "Depend")  # value of the first argument
@@ -49,6 +51,7 @@ class _Node:
     args: list[str]
     scope: str = ""
     types: list[str] = field(default_factory=list)  # the ": (...) -> (...)" lines under the node
+    source: str = ""  # the innermost line of the user's code that made it ("# In file ...")
 
 
 @dataclass
@@ -60,6 +63,7 @@ class KernelGraph:
     # the dtypes the kernel's device buffers hold: (inputs, outputs), None where not a tensor
     device_dtypes: dict[str, tuple[list[str | None], list[str | None]]] = field(default_factory=dict)
     consumers: dict[str, list[str]] = field(default_factory=dict)  # kernel -> kernels reading it
+    sources: dict[str, str] = field(default_factory=dict)  # kernel -> "file:line" of the user's code
     # the shapes the graph infers: (inputs, outputs), None where unknown or not a tensor
     shapes: dict[str, tuple[list[list[int] | None], list[list[int] | None]]] = field(default_factory=dict)
 
@@ -81,6 +85,10 @@ def read_graph(path: Path) -> KernelGraph:
             s = _SCOPE.match(line)
             if s and last is not None and not last.scope:
                 last.scope = s.group(1)
+                continue
+            f_ = _IN_FILE.match(line)
+            if f_ and last is not None and not any(lib in f_.group(1) for lib in _LIBRARY):
+                last.source = f"{f_.group(1)}:{f_.group(2)}"
                 continue
             p = _PARAM.match(line)
             if p and "is_parameter" in p.group(3):
@@ -123,6 +131,8 @@ def _kernels(nodes: dict[str, _Node], weights: set[str]) -> KernelGraph:
             sources.append(_resolve(arg, nodes, weights))
         graph.ops[node.scope] = node.op
         graph.inputs[node.scope] = sources
+        if node.source:
+            graph.sources[node.scope] = node.source
         for source in sources:
             if source.kind == "kernel":
                 graph.consumers.setdefault(source.name, []).append(node.scope)
