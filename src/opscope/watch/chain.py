@@ -177,9 +177,9 @@ def input_summaries(entries: list[list[Any]], index: int, args: Any, param_names
             out.append(TensorSummary(slot=i, name=param_names.get(tid), origin=origin))
             continue
         rec = entries[found[0]][OUTS][found[1]]
-        t = rec[O_REF]() if rec[O_REF] is not None else None
-        if t is not None and getattr(t, "_version", None) == rec[O_VER]:
-            out.append(summarize(t, i, param_names.get(tid), origin))
+        live = rec[O_REF]() if rec[O_REF] is not None else None
+        if live is not None and getattr(live, "_version", None) == rec[O_VER]:
+            out.append(summarize(live, i, param_names.get(tid), origin))
         else:
             dtype = rec[O_DTYPE]
             out.append(TensorSummary(slot=i, name=param_names.get(tid), origin=origin, min=rec[O_LO], max=rec[O_HI],

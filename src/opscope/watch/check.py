@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ _INF = math.inf
 NAME, MODULE, PHASE, FWD, NODE, IN_IDS, OUTS, VIEW = range(8)
 # output record layout
 O_ID, O_REF, O_VER, O_LO, O_HI, O_DTYPE = range(6)
+# Names tensor i of a checked group and its named inputs (called on hits only).
+Describe = Callable[[int], tuple[str, list[tuple[str, torch.Tensor]]]]
 
 _WIDENS = {(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, torch.float64),
            (torch.float16, torch.float64), (torch.bfloat16, torch.float64)}
@@ -84,7 +86,7 @@ class Checker:
         self.pending: dict[torch.dtype, list[tuple[Any, ...]]] = {}
         self.masked: set[int] = set()
         self.bad: set[int] = set()
-        self.groups: list[tuple[str, str, list[tuple[Any, ...]], torch.Tensor]] = []
+        self.groups: list[tuple[str, str, list[torch.Tensor], Describe, list[int], torch.Tensor]] = []
         self.params: dict[int, str] = {}  # entry index -> parameter name (group entries)
         self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}  # entry index -> named inputs (group entries)
         self.made: dict[int, tuple[str, str]] = {}  # forward tensor id -> (module, op) that made it
@@ -106,7 +108,8 @@ class Checker:
             stack = self.modules.stack
             module, phase, fwd, nname = (stack[-1] if stack else ""), self.phase, None, None
         else:
-            tag = node.metadata.get("opscope")
+            # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
+            tag = node.metadata.get("opscope")  # type: ignore[attr-defined]
             module, fwd = tag if tag else ("", None)
             phase, nname = "backward", node.name()
         in_ids = _ids(args, kwargs)
@@ -136,7 +139,7 @@ class Checker:
             if type(a) is _Tensor and a.requires_grad:
                 fn = a.grad_fn
                 if fn is not None:
-                    meta = fn.metadata
+                    meta: dict[str, Any] = fn.metadata  # type: ignore[assignment]  # a dict property (stub: method)
                     if "opscope" not in meta:
                         tag = made.get(id(a))
                         if tag is not None:
@@ -166,7 +169,7 @@ class Checker:
             if (masked or bad) and tid not in in_ids:
                 masked.discard(tid)  # a new tensor may reuse the id of a freed one
                 bad.discard(tid)
-            rec = [tid, None, 0, None, None, None]
+            rec: list[Any] = [tid, None, 0, None, None, None]
             recs.append(rec)
             if not check or not t.dtype.is_floating_point or t.is_meta or not t.numel():
                 continue
@@ -236,7 +239,7 @@ class Checker:
         return False
 
     def group(self, label: str, phase: str, tensors: list[torch.Tensor],
-              describe: Callable[[int], tuple[str, list[tuple[str, torch.Tensor]]]]) -> None:
+              describe: Describe) -> None:
         """Strict check of tensors that have names (gradients, parameters, optimizer state).
 
         ``describe(i)`` gives tensor ``i``'s name and its named inputs (shown on a hit); it is
@@ -245,7 +248,7 @@ class Checker:
         tensor whose norm is not finite or beyond the limit is checked exactly, since the norm
         of large finite values may overflow: the norm only filters).
         """
-        picked = range(len(tensors))
+        picked: Sequence[int] = range(len(tensors))
         if self.ranges_of is not None and not self.defer:  # it says None for what it cannot read
             hits, rest, limit = [], [], self.limit
             for i, r in enumerate(self.ranges_of(tensors)):
@@ -308,7 +311,7 @@ def _checkable(t: torch.Tensor) -> bool:
     return t.dtype.is_floating_point and not t.is_meta and bool(t.numel()) and t.layout == torch.strided
 
 
-def _beyond(picked: list[int], norms: list[float], limit: float) -> list[int]:
+def _beyond(picked: Sequence[int], norms: list[float], limit: float) -> list[int]:
     return [i for i, norm in zip(picked, norms, strict=True) if not norm <= limit]
 
 

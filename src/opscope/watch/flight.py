@@ -164,11 +164,10 @@ class FlightRecorder:
     def _replan(self) -> None:
         """The recorder decides which calls keep tensors from its config when it is built
         (its ``plan``): rebuild that decision after ``tensor_ops`` changed."""
-        recorder = self.dump.recorder
-        if recorder is not None and hasattr(recorder, "plan"):
+        if hasattr(self.dump, "recorder"):  # the dump session sets it when it starts
             from opscope.capture.torch.suspects import TensorPlan
 
-            recorder.plan = TensorPlan.make(self.dump.cfg, self.dump.rank)
+            self.dump.recorder.plan = TensorPlan.make(self.dump.cfg, self.dump.rank)
 
     def _sink_done(self, status: str = "complete", error: str | None = None) -> None:
         ring = self.ring

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -44,7 +45,7 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer, name_of: Any) -> tuple[l
 
 def user_source() -> str | None:
     """The user's innermost frame outside torch and opscope, as ``file:line (function)``."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
         if not any(part in name for part in _LIBRARY_PARTS):

@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import warnings
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,7 +130,7 @@ def _frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None
     called: str | None = None
     found: dict[str, str] = {}
     own = True
-    f = sys._getframe(2)
+    f: FrameType | None = sys._getframe(2)
     while f is not None:
         code = f.f_code
         if code.co_filename == _SKIP_FILES[0] or _SKIP_FILES[1] in code.co_filename:
@@ -190,7 +191,9 @@ class CompileWatch:
 
         def call_user_compiler(graph: Any, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
             return watch.wrap(graph, gm, watch._original(graph, gm, example_inputs))
-        OutputGraph.call_user_compiler = call_user_compiler  # type: ignore[method-assign]
+        # patching dynamo's method on the class (undone by remove()); the wrapper's looser
+        # signature is what dynamo calls it with
+        OutputGraph.call_user_compiler = call_user_compiler  # type: ignore[method-assign,assignment]
 
     def remove(self) -> None:
         global _ACTIVE
@@ -218,15 +221,17 @@ class CompileWatch:
     def pause(self) -> None:
         s = self.session
         self._paused.append(s.capturing)
-        if s.capturing:
+        level = s.level
+        if s.capturing and level is not None:
             s.capturing = False
-            s.level.stop_capture()
+            level.stop_capture()
 
     def resume(self) -> None:
         s = self.session
-        if self._paused.pop() and s.started and s.failure is None:
+        level = s.level
+        if self._paused.pop() and s.started and s.failure is None and level is not None:
             s.capturing = True
-            s.level.set_phase(s.phase)
+            level.set_phase(s.phase)
 
     def _compile_start(self, args: Any) -> None:
         self.pause()
@@ -336,11 +341,14 @@ class GraphRun:
         """The graph's inputs (``call`` None) or outputs; opscope's failure never stops the run."""
         s = self.watch.session
         items = [(i, None, t) for i, t in enumerate(tensors)]
+        level = s.level
+        if level is None:  # the session has not started: there is nowhere to record
+            return -1
         was, s.capturing = s.capturing, False  # the Python levels' own ops are not the user's
         try:
             if call is None:
-                return s.level.record_graph(self.op, path, phase, items, [])
-            return s.level.record_graph(self.op, path, phase, [], items, call)
+                return level.record_graph(self.op, path, phase, items, [])
+            return level.record_graph(self.op, path, phase, [], items, call)
         except Exception as exc:
             s.internal_error(exc)
             return -1
@@ -370,10 +378,13 @@ class GraphRun:
         s = self.watch.session
         io = "grad_output" if call is None else "grad_input"
         items = [(i, io, g) for i, g in enumerate(grads) if isinstance(g, torch.Tensor)]
+        level = s.level
+        if level is None:  # the session has not started: there is nowhere to record
+            return -1
         try:
             if call is None:
-                return s.level.record_graph(self.op, path, "backward", items, [])
-            return s.level.record_graph(self.op, path, "backward", [], items, call)
+                return level.record_graph(self.op, path, "backward", items, [])
+            return level.record_graph(self.op, path, "backward", [], items, call)
         except Exception as exc:
             s.internal_error(exc)
             return -1

@@ -66,7 +66,7 @@ def flat_outputs(out: Any) -> list[tuple[int, str | None, torch.Tensor]]:
     if isinstance(out, torch.Tensor):
         return [(0, None, out)]
     if isinstance(out, (list, tuple)):
-        res = []
+        res: list[tuple[int, str | None, torch.Tensor]] = []
         for i, x in enumerate(out):
             if isinstance(x, torch.Tensor):
                 res.append((i, None, x))
@@ -142,7 +142,8 @@ class DumpDispatchMode(TorchDispatchMode):
         s = self.session
         node = _current_node()
         if node is not None:
-            tag = node.metadata.get("opscope")
+            # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
+            tag = node.metadata.get("opscope")  # type: ignore[attr-defined]
             module, fwd_op, phase = (tag[0], tag[1], "backward") if tag else ("", None, "backward")
             node_name = node.name()
             s.backward_ran()

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import torch
 
     from opscope.capture.torch.modules import ModuleTracker
@@ -28,8 +30,8 @@ class GraphLevel(Protocol):
 
     def stop_capture(self) -> None: ...
 
-    def record_graph(self, op: str, path: str, phase: str, inputs: list[GraphItem],
-                     outputs: list[GraphItem], call: int = -1) -> int: ...
+    def record_graph(self, op: str, path: str, phase: str, inputs: Sequence[GraphItem],
+                     outputs: Sequence[GraphItem], call: int = -1) -> int: ...
 
 
 class CaptureHost(Protocol):

@@ -18,7 +18,9 @@ from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import tensors_of
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.host import CaptureHost
+    from collections.abc import Sequence
+
+    from opscope.capture.torch.host import CaptureHost, GraphItem
 
 
 class Level:
@@ -47,8 +49,8 @@ class Level:
         """In a child process (a DataLoader worker): capture nothing, pay nothing."""
         self.stop_capture()
 
-    def record_graph(self, op: str, path: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
-                     outputs: list[tuple[int, str | None, torch.Tensor]], call: int = -1) -> int:
+    def record_graph(self, op: str, path: str, phase: str, inputs: Sequence[GraphItem],
+                     outputs: Sequence[GraphItem], call: int = -1) -> int:
         """A compiled graph's inputs (``call`` -1: a new call) or outputs (the call its inputs
         got); returns the call index. Recorded as a module call is, at every level."""
         return self.session.recorder.record(op, path, phase, inputs, outputs, call=None if call < 0 else call)
@@ -171,8 +173,11 @@ class _ApiMode(TorchFunctionMode):
 def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
     for t in tensors_of(out):
         node = t.grad_fn if t.requires_grad else None
-        if node is not None and "opscope_api" not in node.metadata:
-            node.metadata["opscope_api"] = True
+        if node is None:
+            continue
+        meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict property (torch's stub: a method)
+        if "opscope_api" not in meta:
+            meta["opscope_api"] = True
             node.register_hook(_backward_recorder(s, name, module, node.name()))
 
 

@@ -9,6 +9,7 @@ only tensors seen for the first time (parameters, model inputs) are reduced on t
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,6 +20,9 @@ from opscope.capture.torch.worker import NativeStats, tensor_buffer
 from opscope.config import DumpConfig
 from opscope.model.records import COL, COLUMNS, NO_STATS, STATS
 from opscope.storage.writer import DumpWriter
+
+# One tensor of a call's inputs or outputs: (slot, argument name, tensor).
+TensorItem = tuple[int, "str | None", torch.Tensor]
 
 _ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
 _MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
@@ -108,8 +112,8 @@ class Recorder:
         return plan is not None and plan.wants(self.step, phase, module, op, call)
 
     # -- recording -------------------------------------------------------------------
-    def record(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
-               outputs: list[tuple[int, str | None, torch.Tensor]], *, views: tuple[int, ...] = (),
+    def record(self, op: str, module: str, phase: str, inputs: Sequence[TensorItem],
+               outputs: Sequence[TensorItem], *, views: tuple[int, ...] = (),
                mutated: tuple[int, ...] = (), uninitialized: bool = False, **head: Any) -> int:
         """Record one op call; returns its call index. ``views``/``mutated`` list output slots
         that alias an input (same elements) or were written in place; ``uninitialized`` marks
@@ -119,7 +123,7 @@ class Recorder:
         self.record_outputs(call, outputs, views=views, mutated=mutated, uninitialized=uninitialized)
         return call[0][4]
 
-    def record_inputs(self, op: str, module: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
+    def record_inputs(self, op: str, module: str, phase: str, inputs: Sequence[TensorItem],
                       *, args: Any = None, views: bool = False, fwd_op: str | None = None, node: str | None = None,
                       source: str | None = None, input_io: str = "input", call: int | None = None,
                       param: str | None = None) -> tuple[Any, ...]:
@@ -151,7 +155,7 @@ class Recorder:
                     _annotate(t, entry[1])
         return head, data, first_input_row, first_input
 
-    def record_outputs(self, call: tuple[Any, ...], outputs: list[tuple[int, str | None, torch.Tensor]], *,
+    def record_outputs(self, call: tuple[Any, ...], outputs: Sequence[TensorItem], *,
                        views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), uninitialized: bool = False,
                        bumped: bool = False) -> None:
         """The second half of :meth:`record`, after the op ran: the output rows. ``bumped``:

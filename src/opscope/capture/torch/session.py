@@ -9,6 +9,7 @@ import platform
 import socket
 import sys
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
 from opscope.capture.torch.recorder import Recorder
-from opscope.config import DumpConfig, dump_config, env
+from opscope.config import DumpConfig, dump_config, env, foreign
 from opscope.errors import ConfigError, OpscopeError
 from opscope.storage import format as fmt
 from opscope.storage.writer import DumpWriter
@@ -53,6 +54,10 @@ class DumpSession:
     """A running (or ready) dump. See :func:`dump`."""
 
     def __init__(self, cfg: DumpConfig, open_writer: Callable[[], Any] | None = None) -> None:
+    recorder: Recorder
+    """Where captured calls go. Set by :meth:`start` on a rank that captures: the attribute
+    does not exist before, so the per-op paths that read it pay no None check."""
+
         """``open_writer`` gives where rows and tensors go when the session starts (the watch's
         flight recorder hands a ring buffer); by default a :class:`DumpWriter` at ``cfg.path``."""
         self.cfg = cfg
@@ -64,10 +69,9 @@ class DumpSession:
         self.started = False
         self.notes: list[str] = []
         self.failure: BaseException | None = None
-        self.clock = StepClock(self._boundary)
+        self.clock = StepClock(self._boundary, has_optimizer=has_optimizer)
         self.modules = ModuleTracker(self._outer_module_call)
         self.compiled = CompileWatch(self)  # torch.compile: what runs is recorded, not what is traced
-        self.recorder: Recorder | None = None  # type: ignore[assignment]
         self.writer: DumpWriter | None = None
         self._level: levels.Level | None = None
         self._handles: list[Any] = []
@@ -239,16 +243,18 @@ class DumpSession:
         if step in self.cfg.steps or probe:
             self.recorder.begin_step(step, probe=probe)
             self.capturing = True
-            self._level.activate()
+            self._started_level().activate()
         else:
             self.capturing = False
-            self._level.deactivate()
+            self._started_level().deactivate()
 
     def _probe_due(self, step: int) -> bool:
         """Measure the step just before a tensor window opens, to say its size beforehand
         (not needed when the size is known already: suspects, estimate_from)."""
         plan, selected = self.recorder.plan, self.cfg.steps.steps
-        return plan is not None and plan.estimate is None and bool(selected) and step + 1 == min(selected)
+        if plan is None or plan.estimate is not None or not selected:
+            return False
+        return step + 1 == min(selected)
 
     def _boundary(self, finished: int, step: int) -> None:
         if self.capturing:
@@ -270,21 +276,21 @@ class DumpSession:
         if self.phase == "forward":
             self.phase = "backward"
 
-    def _outer_module_call(self) -> None:
+    def _outer_module_call(self, module: Any = None) -> None:
         """The outermost module is called: a forward pass starts (before the step boundary
         it may resolve, whose capture starts in this phase)."""
         self.compiled.poll()  # torch.compile may have loaded dynamo since
         if self.phase != "optimizer":
             self.phase = "forward"
             if self.capturing:
-                self._level.set_phase("forward")
-        self.clock.outer_module_call()
+                self._started_level().set_phase("forward")
+        self.clock.outer_module_call(module)
 
     # -- optimizer ---------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
         self.phase = "optimizer"
-        self._level.set_phase("optimizer")
+        self._started_level().set_phase("optimizer")
         if self.capturing:
             self.recorder.drain()  # the optimizer is about to change parameters in place
             self._guarded(self._record_params, optimizer, True)
@@ -297,6 +303,12 @@ class DumpSession:
         self.clock.optimizer_step()
 
     def _guarded(self, fn: Any, *args: Any) -> None:
+    def _started_level(self) -> levels.Level:
+        """The capture level; the hooks that call this are installed by :meth:`start` after it."""
+        if self._level is None:
+            raise RuntimeError("opscope internal error: a capture hook ran before the dump's level existed")
+        return self._level
+
         """Run opscope's own recording; its failure stops capture, never the user's step."""
         try:
             fn(*args)
@@ -322,7 +334,7 @@ class DumpSession:
     # -- helpers -----------------------------------------------------------------------
     def source(self) -> str | None:
         """The user's innermost frame outside torch and opscope, as ``file:line (function)``."""
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             name = frame.f_code.co_filename
             if not name.startswith(_LIBRARY_DIRS) and not name.startswith("<"):
@@ -345,7 +357,7 @@ class DumpSession:
             "cwd": os.getcwd(),
             "device": device,
             "world_size": world_size(),
-            "run_id": env("RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID"),
+            "run_id": env("RUN_ID") or foreign("TORCHELASTIC_RUN_ID"),
             "hash_algorithm": fmt.HASH_ALGORITHM,
             "stats_backend": _engine(self.cfg.level),
             "config": self.cfg.to_json(),
@@ -353,7 +365,8 @@ class DumpSession:
 
 
 # Frames inside these directories are library code, never "the user's line".
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["opscope"], contextlib))
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
+                      for m in (torch, sys.modules["opscope"], contextlib) if m.__file__ is not None)
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -24,6 +24,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from opscope.capture.torch.tensor_size import (
@@ -309,7 +310,8 @@ def _say(msg: str, warn: bool) -> None:
 def _user_level() -> int:
     """The ``stacklevel`` that names the user's line (the first frame outside opscope)."""
     package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level

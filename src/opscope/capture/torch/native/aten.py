@@ -46,7 +46,9 @@ from opscope.errors import DumpWriteError
 from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
-    from opscope.capture.torch.host import CaptureHost
+    from collections.abc import Sequence
+
+    from opscope.capture.torch.host import CaptureHost, GraphItem
 
 
 
@@ -183,8 +185,8 @@ class NativeAtenLevel(Level):
     def stop_capture(self) -> None:
         self.native.configure(False, 0)  # safe inside an op; the callback is removed at stop
 
-    def record_graph(self, op: str, path: str, phase: str, inputs: list[tuple[int, str | None, torch.Tensor]],
-                     outputs: list[tuple[int, str | None, torch.Tensor]], call: int = -1) -> int:
+    def record_graph(self, op: str, path: str, phase: str, inputs: Sequence[GraphItem],
+                     outputs: Sequence[GraphItem], call: int = -1) -> int:
         return self.native.record_call(op, path, PHASE_CODES[phase], inputs, outputs, call)
 
     def forked(self) -> None:
