@@ -53,11 +53,11 @@ def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: A
 class DumpSession:
     """A running (or ready) dump. See :func:`dump`."""
 
-    def __init__(self, cfg: DumpConfig, open_writer: Callable[[], Any] | None = None) -> None:
     recorder: Recorder
     """Where captured calls go. Set by :meth:`start` on a rank that captures: the attribute
     does not exist before, so the per-op paths that read it pay no None check."""
 
+    def __init__(self, cfg: DumpConfig, open_writer: Callable[[], Any] | None = None) -> None:
         """``open_writer`` gives where rows and tensors go when the session starts (the watch's
         flight recorder hands a ring buffer); by default a :class:`DumpWriter` at ``cfg.path``."""
         self.cfg = cfg
@@ -299,16 +299,16 @@ class DumpSession:
         if self.capturing:
             self._guarded(self._record_params, optimizer, False)
         self.phase = "forward"
-        self._level.set_phase("forward")
+        self._started_level().set_phase("forward")
         self.clock.optimizer_step()
 
-    def _guarded(self, fn: Any, *args: Any) -> None:
     def _started_level(self) -> levels.Level:
         """The capture level; the hooks that call this are installed by :meth:`start` after it."""
         if self._level is None:
             raise RuntimeError("opscope internal error: a capture hook ran before the dump's level existed")
         return self._level
 
+    def _guarded(self, fn: Any, *args: Any) -> None:
         """Run opscope's own recording; its failure stops capture, never the user's step."""
         try:
             fn(*args)
