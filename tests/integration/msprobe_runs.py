@@ -8,7 +8,8 @@ singleton that wraps torch's APIs):
     python msprobe_runs.py --many CASES.json   # [[OUT, [ARGS...]], ...]: torch and msprobe
                                                # imported once, one forked process per dump
 
-``--fault act``: layer 1's GELU uses the tanh approximation (the same API, other numbers);
+``--fault act``: layer 1's GELU uses the tanh approximation (the same API, other numbers;
+with ``--model gpt2``, layer 1's second layer norm another epsilon);
 ``--fault weight``: layer 1's fc weight is off by 1% before training; ``--insert``: layer 1
 runs an extra ``h * 1.0`` (msprobe's counter of ``Tensor.__mul__`` shifts by one).
 """
@@ -61,8 +62,8 @@ def build(args: argparse.Namespace) -> tuple[nn.Module, Any]:
         cfg = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2,
                          resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         model: nn.Module = GPT2LMHeadModel(cfg)
-        if args.fault == "act":
-            model.transformer.h[1].mlp.act = nn.GELU(approximate="none")  # gelu_new (tanh) in the others
+        if args.fault == "act":  # layer 1's second layer norm: another epsilon, the same API
+            model.transformer.h[1].ln_2.eps = 1e-2
         def batch() -> dict[str, torch.Tensor]:
             ids = torch.randint(0, 64, (2, 12))
             return {"input_ids": ids, "labels": ids}

@@ -9,7 +9,8 @@ Rows follow :data:`opscope.storage.format.SCHEMA` (docs/peer-dumps.md says what 
   ran; opscope's alignment then pairs calls by sequence, not by counter.
 - ``producer`` (data flow) is rebuilt from the statistics: an input whose dtype, shape and
   Max/Min/Mean/Norm (and md5, when dumped) equal an earlier output's in the same step was
-  made by that output's call (the latest such call).
+  made by that output's call (the latest such call); views and casts msprobe does not
+  record are bridged the same way (``_Builder._link``).
 """
 
 from __future__ import annotations
@@ -248,23 +249,25 @@ class _Builder:
 
     def _link(self) -> None:
         """Data flow from equal statistics: an input's producer is the latest earlier output
-        holding the same tensor (see the module docstring). Failing that, one of the same
-        shape and extremes in another float dtype: a cast msprobe does not record
-        (``.float()``), exact on the extremes."""
-        cast_of: dict[tuple[Any, ...], Row] = {}
+        holding the same tensor (see the module docstring). Failing that, one with the same
+        elements in another shape (a view msprobe does not record: ``x.view(-1, n)`` before
+        ``torch.addmm``), then one of the same size and extremes in another float dtype (an
+        unrecorded cast, ``.float()``: exact on the extremes)."""
+        tiers: list[dict[tuple[Any, ...], Row]] = [{}, {}, {}]
         for row in self.rows:
-            key = _flow_key(row)
-            if key is None:
+            keys = _flow_keys(row)
+            if keys is None:
                 continue
-            cast_key = (tuple(row.get("shape") or []), row.get("max"), row.get("min"))
             if row["io"] == "output":
-                self.made_by[key] = row["id"]
-                cast_of[cast_key] = row
-            elif key in self.made_by:
-                row["producer"] = self.made_by[key]
-            elif cast_key in cast_of and _floating(row) and _floating(cast_of[cast_key]) \
-                    and cast_of[cast_key]["dtype"] != row["dtype"] and row.get("max") is not None:
-                row["producer"] = cast_of[cast_key]["id"]
+                for tier, key in zip(tiers, keys):
+                    tier[key] = row
+                continue
+            for level, (tier, key) in enumerate(zip(tiers, keys)):
+                found = tier.get(key)
+                if found is not None and (level < 2 or (_floating(row) and _floating(found)
+                                                        and found["dtype"] != row["dtype"])):
+                    row["producer"] = found["id"]
+                    break
 
 
 def _floating(row: Row) -> bool:
@@ -351,11 +354,15 @@ def _identity(stat: Row) -> tuple[Any, ...]:
             stat.get("Mean"), stat.get("Norm"), stat.get("md5"))
 
 
-def _flow_key(row: Row) -> tuple[Any, ...] | None:
+def _flow_keys(row: Row) -> tuple[tuple[Any, ...], ...] | None:
+    """Keys of a tensor's content: exact (dtype, shape, statistics, md5); the same without
+    the shape (a view); size and extremes only (a cast)."""
     stats = (row.get("max"), row.get("min"), row.get("mean"), row.get("norm"))
     if all(v is None for v in stats) or any(v is not None and math.isnan(v) for v in stats):
         return None
-    return (row.get("dtype"), tuple(row.get("shape") or []), *stats, row.get("hash"))
+    shape = tuple(row.get("shape") or [])
+    return ((row.get("dtype"), shape, *stats, row.get("hash")), (row.get("dtype"), row.get("numel"), *stats, row.get("hash")),
+            (row.get("numel"), row.get("max"), row.get("min")))
 
 
 def _num(value: Any) -> float | None:
