@@ -26,6 +26,7 @@ CASES = {
     "insert": ["--insert"], "bf16": ["--bf16"], "t_ref": ["--task", "tensor", "--level", "L1"],
     "t_act": ["--task", "tensor", "--level", "L1", "--fault", "act"], "ops": ["--tool", "opscope"],
     "l0_ref": ["--level", "L0"], "l0_act": ["--level", "L0", "--fault", "act"],
+    "g_ref": ["--model", "gpt2"], "g_eps": ["--model", "gpt2", "--fault", "act"],
 }
 
 
@@ -130,6 +131,16 @@ def test_msprobe_against_opscope_api_dump(dumps: dict[str, Path]) -> None:
     fault = opscope.compare(dumps["act"], dumps["ops"], workers=1)
     first = fault.first_divergence
     assert (first.op, first.module, first.phase, first.step) == ("torch.nn.functional.gelu", "layers.1", "forward", 0)
+
+
+def test_gpt2_layer_norm_fault(dumps: dict[str, Path]) -> None:
+    """transformers' GPT-2: its Conv1D reshapes before torch.addmm (a view msprobe does not
+    record); the epsilon of one layer norm is the first divergence, not the reshaped input."""
+    result = opscope.compare(dumps["g_eps"], dumps["g_ref"], workers=1)
+    first = result.first_divergence
+    assert (first.kind, first.op, first.module, first.phase, first.step) == (
+        "culprit", "torch.nn.functional.layer_norm", "transformer.h.1.ln_2", "forward", 0)
+    assert not [f for f in result.culprits if f.kind == "root"]
 
 
 def test_module_level_l0(dumps: dict[str, Path]) -> None:
