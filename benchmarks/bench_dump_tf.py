@@ -1,0 +1,135 @@
+"""opscope.tensorflow.dump overhead on a small Keras transformer trained with fit.
+
+Prints each case's median step time over a bare fit's, in the same invocation, runs
+interleaved (benchmarks/timing.py), and the tensor dump's write speed next to the disk's
+own sequential write. Targets (issue 16): statistics at op level <= 2x; tensor dump
+writing at >= 50% of the disk's speed.
+
+    python benchmarks/bench_dump_tf.py [--steps 12] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numpy as np  # noqa: E402
+from timing import interleaved_ratio  # noqa: E402
+
+
+def transformer(d: int = 64, heads: int = 4, seq: int = 32, vocab: int = 500, layers: int = 2):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((seq,), dtype="int32")
+    x = keras.layers.Embedding(vocab, d, name="embed")(inp)
+    for i in range(layers):
+        a = keras.layers.MultiHeadAttention(heads, d // heads, name=f"attn{i}")(x, x)
+        x = keras.layers.LayerNormalization(name=f"ln{i}a")(x + a)
+        f = keras.layers.Dense(4 * d, activation="relu", name=f"ff{i}a")(x)
+        f = keras.layers.Dense(d, name=f"ff{i}b")(f)
+        x = keras.layers.LayerNormalization(name=f"ln{i}b")(x + f)
+    model = keras.Model(inp, keras.layers.Dense(vocab, name="head")(x), name="tfm")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def batches(n: int, batch: int = 16, seq: int = 32, vocab: int = 500) -> tuple[np.ndarray, np.ndarray]:
+    x = np.random.default_rng(0).integers(0, vocab, (n * batch, seq)).astype("int32")
+    return x, np.roll(x, -1, axis=1)
+
+
+class StepTimes:
+    """A Keras callback that keeps each batch's wall time."""
+
+    def __new__(cls):  # built lazily so that importing this file does not import keras
+        import keras
+
+        class _Times(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.times: list[float] = []
+
+            def on_train_batch_begin(self, batch, logs=None) -> None:
+                self._t = time.perf_counter()
+
+            def on_train_batch_end(self, batch, logs=None) -> None:
+                self.times.append(time.perf_counter() - self._t)
+        return _Times()
+
+
+def run(model, data, root: str, keys: dict | None) -> list[float]:
+    import opscope.tensorflow as otf
+
+    times = StepTimes()
+    callbacks = [times]
+    if keys is not None:
+        path = os.path.join(root, "dump")
+        shutil.rmtree(path, ignore_errors=True)
+        callbacks.insert(0, otf.DumpCallback(path, **keys))
+    model.fit(*data, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+    return times.times
+
+
+def disk_throughput(root: str, mb: int = 256) -> float:
+    """The disk's own sequential write, MB/s (written and fsynced like a dump's shards)."""
+    buf = np.random.default_rng(0).integers(0, 255, mb << 20, dtype=np.uint8)
+    path = os.path.join(root, "disk-probe")
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        f.write(buf.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    os.remove(path)
+    return mb / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    import tensorflow as tf
+
+    model, data = transformer(), batches(args.steps)
+    model.fit(*data, batch_size=16, epochs=1, verbose=0)  # trace the bare step once
+    cases = [("statistics, op level (target <= 2x)", {"level": "op"}),
+             ("statistics, layer level", {"level": "layer"}),
+             ("steps not selected", {"level": "op", "steps": [10_000]}),
+             ("full tensors, op level", {"level": "op", "data": "tensor"})]
+    print(f"tensorflow {tf.__version__}, Keras transformer d=64 seq=32 batch=16; "
+          f"{args.steps} steps x {args.rounds} rounds, order alternating")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
+        for name, keys in cases:
+            r = interleaved_ratio(lambda: run(model, data, root, None), lambda k=keys: run(model, data, root, k),
+                                  args.rounds, warmup=2)
+            print(f"{name:45s} {r:.2f}x")
+        _tensor_speed(model, data, root)
+
+
+def _tensor_speed(model, data, root: str) -> None:
+    import opscope.tensorflow as otf
+
+    path = os.path.join(root, "dump")
+    shutil.rmtree(path, ignore_errors=True)
+    cb = otf.DumpCallback(path, level="op", data="tensor")
+    model.fit(*data, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+    writer = cb.session.writer
+    mb = writer.tensor_bytes / 1e6
+    speed = mb / max(writer.write_seconds, 1e-9)
+    disk = disk_throughput(root)
+    print(f"tensor dump wrote {mb:.0f} MB in {writer.write_seconds:.1f} s of writer time = {speed:.0f} MB/s; "
+          f"the disk's own sequential write: {disk:.0f} MB/s ({speed / disk:.0%})")
+
+
+if __name__ == "__main__":
+    main()

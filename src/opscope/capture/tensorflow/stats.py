@@ -1,0 +1,92 @@
+"""Statistics of TensorFlow tensors on the host, as the dump format defines them.
+
+A CPU tensor's buffer is read in place (``EagerTensor._numpy()`` shares it) by opscope's
+one-pass C kernel (``_fastats``: min, max, sum, sum of squares, NaN/Inf/zero counts and the
+``wsum64-v2`` hash together); without it, numpy (:mod:`opscope.capture.onnxruntime.stats`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from opscope.model.tensor_stats import dtype_name, tensor_stats
+
+
+def _load_kernel() -> Any:
+    """The C kernel: a plain C extension built with opscope (importing it loads no torch)."""
+    import importlib
+
+    for name in ("opscope.capture.torch.native._fastats", "opscope.capture.torch._fastats"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None  # a source checkout without the build: numpy
+
+
+_fastats = _load_kernel()
+if _fastats is not None and getattr(_fastats, "HASH", "") != "wsum64-v2":
+    _fastats = None  # a stale build computes another hash: never record a wrong one
+
+CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5,
+         "int16": 6, "int32": 7, "int64": 8, "bool": 9}
+if _fastats is None or not getattr(_fastats, "SIMD", 0):
+    CODES.pop("float16")  # the portable C loop over float16 is slower than numpy
+BACKEND = "host-c" if _fastats is not None else "numpy"
+NUMERIC = frozenset(CODES) | {"float16", "uint16", "uint32", "uint64", "complex64", "complex128"}
+
+
+def array_of(tensor: Any) -> np.ndarray:
+    """The host array of an eager tensor, sharing a CPU tensor's buffer (no copy)."""
+    internal = getattr(tensor, "_numpy", None)
+    arr = internal() if internal is not None else tensor.numpy()
+    return np.asarray(arr)
+
+
+def host_stats(arr: np.ndarray) -> tuple[Any, ...]:
+    """``(min, max, mean, std, norm, absmax, nan, inf, zeros, hash)`` of ``arr``."""
+    code = CODES.get(name_of(arr)) if _fastats is not None else None
+    if code is None or not arr.flags.c_contiguous:
+        return tensor_stats(arr)
+    n = int(arr.size)
+    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(arr.ctypes.data, n, code)
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
+
+
+def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
+           hash_: int, n: int) -> tuple[Any, ...]:
+    """Raw sums into the stored statistics (the same rule as the PyTorch capture's)."""
+    if n == 0:
+        return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
+    if nan:
+        return (math.nan,) * 6 + (nan, inf, zeros, hash_)
+    mean = total / n
+    var = sumsq / n - mean * mean if math.isfinite(sumsq) else math.nan
+    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
+    return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
+
+
+_NAMES: dict[Any, str] = {}
+
+
+def name_of(arr: np.ndarray) -> str:
+    """``dtype_name`` of an array, cached by dtype (numpy's ``dtype.name`` is slow)."""
+    name = _NAMES.get(arr.dtype)
+    if name is None:
+        name = _NAMES[arr.dtype] = dtype_name(arr)
+    return name
+
+
+def stored_buffer(arr: np.ndarray) -> tuple[str, list[int], np.ndarray]:
+    """``(dtype name, shape, contiguous little-endian buffer)`` for the safetensors writer."""
+    name = name_of(arr)
+    buf = np.ascontiguousarray(arr)
+    if name == "bfloat16":
+        buf = buf.view(np.uint16)
+    return name, [int(d) for d in arr.shape], buf
+
+
+__all__ = ["BACKEND", "CODES", "NUMERIC", "array_of", "dtype_name", "finish", "host_stats", "stored_buffer"]

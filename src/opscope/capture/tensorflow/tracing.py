@@ -1,0 +1,229 @@
+"""Plans made while TensorFlow traces, and the host callback each traced graph runs.
+
+``op_callbacks.add_op_callback`` is called for every op TensorFlow creates in a graph and
+for every op it executes eagerly. While a ``tf.function`` is traced, :class:`Tracer`
+records each op's inputs and outputs (:mod:`.plan`); when the Python function of the trace
+returns, one ``tf.py_function`` is added to its graph with every planned tensor as input.
+Automatic control dependencies make that stateful op run with the graph; it hands the
+tensors to :meth:`Host.graph_ran` (TensorFlow holds them until then, so a variable read
+stays the value it read even if the variable is updated later in the graph).
+Graphs compiled by XLA (``jit_compile=True``) get no host callback: XLA refuses it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
+from opscope.capture.tensorflow.plan import ALIASES, SILENT, GraphPlan, OpPlan, Ref
+from opscope.capture.tensorflow.stats import NUMERIC
+
+SKIP_GRAPHS = ("Dataset_", "__inference_Dataset")
+
+
+class Host(Protocol):
+    def graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None: ...
+    def eager_op(self, op_type: str, inputs: Any, outputs: Any, ctx: CallContext) -> None: ...
+    def function_ran(self, name: str, inputs: Any, outputs: Any) -> None: ...
+    def variable_name(self, handle: Any) -> str | None: ...
+
+
+def _numeric(tensor: Any) -> bool:
+    try:
+        return tensor.dtype.name in NUMERIC
+    except AttributeError:
+        return False
+
+
+class Tracer:
+    """Installs the op callback and the trace hooks; keeps one plan per graph being traced.
+
+    Args:
+        host: receives graph runs and eager ops.
+        ctx: the layer stack and phase.
+        op_level: plan every op (False: only layer calls and gradients, added by the session).
+    """
+
+    def __init__(self, host: Host, ctx: CallContext, op_level: bool) -> None:
+        self.host, self.ctx, self.op_level = host, ctx, op_level
+        self._local = threading.local()
+        self.xla_functions: dict[str, str] = {}  # inference name -> python name
+        self.xla_steps: set[str] = set()  # python names of XLA functions that apply gradients
+        self._undo: list[Callable[[], None]] = []
+
+    # -- install -----------------------------------------------------------------------
+    def install(self) -> None:
+        from tensorflow.python.eager.polymorphic_function import tracing_compilation as tc
+        from tensorflow.python.framework import func_graph as fgm
+        from tensorflow.python.framework import op_callbacks
+
+        create, trace = tc._create_concrete_function, fgm.func_graph_from_py_func
+        tc._create_concrete_function = self._wrap_create(create)
+        fgm.func_graph_from_py_func = self._wrap_trace(trace)
+        self._undo.append(lambda: setattr(tc, "_create_concrete_function", create))
+        self._undo.append(lambda: setattr(fgm, "func_graph_from_py_func", trace))
+        op_callbacks.add_op_callback(self._op_callback)
+        self._undo.append(lambda: op_callbacks.remove_op_callback(self._op_callback))
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    @property
+    def tracing(self) -> list[tuple[Any, GraphPlan | None]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def current(self, graph: Any = None) -> GraphPlan | None:
+        """The plan of ``graph`` (default: the innermost graph being traced)."""
+        for g, plan in reversed(self.tracing):
+            if graph is None or g is graph:
+                return plan
+        return None
+
+    # -- trace hooks -------------------------------------------------------------------
+    def _wrap_create(self, create: Callable[..., Any]) -> Callable[..., Any]:
+        tracer = self
+
+        def _create_concrete_function(function_type: Any, type_context: Any, func_graph: Any,
+                                      tracing_options: Any) -> Any:
+            attrs = getattr(tracing_options, "attributes", None) or {}
+            xla = bool(attrs.get("_XlaMustCompile"))
+            tracer._local.pending_xla = xla
+            concrete = create(function_type, type_context, func_graph, tracing_options)
+            closed = getattr(tracer._local, "closed", None)
+            if xla and closed is not None and closed.steps:
+                tracer.xla_steps.add(func_graph.name)
+            if xla:
+                name = getattr(getattr(concrete, "_inference_function", None), "name", None)
+                if name is not None:
+                    tracer.xla_functions[name.decode() if isinstance(name, bytes) else str(name)] = func_graph.name
+            return concrete
+        return _create_concrete_function
+
+    def _wrap_trace(self, trace: Callable[..., Any]) -> Callable[..., Any]:
+        tracer = self
+
+        def func_graph_from_py_func(name: Any, python_func: Any, *args: Any, **kwargs: Any) -> Any:
+            def traced(*f_args: Any, **f_kwargs: Any) -> Any:
+                from tensorflow.python.framework import ops
+
+                graph = ops.get_default_graph()
+                plan = tracer._open(graph)
+                tracer.tracing.append((graph, plan))
+                try:
+                    out = python_func(*f_args, **f_kwargs)
+                    if plan is not None:
+                        tracer._close(plan)
+                    return out
+                finally:
+                    tracer.tracing.pop()
+            from tensorflow.python.util import tf_decorator
+
+            return trace(name, tf_decorator.make_decorator(python_func, traced), *args, **kwargs)
+        return func_graph_from_py_func
+
+    def _open(self, graph: Any) -> GraphPlan | None:
+        name = str(getattr(graph, "name", ""))
+        xla = bool(getattr(self._local, "pending_xla", False))
+        self._local.pending_xla = False
+        outer = self.current()
+        if name.startswith(SKIP_GRAPHS) or (outer is not None and outer.xla):
+            return GraphPlan(name, xla=True) if outer is not None and outer.xla else None
+        return GraphPlan(name, xla=xla)
+
+    def _close(self, plan: GraphPlan) -> None:
+        """The traced function returned: add the host callback that receives every value."""
+        self._local.closed = plan
+        if plan.steps or plan.xla:
+            for _, outer in self.tracing[:-1]:
+                if outer is not None:
+                    outer.contains_step = outer.contains_step or not plan.xla
+                    outer.steps = outer.steps or plan.xla  # the call of an XLA step ends the step
+        if plan.xla or not plan.values:
+            return
+        import tensorflow as tf
+
+        host = self.host
+
+        def graph_ran(*tensors: Any) -> None:
+            host.graph_ran(plan, list(tensors))
+        tf.py_function(graph_ran, list(plan.values), Tout=[], name="opscope_dump")
+        plan.values = [t.name for t in plan.values]  # the plan keeps names, not the graph's tensors
+
+    # -- the op callback ---------------------------------------------------------------
+    def _op_callback(self, op_type: str, inputs: Any, attrs: Any, outputs: Any,
+                     op_name: str | None = None, graph: Any = None) -> None:
+        if graph is None:
+            if op_type.startswith("__inference_"):
+                self.host.function_ran(op_type, inputs, outputs)
+            elif self.op_level:
+                self.host.eager_op(op_type, inputs, outputs, self.ctx)
+            return None
+        plan = self.current(graph)
+        if plan is None:
+            return None
+        if self.ctx.phase == "optimizer":
+            plan.steps = True
+        if plan.xla or op_type == "EagerPyFunc" and (op_name or "").startswith("opscope_dump"):
+            return None
+        if self.op_level:
+            self.plan_op(plan, op_type, str(op_name or op_type), list(inputs), list(outputs), attrs)
+        return None
+
+    def plan_op(self, plan: GraphPlan, op_type: str, node: str, inputs: list[Any], outputs: list[Any],
+                attrs: Any = None) -> None:
+        """Plan one graph op: its refs, and its rows unless it is plumbing."""
+        index = len(plan.ops)
+        if op_type == "ReadVariableOp" and outputs and inputs:
+            param = self.host.variable_name(inputs[0])
+            if param:
+                plan.param_of[outputs[0].name] = param
+        alias = op_type in ALIASES and len(inputs) >= 1 and outputs and _numeric(outputs[0]) \
+            and outputs[0].shape.is_fully_defined() and inputs[0].name in plan.value_of
+        ins = [self._ref(plan, t) for t in inputs]
+        outs = []
+        for slot, t in enumerate(outputs):
+            plan.made_by[t.name] = (index, slot)
+            if alias and slot == 0:
+                plan.value_of[t.name] = plan.value_of[inputs[0].name]
+                if inputs[0].name in plan.param_of:
+                    plan.param_of[t.name] = plan.param_of[inputs[0].name]
+            outs.append(Ref(plan.value(t, _numeric(t)), None, shape=static_shape(t)))
+        module, phase, fwd = self._where(plan, node, op_type)
+        if op_type in SILENT or not any(r.value >= 0 for r in outs) and not any(r.value != -1 for r in ins):
+            plan.ops.append(OpPlan(op_type, node, module, phase, fwd, [], [], note="silent"))
+            return
+        plan.ops.append(OpPlan(op_type, node, module, phase, fwd, ins, outs,
+                               note="view" if alias else None))
+
+    def _ref(self, plan: GraphPlan, tensor: Any) -> Ref:
+        numeric = _numeric(tensor)
+        return Ref(plan.value(tensor, numeric) if numeric else -1, plan.made_by.get(tensor.name),
+                   plan.param_of.get(tensor.name), shape=static_shape(tensor))
+
+    def _where(self, plan: GraphPlan, node: str, op_type: str) -> tuple[str, str, str | None]:
+        phase = self.ctx.phase
+        if phase == "backward" or node.startswith(BACKWARD_SCOPE):
+            module, fwd = plan.module_of_gradient(node)
+            return module, "backward" if phase != "optimizer" else phase, fwd
+        module = self.ctx.module()
+        if phase == "forward":
+            plan.scopes[node] = (module, op_type)
+            scope = node.rpartition("/")[0]
+            if scope and scope not in plan.scopes:
+                plan.scopes[scope] = (module, "")
+        return module, phase, None
+
+
+def static_shape(tensor: Any) -> list[int] | None:
+    """The graph tensor's shape when fully known (a view's rows show it, not its source's)."""
+    try:
+        shape = tensor.shape
+        return [int(d) for d in shape] if shape.is_fully_defined() else None
+    except (AttributeError, ValueError, TypeError):
+        return None

@@ -1,0 +1,95 @@
+"""opscope for TensorFlow / Keras: ``opscope.tensorflow.dump`` (and ``profile``).
+
+Importing this module imports nothing heavy; TensorFlow is imported when a dump starts.
+See docs/tensorflow.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from opscope.config import dump_config, section_of
+from opscope.errors import ConfigError
+
+if TYPE_CHECKING:
+    from opscope.capture.tensorflow.keras import DumpCallback as _DumpCallback
+    from opscope.capture.tensorflow.session import TFDumpSession
+    from opscope.profile.tensorflow import TFProfileSession
+
+LEVELS = ("op", "layer")
+# A config written for PyTorch names torch's levels: the nearest TensorFlow level.
+_LEVEL_ALIASES = {"aten": "op", "api": "op", "module": "layer"}
+
+
+def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | Mapping | None = None,
+         model: Any = None, **keys: Any) -> TFDumpSession:
+    """Record what every TensorFlow op (or Keras layer) receives and produces.
+
+    Use it as a context manager around a custom training loop (call ``d.step()`` after each
+    iteration, or let opscope end a step when the optimizer applies gradients), with
+    ``start()``/``stop()``, or hand ``d.callback()`` to ``model.fit(callbacks=[...])``.
+
+    Args:
+        path: the dump directory (or ``path`` / ``dump_path`` in the config).
+        config: a config file path or mapping (its ``dump`` section); ``$OPSCOPE_CONFIG`` if None.
+        model: the Keras model, to name its variables in the ``param`` column (fit's
+            callback finds it itself).
+        **keys: ``steps``, ``ranks``, ``mode``, ``level`` (``"op"``: every op; ``"layer"``: Keras
+            layer inputs/outputs and parameter gradients), ``data`` (``"statistics"`` or
+            ``"tensor"``), ``scope``, ``ops``, ``phases``, ``overwrite``, ``enable``,
+            ``queue_limit_mb``, ``shard_mb``; the seeds' ``enable_dump``, ``dump_path``,
+            ``dump_step``, ``dump_mode`` too.
+
+    Returns:
+        A :class:`TFDumpSession`; ``stop()`` returns the written :class:`opscope.Dump`.
+
+    Raises:
+        ConfigError: a bad key or value, before anything is captured.
+    """
+    from opscope.capture.tensorflow.session import TFDumpSession
+
+    cfg, level = resolve(config, path, keys)
+    return TFDumpSession(cfg, level, model)
+
+
+def resolve(config: Any, path: Any, keys: Mapping[str, Any]) -> tuple[Any, str]:
+    """The :class:`~opscope.config.DumpConfig` and the TensorFlow level of a dump request."""
+    values = dict(section_of(config, "dump"))
+    values.update({k: v for k, v in keys.items() if v is not None})
+    if path is not None:
+        values["path"] = path
+    level = values.pop("level", "op")
+    level = _LEVEL_ALIASES.get(level, level) if isinstance(level, str) else level
+    if level not in LEVELS:
+        raise ConfigError(f"level: {level!r} is not a TensorFlow dump level; allowed: op (every op), "
+                          "layer (Keras layer inputs/outputs and gradients)")
+    return dump_config(values), level
+
+
+def DumpCallback(path: str | os.PathLike | None = None, **keys: Any) -> _DumpCallback:  # noqa: N802 - a class to the user
+    """A Keras callback that dumps ``fit``: ``model.fit(..., callbacks=[DumpCallback("dumps/run")])``.
+
+    Takes the arguments of :func:`dump`; its ``dump`` attribute holds the written dump after fit.
+    """
+    return dump(path, **keys).callback()
+
+
+def profile(output: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> TFProfileSession:
+    """Profile TensorFlow / Keras training: training trace on every step, task trace
+    (TensorFlow's profiler) on the chosen ``steps``. A context manager around a custom loop
+    (``p.step()`` after each iteration) and a Keras callback (``fit(callbacks=[p])``).
+
+    Args: ``output`` folder; ``config`` file or mapping (its ``profile`` section, Ascend's
+    ``profiling_options`` too); ``steps``, ``ranks``, ``training_trace``, ``task_trace``,
+    ``fp_point``/``bp_point`` (Keras layer names), ``warmup``, ``overwrite``, ``enable``.
+    See docs/tensorflow.md, "Profile".
+    """
+    from opscope.profile.tensorflow import make_session
+    from opscope.report import renderer
+
+    return make_session(output, config, html=renderer("ProfileData", "html"), **keys)
+
+
+__all__ = ["LEVELS", "DumpCallback", "dump", "profile", "resolve"]
