@@ -7,6 +7,7 @@ Public API (each imported lazily, so ``import opscope`` is cheap and torch-free)
 - :func:`compare` — line two dumps up and name the operator where they start to differ.
 - :func:`profile` — training trace and task trace of a training loop.
 - :func:`watch` — catch the first operator that makes NaN or Inf.
+- :func:`monitor` — training-state statistics every step, and which tensor moved first.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from opscope.errors import (
 )
 
 if TYPE_CHECKING:
+    from opscope.monitor.session import MonitorSession
     from opscope.profile.session import ProfileSession
     from opscope.watch.session import WatchSession
 
@@ -49,6 +51,7 @@ __all__ = [
     "compare",
     "dump",
     "load",
+    "monitor",
     "profile",
     "watch",
 ]
@@ -102,10 +105,43 @@ def watch(action: str | None = None, *, config: Any = None, **keys: Any) -> Watc
     return WatchSession(watch_config(config, action=action, **keys), report=renderer("OverflowEvent", "text"))
 
 
+def monitor(path: str | os.PathLike | None = None, *, config: Any = None, model: Any = None,
+            optimizer: Any = None, flight: Any = None, **keys: Any) -> MonitorSession:
+    """Follow training-state statistics every step; name the earliest tensor that moved.
+
+    Use as a context manager around the loop, with ``m.step(loss=loss)`` at each step's end
+    (or let opscope end steps at ``optimizer.step()``), or ``start()``/``stop()``.
+
+    Args:
+        path: folder for the time series, events and ``report.html`` (default
+            ``opscope-monitor``); or ``"path"`` in the config's ``monitor`` section.
+        config: a config file or mapping with a ``monitor`` section; ``$OPSCOPE_CONFIG`` if None.
+        model: the model to hook (default: the first module called in the first step).
+        optimizer: the optimizer to hook (default: every optimizer that steps).
+        flight: an ``opscope.watch(action="record")`` session whose flight recorder an event triggers.
+        **keys: ``every``, ``targets``, ``modules``, ``ranks``, ``window``, ``threshold``,
+            ``warmup``, ``chunk``, ``report``, ``overwrite``, ``enable`` (see docs/monitor.md).
+
+    Returns:
+        A :class:`~opscope.monitor.session.MonitorSession`; its ``stop()`` returns the
+        :class:`~opscope.monitor.events.MonitorData` written (False when something moved).
+
+    Raises:
+        ConfigError: a bad key or value, before anything is installed.
+    """
+    from opscope.config import monitor_config
+    from opscope.monitor.session import MonitorSession
+    from opscope.report import renderer
+
+    cfg = monitor_config(config, path=path, **keys)
+    return MonitorSession(cfg, report=renderer("MonitorEvent", "text"), html=renderer("MonitorData", "html"),
+                          model=model, optimizer=optimizer, flight=flight)
+
+
 # The entry points by name. ``opscope.profile`` and ``opscope.watch`` are also packages: once a
 # submodule of one is imported, Python binds the package to that name here, hiding the
 # function; the package is then callable and forwards to the function kept here.
-ENTRY_POINTS: dict[str, Callable[..., Any]] = {"profile": profile, "watch": watch}
+ENTRY_POINTS: dict[str, Callable[..., Any]] = {"profile": profile, "watch": watch, "monitor": monitor}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,7 +20,7 @@ LAYERS = {
     "_version": 0, "errors": 0, "model": 0, "config": 0, "_callable": 0,
     "storage": 1,
     "capture": 2, "demo": 2,
-    "compare": 3, "watch": 3, "profile": 3, "check_ranks": 3,
+    "compare": 3, "watch": 3, "profile": 3, "monitor": 3, "check_ranks": 3,
     "replay": 4,
     "report": 5,
     "": 6, "tensorflow": 6,  # the public API (opscope/__init__.py, opscope.tensorflow) wires the layers
@@ -120,7 +120,7 @@ def test_no_import_runs_up_a_layer():
 def test_compare_imports_nothing_from_capture_and_capture_no_renderer():
     assert not [m for m, ts in GRAPH.items() if m.startswith("opscope.compare") and any(
         t.startswith("opscope.capture") for t in ts)]
-    assert not [m for m, ts in GRAPH.items() if m.startswith(("opscope.capture", "opscope.profile", "opscope.watch"))
+    assert not [m for m, ts in GRAPH.items() if m.startswith(("opscope.capture", "opscope.profile", "opscope.watch", "opscope.monitor"))
                 and any(t.startswith("opscope.report") for t in ts)]
 
 

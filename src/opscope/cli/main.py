@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("compare", "compare two dumps and name the operator where they start to differ"),
     "replay": ("replay", "re-run an operator in float64 on each side's inputs: which side is wrong"),
     "profile": ("profile", "show or diff profiles (training trace and task trace)"),
+    "monitor": ("monitor", "show what a training monitor recorded and which tensor moved first"),
     "dump-onnx": ("dump_onnx", "capture every intermediate tensor of an ONNX model under ONNX Runtime"),
     "check-ranks": ("check_ranks", "check that data-parallel ranks kept parameters and gradients identical"),
 }

@@ -10,7 +10,7 @@ value and what is allowed, before any capture starts.
 
 The package: :mod:`.values` (value types and the public parsers every section uses),
 :mod:`.files` (files, ``$OPSCOPE_CONFIG``, sections), one module per section
-(:mod:`.dump`, :mod:`.profile`, :mod:`.watch`), and :mod:`.env`, the one place where
+(:mod:`.dump`, :mod:`.profile`, :mod:`.watch`, :mod:`.monitor`), and :mod:`.env`, the one place where
 environment variables are read (each listed there with what it does).
 """
 
@@ -28,6 +28,7 @@ from opscope.config.dump import (
 )
 from opscope.config.env import FOREIGN, OPTIONS, env, foreign
 from opscope.config.files import SECTIONS, build, load, load_file, section_of
+from opscope.config.monitor import TARGETS, MonitorConfig, monitor_config
 from opscope.config.profile import (
     ASCEND_ONLY_PROFILE_KEYS,
     PROFILE_ALIASES,
@@ -51,7 +52,8 @@ from opscope.config.watch import WATCH_ACTIONS, WatchConfig, watch_config
 __all__ = [
     "ASCEND_ONLY_PROFILE_KEYS", "DATA", "DUMP_ALIASES", "FOREIGN", "LEVELS", "MODES", "OPTIONS", "PHASES",
     "PHASE_CODES", "PROFILE_ALIASES", "SECTIONS", "WATCH_ACTIONS", "DumpConfig", "Filter", "ProfileConfig",
-    "StepSelection", "WatchConfig", "build", "dump_config", "env", "foreign", "load", "load_file", "parse_bool",
+    "MonitorConfig", "StepSelection", "TARGETS", "WatchConfig", "build", "dump_config", "env", "foreign", "load",
+    "load_file", "parse_bool",
     "parse_choice", "parse_number", "parse_optional_str", "parse_path", "parse_ranks", "parse_steps",
-    "parse_str_list", "profile_config", "section_of", "watch_config",
+    "parse_str_list", "monitor_config", "profile_config", "section_of", "watch_config",
 ]

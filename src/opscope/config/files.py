@@ -11,7 +11,7 @@ from typing import Any
 from opscope.config.env import env
 from opscope.errors import ConfigError
 
-SECTIONS = ("dump", "profile", "overflow")
+SECTIONS = ("dump", "profile", "overflow", "monitor")
 
 
 def load_file(path: str | os.PathLike) -> dict[str, Any]:

@@ -21,6 +21,8 @@ ProfileDiff       text                                   profile_console
 Dump              text (``opscope show``)                dump_console
 ReplayResult      text (``opscope replay``)              replay_console
 RankCheck         text (``opscope check-ranks``)         ranks_console
+MonitorEvent      text                                   monitor_console
+MonitorData       text (``opscope monitor show``), html  monitor_console, monitor_html
 ================  =====================================  ==================================
 
 A new format: a module here with a registered function, and its name in ``_MODULES``.
@@ -44,6 +46,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "Dump": ("opscope.report.dump_console",),
     "ReplayResult": ("opscope.report.replay_console",),
     "RankCheck": ("opscope.report.ranks_console",),
+    "MonitorEvent": ("opscope.report.monitor_console",),
+    "MonitorData": ("opscope.report.monitor_console", "opscope.report.monitor_html"),
 }
 _RENDERERS: dict[tuple[str, str], Renderer] = {}
 

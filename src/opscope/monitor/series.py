@@ -1,0 +1,164 @@
+"""The monitor's files: a Parquet time series per rank, written crash-safely, and its reader.
+
+Layout (docs/monitor.md)::
+
+    PATH/monitor.json                 format, config, the command (written at start)
+    PATH/rank<R>/index.json           chunks written so far, series order, status
+    PATH/rank<R>/series-<first step>.parquet   rows: step, kind, name, stat, value
+    PATH/rank<R>/events.jsonl         one event per line, flushed as found
+    PATH/report.html                  rank 0's report (other ranks: PATH/rank<R>/report.html)
+
+Rows are one per step x tensor x statistic. Every ``chunk`` steps the rows held in memory
+go to a new Parquet file, written under a temporary name and renamed when complete, then
+``index.json`` is replaced the same way: a crash loses at most the steps since the last
+chunk, and every file on disk is whole. File names hold step numbers only, never a
+tensor's name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from opscope.errors import DumpExistsError, DumpFormatError
+from opscope.monitor.events import MonitorData, MonitorEvent, RankSeries
+
+FORMAT = "opscope-monitor/1"
+Row = tuple[int, str, str, str, float]
+
+
+def _replace_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class SeriesWriter:
+    """Appends one rank's rows; see the module docstring for what is on disk when."""
+
+    def __init__(self, path: str, rank: int, chunk: int, config: dict[str, Any], overwrite: bool) -> None:
+        self.root = Path(path)
+        self.dir = self.root / f"rank{rank}"
+        if (self.dir / "index.json").exists() and not overwrite:
+            raise DumpExistsError(f"{self.dir} holds a monitor run already; pass overwrite=True (or \"overwrite\": "
+                                  "true in the monitor section) or another path")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for old in self.dir.glob("series-*.parquet"):
+            old.unlink()
+        (self.dir / "events.jsonl").write_text("", encoding="utf-8")
+        self.rank, self.chunk = rank, chunk
+        self.rows: list[Row] = []
+        self.chunks: list[str] = []
+        self.order: dict[str, int] = {}
+        self.first_step: int | None = None
+        self.steps_held = 0
+        self.last_step = -1
+        if rank == 0 or not (self.root / "monitor.json").exists():
+            _replace_json(self.root / "monitor.json", {"format": FORMAT, "config": config})
+        self._index("running")
+
+    def add(self, step: int, rows: list[Row], order: dict[tuple[str, str], int]) -> None:
+        """The rows of one finished step."""
+        if self.first_step is None:
+            self.first_step = step
+        self.rows.extend(rows)
+        for (kind, name), position in order.items():
+            self.order.setdefault(f"{kind}\t{name}", position)
+        self.steps_held += 1
+        self.last_step = step
+        if self.steps_held >= self.chunk:
+            self.flush()
+
+    def event(self, event: MonitorEvent) -> None:
+        """Append one event to ``events.jsonl`` (flushed at once)."""
+        with open(self.dir / "events.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(event.to_json(), allow_nan=False) + "\n")
+
+    def flush(self) -> None:
+        """Write the rows held as one Parquet chunk, then the index."""
+        if not self.rows:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        steps, kinds, names, stats, values = zip(*self.rows, strict=True)
+        table = pa.table({"step": pa.array(steps, pa.int64()), "kind": pa.array(kinds, pa.string()).dictionary_encode(),
+                          "name": pa.array(names, pa.string()), "stat": pa.array(stats, pa.string()).dictionary_encode(),
+                          "value": pa.array(values, pa.float64())})
+        name = f"series-{self.first_step:09d}.parquet"
+        tmp = self.dir / (name + ".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, self.dir / name)
+        self.chunks.append(name)
+        self.rows, self.first_step, self.steps_held = [], None, 0
+        self._index("running")
+
+    def close(self, status: str) -> None:
+        self.flush()
+        self._index(status)
+
+    def _index(self, status: str) -> None:
+        _replace_json(self.dir / "index.json", {"format": FORMAT, "rank": self.rank, "status": status,
+                                                "chunks": self.chunks, "order": self.order,
+                                                "steps": self.last_step + 1})
+
+
+def read(path: str | os.PathLike) -> MonitorData:
+    """Read a monitor folder (also one left by a crashed run: every whole chunk is read).
+
+    Raises:
+        DumpFormatError: ``path`` is not a monitor folder, or was written by a newer format.
+    """
+    root = Path(path)
+    meta_path = root / "monitor.json"
+    if not meta_path.is_file():
+        raise DumpFormatError(f"{root} is not a monitor folder (no monitor.json); give the path passed to "
+                              "opscope.monitor(path) or the monitor section's \"path\"")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    if str(meta.get("format", "")).split("/")[0] != "opscope-monitor" or meta.get("format") != FORMAT:
+        raise DumpFormatError(f"{meta_path}: format {meta.get('format')!r} is not {FORMAT!r}; upgrade opscope")
+    ranks = {}
+    for rank_dir in sorted(root.glob("rank*")):
+        if rank_dir.is_dir() and rank_dir.name[4:].isdigit():
+            ranks[int(rank_dir.name[4:])] = _read_rank(rank_dir, int(rank_dir.name[4:]))
+    return MonitorData(path=str(root), config=meta.get("config", {}), ranks=ranks)
+
+
+def _read_rank(folder: Path, rank: int) -> RankSeries:
+    import pyarrow.parquet as pq
+
+    try:
+        index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        index = {"status": "crashed", "order": {}}
+    values: dict[tuple[str, str, str], tuple[list[int], list[float]]] = {}
+    last = -1
+    # every whole chunk, also those written after the index was last replaced
+    for chunk in sorted(folder.glob("series-*.parquet")):
+        table = pq.read_table(chunk).to_pydict()
+        for step, kind, name, stat, value in zip(table["step"], table["kind"], table["name"], table["stat"],
+                                                 table["value"], strict=True):
+            steps, vals = values.setdefault((kind, name, stat), ([], []))
+            steps.append(step)
+            vals.append(value)
+            last = max(last, step)
+    order = {}
+    for key, position in index.get("order", {}).items():
+        kind, _, name = key.partition("\t")
+        order[(kind, name)] = int(position)
+    return RankSeries(rank=rank, values=values, order=order, events=_read_events(folder / "events.jsonl"),
+                      status=str(index.get("status", "crashed")), steps=last + 1)
+
+
+def _read_events(path: Path) -> list[MonitorEvent]:
+    events: list[MonitorEvent] = []
+    if not path.is_file():
+        return events
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(MonitorEvent.from_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError):  # a line cut by a crash
+            continue
+    return events

@@ -1,0 +1,302 @@
+"""``opscope.monitor``: training-state statistics every step, and which tensor moved first.
+
+Per monitored step (``every``): the model's inputs and chosen modules' outputs as they are
+made, the activations' gradients as backward makes them, the weights' gradients before
+``optimizer.step()``, the learning rate, the optimizer's state and the weights after it,
+and the loss given to ``m.step(loss=...)``. Each tensor gives its L2 norm, max |x| and NaN
+and Inf counts (:mod:`~opscope.monitor.stats`: one native pass per tensor on the CPU,
+batched torch ops on a device, read once per step). The rows go to a Parquet time series
+(:mod:`~opscope.monitor.series`) and the norms to the detector
+(:mod:`~opscope.monitor.detect`); a step where something left its band is an event naming
+the earliest tensor of the step that moved, handed to the session's ``report`` callable for
+its one line, and optionally to a watch's flight recorder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from opscope.capture.steps import StepClock
+from opscope.capture.torch.dist import current_rank
+from opscope.config import MonitorConfig
+from opscope.errors import ConfigError
+from opscope.monitor import series
+from opscope.monitor.detect import BandDetector
+from opscope.monitor.diagnose import adam_eps_departures
+from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
+from opscope.monitor.hooks import ModelHooks, named_inputs
+from opscope.monitor.stats import STATS, Pending, scalar_stats
+
+log = logging.getLogger("opscope.monitor")
+Key = tuple[str, str]
+_STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
+
+
+class MonitorSession:
+    """A running (or ready) monitor. See :func:`opscope.monitor`.
+
+    Args:
+        cfg: the resolved ``monitor`` config.
+        report: turns an event into its one line of text (stderr, logger ``opscope.monitor``).
+        html: turns the data read back at stop into ``report.html``; None writes none.
+        model, optimizer: what to hook; None: found from the first step / any optimizer.
+        flight: a ``opscope.watch(action="record")`` session whose flight recorder an
+            event triggers.
+    """
+
+    def __init__(self, cfg: MonitorConfig, report: Callable[[MonitorEvent], str],
+                 html: Callable[[MonitorData], str] | None = None, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, flight: Any = None) -> None:
+        self.cfg, self.report, self.html = cfg, report, html
+        self.model, self.optimizer, self.flight = model, optimizer, flight
+        self.rank = current_rank()
+        self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
+        self.started = False
+        self.targets = set(cfg.targets)
+        self.clock = StepClock(self._boundary)
+        self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup)
+        follow = self.targets & {"activations", "activation_grads"}
+        self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output)
+        self.events: list[MonitorEvent] = []
+        self.writer: series.SeriesWriter | None = None
+        self.order: dict[Key, int] = {}
+        self.on = True
+        self._handles: list[Any] = []
+        self._pending: list[tuple[list[Key], Pending]] = []
+        self._scalars: dict[Key, float] = {}
+        self._calls: dict[str, int] = {}
+        self._optimizer_seen = False
+        self._causes: list[Departure] = []
+
+    @property
+    def step_index(self) -> int:
+        """The step being executed (0-based)."""
+        return self.clock.step
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> MonitorSession:
+        """Install the hooks. A rank not in ``ranks`` (or ``enable=False``) installs nothing."""
+        if self.started:
+            raise ConfigError("this monitor was already started; create a new opscope.monitor(...) to monitor again")
+        self.started = True
+        if not self.active:
+            return self
+        self.writer = series.SeriesWriter(self.cfg.path, self.rank, self.cfg.chunk, self.cfg.to_json(),
+                                          self.cfg.overwrite)
+        try:
+            self.hooks.install(self.model)
+            if self.optimizer is not None:
+                self._handles = [self.optimizer.register_step_pre_hook(self._optimizer_pre),
+                                 self.optimizer.register_step_post_hook(self._optimizer_post)]
+            else:
+                from torch.optim import optimizer as opt
+
+                self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
+                                 opt.register_optimizer_step_post_hook(self._optimizer_post)]
+        except BaseException:
+            self._finish("crashed")
+            raise
+        return self
+
+    def step(self, loss: Any = None, lr: Any = None) -> None:
+        """End the current step; ``loss`` and ``lr`` (else read from the optimizer) are recorded."""
+        if not (self.active and self.started):
+            return
+        if self.on:
+            if loss is not None and "loss" in self.targets:
+                self._scalar(("loss", "loss"), scalar_stats(loss))
+            if lr is not None and "lr" in self.targets:
+                self._scalar(("lr", "lr"), scalar_stats(lr))
+            if not self._optimizer_seen and "grads" in self.targets:
+                self._grads_of_models()
+        self.clock.user_step()
+
+    def stop(self) -> MonitorData:
+        """End the last step, write the rest and the report; returns what was recorded."""
+        self._finish("complete")
+        return self.result()
+
+    def result(self) -> MonitorData:
+        """The data written so far, read back (``bool(result)`` is False when something moved)."""
+        if self.writer is None:
+            return MonitorData(path=self.cfg.path, config=self.cfg.to_json(), ranks={})
+        return series.read(self.cfg.path)
+
+    def __enter__(self) -> MonitorSession:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._finish("complete" if exc is None else "crashed")
+
+    def _finish(self, status: str) -> None:
+        if not self.started or not self.active:
+            self.started = False
+            return
+        self.started = False
+        try:
+            if status == "complete":
+                self.clock.poll()
+                if self._pending or self._scalars:  # a last step that no boundary ended
+                    self._end_step(self.clock.step)
+        finally:
+            self.hooks.remove()
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            if self.writer is not None:
+                self.writer.close(status)
+                self._write_report()
+
+    def _write_report(self) -> None:
+        if self.html is None or not self.cfg.report or self.writer is None:
+            return
+        where = Path(self.cfg.path) / "report.html" if self.rank == 0 else self.writer.dir / "report.html"
+        tmp = where.with_name(where.name + ".tmp")
+        tmp.write_text(self.html(series.read(self.cfg.path)), encoding="utf-8")
+        os.replace(tmp, where)
+
+    # -- what each step records --------------------------------------------------------
+    def _place(self, kind: str, name: str, position: int | None = None) -> Key:
+        key = (kind, name)
+        if key not in self.order:
+            if position is None:
+                position = sum(1 for k in self.order if KIND_ORDER.get(k[0], 6) == KIND_ORDER.get(kind, 6))
+            self.order[key] = KIND_ORDER.get(kind, 6) * 1_000_000 + position
+        return key
+
+    def _track(self, kind: str, named: list[tuple[str, torch.Tensor]], positions: list[int] | None = None) -> None:
+        named = [(n, t) for n, t in named if t.numel()]
+        if not named:
+            return
+        keys = [self._place(kind, n, None if positions is None else positions[i]) for i, (n, _) in enumerate(named)]
+        self._pending.append((keys, Pending([t for _, t in named])))
+
+    def _scalar(self, key: Key, value: float) -> None:
+        self._place(*key)
+        self._scalars[key] = value
+
+    def _root_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.clock.outer_module_call()
+        if self.on and "inputs" in self.targets:
+            inputs = [(n, t if t.dtype.is_floating_point else t.detach().double()) for n, t in named_inputs(args, kwargs)]
+            self._track("input", inputs)
+
+    def _output(self, path: str, t: torch.Tensor) -> None:
+        if not self.on:
+            return
+        calls = self._calls[path] = self._calls.get(path, 0) + 1
+        name = path if calls == 1 else f"{path}#{calls}"
+        if "activations" in self.targets:
+            self._track("activation", [(name, t)])
+        if "activation_grads" in self.targets and t.requires_grad:
+            t.register_hook(lambda g, name=name: self._activation_grad(name, g))
+
+    def _activation_grad(self, name: str, g: torch.Tensor) -> None:
+        key = ("activation_grad", name)
+        self._track("activation_grad", [(name, g)], None if key in self.order else [self.hooks.tick()])
+
+    def _param_items(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor, int]]:
+        """(name, parameter, position in backward order) of every parameter of ``optimizer``."""
+        items, n = [], sum(len(g["params"]) for g in optimizer.param_groups)
+        k = 0
+        for gi, group in enumerate(optimizer.param_groups):
+            for pi, p in enumerate(group["params"]):
+                name = self.hooks.name_of(p, f"group{gi}.param{pi}")
+                items.append((name, p, self.hooks.grad_order.get(id(p), n - 1 - k)))
+                k += 1
+        return items
+
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.clock.poll()
+        self._optimizer_seen = True
+        self.hooks.stop_learning_order()
+        if not self.on:
+            return
+        if "lr" in self.targets and ("lr", "lr") not in self._scalars:
+            for gi, group in enumerate(optimizer.param_groups):
+                self._scalar(("lr", "lr" if gi == 0 else f"lr.group{gi}"), scalar_stats(group["lr"]))
+        if "grads" in self.targets:
+            items = [(n, p.grad, pos) for n, p, pos in self._param_items(optimizer) if p.grad is not None]
+            self._track("grad", [(n, g) for n, g, _ in items], [pos for _, _, pos in items])
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.on:
+            items = self._param_items(optimizer)
+            if "optimizer" in self.targets:
+                for kind in _STATE_KINDS:
+                    state = [(n, optimizer.state[p].get(kind), pos) for n, p, pos in items if p in optimizer.state]
+                    state = [(n, t, pos) for n, t, pos in state if isinstance(t, torch.Tensor) and t.dim()]
+                    self._track(kind, [(n, t) for n, t, _ in state], [pos for _, _, pos in state])
+            if "weights" in self.targets:
+                self._track("weight", [(n, p) for n, p, _ in items], [pos for _, _, pos in items])
+            self._read()  # gradients and state are alive now; one read for the step
+            self._causes += adam_eps_departures(optimizer, items, self._scalars, self.order)
+        self.clock.optimizer_step()
+
+    def _grads_of_models(self) -> None:
+        named = [(self.hooks.name_of(p, n), p.grad) for ref in self.hooks.roots if ref() is not None
+                 for n, p in ref().named_parameters() if p.grad is not None]  # type: ignore[union-attr]
+        n = len(named)
+        self._track("grad", named, [n - 1 - i for i in range(n)])
+
+    def _read(self) -> None:
+        """Bring every pending statistic of the step to the host (one read per device)."""
+        for keys, pending in self._pending:
+            for key, (norm, mx, nan, inf) in zip(keys, pending.values(), strict=True):
+                self._scalars[key] = norm
+                self._scalars[(key[0] + "\0max", key[1])] = mx
+                self._scalars[(key[0] + "\0bad", key[1])] = nan + inf
+                self._scalars[(key[0] + "\0nan", key[1])] = nan
+                self._scalars[(key[0] + "\0inf", key[1])] = inf
+        self._pending = []
+
+    # -- steps -------------------------------------------------------------------------
+    def _boundary(self, finished: int, step: int) -> None:
+        if self.hooks.roots:
+            self.hooks.stop_finding()
+        if self.on:
+            self._end_step(finished)
+        self._optimizer_seen = False
+        self._calls = {}
+        self.on = step % self.cfg.every == 0
+
+    def _end_step(self, step: int) -> None:
+        self._read()
+        values, self._scalars = self._scalars, {}
+        causes, self._causes = self._causes, []
+        rows: list[series.Row] = []
+        judged: dict[Key, tuple[float, float]] = {}
+        for (kind, name), value in values.items():
+            if "\0" in kind:
+                continue
+            if kind in ("loss", "lr"):
+                rows.append((step, kind, name, "value", value))
+                judged[(kind, name)] = (value, 0.0)
+                continue
+            stats = (value, values[(kind + "\0max", name)], values[(kind + "\0nan", name)],
+                     values[(kind + "\0inf", name)])
+            rows.extend((step, kind, name, s, v) for s, v in zip(STATS, stats, strict=True))
+            judged[(kind, name)] = (value, values[(kind + "\0bad", name)])
+        assert self.writer is not None
+        event = self.detector.update(step, self.rank, judged, self.order)
+        self.writer.add(step, rows, {k: self.order[k] for k in judged})
+        if causes:
+            event = event or MonitorEvent(step=step, rank=self.rank)
+            event.departures = sorted(causes + event.departures, key=lambda d: (d.order, -d.z))
+        if event is not None:
+            self._emit(event)
+
+    def _emit(self, event: MonitorEvent) -> None:
+        self.events.append(event)
+        assert self.writer is not None
+        self.writer.event(event)
+        log.warning("%s", self.report(event))
+        recorder = getattr(self.flight, "flight", None)
+        if recorder is not None:
+            recorder.trigger(event.step, f"monitor: {event.first.label} moved", [], event.to_json())
