@@ -18,6 +18,7 @@ or the callback, a step ends after each call of a ``tf.function`` that applies a
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -41,6 +42,12 @@ NO_MARKS = (
     "no forward, backward or optimizer time was seen: the train step was traced before the "
     "profile started (start the profile before the first call of the tf.function), or it "
     "has no Keras layer, GradientTape or Keras optimizer; those steps count as other"
+)
+
+SPE_NOTE = (
+    "steps_per_execution={spe}: a step is one call of the train function ({spe} batches); its "
+    "data wait, forward, backward and optimizer are those of its last batch, the other batches "
+    "count as other (compile with steps_per_execution=1 for the full split)"
 )
 
 
@@ -155,7 +162,7 @@ class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
             self.calibration.run("end")
         if self.sched is not None:
             self.sched.close()
-        if self.config.training_trace and self._rows and not self._marked:
+        if self.config.training_trace and self._rows and not self._marked and not self.timers.notes:
             self.timers.notes.append(NO_MARKS)
         self.result = output.finish(self, error)
         for message in self.result.warnings:
@@ -173,6 +180,9 @@ class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
         if self.state == "running" and model is not None and all(m is not model for m in self._models):
             self._models.append(model)
             model.make_train_function(force=True)
+            spe = int(getattr(model, "steps_per_execution", 1) or 1)
+            if spe > 1 and self.config.training_trace:
+                self.timers.notes.append(SPE_NOTE.format(spe=spe))
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """A new call of the train function: the previous one's step ends here."""
@@ -260,25 +270,12 @@ class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
         self._spans.clear()
 
 
-def profile(output: str | None = None, *, config: Any = None, **keys: Any) -> TFProfileSession:
-    """Profile a TensorFlow / Keras training run: training trace on every step, task trace
-    (TensorFlow's profiler) on the chosen steps.
-
-    Args:
-        output: folder of the profile (Ascend ``output``); or ``"output"`` in the config.
-        config: a config file or mapping whose ``"profile"`` section holds the same keys
-            (``profiling_options`` spellings included).
-        **keys: ``steps``, ``ranks``, ``training_trace``, ``task_trace``, ``fp_point`` and
-            ``bp_point`` (Keras layer names), ``warmup``, ``overwrite``, ``enable``,
-            ``merge_timeout`` (see docs/tensorflow.md, "Profile").
-
-    Returns:
-        A :class:`TFProfileSession`: a context manager (``start()``/``step()``/``stop()``)
-        and a Keras callback for ``model.fit(..., callbacks=[...])``.
-    """
-    from opscope.report import renderer
-
-    return TFProfileSession(profile_config(config, output=output, **keys), html=renderer("ProfileData", "html"))
+def make_session(output: str | os.PathLike | None = None, config: Any = None,
+                 html: Callable[[Any], str] | None = None, **keys: Any) -> TFProfileSession:
+    """A :class:`TFProfileSession` from a folder, a config (file or mapping; its ``profile``
+    section, ``profiling_options`` spellings included) and keyword overrides. The public
+    :func:`opscope.tensorflow.profile` calls it with the HTML renderer."""
+    return TFProfileSession(profile_config(config, output=None if output is None else os.fspath(output), **keys), html=html)
 
 
 def start_profile(config: ProfileConfig, html: Callable[[Any], str] | None = None) -> TFProfileSession | None:

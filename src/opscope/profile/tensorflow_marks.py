@@ -193,8 +193,11 @@ class PhaseMarks:
             else:
                 with marks.tf.control_dependencies([stamp]):
                     out = original(iterator, *args, **kwargs)
-            marks._mark("data_end", _flat_tensors(marks.tf, out))
-            return out
+            stamp = marks._mark("data_end", _flat_tensors(marks.tf, out))
+            if stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
+                return out  # an Optional (steps_per_execution > 1): its consumers are not held back
+            with marks.tf.control_dependencies([stamp]):  # else the step may start before the mark runs
+                return marks.tf.nest.map_structure(lambda t: _identity(marks.tf, t), out, expand_composites=True)
 
         return next_element
 
