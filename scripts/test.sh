@@ -3,7 +3,7 @@
 # for the HTML report tests, lint, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=${EXTRAS:-test,onnx,xlsx} bash scripts/install.sh
+EXTRAS=${EXTRAS:-test,onnx,xlsx,peers} bash scripts/install.sh
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
