@@ -23,7 +23,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import keras
 
@@ -51,7 +51,7 @@ SPE_NOTE = (
 )
 
 
-class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
+class TFProfileSession(keras.callbacks.Callback):
     """One TensorFlow profile of one process; a context manager and a Keras callback.
 
     Args:
@@ -84,7 +84,7 @@ class TFProfileSession(keras.callbacks.Callback):  # type: ignore[misc]
     def __enter__(self) -> TFProfileSession:
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if exc is None:
             self.stop()
             return False

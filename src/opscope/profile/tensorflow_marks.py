@@ -272,7 +272,7 @@ class PhaseMarks:
                     out = original(optimizer, grads, *args, **kwargs)
             finally:
                 marks._opt_depth -= 1
-            if in_graph:
+            if graph is not None:
                 marks.step_functions.add(_outermost_graph(graph).name)
                 if marks.detailed:
                     marks._mark("optimizer_end", graph.get_operations()[first:])
