@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 ENV_CONFIG = "OPSCOPE_CONFIG"
@@ -49,6 +50,7 @@ def activate(origin: str = "OPSCOPE_CONFIG") -> Autostart | None:
     if not path:
         return None
     path = os.path.abspath(path)
+    broken: str | None = None
     try:
         sections = validate(path)
     except Exception as exc:  # the config module raises ConfigError; anything else is as fatal
@@ -57,8 +59,6 @@ def activate(origin: str = "OPSCOPE_CONFIG") -> Autostart | None:
         # Through the .pth every Python process sees the variable (pip too): only a process
         # that starts a model fails, at its first module call, before any training.
         sections, broken = {}, f"{ENV_CONFIG}={path}: {exc}"
-    else:
-        broken = None
     _autostart = Autostart(path, sections, origin)
     _autostart.broken = broken
     _autostart.arm()
@@ -78,7 +78,8 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     if not data:
         raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile or overflow section")
     names = [s for s in config.SECTIONS if s in data] or ["dump"]  # a flat file holds dump keys
-    resolve = {"dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config}
+    resolve: dict[str, Callable[[str | os.PathLike], Any]] = {
+        "dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config}
     sections = {name: resolve[name](path) for name in names}
     profile = sections.get("profile")
     if profile is not None and not (profile.training_trace or profile.task_trace):
@@ -111,7 +112,7 @@ def describe(sections: dict[str, Any]) -> str:
 def _steps_text(steps: frozenset[int] | None) -> str:
     if steps is None:
         return "every step"
-    ordered, runs = sorted(steps), []
+    ordered, runs = sorted(steps), list[list[int]]()
     for s in ordered:
         if runs and s == runs[-1][1] + 1:
             runs[-1][1] = s
@@ -165,11 +166,12 @@ class Autostart:
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             if module_cls.__dict__.get("__call__") is __call__:
-                module_cls.__call__ = original  # one shot: from here on torch runs unpatched
+                # one shot: from here on torch runs unpatched (patching a class is what this does)
+                module_cls.__call__ = original  # type: ignore[method-assign]
                 me._first_module_call()
             return original(module, *args, **kwargs)
 
-        module_cls.__call__ = __call__
+        module_cls.__call__ = __call__  # type: ignore[method-assign]  # undone at the first call
 
     def _first_module_call(self) -> None:
         if self.state != "armed":
@@ -337,5 +339,5 @@ class _TorchImportHook:
             except Exception as exc:  # never break `import torch` for the user
                 sys.stderr.write(f"opscope: could not arm capture after importing torch: {exc}\n")
 
-        spec.loader.exec_module = exec_then_arm
+        spec.loader.exec_module = exec_then_arm  # type: ignore[method-assign]  # this spec's loader only
         return spec

@@ -238,8 +238,8 @@ def _value_bytes(value: Any) -> int | None:
     tensor = value.type.tensor_type
     if not tensor.HasField("shape") or not tensor.elem_type:
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
-    if any(d is None for d in dims):
+    dims = [d.dim_value for d in tensor.shape.dim if d.HasField("dim_value")]
+    if len(dims) < len(tensor.shape.dim):  # a symbolic or unknown dimension
         return None
     try:
         itemsize = helper.tensor_dtype_to_np_dtype(tensor.elem_type).itemsize

@@ -80,6 +80,7 @@ def split_samples(arrays: dict[str, np.ndarray], where: str = "inputs") -> list[
                           f"{plain[:5]}; use one convention")
     samples: dict[int, dict[str, np.ndarray]] = {}
     for name, m in matches.items():
+        assert m is not None  # names without a match were refused above
         samples.setdefault(int(m.group(1)), {})[m.group(2)] = arrays[name]
     return [samples[n] for n in sorted(samples)]
 

@@ -95,7 +95,7 @@ def plan_rows(nodes: list[GraphNode], scopes: list[NodeScope], initializers: set
         calls[(node_scope.module, op)] += 1
         if not _selected(node, op, node_scope.module, ops, scope):
             continue
-        common = dict(seq=node.index, module=node_scope.module, op=op, call=call, node=node.name,
+        common: dict[str, Any] = dict(seq=node.index, module=node_scope.module, op=op, call=call, node=node.name,
                       args=attrs_json(node, node_scope.torch_op), source=node_scope.source)
         inferred = "module inferred from graph neighbours" if node_scope.how == "inferred" else None
         if mode in ("input", "all"):

@@ -333,7 +333,8 @@ class Recorder:
         """Finish the step's statistics, resolve data-flow links, hand rows to the writer."""
         if self.probing:
             self.probing = False
-            self.plan.estimate_from(self.step, self.rows, self.wants_data)
+            if self.plan is not None:  # the session probes only for a plan that needs an estimate
+                self.plan.estimate_from(self.step, self.rows, self.wants_data)
             self._reset()
             return
         self.drain()
@@ -410,4 +411,6 @@ def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
         node = t.grad_fn
         if node is not None:
             function = getattr(node, "_forward_cls", None)
-            node.metadata.setdefault("opscope", (producer[_MODULE], function.__name__ if function else producer[_OP]))
+            tag = (producer[_MODULE], function.__name__ if function else producer[_OP])
+            # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
+            node.metadata.setdefault("opscope", tag)  # type: ignore[attr-defined]

@@ -16,16 +16,41 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 
-try:
-    from opscope.capture.torch.native import _fastats
-except ImportError:  # built without a C compiler: torch reductions instead
-    _fastats = None
+# One statistics tuple of the C kernel: min, max, sum, sum of squares, NaN, Inf, zero counts, hash.
+RawStats = tuple[float, float, float, float, int, int, int, int]
+
+
+class FastStats(Protocol):
+    """The C kernel (``native/_fastats``, built from ``native/_c/fastats.c``): one pass over a
+    CPU buffer, and a queue of such passes run by its own thread without the GIL."""
+
+    SIMD: int
+    HASH: str
+
+    def submit(self, ptr: int, numel: int, code: int, dst: int = 0, /) -> int: ...
+    def wait(self, job: int, /) -> None: ...
+    def take(self, job: int, /) -> None: ...
+    def done(self) -> int: ...
+    def results(self, start: int, end: int, /) -> list[RawStats]: ...
+    def reset(self) -> None: ...
+    def stats(self, ptr: int, numel: int, code: int, /) -> RawStats: ...
+
+
+def _load_kernel() -> FastStats | None:
+    try:
+        from opscope.capture.torch.native import _fastats as kernel
+    except ImportError:  # built without a C compiler: torch reductions instead
+        return None
+    return kernel
+
+
+_fastats = _load_kernel()
 if _fastats is not None and getattr(_fastats, "HASH", "wsum64-v1") != HASH_ALGORITHM:
     # an extension built from older sources would write another hash under this one's name
     warnings.warn(f"opscope: the statistics kernel was built for hash "

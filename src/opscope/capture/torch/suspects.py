@@ -214,6 +214,8 @@ def read_source(cfg: DumpConfig, rank: int) -> Source | None:
     from opscope.storage.reader import load
 
     path = cfg.estimate_from
+    if path is None:  # estimate_from unset: there is nothing to read
+        return None
     fix = ('give the directory of an earlier dump of this model (e.g. from a cheap run with '
            'data="statistics", steps=0), or leave estimate_from unset')
     try:

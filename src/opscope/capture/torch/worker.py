@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from opscope.capture.torch.stats import CODES, F16_FAST, _fastats, cpu_stats
+from opscope.capture.torch.stats import CODES, F16_FAST, FastStats, _fastats, cpu_stats
 from opscope.model.records import COL, STATS
 
 _DATA = COL["data"]
@@ -38,6 +38,7 @@ class NativeStats:
                  publish: Callable[[list[Any], Any], str | None] | None = None) -> None:
         if _fastats is None or not _OWNER.acquire(blocking=False):
             raise RuntimeError("the native statistics thread is not available")
+        self._kernel: FastStats = _fastats
         self._store = store
         self._publish = publish  # publish(row, bytes copied by the native thread) -> shard name
         self._every = collect_every
@@ -53,18 +54,19 @@ class NativeStats:
             tensor = tensor.detach().clone(memory_format=torch.contiguous_format)  # a stable copy
             row[_DATA] = self._store(row, tensor)
             want_data = False
-        if not fast:
+        if not fast or code is None:
             row[STATS] = cpu_stats(tensor)
             return
         ptr, numel = tensor.data_ptr(), tensor.numel()
         # full tensors: the native thread copies the bytes out in the same pass, off this thread
         buffer = np.empty(numel * tensor.element_size(), dtype=np.uint8) if want_data else None
-        job = _fastats.submit(ptr, numel, code, 0 if buffer is None else buffer.ctypes.data)
+        job = self._kernel.submit(ptr, numel, code, 0 if buffer is None else buffer.ctypes.data)
         # Keep the memory alive through its storage, not the tensor: an extra reference to
         # the tensor would change what autograd does (AccumulateGrad steals a gradient
         # only when nothing else holds it) and so the ops of the run being observed.
         self._jobs.append((row, tensor.untyped_storage(), buffer))
-        storage = ptr - tensor.storage_offset() * tensor.element_size()
+        # an eager tensor's offset is an int (torch's stub also allows a SymInt, for tracing)
+        storage: int = ptr - tensor.storage_offset() * tensor.element_size()  # type: ignore[assignment]
         pending = self._last.get(storage)
         if pending is None:
             self._last[storage] = [job]
@@ -81,26 +83,29 @@ class NativeStats:
             if jobs:
                 for job in jobs:
                     if job >= self._collected:
-                        _fastats.take(job)
+                        self._kernel.take(job)
 
     def poll(self) -> None:
         """Collect every finished result into its row and let go of its tensor."""
-        done = _fastats.done()
+        kernel, publish = self._kernel, self._publish
+        done = kernel.done()
         if done > self._collected:
-            for i, stats in enumerate(_fastats.results(self._collected, done), self._collected):
-                row, _, buffer = self._jobs[i]
+            for i, stats in enumerate(kernel.results(self._collected, done), self._collected):
+                job = self._jobs[i]
+                assert job is not None, "a job is collected once"
+                row, _, buffer = job
                 self._jobs[i] = None
                 self._collected = i + 1  # even if publishing below raises, this job is done
                 row[STATS] = stats
-                if buffer is not None:
-                    row[_DATA] = self._publish(row, buffer)
+                if buffer is not None and publish is not None:  # a buffer is made for publish only
+                    row[_DATA] = publish(row, buffer)
 
     def drain(self) -> None:
         """Finish and collect every job; the queue starts empty again."""
         if self._jobs:
-            _fastats.wait(len(self._jobs) - 1)
+            self._kernel.wait(len(self._jobs) - 1)
             self.poll()
-        _fastats.reset()
+        self._kernel.reset()
         self._jobs, self._collected, self._last = [], 0, {}
 
     def close(self) -> None:
@@ -112,7 +117,8 @@ class NativeStats:
 
 def _storage_ptr(t: torch.Tensor) -> int:
     try:  # cheaper than untyped_storage().data_ptr(), which builds a storage object
-        return t.data_ptr() - t.storage_offset() * t.element_size()
+        # an eager tensor's offset is an int (torch's stub also allows a SymInt, for tracing)
+        return t.data_ptr() - t.storage_offset() * t.element_size()  # type: ignore[return-value]
     except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, functional wrappers)
         return id(t)
 
