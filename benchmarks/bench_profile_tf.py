@@ -1,15 +1,22 @@
 """Overhead of opscope.tensorflow.profile against a bare Keras ``fit``, in one invocation.
 
-A small Keras transformer (2 blocks, d=64, 4 heads, seq 32, batch 16, AdamW) trained with
-``fit`` on a tf.data pipeline, TensorFlow set to one inter-op and one intra-op thread
-(``tf.config.threading``). Rounds alternate: a bare ``fit`` and a ``fit`` with the profile
-as its callback (training trace on); each round is one epoch, its first steps (where the
-train function is traced) left out. Both runs carry the same tiny timing callback
-(``on_train_batch_begin`` only, so Keras keeps its asynchronous batch-end dispatch).
-Prints the ratio of median step times (profiled / bare), then one profiled run with the task
-trace on some steps, with its cost as opscope reports it.
+A small Keras transformer (2 blocks, d=64, 4 heads, seq 32, batch 16, AdamW) on a tf.data
+pipeline, TensorFlow set to one inter-op and one intra-op thread (``tf.config.threading``).
+Two measurements of the training trace, both against a bare run in the same process:
 
-    python benchmarks/bench_profile_tf.py [--rounds 5] [--steps 60]
+1. ``fit`` rounds: two identical models, one bare, one with the profile as its callback
+   (one session over every round, so its train function is traced once), one epoch each,
+   alternating; each round's first steps (tracing) left out. Wall and process CPU time
+   between batch starts, from a timing callback both carry (batch-begin only, so Keras keeps
+   its asynchronous batch-end dispatch). Rounds of a few hundred ms: load that changes
+   between rounds on a shared machine shows up here.
+2. step by step: one model's train function traced without and with the marks, called
+   alternately on one iterator (what ``fit`` runs per batch), the profile's own per-step work
+   (reading the marks, the step row) timed with the marked call. Load hits both alike.
+
+Then one ``fit`` with the task trace on steps 10-14 and its cost as opscope reports it.
+
+    python benchmarks/bench_profile_tf.py [--rounds 12] [--steps 30] [--verbose]
 """
 
 from __future__ import annotations
