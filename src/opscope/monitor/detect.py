@@ -4,7 +4,7 @@ Each tracked series gives one number per step: a tensor's L2 norm (judged in log
 1000x jump is 3 units whatever the tensor's scale), the loss (judged as it is) or the
 learning rate (log10). A value departs when its robust z-score,
 ``|x - median| / max(1.4826 * MAD, floor)``, over the last ``window`` values exceeds
-``threshold``, once the series has ``warmup`` values. The floor (0.02 in log10, i.e. ~5%;
+``threshold``, once the series has ``warmup`` values. The floor (0.05 in log10, i.e. ~12%;
 1% of the median for the loss) keeps a flat series (a constant learning rate) from firing
 on rounding. A NaN or Inf (a non-finite norm, NaN/Inf counts above 0) departs at once,
 with no history needed. A series that departed is not reported again for ``window``
@@ -22,7 +22,7 @@ import numpy as np
 
 from opscope.monitor.events import Departure, MonitorEvent
 
-LOG_FLOOR = 0.02
+LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
 TINY = 1e-30
 Key = tuple[str, str]
