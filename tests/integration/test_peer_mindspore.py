@@ -35,7 +35,7 @@ def test_same_run_twice_is_identical(tmp_path: Path) -> None:
     rc, summary, _ = _compare(tmp_path, "rerun", "reference")
     assert (rc, summary["verdict"]) == (0, "identical")
     counts = summary["counts"]
-    assert counts["pairs"] == counts["identical"] > 800 and counts["unpaired_target"] == 0
+    assert counts["pairs"] == counts["identical"] > 700 and counts["unpaired_target"] == 0
 
 
 def test_float16_against_float32_is_within_tolerance(tmp_path: Path) -> None:

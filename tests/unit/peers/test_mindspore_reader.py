@@ -70,6 +70,8 @@ def test_records_scopes_phases_data_flow() -> None:
     assert grads and all(r["fwd_op"] == "mindspore.LayerNorm" for r in grads)
     updated = [r for r in rows if r["phase"] == "optimizer" and r["param"] == "b0.fc1.weight"]
     assert updated and all(r["io"] == "output" and r["slot"] >= 100 for r in updated)
+    sgd = [r for r in rows if r["op"] == "mindspore.SGD"]  # its own outputs are placeholders: left out
+    assert sgd and not [r for r in sgd if r["io"] == "output" and r["slot"] < 100]
     seqs = [r["seq"] for r in rows]
     assert seqs == sorted(seqs)
 

@@ -166,6 +166,21 @@ class RowBuilder:
             if io == "output":
                 self.outputs[(full, slot)] = row["id"]
             self.rows.append(row)
+        if phase == "optimizer":
+            self._drop_in_place_outputs(full, seq)
+
+    def _drop_in_place_outputs(self, full: str, seq: int) -> None:
+        """An optimizer op that updates parameters in place (SGD, Adam): its own outputs are
+        placeholders MindSpore need not write (Adam's on CPU hold whatever the memory held and
+        differ between two identical runs; SGD's repeat the parameter), so they are left out;
+        the updated parameters are its outputs here."""
+        call = [r for r in self.rows if r["seq"] == seq]
+        if not any(r["io"] == "output" and r["slot"] >= _UPDATED for r in call):
+            return
+        dropped = {r["id"] for r in call if r["io"] == "output" and r["slot"] < _UPDATED}
+        self.rows = [r for r in self.rows if r["id"] not in dropped]
+        for key in [k for k, v in self.outputs.items() if k[0] == full and v in dropped]:
+            del self.outputs[key]
 
     def _link(self, row: dict[str, Any], source: Source | None, graph: KernelGraph | None) -> None:
         for _ in range(_MAX_UNDUMPED):
