@@ -1,16 +1,28 @@
 """Step boundaries, shared by dump, profile and watch. Pure logic: no torch here.
 
 A step ends at the user's ``step()``; when the user never calls it, at each
-``optimizer.step()``; with no optimizer, at each call of the outermost module.
+``optimizer.step()``; with no optimizer, at each call of the outermost module that began
+the step.
 
 An optimizer step only marks the boundary as *pending*: it is resolved at the next
-event (the next outermost module call, the next captured op, ``step()`` or stop). So a
-user who calls ``d.step()`` right after ``optimizer.step()`` gets one boundary, not two.
+event that belongs to the next iteration (the next outermost module call, data-loader
+fetch, backward, ``step()`` or stop). So a user who calls ``d.step()`` right after
+``optimizer.step(); optimizer.zero_grad()`` gets one boundary, not two, and that
+``zero_grad`` stays in the step it closes. A ``zero_grad`` resolves the boundary only in a
+loop that calls it first (seen before the first forward of step 0): there it begins the
+next iteration.
+
+Before the first ``optimizer.step()`` nobody knows yet whether one will come: under
+gradient accumulation k forwards and backwards run before it. So a second call of the
+step's outermost module ends the step only when no optimizer holds that module's
+parameters (``has_optimizer``, asked once); a loss module or a second model called in the
+same iteration never ends it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 
 class StepClock:
@@ -18,40 +30,73 @@ class StepClock:
 
     Args:
         on_boundary: called as ``on_boundary(finished_step, next_step)`` at each boundary.
+        has_optimizer: ``has_optimizer(module)`` says whether an optimizer holds the
+            module's parameters (then a forward never ends a step on its own); None: no.
     """
 
-    def __init__(self, on_boundary: Callable[[int, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_boundary: Callable[[int, int], None] | None = None,
+        has_optimizer: Callable[[Any], bool] | None = None,
+    ) -> None:
         self.step = 0
         self.manual = False
         self.pending = False
         self.saw_optimizer = False
+        self.zero_grad_first = False
         self._outer_calls = 0
+        self._resolved_by_event = False
+        self._step_root: int | None = None
+        self._trained: bool | None = None
+        self._has_optimizer = has_optimizer
         self._on_boundary = on_boundary
 
     def user_step(self) -> None:
-        """The user called ``step()``: from now on only these calls end a step."""
+        """The user called ``step()``: from now on only these calls end a step. The first
+        call, right after a ``zero_grad`` ended the step (nothing ran since), is that boundary."""
+        first_after_resolve = not self.manual and self._resolved_by_event
         self.manual = True
         self.pending = False
-        self._advance()
+        if not first_after_resolve:
+            self._advance()
 
     def optimizer_step(self) -> None:
         """An ``optimizer.step()`` finished."""
         self.saw_optimizer = True
+        self._resolved_by_event = False
         if not self.manual:
             self.pending = True
 
-    def outer_module_call(self) -> None:
-        """The outermost module is about to be called."""
+    def outer_module_call(self, module: Any = None) -> None:
+        """The outermost module (``module``, when the caller knows it) is about to be called."""
         self.poll()
-        if not self.manual and not self.saw_optimizer and self._outer_calls:
+        self._resolved_by_event = False
+        key = None if module is None else id(module)
+        repeat = self._outer_calls and key == self._step_root and not (self.manual or self.saw_optimizer)
+        if repeat and not self._trained_by_optimizer(module):
             self._advance()
+        if not self._outer_calls:
+            self._step_root = key
         self._outer_calls += 1
+
+    def zero_grad(self) -> None:
+        """``zero_grad`` is about to run: the next iteration's start in a zero_grad-first loop."""
+        if self.step == 0 and not self._outer_calls and not self.saw_optimizer:
+            self.zero_grad_first = True
+        if self.zero_grad_first:
+            self.poll()
 
     def poll(self) -> None:
         """Resolve a pending boundary, if any. Cheap; call it at any safe point."""
         if self.pending:
             self.pending = False
             self._advance()
+            self._resolved_by_event = True
+
+    def _trained_by_optimizer(self, module: Any) -> bool:
+        if self._trained is None:
+            self._trained = bool(self._has_optimizer is not None and self._has_optimizer(module))
+        return self._trained
 
     def _advance(self) -> None:
         finished = self.step

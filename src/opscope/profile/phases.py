@@ -24,9 +24,10 @@ class PhaseTimers:
 
     Args:
         clock: a :mod:`~opscope.profile.clock` clock.
-        on_outer_call: called when the outermost module is about to run (step detection).
+        on_outer_call: called with the outermost module about to run (step detection).
         on_optimizer_step: called after each ``optimizer.step()`` (step detection).
-        poll: called at data-loader, zero_grad and backward entry (resolves a pending boundary).
+        poll: called at data-loader and backward entry (resolves a pending boundary).
+        on_zero_grad: called at zero_grad entry (step detection); None: ``poll``.
         fp_point / bp_point: module paths, or None for the automatic points.
         detailed: False records step boundaries only (``training_trace=False``).
     """
@@ -34,12 +35,13 @@ class PhaseTimers:
     def __init__(
         self,
         clock: Any,
-        on_outer_call: Hook,
+        on_outer_call: Callable[[Any], None],
         on_optimizer_step: Hook,
         poll: Hook,
         fp_point: str | None = None,
         bp_point: str | None = None,
         detailed: bool = True,
+        on_zero_grad: Hook | None = None,
     ) -> None:
         self.clock = clock
         self.mark = clock.mark
@@ -49,6 +51,7 @@ class PhaseTimers:
         self.notes: list[str] = []
         self.active = False
         self._on_outer, self._on_opt, self._poll = on_outer_call, on_optimizer_step, poll
+        self._on_zero_grad = on_zero_grad or poll
         self._depth = 0
         self._in_backward = 0
         self._opt_depth = 0
@@ -80,9 +83,10 @@ class PhaseTimers:
         from torch.utils.data import dataloader
 
         self._patch(torch.autograd, "backward", self._wrap_backward)
-        self._patch(dataloader._BaseDataLoaderIter, "__next__", lambda f: self._wrap_timed(f, "data_wait"))
-        self._patch(torch.optim.Optimizer, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad"))
-        self._patch(torch.nn.Module, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad"))
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", lambda f: self._wrap_timed(f, "data_wait", self._poll))
+        zero_grad = self._on_zero_grad
+        self._patch(torch.optim.Optimizer, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad", zero_grad))
+        self._patch(torch.nn.Module, "zero_grad", lambda f: self._wrap_timed(f, "zero_grad", zero_grad))
         from opscope.profile import comm
 
         self._patches.extend(comm.patch_collectives(self))
@@ -141,7 +145,7 @@ class PhaseTimers:
             return
         if id(module) not in self._seen:
             self._discover(module)
-        self._on_outer()
+        self._on_outer(module)
         if self.detailed and self._fwd_open is None and not (self.fp_point and self._found.get(self.fp_point)):
             self._fwd_open = self.mark()
 
@@ -175,14 +179,14 @@ class PhaseTimers:
         self._on_opt()
 
     # ------------------------------------------------------------------ wrappers
-    def _wrap_timed(self, original: Any, phase: str) -> Any:
+    def _wrap_timed(self, original: Any, phase: str, before: Hook) -> Any:
         timers = self
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if not timers.active:
                 return original(*args, **kwargs)
-            timers._poll()
+            before()
             start = timers.mark()
             try:
                 return original(*args, **kwargs)

@@ -100,7 +100,9 @@ class ProfileSession:
             from opscope.profile.task_trace import TaskTrace
 
             self.task = TaskTrace(self.trace, self.rank, self.origin, self.config.record_shapes, self.config.with_stack)
-        self.steps = StepClock(on_boundary=self._boundary)
+        from opscope.capture.torch.optimizers import has_optimizer
+
+        self.steps = StepClock(on_boundary=self._boundary, has_optimizer=has_optimizer)
         self._install()
         _active = self
         self.state = "running"
@@ -119,6 +121,7 @@ class ProfileSession:
             fp_point=cfg.fp_point,
             bp_point=cfg.bp_point,
             detailed=cfg.training_trace,
+            on_zero_grad=self.steps.zero_grad,
         )
         try:
             self.timers.install()

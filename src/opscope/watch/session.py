@@ -29,6 +29,7 @@ import torch
 from opscope.capture.steps import StepClock
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.modules import ModuleTracker, tensors_of
+from opscope.capture.torch.optimizers import has_optimizer
 from opscope.config import WatchConfig
 from opscope.errors import ConfigError, OverflowDetected
 from opscope.watch.chain import build_event
@@ -64,7 +65,7 @@ class WatchSession:
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.started = False
         self.events: list[OverflowEvent] = []
-        self.clock = StepClock(self._boundary)
+        self.clock = StepClock(self._boundary, has_optimizer=has_optimizer)
         module_level = cfg.level == "module"
         backend = None if not self.active else load_backend()
         self.modules = ModuleTracker(self.clock.outer_module_call, self._enter,

@@ -55,12 +55,12 @@ class ModuleTracker:
     """Keeps the stack of module paths being executed.
 
     Args:
-        on_outer_call: called before each call of an outermost module.
+        on_outer_call: called with the module before each call of an outermost module.
         on_enter / on_exit: optional per-module callbacks for module-level capture,
             ``on_enter(module, path, args)`` and ``on_exit(module, path, args, output)``.
     """
 
-    def __init__(self, on_outer_call: Callable[[], None],
+    def __init__(self, on_outer_call: Callable[[torch.nn.Module], None],
                  on_enter: Callable[[torch.nn.Module, str, Any], None] | None = None,
                  on_exit: Callable[[torch.nn.Module, str, Any, Any], None] | None = None) -> None:
         self.names: dict[int, str] = {}
@@ -160,7 +160,7 @@ class ModuleTracker:
         if not self.stack and not shadow:
             if id(module) not in self.names:
                 self.index(module)
-            self._on_outer_call()
+            self._on_outer_call(module)
         path = self.path if shadow else self._name(module)
         self.stack.append(path)
         self._callers.append(module)

@@ -21,6 +21,7 @@ from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank, world_size
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
+from opscope.capture.torch.optimizers import has_optimizer
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import DumpConfig, dump_config, env, foreign
 from opscope.errors import ConfigError, OpscopeError
