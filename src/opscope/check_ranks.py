@@ -265,7 +265,7 @@ def _stats_distance(a: Any, b: Any) -> dict[str, Any]:
     return values
 
 
-def _tensor_distance(dump: Any, a: Any, b: Any) -> dict[str, float]:
+def _tensor_distance(dump: Any, a: Any, b: Any) -> dict[str, Any]:
     import numpy as np
 
     try:

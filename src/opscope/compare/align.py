@@ -202,7 +202,8 @@ def _input_partner(call: OpCall, out_row: dict[str, Any], sides: Sides,
     """The other side's row holding this inserted call's main input (same element count)."""
     mine = partner[call.side]
     for row in call.inputs():
-        source = mine.get(row.get("producer"))
+        producer = row.get("producer")
+        source = mine.get(producer) if producer is not None else None
         if source is not None and source.get("numel") == out_row.get("numel") \
                 and inserted(sides, call.side, row, out_row, partner):
             return source

@@ -117,7 +117,8 @@ def _input(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, An
     if (pair is None or not pair.metrics) and row.get("producer") is not None:
         pair = state.entry.get((node.side, node.rank, node.step, row["producer"]))
     info = _tensor(row, pair)
-    producer = state.rows.get((node.side, node.rank, node.step, row.get("producer")))
+    producer_id = row.get("producer")
+    producer = state.rows.get((node.side, node.rank, node.step, producer_id)) if producer_id is not None else None
     info["producer_op"] = producer.get("op") if producer else None
     return info
 
@@ -143,8 +144,8 @@ def _summarise_calls(state: VerdictState, side: str, rank: int, step: int, seqs:
         rows = state.calls.get((side, rank, step, seq), [])
         if not rows:
             continue
-        pairs = [state.entry.get((side, rank, step, r["id"])) for r in rows if r.get("io") == "output"]
-        pairs = [p for p in pairs if p is not None]
+        found = [state.entry.get((side, rank, step, r["id"])) for r in rows if r.get("io") == "output"]
+        pairs = [p for p in found if p is not None]
         worst = max(pairs, key=lambda p: _finite(p.error), default=None)
         head = rows[0]
         out.append({"seq": seq, "op": head.get("orig_op", head.get("op")), "module": head.get("orig_module", head.get("module")),

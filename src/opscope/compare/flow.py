@@ -168,7 +168,8 @@ def inserted(sides: Sides, side: str, input_row: Row, out_row: Row,
     op's place on the other side: it was inserted.
     """
     other = "reference" if side == "target" else "target"
-    source = partner[side].get(input_row.get("producer"))
+    producer = input_row.get("producer")
+    source = partner[side].get(producer) if producer is not None else None
     if source is None:
         return False
     found = False

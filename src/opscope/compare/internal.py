@@ -38,9 +38,9 @@ def build_spans(state: VerdictState) -> None:
         b[0], b[1] = min(b[0], row["seq"]), max(b[1], row["seq"])
         if row["seq"] < b[2]["seq"]:
             b[2] = row
-    for key, rows in ordered.items():
+    for where, rows in ordered.items():
         rows.sort(key=lambda r: r["seq"])
-        state.ordered[key] = rows
+        state.ordered[where] = rows
     for (side, rank, step, module, _, _), (start, end, head) in bounds.items():
         if end == start and "." not in str(head.get("op") or "."):
             # a module call (op = its class name, not aten.* / torch.* / Opt.step) whose

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,16 @@ def load_file(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"config file {str(p)!r} does not exist; check the path given to config= or OPSCOPE_CONFIG")
     text = p.read_text(encoding="utf-8")
     suffix = p.suffix.lower()
+    if suffix == ".toml" and sys.version_info < (3, 11):
+        raise ConfigError(f"config file {str(p)!r}: reading TOML needs Python 3.11 or newer (tomllib); "
+                          "write the config as YAML or JSON")
     try:
         if suffix in (".yaml", ".yml"):
             import yaml
 
             data = yaml.safe_load(text)
         elif suffix == ".toml":
-            import tomllib
-
-            data = tomllib.loads(text)
+            data = _load_toml(text)
         else:
             data = json.loads(text)
     except Exception as exc:  # each parser raises its own type
@@ -87,3 +89,11 @@ def input_output(value: Any) -> str:
     if value not in table:
         raise ConfigError(f"input_output: {value!r} is not allowed; allowed: 0 (all), 1 (input), 2 (output)")
     return table[value]
+
+
+def _load_toml(text: str) -> Any:
+    if sys.version_info >= (3, 11):  # the caller refused TOML on older Pythons
+        import tomllib
+
+        return tomllib.loads(text)
+    raise AssertionError("unreachable: TOML was refused before parsing")

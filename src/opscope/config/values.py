@@ -96,13 +96,11 @@ class Filter:
             unknown = set(value) - {"include", "exclude"}
             if unknown:
                 raise ConfigError(f"{key}: unknown keys {sorted(unknown)}; allowed: include, exclude")
-            inc = parse_str_list(f"{key}.include", value.get("include", []))
-            exc = parse_str_list(f"{key}.exclude", value.get("exclude", []))
-            return cls(tuple(inc), tuple(exc))
+            include = parse_str_list(f"{key}.include", value.get("include", []))
+            exclude = parse_str_list(f"{key}.exclude", value.get("exclude", []))
+            return cls(tuple(include), tuple(exclude))
         items = parse_str_list(key, value)
-        inc = tuple(p for p in items if not p.startswith("!"))
-        exc = tuple(p[1:] for p in items if p.startswith("!"))
-        return cls(inc, exc)
+        return cls(tuple(p for p in items if not p.startswith("!")), tuple(p[1:] for p in items if p.startswith("!")))
 
     def __bool__(self) -> bool:
         return bool(self.include or self.exclude)

@@ -93,10 +93,11 @@ class RowPairing:
         for a in t_ins:  # a weight the exporter shared between equal modules (norm1.weight for norm2.weight)
             if self.paired(self.t, a) or not a.get("param"):
                 continue
-            b = next((b for b in r_ins if b.get("param") and not self.paired(self.r, b)
-                      and name_suffix(b["param"]) == name_suffix(a["param"]) and list(b.get("shape") or []) == list(a.get("shape") or [])), None)
-            if b is not None:
-                self.add(a, b, note=f"parameter {a['param']} against {b['param']}")
+            shared = next((b for b in r_ins if b.get("param") and not self.paired(self.r, b)
+                           and name_suffix(b["param"]) == name_suffix(a["param"])
+                           and list(b.get("shape") or []) == list(a.get("shape") or [])), None)
+            if shared is not None:
+                self.add(a, shared, note=f"parameter {a['param']} against {shared['param']}")
 
     def source(self, side: Side, row: dict[str, Any]) -> int | None:
         """Where an input row's tensor comes from, as a target-side record id (for matching);
@@ -106,7 +107,9 @@ class RowPairing:
             if root is None or root["id"] in self.partner[side.name] or root.get("io") != "output":
                 break
             call = side.call_of.get(root["id"])
-            main = [r for r in call.inputs() if r.get("io") == "input"] if call is not None else []
+            if call is None:
+                break
+            main = [r for r in call.inputs() if r.get("io") == "input"]
             if not main or not side.preserves_order(call.op) or main[0].get("numel") != root.get("numel"):
                 break
             root = side.root(main[0])

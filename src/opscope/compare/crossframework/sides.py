@@ -39,9 +39,9 @@ class Side:
                 side.call_of[row["id"]] = call
         for call in side.calls:
             for row in call.inputs():
-                producer = side.by_id.get(row.get("producer"))
+                producer = side.row(row.get("producer"))
                 while producer is not None and producer.get("io") != "output":
-                    producer = side.by_id.get(producer.get("producer"))  # a re-read of a model input
+                    producer = side.row(producer.get("producer"))  # a re-read of a model input
                 if producer is not None and side.call_of.get(producer["id"]) is not call:
                     side.consumers[producer["id"]].append(call)
         return side
@@ -57,6 +57,10 @@ class Side:
 
     def is_internal(self, op: str) -> bool:
         return self.table is not None and self.table.is_internal(op)
+
+    def row(self, row_id: int | None) -> dict[str, Any] | None:
+        """The record with this id; None for no id (a row without producer) or an unknown one."""
+        return self.by_id.get(row_id) if row_id is not None else None
 
     def root(self, row: dict[str, Any]) -> dict[str, Any] | None:
         """The record an input reads: its producer's output, or the first read of a model input."""
