@@ -148,3 +148,29 @@ def test_no_alarm_on_a_clean_run_of_the_same_length(tmp_path, autocast):
     rank = result.ranks[0]
     assert rank.steps == STEPS and rank.status == "complete"
     assert len(rank.values[("grad", "layers.1.fc1.weight", "norm")][0]) == STEPS
+
+
+def test_a_hugging_face_gpt2_with_a_scaled_gradient_in_its_second_block(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 64, (4, 16), generator=gen) for _ in range(8)]
+    bug = model.transformer.h[1].mlp.c_proj
+    with opscope.monitor(tmp_path / "m", targets="all", modules=["transformer.h.0", "transformer.h.1"]) as m:
+        for i in range(STEPS):
+            if i == K:
+                scale_gradient_entering(bug, 1e3)
+            tokens = data[i % len(data)]
+            loss = model(input_ids=tokens, labels=tokens).loss  # the model is found, called with keywords
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            m.step(loss=loss)
+    result = m.result()
+    first = result.events[0]
+    assert first.step == K
+    assert first.first.kind == "grad" and first.first.name.startswith("transformer.h.1.mlp.c_proj."), first.first
+    assert ("input", "input_ids", "norm") in result.ranks[0].values
