@@ -32,7 +32,7 @@ def test_dump_watch_and_profile_together(tmp_path):
     dump = opscope.load(tmp_path / "d")
     assert dump.status == "complete" and dump.manifest["stats_backend"] == "native"
     assert dump.steps() == [0, 1, 2] and all(dump.records(step=s).num_rows > 500 for s in (0, 1, 2))
-    assert not w.result().events
+    assert not w.result.events
     assert (tmp_path / "p" / "steps.parquet").exists() and (tmp_path / "p" / "ops.parquet").exists()
 
 

@@ -45,7 +45,7 @@ def flight(tmp_path_factory):
     path = root / "flight"
     with opscope.watch(action="record", path=str(path), history=3) as w:
         _train(_inputs(8, bad=5), w)
-    return root, path, w.result()
+    return root, path, w.result
 
 
 def test_trigger_writes_the_ring_and_the_next_step_with_tensors(flight):
@@ -86,7 +86,7 @@ def test_flight_dump_compares_with_a_plain_dump(flight):
 def test_no_trigger_writes_nothing(tmp_path):
     with opscope.watch(action="record", path=str(tmp_path / "none"), history=2) as w:
         _train(_inputs(4, bad=None), w)
-    assert w.result().dumps == [] and not (tmp_path / "none").exists()
+    assert w.result.dumps == [] and not (tmp_path / "none").exists()
 
 
 def test_an_exception_writes_the_ring(tmp_path):
@@ -104,7 +104,7 @@ def test_module_level_flight_dump_holds_the_chain_modules_tensors(tmp_path, monk
     path = tmp_path / "flight"
     with opscope.watch(action="record", level="module", path=str(path), history=2) as w:
         _train(_inputs(6, bad=3), w)
-    event = w.result().events[0]
+    event = w.result.events[0]
     assert (event.op, event.module, event.step) == ("Linear", "fc", 3)
     dump = opscope.load(path)
     assert dump.steps() == [2, 3, 4] and (dump.manifest["stats_backend"] == "native") == (backend == "native")

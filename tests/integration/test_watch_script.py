@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
             opt.step()
             opt.zero_grad()
             w.step(loss=loss)
-    print("finished", len(w.result().events))
+    print("finished", len(w.result.events))
 """)
 
 

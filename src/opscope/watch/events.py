@@ -8,6 +8,7 @@ abnormal. ``opscope.report.overflow_console.render(event)`` turns it into text.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,3 +141,10 @@ class WatchResult:
 
     def __bool__(self) -> bool:
         return not self.events
+
+    def __call__(self) -> WatchResult:
+        """``w.result()``, the spelling before ``result`` became an attribute (as on profile
+        and dump sessions): still works, with a DeprecationWarning, until the next release."""
+        warnings.warn("w.result is an attribute now (as p.result and d.result): write w.result, "
+                      "not w.result(); the call form goes in the next release", DeprecationWarning, stacklevel=2)
+        return self

@@ -143,9 +143,12 @@ class WatchSession:
     def stop(self) -> WatchResult:
         """Check what is still pending, remove every hook; returns the :class:`WatchResult`."""
         self._finish(None)
-        return self.result()
+        return self.result
 
+    @property
     def result(self) -> WatchResult:
+        """What the watch has seen so far (a :class:`WatchResult`; after ``stop()`` or the
+        ``with`` block, all of it): ``bool(w.result)`` is True when nothing was found."""
         return WatchResult(events=list(self.events), dumps=list(self.flight.written) if self.flight else [],
                            steps=self.clock.step + 1)
 

@@ -30,15 +30,15 @@ def test_warn_logs_once_per_op_and_training_goes_on(caplog):
     assert len(losses) == 3
     messages = [r.getMessage() for r in caplog.records if "aten.div.Tensor" in r.getMessage().splitlines()[0]]
     assert len(messages) == 1 and "forward, step 0" in messages[0]
-    divs = [e for e in w.result().events if e.op == "aten.div.Tensor"]
+    divs = [e for e in w.result.events if e.op == "aten.div.Tensor"]
     assert [e.step for e in divs] == [0]  # later steps: same op, not logged again
-    assert not w.result()
+    assert not w.result
 
 
 def test_propagated_nan_is_not_reported_again():
     with opscope.watch(action="warn") as w:
         train(ZeroVarNorm(), [torch.ones(4, 8)], w)
-    ops = [e.op for e in w.result().events]
+    ops = [e.op for e in w.result.events]
     assert ops[0] == "aten.div.Tensor" and "aten.addmm.default" not in ops
 
 
@@ -47,7 +47,7 @@ def test_masked_minus_inf_is_not_an_alarm():
     model = MaskedAttention()
     with opscope.watch(action="raise") as w:
         train(model, [torch.randn(2, 8, 16) for _ in range(3)], w)
-    assert w.result().events == []
+    assert w.result.events == []
 
 
 def test_minus_inf_that_reaches_the_loss_is_an_alarm():
@@ -92,7 +92,7 @@ def test_config_file_overflow_section(tmp_path):
     assert (w.cfg.action, w.cfg.level) == ("warn", "module")
     with w:
         train(ZeroVarNorm(), [torch.ones(4, 8), torch.ones(4, 8)], w)
-    assert {e.step for e in w.result().events} == {1}  # step 0 is not watched
+    assert {e.step for e in w.result.events} == {1}  # step 0 is not watched
     with pytest.raises(opscope.ConfigError, match="action"):
         opscope.watch(action="explode")
 
@@ -103,7 +103,7 @@ def test_not_on_a_selected_rank_installs_nothing(monkeypatch):
     with opscope.watch(ranks=[0]) as w:
         assert _global_hooks() == before and _get_current_dispatch_mode_stack() == []
         train(ZeroVarNorm(), [torch.ones(4, 8)], w)
-    assert w.result().events == []
+    assert w.result.events == []
 
 
 def test_watch_and_dump_together(tmp_path):
@@ -142,7 +142,7 @@ def test_loss_and_time_spikes(monkeypatch):
     with opscope.watch(action="warn", loss_spike=3.0) as w:
         for value in (1.0, 1.1, 0.9, 1.0, 9.0):
             w.step(loss=torch.tensor(value))
-    spikes = [e for e in w.result().events if e.kind == "loss_spike"]
+    spikes = [e for e in w.result.events if e.kind == "loss_spike"]
     assert [e.step for e in spikes] == [4] and "9" in spikes[0].detail
 
     import opscope.watch.session as watch_module
@@ -152,7 +152,7 @@ def test_loss_and_time_spikes(monkeypatch):
     with opscope.watch(action="warn", time_spike=4.0) as w:
         for _ in range(6):
             w.step()
-    spikes = [e for e in w.result().events if e.kind == "time_spike"]
+    spikes = [e for e in w.result.events if e.kind == "time_spike"]
     assert [e.step for e in spikes] == [5]
 
 

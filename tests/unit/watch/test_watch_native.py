@@ -76,7 +76,7 @@ def test_both_backends_let_masks_pass(name, monkeypatch):
     with opscope.watch(action="raise") as w:
         losses = train(model, [torch.randn(2, 8, 16) for _ in range(2)], w)
     assert w.native == (name == "native")
-    assert not w.result().events and all(math.isfinite(v) for v in losses)
+    assert not w.result.events and all(math.isfinite(v) for v in losses)
 
 
 def test_a_hit_inside_an_op_raises_at_the_next_module_boundary(backend):
@@ -99,7 +99,7 @@ def test_steps_not_selected_are_not_observed_at_all(backend):
         x = torch.randn(3)
         (x / 0).exp()
         assert w.checker.count() == 0  # the callback is not even registered
-    assert not w.result().events
+    assert not w.result.events
 
 
 def _normalized(names: list[str]) -> list[str]:
@@ -137,11 +137,11 @@ def test_hits_in_backward_leave_no_observer_behind():
         from watch_models import PairDistance, train
         with opscope.watch(action="warn") as w:
             train(PairDistance(), [torch.randn(16, 8) for _ in range(3)], w)
-        assert any(e.phase == "backward" for e in w.result().events)
+        assert any(e.phase == "backward" for e in w.result.events)
         with opscope.watch(action="raise") as w2:
             for _ in range(3):
                 train(torch.nn.Sequential(torch.nn.Linear(8, 8)), [torch.randn(4, 8)], w2)
-        print("events", len(w2.result().events))
+        print("events", len(w2.result.events))
     """
     proc = _run(code, {})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -160,7 +160,7 @@ def test_without_a_compiler_watch_falls_back_to_the_python_mode_and_says_why(tmp
         w = opscope.watch(action="warn")
         with w:
             torch.log(torch.zeros(3))
-        print("native", w.native, "events", [e.op for e in w.result().events])
+        print("native", w.native, "events", [e.op for e in w.result.events])
     """
     proc = _run(code, {"OPSCOPE_CACHE_DIR": str(tmp_path), "CXX": "/bin/false", "OPSCOPE_WATCH_BACKEND": "native"})
     assert proc.returncode == 0, proc.stderr
@@ -223,4 +223,4 @@ def test_module_level_names_the_same_hits_on_both_backends(name, monkeypatch):
     torch.manual_seed(0)
     with opscope.watch(action="warn", level="module") as w:
         losses = train(MaskedAttention(), [torch.randn(2, 8, 16) for _ in range(2)], w)
-    assert not w.result().events and all(math.isfinite(v) for v in losses)
+    assert not w.result.events and all(math.isfinite(v) for v in losses)

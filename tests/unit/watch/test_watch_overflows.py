@@ -127,5 +127,5 @@ def test_a_healthy_run_reports_nothing_and_leaves_results_unchanged():
         model, opt, batch = transformer_task(d=32, heads=2, layers=1, seq=8, batch=2)
         for i in range(2):
             train_step(model, opt, *batch(i))
-    result = w.result()
+    result = w.result
     assert result and result.events == [] and result.steps == 2

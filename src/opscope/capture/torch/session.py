@@ -10,7 +10,7 @@ import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +27,9 @@ from opscope.config import DumpConfig, dump_config, env, foreign
 from opscope.errors import ConfigError, OpscopeError
 from opscope.storage import format as fmt
 from opscope.storage.writer import DumpWriter
+
+if TYPE_CHECKING:
+    from opscope.storage.reader import Dump
 
 
 def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> DumpSession:
@@ -74,6 +77,7 @@ class DumpSession:
         self.modules = ModuleTracker(self._outer_module_call)
         self.compiled = CompileWatch(self)  # torch.compile: what runs is recorded, not what is traced
         self.writer: DumpWriter | None = None
+        self._result: Dump | None = None
         self._level: levels.Level | None = None
         self._handles: list[Any] = []
 
@@ -145,12 +149,20 @@ class DumpSession:
         if self.active and self.started:
             self.clock.user_step()
 
-    def stop(self) -> Any:
-        """Flush everything, remove every hook, mark the dump complete; returns the :class:`opscope.Dump`."""
+    def stop(self) -> Dump | None:
+        """Flush everything, remove every hook, mark the dump complete; returns :attr:`result`."""
         self.finish("complete")
-        from opscope.storage.reader import load
+        return self.result
 
-        return load(self.cfg.path) if self.writer is not None else None
+    @property
+    def result(self) -> Dump | None:
+        """The finished dump (an :class:`opscope.Dump`, as ``stop()`` returns it), also after
+        a ``with`` block; None while it runs and on a rank that dumps nothing."""
+        if self._result is None and self.writer is not None and not self.started:
+            from opscope.storage.reader import load
+
+            self._result = load(self.cfg.path)
+        return self._result
 
     def __enter__(self) -> DumpSession:
         return self.start()
