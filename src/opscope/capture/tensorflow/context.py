@@ -142,7 +142,12 @@ def variable_names(*owners: Any) -> dict[int, str]:
     """``id(resource handle) -> variable path`` for the variables of Keras models/optimizers."""
     names: dict[int, str] = {}
     for owner in owners:
-        for var in getattr(owner, "variables", None) or []:
+        owned = list(getattr(owner, "variables", None) or [])
+        try:  # a model's metric state (the loss tracker's total and count) carries over steps too
+            owned += list(getattr(owner, "metrics_variables", None) or [])
+        except Exception:  # a model not built yet
+            pass
+        for var in owned:
             handle = resource_handle(var)
             if handle is not None:
                 names[id(handle)] = str(getattr(var, "path", None) or getattr(var, "name", ""))

@@ -27,6 +27,9 @@ class DumpCallback(keras.callbacks.Callback):
         s = self.session
         if s.model is None:
             s.model = self.model
+        # fit runs its step as a tf.function; the eager ops between steps are Keras' own
+        # bookkeeping (metric results, iterator), not the model's
+        s.eager_ops = bool(getattr(self.model, "run_eagerly", False))
         if not s.started:
             s.start()
         else:

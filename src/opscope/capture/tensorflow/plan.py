@@ -20,6 +20,9 @@ SILENT = frozenset({"Const", "Placeholder", "NoOp", "Shape", "ShapeN", "Size", "
                     "BroadcastGradientArgs"})
 
 
+ASSIGNS = frozenset({"AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp"})
+
+
 @dataclass
 class Ref:
     """One input or output of an op: which value, which op made it, which variable it is."""
@@ -57,6 +60,7 @@ class GraphPlan:
     scopes: dict[str, tuple[str, str]] = field(default_factory=dict)  # name scope -> (module, op type)
     ops: list[OpPlan] = field(default_factory=list)
     constants: list[Any] = field(default_factory=list)      # measured Const values (index -2 - i)
+    written: dict[str, Any] = field(default_factory=dict)   # resource name -> last value assigned here
     steps: bool = False          # traced an optimizer apply / gradient: its run ends a step
     contains_step: bool = False  # calls a graph that ends steps: not a step itself
 

@@ -52,6 +52,7 @@ class TFDumpSession:
         self._xla_seen: set[str] = set()
         self._steps_written: set[int] = set()
         self._keys = 0  # tensor keys in the safetensors shards
+        self.eager_ops = True  # record ops run eagerly (the Keras callback turns it off unless run_eagerly)
 
     # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> TFDumpSession:
@@ -197,7 +198,7 @@ class TFDumpSession:
                 self.clock.optimizer_step()
 
     def eager_op(self, op_type: str, inputs: Any, outputs: Any, ctx: CallContext) -> None:
-        if op_type in SILENT or op_type.startswith("opscope"):
+        if not self.eager_ops or op_type in SILENT or op_type.startswith("opscope"):
             if op_type == "ReadVariableOp" and inputs and outputs:
                 self._eager_param(inputs[0], outputs[0])
             return

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
-from opscope.capture.tensorflow.plan import ALIASES, SILENT, GraphPlan, OpPlan, Ref
+from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan, OpPlan, Ref
 from opscope.capture.tensorflow.stats import NUMERIC
 
 SKIP_GRAPHS = ("Dataset_", "__inference_Dataset")
@@ -179,7 +179,16 @@ class Tracer:
                 attrs: Any = None) -> None:
         """Plan one graph op: its refs, and its rows unless it is plumbing."""
         index = len(plan.ops)
-        if op_type == "ReadVariableOp" and outputs and inputs:
+        read_after_write = False
+        if op_type in ASSIGNS and len(inputs) >= 2:
+            plan.written[inputs[0].name] = inputs[1]
+        if op_type == "ReadVariableOp" and inputs and inputs[0].name in plan.written:
+            # a read of a variable this graph wrote: its value comes from what was written
+            # (data flow for compare), not from the start of the step
+            inputs = [plan.written[inputs[0].name]]
+            op_type = "ReadVariableOp"
+            read_after_write = True
+        if op_type == "ReadVariableOp" and outputs and inputs and not read_after_write:
             param = self.host.variable_name(inputs[0])
             if param:
                 plan.param_of[outputs[0].name] = param
@@ -195,7 +204,8 @@ class Tracer:
                     plan.param_of[t.name] = plan.param_of[inputs[0].name]
             outs.append(Ref(plan.value(t, _numeric(t)), None, shape=static_shape(t)))
         module, phase, fwd = self._where(plan, node, op_type)
-        if op_type in SILENT or not any(r.value >= 0 for r in outs) and not any(r.value != -1 for r in ins):
+        silent = op_type in SILENT and not read_after_write
+        if silent or not any(r.value >= 0 for r in outs) and not any(r.value != -1 for r in ins):
             plan.ops.append(OpPlan(op_type, node, module, phase, fwd, [], [], note="silent"))
             return
         plan.ops.append(OpPlan(op_type, node, module, phase, fwd, ins, outs,

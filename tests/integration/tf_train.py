@@ -1,0 +1,120 @@
+"""Train a tiny Keras transformer for a few steps under opscope.tensorflow.dump (for the TF tests).
+
+    python tf_train.py DUMP [--loop fit|custom|eager] [--policy mixed_bfloat16] [--fault ff0a]
+                      [--level op|layer] [--steps 0|1] [--data statistics|tensor] [--jit] [--nan]
+
+``--fault LAYER`` scales that Dense layer's output by 1.05 (a one-layer fault); ``--nan``
+puts a NaN in ``ff0b``'s output at step 1. Without DUMP ("-") it trains with no dump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels run to run
+
+
+def build(args: argparse.Namespace):
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    if args.policy:
+        keras.mixed_precision.set_global_policy(args.policy)
+
+    class Faulty(keras.layers.Dense):
+        """A Dense layer whose output is off by 5% (the injected fault)."""
+
+        def call(self, inputs):
+            return super().call(inputs) * 1.05
+
+    class Poisoned(keras.layers.Dense):
+        def call(self, inputs):
+            out = super().call(inputs)
+            step = tf.cast(self.counter, out.dtype)
+            self.counter.assign_add(1)
+            return out + tf.where(step >= 1.0, tf.constant(float("nan"), out.dtype), tf.constant(0.0, out.dtype))
+
+        def build(self, shape):
+            super().build(shape)
+            self.counter = self.add_weight(shape=(), initializer="zeros", trainable=False, name="counter")
+
+    def dense(units, name, **kw):
+        cls = Faulty if args.fault == name else Poisoned if args.nan and name == "ff0b" else keras.layers.Dense
+        return cls(units, name=name, **kw)
+
+    d, seq, vocab = 32, 16, 100
+    inp = keras.Input((seq,), dtype="int32")
+    x = keras.layers.Embedding(vocab, d, name="embed")(inp)
+    a = keras.layers.MultiHeadAttention(2, d // 2, name="attn0")(x, x)
+    x = keras.layers.LayerNormalization(name="ln0a")(x + a)
+    f = dense(2 * d, "ff0a", activation="relu")(x)
+    f = dense(d, "ff0b")(f)
+    x = keras.layers.LayerNormalization(name="ln0b")(x + f)
+    out = keras.layers.Dense(vocab, name="head", dtype="float32")(x)
+    model = keras.Model(inp, out, name="tiny")
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=args.jit,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def data(n: int = 64):
+    import numpy as np
+
+    x = np.random.default_rng(0).integers(0, 100, (n, 16)).astype("int32")
+    return x, np.roll(x, -1, axis=1)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("dump")
+    p.add_argument("--loop", default="fit", choices=["fit", "custom", "eager"])
+    p.add_argument("--policy", default=None)
+    p.add_argument("--fault", default=None)
+    p.add_argument("--level", default="op")
+    p.add_argument("--steps", default="0|1")
+    p.add_argument("--data", default="statistics")
+    p.add_argument("--jit", action="store_true")
+    p.add_argument("--nan", action="store_true")
+    p.add_argument("--spe", type=int, default=1, help="steps_per_execution")
+    args = p.parse_args()
+    model = build(args)
+    x, y = data()
+    if args.dump == "-":  # zero-code: OPSCOPE_CONFIG / opscope run decide
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        return
+    import opscope.tensorflow as otf
+
+    keys = {"steps": args.steps, "level": args.level, "data": args.data, "overwrite": True}
+    if args.loop == "fit":
+        if args.spe > 1:
+            model.compile(optimizer=model.optimizer, loss=model.loss, steps_per_execution=args.spe)
+        cb = otf.DumpCallback(args.dump, **keys)
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb])
+        return
+    custom_loop(model, x, y, args, otf.dump(args.dump, model=model, **keys))
+
+
+def custom_loop(model, x, y, args, session) -> None:
+    import tensorflow as tf
+
+    loss_fn, opt = model.loss, model.optimizer
+
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+        return loss
+
+    step = train_step if args.loop == "eager" else tf.function(train_step, jit_compile=args.jit)
+    with session as d:
+        for i in range(0, len(x), 16):
+            step(tf.constant(x[i:i + 16]), tf.constant(y[i:i + 16]))
+            d.step()
+
+
+if __name__ == "__main__":
+    main()
