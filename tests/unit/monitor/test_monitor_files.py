@@ -1,0 +1,89 @@
+"""The monitor's config and files: bad keys named, chunks whole after a crash, names never paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import opscope
+from opscope.config import monitor_config
+from opscope.errors import ConfigError, DumpExistsError, DumpFormatError
+from opscope.monitor.series import SeriesWriter, read
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ({"targets": ["grads", "gradz"]}, "targets: 'gradz' is not a target"),
+    ({"every": 0}, "every: 0 is not a number >= 1"),
+    ({"every": 2.5}, "every: 2.5 is not an integer >= 1"),
+    ({"warmup": 40}, "warmup 40 must be below window 32"),
+    ({"treshold": 3}, "monitor: unknown key 'treshold'; allowed keys:"),
+])
+def test_bad_keys_are_named_before_anything_runs(keys, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        opscope.monitor("unused", **keys)
+
+
+def test_a_config_file_section_and_aliases(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"monitor": {"output": "runs/m", "interval": 5, "targets": "all",
+                                            "module_patterns": ["layers.*", "!*.drop"]}}))
+    cfg = monitor_config(path)
+    assert (cfg.path, cfg.every, cfg.targets[0], cfg.modules.exclude) == ("runs/m", 5, "inputs", ("*.drop",))
+
+
+def test_a_crash_leaves_every_written_chunk_readable(tmp_path):
+    script = f"""
+import os, torch, opscope
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+m = opscope.monitor({str(tmp_path / "m")!r}, chunk=5).start()
+for i in range(13):
+    loss = model(torch.randn(16, 4)).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    m.step(loss=loss)
+os._exit(3)  # killed: no stop(), no atexit
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr
+    data = read(tmp_path / "m")
+    rank = data.ranks[0]
+    assert rank.status == "running" and rank.steps == 10  # two chunks of 5; steps 10-12 were in memory
+    steps, values = rank.values[("grad", "0.weight", "norm")]
+    assert steps == list(range(10)) and all(v > 0 for v in values)
+    assert not list((tmp_path / "m" / "rank0").glob("*.tmp"))
+
+
+def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
+    writer = SeriesWriter(str(tmp_path), 0, 2, {}, overwrite=False)
+    writer.add(0, [(0, "loss", "loss", "value", 1.0)], {("loss", "loss"): 2_000_000})
+    writer.add(1, [(1, "loss", "loss", "value", 1.5)], {})
+    (tmp_path / "rank0" / "series-000000002.parquet.tmp").write_bytes(b"PAR1 half a file")
+    with open(tmp_path / "rank0" / "events.jsonl", "a") as f:
+        f.write('{"step": 3, "rank": 0, "depar')
+    rank = read(tmp_path).ranks[0]
+    assert rank.values[("loss", "loss", "value")] == ([0, 1], [1.0, 1.5]) and rank.events == []
+    with pytest.raises(DumpExistsError, match="overwrite=True"):
+        SeriesWriter(str(tmp_path), 0, 2, {}, overwrite=False)
+
+
+def test_a_tensor_name_never_becomes_a_path(tmp_path):
+    writer = SeriesWriter(str(tmp_path), 0, 1, {}, overwrite=False)
+    evil = "../../../etc/passwd"
+    writer.add(0, [(0, "grad", evil, "norm", 1.0)], {("grad", evil): 1})
+    writer.close("complete")
+    files = {os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs}
+    assert files == {"monitor.json", "rank0/index.json", "rank0/events.jsonl", "rank0/series-000000000.parquet"}
+    assert read(tmp_path).ranks[0].values[("grad", evil, "norm")] == ([0], [1.0])
+
+
+def test_not_a_monitor_folder(tmp_path):
+    with pytest.raises(DumpFormatError, match="not a monitor folder"):
+        read(tmp_path)
+    (tmp_path / "monitor.json").write_text(json.dumps({"format": "opscope-monitor/9"}))
+    with pytest.raises(DumpFormatError, match="upgrade opscope"):
+        read(tmp_path)
