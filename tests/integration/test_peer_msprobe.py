@@ -65,7 +65,8 @@ def test_records_follow_opscope_api_level(dumps: dict[str, Path]) -> None:
     assert {r["param"] for r in grads} >= {"layers.0.fc.weight", "head.bias"}
     target = next(r for r in rows if r["op"] == "torch.nn.functional.cross_entropy" and r["slot"] == 1)
     assert target["dtype"] == "int64" and target["mean"] is None and 0 <= target["max"] <= 3  # Mean: null
-    assert all(r["hash"] is not None for r in rows)  # summary_mode md5
+    hashed = [r["hash"] is not None for r in rows if not (r["op"].endswith("_") and r["slot"] == 0 and r["io"] != "output")]
+    assert all(hashed) and len(hashed) > 100  # summary_mode md5 (not on what an in-place op writes: it races)
     assert d.manifest["hash_algorithm"] == "msprobe-crc32"
     step_folder = opscope.load(dumps["ref"] / "step1")
     rank_folder = opscope.load(next((dumps["ref"] / "step1").iterdir()))
@@ -100,7 +101,10 @@ def test_tensor_dump_at_l1_names_the_call(dumps: dict[str, Path]) -> None:
 def test_benign_pairs_are_clean(dumps: dict[str, Path]) -> None:
     same = opscope.compare(dumps["same"], dumps["ref"], workers=1)
     assert same.verdict != "diverged" and not same.culprits
-    assert same.counts["identical"] >= 0.95 * same.counts["pairs"]  # equal md5 on both sides
+    assert same.counts["identical"] >= 0.9 * same.counts["pairs"]  # equal md5 on both sides
+    pairs = same.pairs_table.to_pandas()
+    rest = pairs[pairs.status != "identical"]  # in-place ops' written inputs: msprobe's md5 races the write
+    assert set(zip(rest.op, rest.slot, rest["mode"])) <= {("Tensor.add_", 0, "statistics")} and rest.error.eq(0).all()
     bf16 = opscope.compare(dumps["bf16"], dumps["ref"], workers=1)
     assert bf16.verdict == "within_tolerance", _findings(bf16)
     assert bf16.counts["pairs"] > 250 and bf16.counts["failed"] == 0
@@ -131,6 +135,13 @@ def test_msprobe_against_opscope_api_dump(dumps: dict[str, Path]) -> None:
     fault = opscope.compare(dumps["act"], dumps["ops"], workers=1)
     first = fault.first_divergence
     assert (first.op, first.module, first.phase, first.step) == ("torch.nn.functional.gelu", "layers.1", "forward", 0)
+    # L1 records no modules: both sides are paired by API name and call order alone
+    flat = opscope.compare(dumps["t_act"], dumps["ops"], workers=1)
+    pairs = flat.pairs_table.to_pandas()
+    assert len(pairs[(pairs.phase != "optimizer") & pairs.kind.isin(["exact", "aligned"])]) >= 150
+    first = flat.first_divergence
+    assert (first.op, first.call, first.phase, first.step) == ("torch.nn.functional.gelu", 1, "forward", 0)
+    assert not [f for f in flat.culprits if f.phase != "optimizer" and f.op != "torch.nn.functional.gelu"]
 
 
 def test_gpt2_layer_norm_fault(dumps: dict[str, Path]) -> None:

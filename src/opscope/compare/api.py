@@ -13,6 +13,7 @@ from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_tar
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.mapping import Mapping, load_mapping
+from opscope.compare.modules import flatten_modules, records_modules
 from opscope.compare.passes import CompareInputs, ResultPass, result_pass
 from opscope.compare.result import CompareResult
 from opscope.compare.table import pairs_table
@@ -112,6 +113,9 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
     for rows in (t_rows, r_rows):
         _inherit_data(rows)
     rename_target(t_rows, names)
+    if not (records_modules(t_dump) and records_modules(r_dump)):  # msprobe at L1: pair by API and order
+        for rows in (t_rows, r_rows):
+            flatten_modules(rows)
     levels = dump_level(t_dump), dump_level(r_dump)
     if is_cross(*levels):  # an ONNX Runtime dump (a framework with an op table): pair through it
         return crossframework.align_partition(t_rows, r_rows, *levels)

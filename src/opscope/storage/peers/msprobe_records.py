@@ -167,12 +167,17 @@ class _Builder:
 
     def _forward_rows(self, call: Row, entry: Row, module: str) -> None:
         slot, positional = 0, []
+        in_place = str(call["op"]).endswith("_")
         for i, value in enumerate(entry.get("input_args") or []):
             for stat in _tensors(value):
                 identity = _identity(stat)
                 param = self.params.get((module, identity)) or self.params.get(("*", identity))
                 known = param is not None or identity in self.optimized
                 self._row(call, "param" if known else "input", slot, None, stat, param=param)
+                if in_place and slot == 0:
+                    # msprobe hashes on a thread: the tensor an in-place op writes may be hashed
+                    # before or after the write (measured: the same run twice gave both)
+                    self.rows[-1]["hash"] = None
                 slot += 1
             if not _has_tensor(value):
                 positional.append([i, _plain(value)])
