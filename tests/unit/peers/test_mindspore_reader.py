@@ -68,10 +68,14 @@ def test_records_scopes_phases_data_flow() -> None:
     assert {r["phase"] for r in rows} == {"forward", "backward", "optimizer"}
     grads = [r for r in rows if r["phase"] == "backward" and r["op"] == "mindspore.LayerNormGrad"]
     assert grads and all(r["fwd_op"] == "mindspore.LayerNorm" for r in grads)
-    updated = [r for r in rows if r["phase"] == "optimizer" and r["param"] == "b0.fc1.weight"]
-    assert updated and all(r["io"] == "output" and r["slot"] >= 100 for r in updated)
+    updated = [r for r in rows if r["phase"] == "optimizer" and r["param"] == "b0.fc1.weight" and r["io"] == "output"]
+    assert len(updated) == 1 and updated[0]["slot"] == 100  # SGD's input 0, dumped after the update
     sgd = [r for r in rows if r["op"] == "mindspore.SGD"]  # its own outputs are placeholders: left out
     assert sgd and not [r for r in sgd if r["io"] == "output" and r["slot"] < 100]
+    # what the update read: the weight as the step began, i.e. what the forward's MatMul read
+    start = next(r for r in sgd if r["io"] == "param" and r["param"] == "b0.fc1.weight")
+    assert start["slot"] == 0 and (start["hash"], start["key"]) == (fc1[1]["hash"], fc1[1]["key"])
+    assert start["hash"] != updated[0]["hash"]
     seqs = [r["seq"] for r in rows]
     assert seqs == sorted(seqs)
 

@@ -33,6 +33,7 @@ WRAPPERS = frozenset({"WithLossCell", "WithEvalCell", "WithGradCell", "TrainOneS
                       "PipelineCell", "MicroBatchInterleaved", "_VirtualDatasetCell"})
 _MAX_UNDUMPED = 8  # undumped ops read through between a kernel and the one it reads
 _GRAPH_SEQ = 1_000_000
+_STEP_START_IDS = 1 << 40  # ids of the rows added for an in-place update's input (never a file's)
 _UPDATED = 100  # slot offset of an optimizer's in-place updated parameter, recorded as an output  # seq offset of each further graph of one iteration
 _COLUMNS = [name for name, _ in SCHEMA_FIELDS]
 
@@ -166,8 +167,25 @@ class RowBuilder:
             if io == "output":
                 self.outputs[(full, slot)] = row["id"]
             self.rows.append(row)
+            if row["io"] == "output" and row["slot"] >= _UPDATED:
+                self._add_step_start(row)
         if phase == "optimizer":
             self._drop_in_place_outputs(full, seq)
+
+    def _add_step_start(self, updated: dict[str, Any]) -> None:
+        """The input an in-place update read: the parameter as the step began, which is what its
+        first reader in the forward pass saw (the dump has it only after the update). Without
+        it, a parameter that differed from the start would look made different by the update."""
+        first = next((r for r in self.rows if r.get("param") == updated["param"] and r["io"] == "param"
+                      and r["phase"] == "forward"), None)
+        if first is None:
+            return
+        start = {**first, "id": len(self.rows) + _STEP_START_IDS, "seq": updated["seq"], "phase": updated["phase"],
+                 "module": updated["module"], "op": updated["op"], "call": updated["call"], "io": "param",
+                 "slot": updated["slot"] - _UPDATED, "node": updated["node"], "fwd_op": None, "producer": None,
+                 "note": "the parameter as the step began (what the forward read): MindSpore dumps an "
+                         "in-place input after the update"}
+        self.rows.append(start)
 
     def _drop_in_place_outputs(self, full: str, seq: int) -> None:
         """An optimizer op that updates parameters in place (SGD, Adam): its own outputs are
