@@ -209,3 +209,12 @@ def test_calibration_tells_a_slower_machine_from_slower_code() -> None:
     assert code.machine.speed is not None and not code.machine.speed.significant
     both = diff(base, profile("b", 2, code=1.3, machine=1.2))
     assert not both and {c.name for c in both.regressions} >= {"forward", "backward"}
+
+
+def test_show_says_the_machine_was_loaded(runs) -> None:
+    done = opscope_cli("show", str(runs / "busy"))
+    assert done.returncode == 0, done.stderr
+    line = next(line for line in done.stdout.splitlines() if line.startswith("machine loaded"))
+    assert "waited for a CPU" in line and "% of step time" in line
+    load_ = load(runs / "busy").summary["machine_load"]
+    assert load_["loaded"] and load_["share"] >= 0.05 and load_["wait_ms_per_step"] > 0

@@ -35,6 +35,9 @@ def render_show(data: Any, top: int = 10, width: int = 110) -> str:
     )
     if step_ms.get("n"):
         con.print(f"step time: median {step_ms['median']:.3f} ms  (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, MAD {step_ms['mad']:.3f})")
+    load = s.get("machine_load") or {}
+    if load.get("note"):
+        con.print(load["note"])
     table = Table(title="phases (steady steps)", title_justify="left")
     for col in ("phase", "median ms", "mean ms", "share", ""):
         table.add_column(col, justify="left" if col in ("phase", "") else "right")
@@ -43,17 +46,40 @@ def render_show(data: Any, top: int = 10, width: int = 110) -> str:
         share = row.get("share", 0.0)
         table.add_row(phase, f"{row.get('median_ms', 0):.3f}", f"{row.get('mean_ms', 0):.3f}", f"{share * 100:.1f}%", "#" * round(share * 40))
     con.print(table)
+    _outliers(con, s.get("outliers") or {})
     comm = s.get("communication", {})
     if comm.get("total_ms", {}).get("median"):
         con.print(f"communication: median {comm['total_ms']['median']:.3f} ms per step, of which {comm['overlap_ms'].get('median', 0):.3f} ms hidden under other phases")
     _slowest(con, s.get("slowest_ranks", {}))
     _ops(con, s.get("top_ops", [])[:top])
-    task = s.get("task_trace", {})
-    if task.get("ratio"):
-        con.print(f"task trace cost: profiled steps take {task['ratio']:.2f}x the unprofiled ones (median {task['traced_median_ms']:.3f} vs {task['plain_median_ms']:.3f} ms)")
+    _task_cost(con, s.get("task_trace", {}))
     for warning in data.warnings:
         con.print(f"warning: {warning}")
     return _text(con)
+
+
+def _outliers(con: Any, outliers: dict[str, Any]) -> None:
+    """Which steps make a mean differ from its median."""
+    steps = outliers.get("steps") or []
+    if not steps:
+        return
+    ranks = len({o["rank"] for o in steps}) > 1
+    shown = "; ".join(f"step {o['step']}" + (f" rank {o['rank']}" if ranks else "")
+                      + f" {o['wall_ms']:.3f} ms ({o['phase']} {o['phase_ms']:.3f} ms)" for o in steps[:5])
+    more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
+    con.print(f"outlier steps (above {outliers['threshold_ms']:.3f} ms; they make a mean exceed its median): {shown}{more}")
+
+
+def _task_cost(con: Any, task: dict[str, Any]) -> None:
+    if not task.get("ratio"):
+        return
+    line = (f"task trace cost: profiled steps take {task['ratio']:.2f}x the unprofiled ones "
+            f"(median {task['traced_median_ms']:.3f} vs {task['plain_median_ms']:.3f} ms)")
+    if task.get("why"):
+        line += f"; below 1x: {task['why']}"
+    elif task["ratio"] < 1:  # a summary from an older opscope: no reason recorded
+        line += "; below 1x: noise or a busier machine during the unprofiled steps, not a speed-up"
+    con.print(line)
 
 
 def _slowest(con: Any, slow: dict[str, Any]) -> None:
