@@ -4,7 +4,9 @@ Each tracked series gives one number per step: a tensor's L2 norm (judged in log
 1000x jump is 3 units whatever the tensor's scale), the loss (judged as it is) or the
 learning rate (log10). A value departs when its robust z-score,
 ``|x - median| / max(1.4826 * MAD, floor)``, over the last ``window`` values exceeds
-``threshold``, once the series has ``warmup`` values. The floor (0.05 in log10, i.e. ~12%;
+``threshold``, once the series has ``warmup`` values. A norm that falls must also fall by
+``DROP`` decades (10x): a gradient's norm over a small batch drops by cancellation far more
+often than it jumps, and a fall that matters is a collapse. The floor (0.05 in log10, i.e. ~12%;
 1% of the median for the loss) keeps a flat series (a constant learning rate) from firing
 on rounding. A NaN or Inf (a non-finite norm, NaN/Inf counts above 0) departs at once,
 with no history needed. A series that departed is not reported again for ``window``
@@ -24,6 +26,7 @@ from opscope.monitor.events import Departure, MonitorEvent
 
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
+DROP = 1.0
 TINY = 1e-30
 Key = tuple[str, str]
 
@@ -100,7 +103,9 @@ class BandDetector:
         linear = self.linear[rows[ready]]
         floor = np.where(linear, LINEAR_FLOOR * np.abs(med) + 1e-12, LOG_FLOOR)
         scale = np.maximum(1.4826 * mad, floor)
-        z[ready] = np.abs(x[ready] - med) / scale
+        delta = x[ready] - med
+        falls_little = ~linear & (delta < 0) & (-delta < DROP)
+        z[ready] = np.where(falls_little, 0.0, np.abs(delta) / scale)
         median[ready] = np.where(linear, med, 10.0 ** med)
         return z, median
 

@@ -71,3 +71,9 @@ def test_a_series_that_appears_late_warms_up_on_its_own_then_is_judged():
         event = det.update(step, 0, values, ORDER)
         fired += [(event.step, d.name) for d in event.departures] if event else []
     assert fired == [(40, "b.weight")]
+
+
+def test_a_norm_that_falls_must_collapse_to_count():
+    a, b = noisy(1.0, 5), noisy(1.0, 6)
+    events = run({KEY_A: lambda s: a(s) / (4 if s == 30 else 1), KEY_B: lambda s: b(s) / (100 if s == 30 else 1)}, 40)
+    assert [(e.step, [d.name for d in e.departures]) for e in events] == [(30, ["b.weight"])]
