@@ -76,10 +76,11 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
 
     data = config.load(path)
     if not data:
-        raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile or overflow section")
+        raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile, overflow or monitor section")
     names = [s for s in config.SECTIONS if s in data] or ["dump"]  # a flat file holds dump keys
     resolve: dict[str, Callable[[str | os.PathLike], Any]] = {
-        "dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config}
+        "dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config,
+        "monitor": config.monitor_config}
     sections = {name: resolve[name](path) for name in names}
     profile = sections.get("profile")
     if profile is not None and not (profile.training_trace or profile.task_trace):
@@ -98,10 +99,13 @@ def describe(sections: dict[str, Any]) -> str:
         if name == "profile":
             where = cfg.output
             what = [t for t, on in (("training trace", cfg.training_trace), ("task trace", cfg.task_trace)) if on]
+        elif name == "monitor":
+            where, what = cfg.path, [", ".join(cfg.targets)]
         else:
             where = cfg.path
             what = [cfg.level, cfg.data] if name == "dump" else [cfg.level, f"action {cfg.action}"]
-        what.append(_steps_text(cfg.steps.steps))
+        every = "every step" if getattr(cfg, "every", 1) == 1 else f"every {cfg.every} steps"
+        what.append(every if name == "monitor" else _steps_text(cfg.steps.steps))
         if cfg.ranks is not None:
             what.append("ranks " + ",".join(map(str, cfg.ranks)))
         label = "overflow watch" if name == "overflow" else name
@@ -269,6 +273,12 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
         from opscope.report import renderer
 
         return profile_session.ProfileSession(cfg, html=renderer("ProfileData", "html"))
+    if name == "monitor":
+        if "opscope.monitor.session" in sys.modules:
+            return None  # the script called opscope.monitor itself
+        from opscope import ENTRY_POINTS
+
+        return ENTRY_POINTS["monitor"](config=path)
     return _watch_session(path)
 
 
