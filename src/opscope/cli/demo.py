@@ -53,7 +53,9 @@ def train(path: Path, steps: int, fault: bool = False, bf16: bool = False) -> li
     torch.manual_seed(0)
     model, opt, batch = transformer_task()
     if fault:
-        model.layers[1].act.approximate = "tanh"
+        act = model.get_submodule("layers.1.act")
+        assert isinstance(act, torch.nn.GELU)
+        act.approximate = "tanh"
     losses = []
     # full tensors of the first step only: where the fault starts and that bf16 stays within
     # tolerance show there, at a third of the disk; tensor_limit_mb caps it (and makes its

@@ -81,7 +81,9 @@ def mlp_task(seed: int = 0, batch: int = 32, **kw: Any
     model = MLP(**kw)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(seed + 1)
-    data = [(torch.randn(batch, model.layers[0].in_features, generator=gen),
+    first = model.layers[0]
+    assert isinstance(first, nn.Linear)
+    data = [(torch.randn(batch, first.in_features, generator=gen),
              torch.randint(0, model.out.out_features, (batch,), generator=gen)) for _ in range(16)]
     return model, opt, lambda i: data[i % len(data)]
 

@@ -8,6 +8,7 @@ force the host to wait for the device in the middle of a step.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -92,7 +93,7 @@ def pick_clock(kind: str = "auto") -> HostClock | DeviceClock:
             continue
         usable = backend.is_available() and (kind == name or backend.is_initialized())
         if usable and kind in ("auto", name):
-            return DeviceClock(lambda b=backend: b.Event(enable_timing=True), name)
+            return DeviceClock(functools.partial(backend.Event, enable_timing=True), name)
     if kind in ("cuda", "npu"):
         from opscope.errors import ConfigError
 

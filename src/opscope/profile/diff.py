@@ -203,7 +203,7 @@ class _Judge:
         rescale = (factor - 1) * sign > 0  # only toward A: the machine can explain, not accuse
         b2 = [v / factor for v in b1] if rescale else b1
         after_wait = compare_series(*key, a1, b1, self.floor, self.k, self.min_change)
-        after = compare_series(*key, a1, b2, self.floor, self.k, self.min_change, machine.speed.sigma if rescale else 0.0)
+        after = compare_series(*key, a1, b2, self.floor, self.k, self.min_change, machine.speed.sigma if rescale and machine.speed is not None else 0.0)
         raw.wait_ms = round(raw.delta_ms - after_wait.delta_ms, 4)
         raw.speed_ms = round(after_wait.delta_ms - after.delta_ms, 4)
         # A thread that waits for a CPU also runs slower once it has one (the other work
@@ -251,7 +251,8 @@ def measure_machine(a: Any, b: Any, rows_a: Sequence[StepRow], rows_b: Sequence[
         wa, wb = _waits(rows_a), _waits(rows_b)
         means = statistics.fmean(wa), statistics.fmean(wb)
         medians = statistics.median(wa), statistics.median(wb)
-        wait = Wait(*(round(v, 4) for v in (*means, *medians)), abs(means[1] - means[0]) >= floor)
+        wait = Wait(round(means[0], 4), round(means[1], 4), round(medians[0], 4), round(medians[1], 4),
+                    abs(means[1] - means[0]) >= floor)
     return Machine(speed(blocks_a, blocks_b), wait)
 
 
@@ -264,7 +265,14 @@ def _phase_waits(rows_a: Sequence[StepRow], rows_b: Sequence[StepRow], phase: st
     step's (a bound: the phase's wait is not known, only the step's)."""
     if phase == "step" or not split:
         return (_waits(rows_a), _waits(rows_b)), phase == "step"
-    return ([r.phase_waits[phase] / MS for r in rows_a], [r.phase_waits[phase] / MS for r in rows_b]), True
+    return ([_own_wait(r, phase) / MS for r in rows_a], [_own_wait(r, phase) / MS for r in rows_b]), True
+
+
+def _own_wait(row: StepRow, phase: str) -> int:
+    """A phase's own wait (ns); called only when every row has its waits split by phase."""
+    if row.phase_waits is None:
+        raise ValueError(f"step {row.step} of rank {row.rank} has no wait split by phase")
+    return row.phase_waits[phase]
 
 
 def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool = True) -> ProfileDiff:

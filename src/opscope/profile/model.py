@@ -89,10 +89,13 @@ class StepRow:
 
 
 def _phase_waits(row: dict[str, Any]) -> dict[str, int] | None:
-    waits = {p: row.get(f"{p}_wait_ns") for p in PHASES}
-    if any(w is None or w < 0 for w in waits.values()):
-        return None
-    return {p: int(w) for p, w in waits.items()}
+    waits: dict[str, int] = {}
+    for p in PHASES:
+        w = row.get(f"{p}_wait_ns")
+        if w is None or w < 0:
+            return None
+        waits[p] = int(w)
+    return waits
 
 
 @dataclass

@@ -180,9 +180,11 @@ def merge(root: Path, ranks: list[int], timeout: float = 0, html: Callable[[Any]
     missing = wait_for_ranks(root, ranks, timeout)
     data = load(root)
     first = read_summary(root / f"rank{min(data.rank_status)}")
-    info = {k: first[k] for k in ("format", "version", "world_size", "config", "host", "torch", "tensorflow", "started") if k in first}
+    kept = ("format", "version", "world_size", "config", "host", "torch", "tensorflow", "started")
+    info: dict[str, Any] = {k: first[k] for k in kept if k in first}
     info.update(data.summary, status=data.status, rank_status={str(k): v for k, v in data.rank_status.items()})
-    info["warnings"] = data.warnings + [f"rank {r}: no finished profile after waiting {timeout:g} s; merged without it" for r in missing]
+    info["warnings"] = data.warnings + [f"rank {r}: no finished profile after waiting {timeout:g} s; merged without it"
+                                        for r in missing]
     files = writers.write_steps(root, data.steps) + writers.write_ops(root, data.ops)
     traces = [root / f"rank{r}" / "trace.json.gz" for r in sorted(data.rank_status)]
     traces = [t for t in traces if t.exists()]

@@ -5,6 +5,7 @@ Pure: :func:`render` returns the text (with ANSI colour when asked); the CLI pri
 
 from __future__ import annotations
 
+import io
 import math
 from typing import Any
 
@@ -91,7 +92,7 @@ def _culprits(findings: list[Finding], total: int) -> Any:
                       ("phase", "left"), ("error", "right"), ("x allowed", "right"),
                       *((("replay", "left"),) if replayed else ())):
         whole = col in ("module", "op")
-        table.add_column(col, justify=just, overflow="fold" if whole else "ellipsis", no_wrap=not whole)  # type: ignore[arg-type]
+        table.add_column(col, justify=just, overflow="fold" if whole else "ellipsis", no_wrap=not whole)
     for i, f in enumerate(findings, 1):
         cells = [str(i), f.id, f.kind, f.module or "(top level)", f.param if f.kind == "root" and f.param else f.op,
                  f.phase, _fmt(f.metrics.get("error")), _fmt(f.score)]
@@ -104,7 +105,7 @@ def _replay_text(replay: dict[str, Any], short: bool = False) -> str:
     from opscope.replay.result import VERDICT_TEXT
 
     text = VERDICT_TEXT.get(replay.get("verdict", ""), str(replay.get("verdict")))
-    sides = [replay.get(s) for s in ("target", "reference") if replay.get(s)]
+    sides = [side for s in ("target", "reference") if (side := replay.get(s))]
     if short:
         return text
     if sides:
@@ -163,7 +164,9 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-class _Null:
+class _Null(io.StringIO):
+    """A text file that keeps nothing (the console records what it prints)."""
+
     def write(self, _: str) -> int:
         return 0
 

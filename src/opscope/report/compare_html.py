@@ -78,5 +78,5 @@ def _value(v: Any) -> Any:
 
 
 def _asset(name: str) -> str:
-    text = resources.files("opscope.report").joinpath("assets", name).read_text(encoding="utf-8")
+    text = resources.files("opscope.report").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
     return text.replace("</script", "<\\/script").replace("</style", "<\\/style")

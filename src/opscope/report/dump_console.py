@@ -107,7 +107,7 @@ def _num(v: Any) -> str:
     return "-" if v is None else f"{v:.4g}"
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -21,6 +21,7 @@ def render(check: RankCheck, limit: int | None = 10) -> str:
                      f"({check.checked} tensors per rank, bit-exact)")
     else:
         first = check.first
+        assert first is not None, "ranks that differ have a first difference"
         lines.append(f"ranks differ: first at step {first.step}, parameter {first.param!r}, {first.io} "
                      f"({first.what}): {_who(first)}")
         lines += [f"  {line}" for line in _details(first)]

@@ -141,8 +141,12 @@ class ShardReader:
         start, end = meta["data_offsets"]
         if self._base + end > self._size:
             raise DumpFormatError(f"tensor {key!r} in {str(self.path)!r} is cut off: the shard is truncated")
+        if self._map is None:  # an empty file has no header: opening it failed already
+            raise DumpFormatError(f"tensor shard {str(self.path)!r} is empty")
         dtype = _BY_ST[meta["dtype"]]
-        arr = np.frombuffer(self._map, dtype=DTYPES[dtype][1], count=(end - start) // np.dtype(DTYPES[dtype][1]).itemsize, offset=self._base + start)
+        numpy_dtype = DTYPES[dtype][1]
+        arr = np.frombuffer(self._map, dtype=numpy_dtype, count=(end - start) // np.dtype(numpy_dtype).itemsize,
+                            offset=self._base + start)
         return dtype, arr.reshape(meta["shape"])
 
     def array(self, key: str) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -14,7 +15,7 @@ _STAT_INDEX = {name: i for i, name in enumerate(STAT_NAMES)}
 _HASH = _STAT_INDEX["hash"]
 
 
-def _encode_args(values: tuple[Any, ...]) -> list[str | None]:
+def _encode_args(values: Sequence[Any]) -> list[str | None]:
     """JSON text of each call's non-tensor arguments (rows of one call share one object)."""
     done: dict[int, str | None] = {}
     out = []
@@ -36,7 +37,7 @@ def rows_to_table(rows: list[list[Any]]) -> pa.Table:
     Transposed with ``zip`` (C speed): this runs on the writer thread while the next
     training step runs, and every Python-level loop here would take the GIL from it.
     """
-    columns = list(zip(*rows, strict=True))
+    columns: list[Sequence[Any]] = list(zip(*rows, strict=True))
     if not columns:
         return SCHEMA.empty_table()
     stats = list(zip(*columns[STATS], strict=True))

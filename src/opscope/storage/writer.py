@@ -28,6 +28,8 @@ from opscope.storage.safetensors_io import write_chunks, write_shard
 from opscope.storage.table import rows_to_table
 
 _STOP = object()
+# step -> (open shard's name, its (key, dtype, shape, buffer) chunks)
+OpenShards = dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]]
 
 
 class DumpWriter:
@@ -145,7 +147,7 @@ class DumpWriter:
 
     # -- writer thread -----------------------------------------------------------------
     def _loop(self) -> None:
-        open_shards: dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]] = {}
+        open_shards: OpenShards = {}
         while True:
             with self._cond:
                 while not self._queue:
@@ -172,7 +174,7 @@ class DumpWriter:
             self.error = DumpWriteError(f"dump writer failed: {type(exc).__name__}: {exc}")
         self.write_seconds += time.perf_counter() - start
 
-    def _handle(self, item: tuple[Any, ...], open_shards: dict) -> None:
+    def _handle(self, item: tuple[Any, ...], open_shards: OpenShards) -> None:
         kind, step = item[0], item[1]
         directory = fmt.step_dir(self.root, self.rank, step)
         if kind == "tensor":
@@ -209,7 +211,7 @@ class DumpWriter:
                 self.steps.append(step)
             self._write_status("running")
 
-    def _close_shards(self, open_shards: dict, step: int | None) -> None:
+    def _close_shards(self, open_shards: OpenShards, step: int | None) -> None:
         for s in [step] if step is not None else list(open_shards):
             current = open_shards.pop(s, None)
             if current and current[1]:

@@ -32,7 +32,7 @@ import torch
 from opscope.capture.torch.native import build as native
 from opscope.capture.torch.native.ops import classify_op
 from opscope.config import PHASE_CODES, PHASES, env
-from opscope.watch.check import Checker
+from opscope.watch.check import Checker, Describe
 
 log = logging.getLogger("opscope.watch")
 _DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16}
@@ -61,6 +61,8 @@ class NativeChecker(Checker):
     With ``ops=False`` (module level) the per-op observer is never registered: only
     :meth:`observe` and the range passes are native (entries, marks and judging in C++).
     """
+
+    _registered: bool  # whether the per-op observer is registered; set by install()
 
     def __init__(self, modules: Any, limit: float | None, on_hit: Callable[..., None], backend: Any,
                  ops: bool = True) -> None:
@@ -131,7 +133,7 @@ class NativeChecker(Checker):
     def reset(self) -> None:
         if hasattr(self, "_n"):
             self._n.reset()
-        self.groups: list[tuple[str, str, list[tuple[Any, ...]], torch.Tensor]] = []
+        self.groups: list[tuple[str, str, list[torch.Tensor], Describe, list[int], torch.Tensor]] = []
         self.params: dict[int, str] = {}
         self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}
 
