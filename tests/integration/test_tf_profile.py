@@ -112,6 +112,24 @@ TRAIN = textwrap.dedent(
             train_step(a, b)
             p.step()
 
+    # Zero-code (opscope run / OPSCOPE_CONFIG start it so): no callback, no p.step().
+    from opscope.config import profile_config
+    from opscope.profile.tensorflow import start_profile
+    session = start_profile(profile_config({"profile": {"output": f"{root}/zerocode", "overwrite": True}}))
+    m = model()
+    m.fit(data(6), epochs=1, verbose=0)
+    opt2, loss2 = m.optimizer, m.loss
+
+    @tf.function
+    def plain_step(a, b):
+        with tf.GradientTape() as tape:
+            loss = loss2(b, m(a, training=True))
+        opt2.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+
+    for a, b in data(5):
+        plain_step(a, b)
+    out["zerocode"] = {"status": session.stop().status, "steps": len(session.rows)}
+
     options = '{"output": "%s/ascend", "training_trace": "on", "task_trace": "on", "fp_point": "", "bp_point": "", "aicpu": "on"}' % root
     p = profile(config={"profile": {"profiling_mode": True, "profiling_options": options, "steps": "3"}})
     model().fit(data(8), epochs=1, verbose=0, callbacks=[p])
@@ -229,6 +247,13 @@ def test_xla_and_steps_per_execution_run_and_say_what_is_not_split(runs) -> None
     assert out["spe"]["status"] == "complete"
     assert any("steps_per_execution=4" in w for w in out["spe"]["warnings"]), out["spe"]
     assert len(pq.read_table(root / "spe" / "steps.parquet")) == 4, "one step per call of the train function"
+
+
+def test_zero_code_start_finds_steps_without_callback_or_step_calls(runs) -> None:
+    root, out = runs
+    assert out["zerocode"] == {"status": "complete", "steps": 11}, out["zerocode"]  # 6 fit batches + 5 loop calls
+    rows = steady(root / "zerocode", skip=7)  # the loop's steps after its first (tracing) call
+    assert rows and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in rows), rows
 
 
 def test_profiling_options_and_bad_points(runs) -> None:
