@@ -85,7 +85,8 @@ def test_activation_fault_named_at_its_api_and_layer(dumps: dict[str, Path], tmp
         "torch.nn.functional.gelu", "layers.1", "forward", 0)
     assert first["kind"] == "culprit"
     assert {(c["module"], c["op"]) for c in summary["culprits"]} == {("layers.1", "torch.nn.functional.gelu")}
-    assert "statistics only" in run.stdout  # Max/Min/Mean/Norm bound the error from below: said so
+    assert "statistics only" in run.stdout  # Max/Min/Mean/Norm bound the error from below: said so,
+    assert 'msprobe: "task": "tensor"' in summary["weaker"]  # and how msprobe keeps full tensors
     assert {p.name for p in out.iterdir()} >= {"summary.json", "pairs.csv", "pairs.parquet", "report.html"}
 
 

@@ -165,6 +165,8 @@ def _result(t_dump: Any, r_dump: Any, state: Any, pairs: list[Pair], counts: dic
     firsts = dict(sorted(state.first_by_rank.items()))
     first = min(firsts.values(), key=execution_order, default=None)
     stats_only = any(p.mode == "statistics" for p in pairs)
+    hints = [h for h in dict.fromkeys(d.manifest.get("tensor_hint") for d in (t_dump, r_dump)) if h]
+    weaker = f"{WEAKER} ({'; '.join(hints)})" if hints else WEAKER  # a peer dump: how its tool keeps tensors
     settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                 for k, v in noise.__dict__.items()}
     settings.update(workers=workers, mapping=names.to_dict() if names else None)
@@ -172,7 +174,7 @@ def _result(t_dump: Any, r_dump: Any, state: Any, pairs: list[Pair], counts: dic
         target=str(t_dump.path), reference=str(r_dump.path), verdict=_verdict(counts, len(findings)),
         first_divergence=first, culprits=findings, counts=counts, pairs_table=pairs_table(pairs),
         problems=problems, first_divergence_by_rank=firsts, statistics_only=stats_only,
-        weaker=WEAKER if stats_only else None, settings=settings, elapsed_s=elapsed, bytes_compared=nbytes)
+        weaker=weaker if stats_only else None, settings=settings, elapsed_s=elapsed, bytes_compared=nbytes)
 
 
 def _nothing_message(t_dump: Any, r_dump: Any, counts: dict[str, int], problems: list[str]) -> str:

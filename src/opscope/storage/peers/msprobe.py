@@ -127,6 +127,7 @@ def _manifest(first: dict[str, Any], found: dict[tuple[int, int], Path]) -> dict
         "config": {"level": _LEVELS.get(level, "api"), "mode": "all", "data": data},
         "hash_algorithm": HASH_ALGORITHM if md5 else None,
         "modules": level != "L1",  # L1 records no module tree: compare pairs by API and call order
+        "tensor_hint": 'msprobe: "task": "tensor" in its config.json keeps full tensors',  # in compare's note
         "stats_backend": TOOL,
         "world_size": len({r for r, _ in found}),
         "notes": [f"read from an msprobe dump (task {first.get('task')}, level {level})"],
