@@ -34,7 +34,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from opscope.profile.tensorflow import profile  # noqa: E402
+from opscope.tensorflow import profile  # noqa: E402
 
 SKIP = 3  # steps at the start of each round: tracing, first allocations
 
