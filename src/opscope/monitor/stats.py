@@ -25,8 +25,11 @@ from typing import Any
 import torch
 
 from opscope.capture.torch.stats import CODES, F16_FAST, _fastats
+from opscope.config.env import env
 
 STATS = ("norm", "max", "nan", "inf")
+# OPSCOPE_STATS_BACKEND=torch takes the device path on the CPU too (as dump does)
+NATIVE = (env("STATS_BACKEND") or "auto").lower() != "torch"
 
 
 class Pending:
@@ -55,9 +58,11 @@ class Pending:
             group = [_real(self.tensors[i]) for i in indices]
             if not group[0].dtype.is_floating_point:
                 group = [g.float() for g in group]
-            norms = torch._foreach_norm(group)
+            low = group[0].dtype in (torch.float16, torch.bfloat16)  # accumulate and return in float32
+            norms = torch._foreach_norm(group, 2, dtype=torch.float32) if low else torch._foreach_norm(group)
             maxes = torch._foreach_max(torch._foreach_abs(group))
-            self.device.append((indices, torch.stack([torch.stack(norms), torch.stack(maxes)], 1).double()))
+            pair = torch.stack([torch.stack(norms).double(), torch.stack(maxes).double()], 1)
+            self.device.append((indices, pair))
 
     def values(self) -> list[list[float]]:
         """``[norm, max, nan, inf]`` of each tensor, in the order given."""
@@ -75,7 +80,7 @@ class Pending:
 
 def _native(t: torch.Tensor) -> bool:
     code = CODES.get(t.dtype)
-    return _fastats is not None and code is not None and t.dtype.is_floating_point and (code != 2 or F16_FAST)
+    return NATIVE and _fastats is not None and code is not None and t.dtype.is_floating_point and (code != 2 or F16_FAST)
 
 
 def _native_stats(t: torch.Tensor) -> list[float]:
