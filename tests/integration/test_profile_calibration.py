@@ -218,3 +218,6 @@ def test_show_says_the_machine_was_loaded(runs) -> None:
     assert "waited for a CPU" in line and "% of step time" in line
     load_ = load(runs / "busy").summary["machine_load"]
     assert load_["loaded"] and load_["share"] >= 0.05 and load_["wait_ms_per_step"] > 0
+    page = runs / "busy.html"
+    assert opscope_cli("show", str(runs / "busy"), "--html", str(page)).returncode == 0
+    assert "<p class='note load'>machine loaded: the training thread waited for a CPU" in page.read_text()

@@ -1,18 +1,25 @@
 """Self-contained offline HTML report of a profile: ``render(data) -> str``.
 
-No network: the chart is inline SVG drawn by inline JavaScript from a JSON block. Every
-name from the profile (op names, shapes, paths) is escaped, in HTML with ``html.escape``
-and in the JSON block by escaping ``<``, ``>`` and ``&``, so an op called
-``</script><script>...`` stays text.
+One file, no network: the charts are drawn by the bundled chart library (uPlot, inlined;
+see :mod:`opscope.report.html_assets`) from a JSON block, the tables are HTML. Every time
+is in ms, as in ``opscope profile show``. Charts: step time per rank (outlier and
+task-traced steps marked), phases stacked per step (rank selector) and per rank; hovering
+shows the values in the legend. Sections without data are left out. Every name from the
+profile (op names, shapes, paths) is escaped, in HTML with ``html.escape`` and in the JSON
+block by escaping ``<``, ``>`` and ``&``, so an op called ``</script><script>...`` stays text.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import statistics
 from typing import Any
 
+from opscope.profile.model import PHASES
+from opscope.profile.summary import steady_steps
 from opscope.report import register_renderer
+from opscope.report.html_assets import asset, chart_library
 
 PHASE_COLORS = {
     "data_wait": "#8c564b",
@@ -21,28 +28,49 @@ PHASE_COLORS = {
     "communication": "#9467bd",
     "optimizer": "#2ca02c",
     "zero_grad": "#17becf",
-    "other": "#c7c7c7",
+    "other": "#b0b0b0",
 }
-MAX_POINTS = 4000
+MAX_POINTS = 4000  # steps per rank drawn; longer runs are drawn every n-th step
+MS = 1e6
+
+
+def _series(rows: list[Any]) -> dict[str, Any]:
+    """One rank's steps as columns (ms), every ``stride``-th step."""
+    stride = -(-len(rows) // MAX_POINTS) if rows else 1
+    rows = rows[::stride]
+    return {
+        "step": [r.step for r in rows],
+        "wall": [round(r.wall_ns / MS, 4) for r in rows],
+        "traced": [r.task_trace for r in rows],
+        "complete": [r.complete for r in rows],
+        "phases": {p: [round(r.phases.get(p, 0) / MS, 4) for r in rows] for p in PHASES},
+        "stride": stride,
+    }
+
+
+def _per_rank(data: Any, ranks: list[int], warmup: int) -> dict[str, list[float]]:
+    """Median of each phase over each rank's steady steps (ms)."""
+    out: dict[str, list[float]] = {p: [] for p in PHASES}
+    for rank in ranks:
+        steady = steady_steps([r for r in data.steps if r.rank == rank], warmup)
+        for phase in PHASES:
+            values = [r.phases.get(phase, 0) / MS for r in steady]
+            out[phase].append(round(statistics.median(values), 4) if values else 0.0)
+    return out
 
 
 def _payload(data: Any) -> dict[str, Any]:
-    steps = sorted(data.steps, key=lambda r: (r.rank, r.step))
-    stride = max(1, len(steps) // MAX_POINTS + (len(steps) % MAX_POINTS > 0))
-    rows = [
-        {"rank": r.rank, "step": r.step, "wall": r.wall_ns / 1e6, "traced": r.task_trace, "complete": r.complete, "phases": {p: v / 1e6 for p, v in r.phases.items()}}
-        for r in steps[::stride]
-    ]
-    summary = data.summary
-    slow = summary.get("slowest_ranks", {})
+    s = data.summary
+    ranks = sorted({r.rank for r in data.steps})
+    by_rank = {rank: sorted((r for r in data.steps if r.rank == rank), key=lambda r: r.step) for rank in ranks}
+    warmup = int(s.get("steps", {}).get("warmup", 1))
     return {
-        "rows": rows,
-        "stride": stride,
+        "ranks": ranks,
+        "series": {str(rank): _series(rows) for rank, rows in by_rank.items()},
+        "phases": list(PHASES),
         "colors": PHASE_COLORS,
-        "phases": summary.get("phases", {}),
-        "ops": summary.get("top_ops", [])[:20],
-        "slowest": sorted(slow.get("steps", []), key=lambda s: -s["behind_ms"])[:20],
-        "slowest_counts": slow.get("counts", {}),
+        "outliers": (s.get("outliers") or {}).get("steps", []),
+        "per_rank": _per_rank(data, ranks, warmup) if len(ranks) > 1 else None,
     }
 
 
@@ -51,139 +79,120 @@ def _script_json(obj: Any) -> str:
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
 
 
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(head: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    """An HTML table; numbers right-aligned."""
+    th = "".join(f"<th>{_e(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td class='num'>{_e(v)}</td>" if isinstance(v, (int, float)) or _numeric(v) else f"<td>{_e(v)}</td>" for v in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table class='{cls}'><tr>{th}</tr>{body}</table>"
+
+
+def _numeric(v: Any) -> bool:
+    return isinstance(v, str) and v.replace(".", "", 1).replace("x", "").replace("%", "").strip().isdigit()
+
+
+def _facts(data: Any) -> str:
+    s = data.summary
+    steps, step_ms = s.get("steps", {}), s.get("step_ms", {})
+    facts = [("status", data.status), ("ranks", ", ".join(str(r) for r in s.get("ranks", [])))]
+    facts.append(("steps", f"{steps.get('recorded', 0)} recorded, {steps.get('steady', 0)} steady, {steps.get('task_traced', 0)} task-traced"))
+    if step_ms.get("n"):
+        facts.append(("step time", f"median {step_ms['median']:.3f} ms (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, mean {step_ms['mean']:.3f})"))
+    task = s.get("task_trace", {})
+    if task.get("ratio"):
+        cost = f"{task['ratio']:.2f}x (median {task['traced_median_ms']:.3f} vs {task['plain_median_ms']:.3f} ms)"
+        if task["ratio"] < 1:
+            cost += "; below 1x: " + (task.get("why") or "noise or a busier machine during the unprofiled steps, not a speed-up")
+        facts.append(("task trace cost", cost))
+    return "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+
+
+def _notes(data: Any) -> str:
+    s = data.summary
+    lines = []
+    load = s.get("machine_load") or {}
+    if load.get("note"):
+        lines.append(("load", load["note"]))
+    outliers = (s.get("outliers") or {}).get("steps", [])
+    if outliers:
+        shown = ", ".join(f"step {o['step']}" + (f" (rank {o['rank']})" if len(s.get("ranks", [])) > 1 else "") for o in outliers[:8])
+        lines.append(("outliers", f"outlier steps (marked in red): {shown}; they make a mean exceed its median"))
+    lines += [("warn", w) for w in data.warnings]
+    return "".join(f"<p class='note {cls}'>{_e(text)}</p>" for cls, text in lines)
+
+
+def _phase_section(s: dict[str, Any]) -> str:
+    table = s.get("phases", {})
+    seen = [p for p in PHASES if any(table.get(p, {}).get(k) for k in ("median_ms", "mean_ms", "share"))]
+    if not seen:
+        return ""
+    rows = [[p, f"{table[p].get('median_ms', 0):.3f}", f"{table[p].get('mean_ms', 0):.3f}", f"{table[p].get('share', 0) * 100:.1f}%"] for p in seen]
+    unseen = [p for p in PHASES if p not in seen]
+    hint = f"<p class='muted'>not seen in these steps: {_e(', '.join(unseen))}</p>" if unseen else ""
+    return "<h2>Phases (steady steps)</h2>" + _table(["phase", "median ms", "mean ms", "share of step"], rows, "phases") + hint
+
+
+def _outlier_section(s: dict[str, Any]) -> str:
+    outliers = (s.get("outliers") or {})
+    if not outliers.get("steps"):
+        return ""
+    rows = [[o["step"], o["rank"], f"{o['wall_ms']:.3f}", o["phase"], f"{o['phase_ms']:.3f}", f"{o.get('wait_ms', 0):.3f}"] for o in outliers["steps"]]
+    title = f"<h2>Outlier steps (above {outliers['threshold_ms']:.3f} ms)</h2>"
+    return title + _table(["step", "rank", "step ms", "phase that grew", "its ms", "CPU wait ms"], rows, "outliers")
+
+
+def _ops_section(s: dict[str, Any]) -> str:
+    ops = s.get("top_ops", [])[:20]
+    if not ops:
+        return ""
+    shapes = any(o.get("shapes") for o in ops)
+    device = any(o.get("device_us") for o in ops)
+    head = ["op", "phase", "calls", "self ms/step", "total ms"] + (["device ms"] if device else []) + (["shapes"] if shapes else [])
+    rows = []
+    for o in ops:
+        row = [o["name"], o["phase"], o["calls"], f"{o['self_us_per_step'] / 1000:.3f}", f"{o['total_us'] / 1000:.3f}"]
+        row += [f"{o['device_us'] / 1000:.3f}"] if device else []
+        row += [o["shapes"]] if shapes else []
+        rows.append(row)
+    hint = "" if shapes else "<p class='muted'>shapes: profile with record_shapes=True to see them</p>"
+    return "<h2>Top operators (task-traced steps)</h2>" + _table(head, rows, "ops") + hint
+
+
+def _slowest_section(s: dict[str, Any]) -> str:
+    slow = s.get("slowest_ranks", {}).get("steps", [])
+    if not slow:
+        return ""
+    worst = sorted(slow, key=lambda x: -x["behind_ms"])[:20]
+    rows = [[w["step"], w["rank"], f"{w['wall_ms']:.3f}", f"{w['busy_ms']:.3f}", f"{w['median_busy_ms']:.3f}", f"{w['behind_ms']:.3f}"] for w in worst]
+    return "<h2>Slowest ranks</h2>" + _table(["step", "slowest rank", "wall ms", "busy ms", "median busy ms", "behind ms"], rows, "slowest")
+
+
 @register_renderer("ProfileData", "html")
 def render(data: Any) -> str:
     """The whole page for a :class:`~opscope.profile.reader.ProfileData`."""
     s = data.summary
-    step_ms = s.get("step_ms", {})
-    overhead = s.get("task_trace", {}).get("ratio")
-    facts = [
-        ("status", data.status),
-        ("ranks", ", ".join(str(r) for r in s.get("ranks", []))),
-        ("steps recorded", s.get("steps", {}).get("recorded", 0)),
-        ("median step", f"{step_ms.get('median', 0):.3f} ms" if step_ms.get("n") else "n/a"),
-        ("task trace cost", f"{overhead:.2f}x" if overhead else "n/a"),
-    ]
-    fact_html = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in facts)
-    warn_html = "".join(f"<li>{html.escape(w)}</li>" for w in data.warnings)
-    return _PAGE.format(
-        title=html.escape(f"opscope profile: {data.path}"),
-        facts=fact_html,
-        warnings=f"<ul class='warn'>{warn_html}</ul>" if warn_html else "",
-        data=_script_json(_payload(data)),
-        script=_SCRIPT,
+    payload = _payload(data)
+    charts = ""
+    if data.steps:
+        charts = ("<h2>Step time</h2><div id='steps-chart' class='chart'></div>"
+                  "<h2>Phases per step</h2><label>rank <select id='rank'></select></label>"
+                  "<div id='phases-chart' class='chart'></div>")
+        if payload["per_rank"] is not None:
+            charts += "<h2>Phases per rank (median of steady steps)</h2><div id='ranks-chart' class='chart'></div>"
+    title = _e(f"opscope profile: {data.path}")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
+        "style-src 'unsafe-inline'; img-src data:\">"
+        f"<title>{title}</title>\n{chart_library()}<style>{asset('profile_report.css')}</style></head>\n"
+        f"<body data-chart=\"pending\">\n<h1>{title}</h1>\n<table class='facts'>{_facts(data)}</table>\n{_notes(data)}\n"
+        f"{charts}{_phase_section(s)}{_outlier_section(s)}{_ops_section(s)}{_slowest_section(s)}\n"
+        f"<script type=\"application/json\" id=\"opscope-data\">{_script_json(payload)}</script>\n"
+        f"<script>{asset('profile_report.js')}</script>\n</body></html>\n"
     )
-
-
-_PAGE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'">
-<title>{title}</title>
-<style>
-body {{ font: 14px system-ui, sans-serif; margin: 24px; color: #222; }}
-table {{ border-collapse: collapse; margin: 8px 0 20px; }}
-th, td {{ padding: 3px 10px; border-bottom: 1px solid #ddd; text-align: left; }}
-td.num {{ text-align: right; font-variant-numeric: tabular-nums; }}
-.warn {{ color: #a40; }} svg {{ background: #fafafa; border: 1px solid #eee; }}
-.legend span {{ display: inline-block; margin-right: 14px; }}
-.legend i {{ display: inline-block; width: 10px; height: 10px; margin-right: 4px; }}
-</style></head>
-<body data-chart="pending">
-<h1>{title}</h1>
-<table>{facts}</table>
-{warnings}
-<h2>Step time</h2><svg id="series" width="900" height="260"></svg>
-<h2>Phases per step</h2>
-<label>rank <select id="rank"></select></label>
-<div class="legend" id="legend"></div>
-<svg id="bars" width="900" height="260"></svg>
-<h2>Phase breakdown (steady steps)</h2><table id="phase-table"></table>
-<h2>Top operators</h2><table id="ops-table"></table>
-<h2>Slowest ranks</h2><table id="slow-table"></table>
-<script type="application/json" id="opscope-data">{data}</script>
-<script>{script}</script>
-</body></html>
-"""
-
-_SCRIPT = r"""
-window.onerror = function (msg) { document.body.setAttribute('data-error', String(msg)); };
-(function () {
-  const D = JSON.parse(document.getElementById('opscope-data').textContent);
-  const NS = 'http://www.w3.org/2000/svg';
-  const W = 900, H = 260, L = 56, R = 12, T = 12, B = 28;
-  function el(name, attrs, parent) {
-    const e = document.createElementNS(NS, name);
-    for (const k in attrs) e.setAttribute(k, attrs[k]);
-    if (parent) parent.appendChild(e);
-    return e;
-  }
-  function axes(svg, xmax, ymax, xlabel) {
-    el('line', {x1: L, y1: H - B, x2: W - R, y2: H - B, stroke: '#888'}, svg);
-    el('line', {x1: L, y1: T, x2: L, y2: H - B, stroke: '#888'}, svg);
-    const t1 = el('text', {x: 4, y: T + 10, 'font-size': 11}, svg); t1.textContent = ymax.toFixed(2) + ' ms';
-    const t2 = el('text', {x: W - 120, y: H - 6, 'font-size': 11}, svg); t2.textContent = xlabel + ' ' + xmax;
-  }
-  const ranks = [...new Set(D.rows.map(r => r.rank))].sort((a, b) => a - b);
-  const maxStep = Math.max(1, ...D.rows.map(r => r.step));
-  const maxWall = Math.max(1e-9, ...D.rows.map(r => r.wall));
-  const sx = s => L + (W - L - R) * s / maxStep, sy = v => H - B - (H - T - B) * v / maxWall;
-  const series = document.getElementById('series');
-  axes(series, maxStep, maxWall, 'step');
-  const palette = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#17becf', '#8c564b', '#e377c2'];
-  let points = 0;
-  ranks.forEach((rank, i) => {
-    const rows = D.rows.filter(r => r.rank === rank);
-    el('polyline', {points: rows.map(r => sx(r.step) + ',' + sy(r.wall)).join(' '), fill: 'none', stroke: palette[i % 8], 'stroke-width': 1.5, 'data-rank': rank}, series);
-    rows.forEach(r => {
-      const c = el('circle', {cx: sx(r.step), cy: sy(r.wall), r: r.traced ? 3.5 : 2, fill: r.complete ? palette[i % 8] : '#000', class: 'pt'}, series);
-      el('title', {}, c).textContent = 'rank ' + rank + ' step ' + r.step + ': ' + r.wall.toFixed(3) + ' ms' + (r.traced ? ' (task trace)' : '');
-      points++;
-    });
-  });
-  const order = Object.keys(D.colors);
-  const legend = document.getElementById('legend');
-  order.forEach(p => { const s = document.createElement('span'); const i = document.createElement('i'); i.style.background = D.colors[p]; s.appendChild(i); s.appendChild(document.createTextNode(p)); legend.appendChild(s); });
-  const select = document.getElementById('rank');
-  ranks.forEach(r => { const o = document.createElement('option'); o.value = r; o.textContent = r; select.appendChild(o); });
-  function drawBars(rank) {
-    const svg = document.getElementById('bars');
-    while (svg.firstChild) svg.removeChild(svg.firstChild);
-    const rows = D.rows.filter(r => r.rank === rank);
-    const ymax = Math.max(1e-9, ...rows.map(r => r.wall));
-    axes(svg, rows.length ? rows[rows.length - 1].step : 0, ymax, 'step');
-    const bw = Math.max(1, (W - L - R) / Math.max(rows.length, 1) - 1);
-    let rects = 0;
-    rows.forEach((r, k) => {
-      let y = H - B;
-      order.forEach(p => {
-        const h = (H - T - B) * (r.phases[p] || 0) / ymax;
-        if (h <= 0) return;
-        y -= h;
-        const rect = el('rect', {x: L + k * (bw + 1), y: y, width: bw, height: h, fill: D.colors[p], class: 'seg'}, svg);
-        el('title', {}, rect).textContent = 'step ' + r.step + ' ' + p + ': ' + (r.phases[p] || 0).toFixed(3) + ' ms';
-        rects++;
-      });
-    });
-    document.body.setAttribute('data-bars', rects);
-  }
-  select.onchange = () => drawBars(Number(select.value));
-  if (ranks.length) drawBars(ranks[0]);
-  function table(id, head, rows) {
-    const t = document.getElementById(id);
-    const tr = document.createElement('tr');
-    head.forEach(h => { const th = document.createElement('th'); th.textContent = h; tr.appendChild(th); });
-    t.appendChild(tr);
-    rows.forEach(row => {
-      const r = document.createElement('tr');
-      row.forEach(v => { const td = document.createElement('td'); td.textContent = v; if (typeof v === 'number') td.className = 'num'; r.appendChild(td); });
-      t.appendChild(r);
-    });
-  }
-  table('phase-table', ['phase', 'median ms', 'mean ms', 'share'], order.map(p => { const x = D.phases[p] || {}; return [p, x.median_ms || 0, x.mean_ms || 0, ((x.share || 0) * 100).toFixed(1) + '%']; }));
-  table('ops-table', ['op', 'shapes', 'calls', 'self us', 'total us', 'device us', 'phase'], D.ops.map(o => [o.name, o.shapes, o.calls, o.self_us, o.total_us, o.device_us, o.phase]));
-  table('slow-table', ['step', 'slowest rank', 'wall ms', 'busy ms', 'median busy ms', 'behind ms'], D.slowest.map(s => [s.step, s.rank, s.wall_ms, s.busy_ms, s.median_busy_ms, s.behind_ms]));
-  document.body.setAttribute('data-points', points);
-  document.body.setAttribute('data-ranks', ranks.length);
-  document.body.setAttribute('data-chart', 'ok');
-})();
-"""
