@@ -61,15 +61,14 @@ class ProfileSession:
     def __enter__(self) -> ProfileSession:
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is None:
             self.stop()
-            return False
+            return
         try:
             self.stop(error=exc)
         except ProfileError as write_error:  # never hide the user's own exception behind ours
             warnings.warn(str(write_error), ProfileWarning, stacklevel=2)
-        return False
 
     def start(self) -> ProfileSession:
         """Install the timers and begin step 0."""
@@ -88,10 +87,10 @@ class ProfileSession:
         self.sched = SchedWait.open()  # this thread's run-queue wait, per step (Linux)
         self.calibration = Calibration(self.sched)
         self.calibration.run("start")  # outside every step: before the hooks and step 0
-        from opscope.profile.clock import pick_clock
+        from opscope.profile.clock import HostClock, pick_clock
 
         self.clock = pick_clock(self.config.clock)
-        if self.sched is not None and not self.clock.is_device:
+        if self.sched is not None and isinstance(self.clock, HostClock):
             self.timeline = WaitTimeline(self.sched, self.clock.mark)
             self.clock.mark = self.timeline.mark  # before the timers take it: wait per phase
         self.origin = time.perf_counter_ns()
@@ -154,7 +153,7 @@ class ProfileSession:
                 self.task.abort()
             _active = None
             self.state = "stopped"
-        if error is None:
+        if error is None and self.calibration is not None:
             self.calibration.run("end")  # after the last step and with the hooks removed
         if self.sched is not None:
             self.sched.close()
@@ -182,8 +181,14 @@ class ProfileSession:
                 "give a module path as printed by model.named_modules(), or null for the automatic point"
             )
 
+    def _current(self) -> RawStep:
+        """The step being timed: one exists from :meth:`start` (step 0 begins there) on."""
+        if self._raw is None:
+            raise ProfileError("opscope internal error: the profile has no step being timed")
+        return self._raw
+
     def _close(self, end: Any, complete: bool) -> None:
-        raw = self._raw
+        raw = self._current()
         raw.end, raw.complete = end, complete
         if self.sched is not None:
             raw.wait_ns = self.sched.read() - raw.wait_start
@@ -204,7 +209,7 @@ class ProfileSession:
 
     def _finish_last(self, error: BaseException | None) -> None:
         end = self.clock.mark()
-        raw = self._raw
+        raw = self._current()
         intervals = self.timers.intervals
         busy = any(intervals[p] for p in ("forward", "backward", "optimizer")) or self.timers._fwd_open is not None
         idle_tail = error is None and raw.step > 0 and (not busy if self.config.training_trace else self.steps.manual)

@@ -114,7 +114,7 @@ class WatchSession:
 
             self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
                              opt.register_optimizer_step_post_hook(self._optimizer_post)]
-            if self.native:
+            if isinstance(self.checker, NativeChecker):
                 self.checker.install()
                 os.register_at_fork(after_in_child=self._forked)
             elif self.cfg.level == "aten":
@@ -176,7 +176,7 @@ class WatchSession:
 
     def _remove_hooks(self, status: str, error: str | None) -> None:
         try:
-            if self.native:
+            if isinstance(self.checker, NativeChecker):
                 self.checker.uninstall()
             if self._mode is not None:
                 if not self._mode_suspended:
@@ -270,7 +270,7 @@ class WatchSession:
 
     def _check_parameters(self) -> None:
         """No optimizer ran this step: check the gradients and parameters of the models seen."""
-        named = [(name, p) for ref in self._roots if ref() is not None for name, p in ref().named_parameters()]
+        named = [(name, p) for ref in self._roots if (root := ref()) is not None for name, p in root.named_parameters()]
         if self.cfg.level == "module":
             with_grad = [(name, p) for name, p in named if p.grad is not None]
             self.checker.group("<grad>", "backward", [p.grad for _, p in with_grad],
@@ -293,9 +293,9 @@ class WatchSession:
             checker.ops_on = False
             self._sync_mode()
         else:
-            with_grad = [p for p in optimizer_params(optimizer) if p.grad is not None]
-            checker.group("<grad>", "backward", [p.grad for p in with_grad],
-                          lambda i: (f"{self._param_name(with_grad[i])} (grad)", []))
+            with_grad = [(p, grad) for p in optimizer_params(optimizer) if (grad := p.grad) is not None]
+            checker.group("<grad>", "backward", [grad for _, grad in with_grad],
+                          lambda i: (f"{self._param_name(with_grad[i][0])} (grad)", []))
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         checker = self.checker
@@ -326,33 +326,38 @@ class WatchSession:
 
     def _forked(self) -> None:
         """A child process (a DataLoader worker) inherits the observer: it checks nothing."""
-        if self.native and self.started:
+        checker = self.checker
+        if isinstance(checker, NativeChecker) and self.started:
             self.active = self.started = False
-            self.checker.on = False
-            self.checker.uninstall()
+            checker.on = False
+            checker.uninstall()
 
     def _param_names(self) -> dict[int, str]:
         return param_names_by_impl(self._roots) if self.native else self.modules.param_names
 
     def _quiet(self) -> Any:
-        return self.checker.quiet() if self.native else contextlib.nullcontext()
+        checker = self.checker
+        return checker.quiet() if isinstance(checker, NativeChecker) else contextlib.nullcontext()
 
     def _reraise(self) -> None:
-        if self.native:
-            self.checker.reraise()
+        checker = self.checker
+        if isinstance(checker, NativeChecker):
+            checker.reraise()
 
     def _exit_op_level(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
-        if self.native:
-            self.checker.module_changed(self.modules.path)
+        checker = self.checker
+        if isinstance(checker, NativeChecker):
+            checker.module_changed(self.modules.path)
             self._reraise()
 
     def _param_name(self, p: torch.Tensor) -> str:
         return self.modules.param_names.get(id(p)) or f"<unnamed {tuple(p.shape)}>"
 
     def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
-        if self.ops_native:
+        checker = self.checker
+        if self.ops_native and isinstance(checker, NativeChecker):
             self._reraise()
-            self.checker.module_changed(path)
+            checker.module_changed(path)
         if len(self.modules.stack) != 1:
             return
         if not any(r() is module for r in self._roots):
@@ -380,7 +385,7 @@ class WatchSession:
         args = args if type(args) is tuple else (args,)
         in_ids = tuple(ident(a) for a in args if isinstance(a, torch.Tensor))
         phase = "backward" if _current_node() is not None else checker.phase
-        if self.native:
+        if isinstance(checker, NativeChecker):
             checker.observe_module(type(module).__name__, path, phase, in_ids, fresh, args)
         else:
             checker.observe(type(module).__name__, path, phase, None, None, in_ids, fresh, args)

@@ -124,7 +124,7 @@ class ModuleTracker:
         torch.compile made (AOT autograd calls its GraphModules as modules)."""
         if self._callers:
             caller = self._callers[-1]
-            if caller is not module and unwrap(caller) is module:
+            if caller is not None and caller is not module and unwrap(caller) is module:
                 return True
         return id(module) not in self.names and isinstance(module, torch.fx.GraphModule)
 
