@@ -82,3 +82,45 @@ def test_report_loads_draws_and_filters_in_chromium(dumps, tmp_path):
     body = dom[dom.index("<body"):dom.index(">", dom.index("<body"))]
     assert 'data-rows-visible="2"' in body, body  # the gelu output, in steps 0 and 1
     assert "CONSOLE" not in log and "Uncaught" not in log
+
+
+def _attr(body: str, name: str) -> str:
+    return body.split(f'{name}="')[1].split('"')[0]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_error_chart_draws_and_hover_names_the_culprit(dumps, tmp_path):
+    out = dumps["root"] / "html_hover"
+    assert opscope("compare", dumps["gelu"], dumps["ref"], "-o", out).returncode == 1
+    dom, log = _chromium(out / "report.html", "#hover", tmp_path / "p1")
+    body = dom[dom.index("<body"):dom.index(">", dom.index("<body"))]
+    assert 'data-ready="1"' in body and "data-js-error" not in body, body
+    width, height = map(int, _attr(body, "data-chart-size").split("x"))
+    assert width >= 400 and height >= 200
+    hover = _attr(body, "data-hover")  # the legend under the cursor: the culprit's op and its error
+    assert "aten.gelu.default" in hover and "culprit=" in hover and "culprit=\u2014" not in hover, hover
+    assert "CONSOLE" not in log and "Uncaught" not in log, log
+
+
+EVIL = "</script><script>document.body.setAttribute('data-pwned','1')</script>"
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (apt-get install chromium)")
+def test_names_with_script_stay_text_in_the_chart(tmp_path):
+    import numpy as np
+
+    def dump(path, scale):
+        run = synth.Run(path)
+        x = run.leaf(np.linspace(-1, 1, 12).reshape(3, 4))
+        (h,) = run.op("aten.mul.Tensor", [x], [x.value * scale], module=EVIL)
+        run.op(EVIL, [h], [h.value + 1], module="head")
+        run.close()
+        return path
+
+    out = tmp_path / "out"
+    assert opscope("compare", dump(tmp_path / "t", 1.5), dump(tmp_path / "r", 1.0), "-o", out).returncode == 1
+    dom, log = _chromium(out / "report.html", "#hover", tmp_path / "p1")
+    body = dom[dom.index("<body"):dom.index(">", dom.index("<body"))]
+    assert 'data-ready="1"' in body and 'data-pwned="1"' not in body and "data-js-error" not in body, body
+    assert "&lt;/script&gt;&lt;script&gt;" in _attr(body, "data-hover")  # the module name, as text
+    assert "CONSOLE" not in log and "Uncaught" not in log, log

@@ -2,12 +2,14 @@
 
 The page holds its data as JSON inside ``<script type="application/json">`` (with ``<``,
 ``>`` and ``&`` escaped, so no name can close the tag) and its script and style inline
-(``report/assets/compare_report.js`` / ``.css``). The script draws the error along the
-execution order (SVG), a sortable and filterable table, the culprit with its inputs and
+(``report/assets/compare_report.js`` / ``.css``, and the chart library of
+:mod:`opscope.report.html_assets`). The script draws the error along the execution order
+(uPlot: log scale, the op under the cursor in the legend, drag to zoom), a sortable and filterable table, the culprit with its inputs and
 outputs, and its data-flow neighbourhood. It puts every name in the page through
 ``textContent``, never through HTML parsing. ``#filter=TEXT&status=failed`` in the URL
-applies a filter on load. When done it sets ``data-ready``, ``data-chart-points`` and
-``data-rows-visible`` on ``<body>`` (tests read these from the DOM).
+applies a filter on load, ``#hover`` moves the cursor onto the culprit as a mouse would. When
+done it sets ``data-ready``, ``data-chart-points``, ``data-chart-size``, ``data-rows-visible``
+(and ``data-hover``) on ``<body>`` (tests read these from the DOM).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from __future__ import annotations
 import html
 import json
 import math
-from importlib import resources
 from typing import Any
 
 from opscope.compare.result import CompareResult, json_safe
 from opscope.report import register_renderer
+from opscope.report.html_assets import asset, chart_library
 
 MAX_ROWS = 50_000
 TABLE_COLUMNS = ("order", "rank", "step", "phase", "module", "op", "call", "io", "slot", "param", "kind",
@@ -33,13 +35,13 @@ def render(result: CompareResult) -> str:
     data = {"summary": result.to_summary(), "pairs": _pairs(result)}
     payload = safe_json(data)
     title = html.escape(f"opscope compare: {result.verdict.replace('_', ' ')}")
-    js = _asset("compare_report.js")
-    css = _asset("compare_report.css")
+    js = asset("compare_report.js")
+    css = asset("compare_report.css")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
         "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">"
-        f"<title>{title}</title><style>{css}</style></head>\n<body>\n"
+        f"<title>{title}</title>{chart_library()}<style>{css}</style></head>\n<body>\n"
         f"<noscript>This report needs JavaScript. The same data is in summary.json and pairs.csv.</noscript>\n"
         f"<script id=\"opscope-data\" type=\"application/json\">{payload}</script>\n"
         f"<script>{js}</script>\n</body></html>\n")
@@ -76,7 +78,3 @@ def _value(v: Any) -> Any:
         return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
     return v
 
-
-def _asset(name: str) -> str:
-    text = resources.files("opscope.report").joinpath("assets").joinpath(name).read_text(encoding="utf-8")
-    return text.replace("</script", "<\\/script").replace("</style", "<\\/style")

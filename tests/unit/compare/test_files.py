@@ -45,7 +45,7 @@ def test_every_name_in_html_is_escaped(tmp_path):
     result = opscope.compare(_evil_dump(tmp_path / "t", 1.5), _evil_dump(tmp_path / "r", 1.0))
     html = page(result)
     assert "alert(1)</script>" not in html and "<b>" not in html
-    assert html.count("</script>") == 2  # the data block and the code block, nothing else
+    assert html.count("</script>") == 3  # the chart library, the data block and the code block, nothing else
     assert "\\u003c/script\\u003e" in safe_json({"m": "</script>"})
 
 

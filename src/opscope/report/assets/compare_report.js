@@ -49,31 +49,57 @@
     var ul = el("ul", null, null, det); S.problems.forEach(function (p) { el("li", null, p, ul); });
   }
 
-  // -- chart: error along the execution order -----------------------------------------------
+  // -- chart: error along the execution order (uPlot, log scale) -----------------------------
   el("h2", null, "Error along the execution order", body);
-  el("div", { "class": "muted" }, "relative error (log scale) of every measured pair; red: culprit, purple: root, orange: inherited failure", body);
-  var chart = sv("svg", { id: "chart", viewBox: "0 0 1000 260", preserveAspectRatio: "none" }, body);
+  el("div", { "class": "muted" }, "relative error (log scale) of every measured pair, by execution order; red: culprit, purple: root, orange: inherited failure; 0 is drawn at the bottom, inf at the top; hover for the op, drag to zoom, double-click to reset", body);
+  var chartBox = el("div", { id: "chart" }, null, body);
   var points = 0;
   (function drawChart() {
-    var err = C.error || [], status = C.status || [], verdict = C.verdict || [];
-    var lo = Infinity, hi = -Infinity, i, y;
-    for (i = 0; i < N; i++) { y = num(err[i]); if (y > 0 && isFinite(y)) { y = Math.log10(y); lo = Math.min(lo, y); hi = Math.max(hi, y); } }
-    if (!isFinite(lo)) { lo = -8; hi = 0; }
-    if (hi - lo < 1) { hi = lo + 1; }
-    var paths = {}, cls, x, yy, v;
+    var err = C.error || [], status = C.status || [], verdict = C.verdict || [], ops = C.op || [], modules = C.module || [];
+    var lo = Infinity, hi = -Infinity, i, v;
+    for (i = 0; i < N; i++) { v = num(err[i]); if (v > 0 && isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); } }
+    if (!isFinite(lo)) { lo = 1e-8; hi = 1; }
+    var floor = Math.pow(10, Math.floor(Math.log10(lo)) - 1), ceil = Math.pow(10, Math.ceil(Math.log10(hi)) + 1);
+    var kinds = ["identical", "passed", "failed", "root", "culprit"];
+    var colors = { identical: "#b9c6d6", passed: "#7a8ca3", failed: "#f08c00", root: "#8e00d0", culprit: "#d00000" };
+    var xs = [], cols = {}, at = [];
+    kinds.forEach(function (k) { cols[k] = []; });
     for (i = 0; i < N; i++) {
       v = num(err[i]);
       if (isNaN(v) || status[i] === "unpaired" || status[i] === "skipped") { continue; }
-      cls = verdict[i] === "culprit" || verdict[i] === "root" ? verdict[i] : (status[i] || "passed");
-      x = 20 + 960 * (N > 1 ? i / (N - 1) : 0.5);
-      yy = v <= 0 ? 250 : (!isFinite(v) ? 6 : 245 - 230 * (Math.log10(v) - lo) / (hi - lo));
-      paths[cls] = (paths[cls] || "") + "M" + x.toFixed(1) + " " + yy.toFixed(1) + "h3v3h-3z";
+      var cls = verdict[i] === "culprit" || verdict[i] === "root" ? verdict[i] : (cols[status[i]] ? status[i] : "passed");
+      var y = v <= 0 ? floor : (!isFinite(v) ? ceil : v);
+      xs.push(xs.length); at.push(i);
+      kinds.forEach(function (k) { cols[k].push(k === cls ? y : null); });
       points++;
     }
-    ["identical", "passed", "failed", "root", "culprit"].forEach(function (k) { if (paths[k]) { sv("path", { d: paths[k], "class": "p-" + k }, chart); } });
-    var t = sv("text", { x: 4, y: 14, "font-size": 11 }, chart); t.textContent = "1e" + hi.toFixed(0);
-    t = sv("text", { x: 4, y: 244, "font-size": 11 }, chart); t.textContent = "1e" + lo.toFixed(0);
+    var data = [xs], series = [{ label: "pair", value: function (u, x) {
+      if (x === null || at[x] === undefined) { return "\u2014"; }
+      var k = at[x]; return "#" + (C.order ? C.order[k] : k) + " " + (modules[k] || "(top level)") + " \u00b7 " + (ops[k] || "");
+    } }];
+    kinds.forEach(function (k) {
+      if (!cols[k].some(function (y) { return y !== null; })) { return; }
+      data.push(cols[k]);
+      series.push({ label: k, stroke: colors[k], paths: function () { return null; }, points: { show: true, size: k === "culprit" || k === "root" ? 8 : 4, fill: colors[k] },
+                    value: function (u, y, si, x) { return x === null || y === null ? "\u2014" : fmt(err[at[x]]); } });
+    });
+    if (!xs.length) { el("p", { "class": "muted" }, "no measured pair to draw", chartBox); body.setAttribute("data-chart-points", "0"); return; }
+    var w = Math.max(480, Math.min(1400, (chartBox.clientWidth || 960) - 4));
+    var u = new uPlot({ width: w, height: 280, scales: { x: { time: false }, y: { distr: 3, range: function () { return [floor, ceil]; } } },
+                        axes: [{ label: "pair, in execution order" }, { label: "relative error", size: 70, values: function (u, vals) { return vals.map(function (x) { return x === null ? "" : x.toExponential(0); }); } }],
+                        series: series }, data, chartBox);
     body.setAttribute("data-chart-points", String(points));
+    Promise.resolve().then(function () {
+      var canvas = chartBox.querySelector("canvas");
+      body.setAttribute("data-chart-size", canvas ? canvas.width + "x" + canvas.height : "0x0");
+      if (location.hash.indexOf("hover") < 0) { return; }
+      var pick = 0; for (i = 0; i < at.length; i++) { if (verdict[at[i]] === "culprit") { pick = i; break; } }
+      var over = u.root.querySelector(".u-over"), rect = over.getBoundingClientRect();
+      over.dispatchEvent(new MouseEvent("mousemove", { clientX: rect.left + u.valToPos(pick, "x"), clientY: rect.top + rect.height / 2, bubbles: true }));
+      body.setAttribute("data-hover", Array.prototype.map.call(u.root.querySelectorAll(".u-legend .u-series"), function (row) {
+        return row.querySelector(".u-label").textContent + "=" + row.querySelector(".u-value").textContent;
+      }).join("; "));
+    });
   })();
 
   // -- culprits and the selected one -------------------------------------------------------------
