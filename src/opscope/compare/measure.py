@@ -15,12 +15,15 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
+
+if TYPE_CHECKING:
+    import numpy as np
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 Progress = Callable[[int, int], None]
@@ -68,7 +71,8 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
               trust_hashes: bool = True) -> Job | None:
     n_t, n_r = t.get("numel"), r.get("numel")
     if n_t is not None and n_r is not None and n_t != n_r:
-        return _skip_shapes(pair, t, r)
+        _skip_shapes(pair, t, r)
+        return None
     for side, row in (("target", t), ("reference", r)):
         if not row.get("data") and row.get("norm") is None and row.get("hash") is None and (row.get("numel") or 0):
             # a record with neither statistics nor a tensor (a peer dump's file that could not
@@ -100,7 +104,6 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
 def _skip_shapes(pair: Pair, t: dict[str, Any], r: dict[str, Any]) -> None:
     pair.mode = "skipped"
     pair.note = _join(pair.note, f"shapes differ: {list(t.get('shape') or [])} vs {list(r.get('shape') or [])}")
-    return None
 
 
 def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: str, *,
@@ -174,6 +177,8 @@ def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[J
     out: list[tuple[Job, dict[str, Any] | str]] = []
     blas = _OpenBlas.find()
     previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
+    a: np.ndarray | None = None  # the two arrays of a job, memory maps of the shards
+    b: np.ndarray | None = None
     for job in sorted(batch, key=lambda j: (j.rank, j.step, j.t_ref[:2])):
         try:
             a = t_dump.tensor(job.rank, job.step, *job.t_ref[:2], view=job.t_ref[2])
