@@ -179,6 +179,21 @@ def test_convert_to_opscope_and_show(dumps: dict[str, Path], run_cli, tmp_path: 
     assert show.returncode == 0 and "written by msprobe" in show.stdout and "steps 0-1" in show.stdout
 
 
+def test_rank_folders(dumps: dict[str, Path], tmp_path: Path) -> None:
+    """torch.distributed runs write rank<R> folders: each is its rank, compared rank by rank."""
+    for name, source in (("a", dumps["act"]), ("b", dumps["ref"])):
+        for step in (0, 1):
+            proc = next((source / f"step{step}").iterdir())
+            for rank in (0, 3):
+                shutil.copytree(proc, tmp_path / name / f"step{step}" / f"rank{rank}")
+    d = opscope.load(tmp_path / "a")
+    assert d.partitions() == [(0, 0), (0, 1), (3, 0), (3, 1)] and d.ranks == [0, 3]
+    result = opscope.compare(tmp_path / "a", tmp_path / "b", workers=1)
+    assert set(result.first_divergence_by_rank) == {0, 3}
+    assert {(f.module, f.op) for f in result.first_divergence_by_rank.values()} == {
+        ("layers.1", "torch.nn.functional.gelu")}
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return next((dst / "step0").iterdir())
