@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install opscope with its test extras into .venv, make sure a headless Chromium is present
-# for the HTML report tests, lint, then run the whole test suite.
+# for the HTML report tests, lint and type-check, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${EXTRAS:-test,onnx,xlsx,peers} bash scripts/install.sh
@@ -13,4 +13,5 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 .venv/bin/ruff check src tests benchmarks
+.venv/bin/mypy  # the package, as configured in pyproject.toml's [tool.mypy]
 exec .venv/bin/python -m pytest "$@"
