@@ -92,3 +92,22 @@ def test_vocabulary_gives_mindspore_ops_torch_rules() -> None:
     assert condition([x, {**mean, "op": "mindspore.Gather"}], {**mean, "op": "mindspore.Gather"}, 0.5) == 1.0
     with pytest.raises(ValueError, match="already registered"):
         opnames.register_vocabulary("mindspore", {})
+
+
+def test_ops_of_a_reused_cell_are_placed_in_their_instance() -> None:
+    from opscope.storage.peers.mindspore_ir import KernelGraph
+    from opscope.storage.peers.mindspore_places import places
+
+    net = "Default/network-WithLossCell/_backbone-Net/blocks-CellList"
+    order = (f"{net}/5-Block/fc1-Dense/MatMul-op0", f"{net}/0-Block/act-GELU/GeLU-op1",   # MindSpore's scope
+             f"{net}/5-Block/fc2-Dense/MatMul-op0", f"{net}/0-Block/norm-LayerNorm/LayerNorm-op1",
+             f"{net}/6-Block/fc1-Dense/MatMul-op0", f"{net}/0-Block/Add-op7")
+    graph = KernelGraph()
+    for full, weight in ((order[0], "blocks.5.fc1.weight"), (order[2], "blocks.5.fc2.weight"),
+                         (order[3], "blocks.5.norm.gamma"), (order[4], "blocks.6.fc1.weight")):
+        graph.inputs[full] = [Source("param", weight)]
+    found = places(order, graph)
+    assert found[order[1]] == ("forward", "blocks.5.act")  # between two ops of blocks.5
+    assert found[order[3]] == ("forward", "blocks.5.norm")  # its weights are blocks.5's
+    assert order[5] not in found  # after blocks.6.fc1 with nothing after it: its scope stands
+    assert order[0] not in found and order[4] not in found

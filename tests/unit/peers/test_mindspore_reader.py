@@ -15,7 +15,7 @@ import opscope
 from opscope.errors import DumpFormatError
 from opscope.storage.peers import mindspore as ms_reader
 from opscope.storage.peers.mindspore_files import load_array, parse_name, read_statistics
-from opscope.storage.peers.mindspore_rows import module_of, phase_of
+from opscope.storage.peers.mindspore_places import module_of, phase_of
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "mindspore"
 ITERATION = Path("rank_0/Net/0/0")

@@ -25,87 +25,19 @@ from opscope.storage.peers.mindspore_files import (
 )
 from opscope.storage.peers.mindspore_ir import KernelGraph, Source
 from opscope.storage.peers.mindspore_match import match_files
+from opscope.storage.peers.mindspore_places import (
+    OP_PREFIX,
+    forward_op_of,
+    module_of,
+    phase_of,
+    places,
+)
 
-OP_PREFIX = "mindspore."
-# Cells that wrap the user's net for training; their scopes are dropped from module paths.
-WRAPPERS = frozenset({"WithLossCell", "WithEvalCell", "WithGradCell", "TrainOneStepCell",
-                      "TrainOneStepWithLossScaleCell", "ForwardValueAndGrad", "GradAccumulationCell",
-                      "PipelineCell", "MicroBatchInterleaved", "_VirtualDatasetCell"})
 _MAX_UNDUMPED = 8  # undumped ops read through between a kernel and the one it reads
-_GRAPH_SEQ = 1_000_000
+_GRAPH_SEQ = 1_000_000  # seq offset of each further graph of one iteration
 _STEP_START_IDS = 1 << 40  # ids of the rows added for an in-place update's input (never a file's)
-_UPDATED = 100  # slot offset of an optimizer's in-place updated parameter, recorded as an output  # seq offset of each further graph of one iteration
+_UPDATED = 100  # slot offset of an optimizer's in-place updated parameter, recorded as an output
 _COLUMNS = [name for name, _ in SCHEMA_FIELDS]
-
-
-def phase_of(full_name: str) -> str:
-    """``Gradients/...`` -> backward; a scope inside ``optimizer-...`` -> optimizer; else forward."""
-    segments = full_name.split("/")
-    if segments[0] == "Gradients":
-        return "backward"
-    if any(s.split("-", 1)[0] == "optimizer" for s in segments[:-1]):
-        return "optimizer"
-    return "forward"
-
-
-def module_of(full_name: str) -> str:
-    """The cells of a scope as a module path: ``Default/network-WithLossCell/_backbone-Net/b0-Block/
-    fc1-Dense/MatMul-op0`` -> ``b0.fc1`` (training wrappers and the net itself dropped)."""
-    cells = [s.split("-", 1) for s in full_name.split("/")[:-1] if "-" in s]
-    while cells and cells[0][1] in WRAPPERS:
-        cells.pop(0)
-    if cells and cells[0][0] == "_backbone":
-        cells.pop(0)
-    return ".".join(name for name, _ in cells)
-
-
-EXPANDED = "Expand/"  # ops MindSpore expanded from a functional call: a scope of their own
-
-
-def expanded_places(order: tuple[str, ...], graph: KernelGraph | None) -> dict[str, tuple[str, str]]:
-    """(phase, module) of the ops MindSpore expanded from functional calls (``Expand/_Muls/Mul-op0``:
-    no cell in the scope): backward when what they read was, and the module their producers
-    share, else their consumers (``fc2(x) * 1.001`` in ``b1`` -> ``b1.fc2``)."""
-    places: dict[str, tuple[str, str]] = {}
-    if graph is None:
-        return places
-
-    def place(full: str) -> tuple[str, str] | None:
-        return places.get(full) if full.startswith(EXPANDED) else (phase_of(full), module_of(full))
-
-    for full in order:
-        if not full.startswith(EXPANDED):
-            continue
-        producers = [place(s.name) for s in graph.inputs.get(full, []) if s.kind == "kernel"]
-        consumers = [place(c) for c in graph.consumers.get(full, [])]
-        known = [p for p in producers if p]
-        phase = "backward" if any(p[0] == "backward" for p in known) else (known[0][0] if known else "forward")
-        # where the values it transforms were made; else where they go (MindSpore's scopes of
-        # a block's ops may name another instance of that block, so the two can disagree)
-        made = _common_prefix([p[1] for p in known if p[1] and p[0] == phase])
-        places[full] = (phase, made or _common_prefix([c[1] for c in consumers if c and c[1] and c[0] == phase]))
-    return places
-
-
-def _common_prefix(modules: list[str]) -> str:
-    if not modules:
-        return ""
-    parts = modules[0].split(".")
-    for module in modules[1:]:
-        other = module.split(".")
-        n = 0
-        while n < min(len(parts), len(other)) and parts[n] == other[n]:
-            n += 1
-        parts = parts[:n]
-    return ".".join(parts)
-
-
-def forward_op_of(full_name: str) -> str | None:
-    """The forward op a gradient op differentiates (``.../Grad_MatMul/MatMul-op2`` -> MatMul)."""
-    for segment in reversed(full_name.split("/")[:-1]):
-        if segment.startswith("Grad_"):
-            return OP_PREFIX + segment[len("Grad_"):]
-    return None
 
 
 class RowBuilder:
@@ -116,7 +48,7 @@ class RowBuilder:
         self.rows: list[dict[str, Any]] = []
         self.outputs: dict[tuple[str, int], int] = {}  # (full name, slot) -> record id
         self.calls: dict[tuple[str, str, str], int] = defaultdict(int)
-        self.places: dict[str, tuple[str, str]] = {}  # phase and module of expanded ops
+        self.places: dict[str, tuple[str, str]] = {}  # ops the scope alone would misplace
 
     def add_graph(self, data: str, folder: Path, order: tuple[str, ...], graph: KernelGraph | None,
                   files: dict[str, list[TensorFile]], statistics: dict[str, list[StatisticRow]],
@@ -128,7 +60,7 @@ class RowBuilder:
                              *((k, [r.timestamp for r in v]) for k, v in statistics.items())]:
             first[name] = min([first.get(name, 1 << 62), *stamps])
         matched, renumbered = match_files(order, first)
-        self.places = expanded_places(order, graph)
+        self.places = places(order, graph)
         for index, full in enumerate(order):
             mangled = matched.get(full)
             tensors = files.get(mangled, []) if mangled else []
