@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS=${EXTRAS:-test,onnx,xlsx,peers} bash scripts/install.sh
+# TensorFlow for the TF tests (tests/integration/test_tf_*.py), pinned like torch: the CPU build
+# (~80 s, beside torch in one venv). opscope[tensorflow] asks for "tensorflow>=2.16" for users.
+.venv/bin/python -m pip install -q "${TF_SPEC:-tensorflow-cpu==2.21.0}"
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
