@@ -84,9 +84,14 @@
                     value: function (u, y, si, x) { return x === null || y === null ? "\u2014" : fmt(err[at[x]]); } });
     });
     if (!xs.length) { el("p", { "class": "muted" }, "no measured pair to draw", chartBox); body.setAttribute("data-chart-points", "0"); return; }
+    var decades = function () {
+      var a = Math.round(Math.log10(floor)), b = Math.round(Math.log10(ceil)), step = Math.max(1, Math.ceil((b - a) / 8)), out = [];
+      for (var e = a; e <= b; e += step) { out.push(Math.pow(10, e)); }
+      return out;
+    };
     var w = Math.max(480, Math.min(1400, (chartBox.clientWidth || 960) - 4));
     var u = new uPlot({ width: w, height: 280, scales: { x: { time: false }, y: { distr: 3, range: function () { return [floor, ceil]; } } },
-                        axes: [{ label: "pair, in execution order" }, { label: "relative error", size: 70, values: function (u, vals) { return vals.map(function (x) { return x === null ? "" : x.toExponential(0); }); } }],
+                        axes: [{ label: "pair, in execution order" }, { label: "relative error", size: 70, splits: decades, values: function (u, vals) { return vals.map(function (x) { return x === null ? "" : x.toExponential(0); }); } }],
                         series: series }, data, chartBox);
     body.setAttribute("data-chart-points", String(points));
     Promise.resolve().then(function () {

@@ -33,26 +33,24 @@
       series.push({ label: "rank " + r, stroke: RANK_COLORS[k % RANK_COLORS.length], width: 1.5, value: function (u, v) { return ms(v); },
                     points: { show: true, size: 4 } });
     });
-    var traced = xs.map(function () { return null; }), outl = xs.map(function () { return null; });
+    // Markers: per rank, its task-traced steps (orange rings) and its outlier steps (red).
+    var none = function () { return null; }, multi = D.ranks.length > 1;
+    var marker = function (label, y, color, size, fill) {
+      if (!y.some(function (v) { return v !== null; })) { return; }
+      data.push(y);
+      series.push({ label: label, stroke: color, paths: none, value: function (u, v) { return ms(v); },
+                    points: { show: true, size: size, width: 2, fill: fill, stroke: color } });
+    };
     D.ranks.forEach(function (r) {
-      var S = D.series[r];
+      var S = D.series[r], traced = xs.map(function () { return null; }), outl = xs.map(function () { return null; });
       S.step.forEach(function (s, i) { if (S.traced[i]) { traced[at[s]] = S.wall[i]; } });
+      D.outliers.forEach(function (o) {
+        var i = String(o.rank) === String(r) ? S.step.indexOf(o.step) : -1;
+        if (i >= 0) { outl[at[o.step]] = S.wall[i]; }
+      });
+      marker("task-traced" + (multi ? " (rank " + r + ")" : ""), traced, "#ff7f0e", 9, "rgba(0,0,0,0)");
+      marker("outlier" + (multi ? " (rank " + r + ")" : ""), outl, "#d62728", 12, "rgba(214,39,40,0.35)");
     });
-    D.outliers.forEach(function (o) {
-      var S = D.series[o.rank]; if (!S) { return; }
-      var i = S.step.indexOf(o.step); if (i >= 0 && at[o.step] !== undefined) { outl[at[o.step]] = S.wall[i]; }
-    });
-    var none = function () { return null; };
-    if (traced.some(function (v) { return v !== null; })) {
-      data.push(traced);
-      series.push({ label: "task-traced", stroke: "#ff7f0e", paths: none, value: function (u, v) { return ms(v); },
-                    points: { show: true, size: 9, width: 2, fill: "rgba(0,0,0,0)", stroke: "#ff7f0e" } });
-    }
-    if (outl.some(function (v) { return v !== null; })) {
-      data.push(outl);
-      series.push({ label: "outlier", stroke: "#d62728", paths: none, value: function (u, v) { return ms(v); },
-                    points: { show: true, size: 11, width: 2, fill: "rgba(214,39,40,0.25)", stroke: "#d62728" } });
-    }
     body.setAttribute("data-points", String(points));
     return new uPlot({ width: width(el), height: 280, scales: { x: { time: false }, y: { range: yFromZero } },
                        axes: [{ label: "step" }, msAxis("step time (ms)")], series: series }, data, el);
