@@ -49,7 +49,9 @@ def transformer(seq: int = 32, d: int = 64, heads: int = 4, vocab: int = 500) ->
         x = keras.layers.LayerNormalization(name=f"ln{i}b")(x + keras.layers.Dense(d, name=f"ff{i}b")(f))
     out = keras.layers.Dense(10, name="head")(keras.layers.GlobalAveragePooling1D()(x))
     model = keras.Model(inp, out)
-    model.compile(optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     return model
 
 
@@ -79,7 +81,9 @@ class BatchClock(keras.callbacks.Callback):
         return [b[0] - a[0] for a, b in pairs], [b[1] - a[1] for a, b in pairs]
 
 
-def fit_round(model: keras.Model, data: tf.data.Dataset, extra: list[keras.callbacks.Callback]) -> tuple[list[float], list[float]]:
+def fit_round(
+    model: keras.Model, data: tf.data.Dataset, extra: list[keras.callbacks.Callback]
+) -> tuple[list[float], list[float]]:
     clock = BatchClock()
     model.fit(data, epochs=1, verbose=0, callbacks=[*extra, clock])
     return clock.steps()
@@ -92,21 +96,23 @@ def interleaved(model: keras.Model, data: tf.data.Dataset, out: Path, steps: int
     bare_fn = model.train_function
     iterator = iter(data.repeat())
     bare_fn(iterator)
-    times: dict[str, list[float]] = {"bare": [], "profiled": []}
+    times: dict[str, list[float]] = {"bare": [], "profiled": [], "bare_cpu": [], "profiled_cpu": []}
     with profile(str(out), overwrite=True) as session:
         model.make_train_function(force=True)  # traced under the session: holds the marks
         marked_fn = model.train_function
         marked_fn(iterator)
         session.step()
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             bare_fn(iterator)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.process_time()
             marked_fn(iterator)
             session.step()
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.process_time()
             times["bare"].append(t1 - t0)
             times["profiled"].append(t2 - t1)
+            times["bare_cpu"].append(c1 - c0)
+            times["profiled_cpu"].append(c2 - c1)
     return times
 
 
@@ -132,26 +138,37 @@ def main() -> None:
                     wall[name] += w
                     cpu[name] += c
                     if args.verbose:
-                        print(f"  round {r} {name}: {statistics.median(w) * 1e3:.3f} ms wall, {statistics.median(c) * 1e3:.3f} ms CPU")
+                        mw, mc = statistics.median(w) * 1e3, statistics.median(c) * 1e3
+                        print(f"  round {r} {name}: {mw:.3f} ms wall, {mc:.3f} ms CPU")
         med = {k: statistics.median(v) for k, v in wall.items()}
         cmed = {k: statistics.median(v) for k, v in cpu.items()}
         print(f"training trace, Keras fit ({len(wall['bare'])} steps each, {args.rounds} rounds interleaved):")
-        print(f"  wall: bare {med['bare'] * 1e3:.3f} ms/step, profiled {med['profiled'] * 1e3:.3f} ms/step, ratio {med['profiled'] / med['bare']:.3f}x")
-        print(f"  process CPU: bare {cmed['bare'] * 1e3:.3f} ms/step, profiled {cmed['profiled'] * 1e3:.3f} ms/step, ratio {cmed['profiled'] / cmed['bare']:.3f}x")
-        print(f"  load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall ratios are only as good as a quiet machine)")
+        for label, m in (("wall", med), ("process CPU", cmed)):
+            b, p = m["bare"] * 1e3, m["profiled"] * 1e3
+            print(f"  {label}: bare {b:.3f} ms/step, profiled {p:.3f} ms/step, ratio {p / b:.3f}x")
+        load = os.getloadavg()[0]
+        print(f"  load average {load:.2f} on {os.cpu_count()} CPUs (wall ratios are only as good as a quiet machine)")
         pair = interleaved(profiled_model, data, Path(tmp) / "pairs", args.rounds * args.steps)
-        print(f"training trace, step by step ({len(pair['bare'])} pairs; one model, its train function traced "
-              "without and with the marks, called alternately on one iterator, the profile's per-step work included):")
+        print(
+            f"training trace, step by step ({len(pair['bare'])} pairs; one model, its train function traced "
+            "without and with the marks, called alternately on one iterator, the profile's per-step work included):"
+        )
         b, p = statistics.median(pair["bare"]), statistics.median(pair["profiled"])
         ratios = sorted(q / a for a, q in zip(pair["bare"], pair["profiled"]))
-        print(f"  wall: bare {b * 1e3:.3f} ms/step, profiled {p * 1e3:.3f} ms/step, ratio of medians {p / b:.3f}x, "
-              f"median of pair ratios {ratios[len(ratios) // 2]:.3f}x")
+        print(
+            f"  wall: bare {b * 1e3:.3f} ms/step, profiled {p * 1e3:.3f} ms/step, ratio of medians {p / b:.3f}x, "
+            f"median of pair ratios {ratios[len(ratios) // 2]:.3f}x"
+        )
+        bc, pc = statistics.median(pair["bare_cpu"]), statistics.median(pair["profiled_cpu"])
+        print(f"  process CPU: bare {bc * 1e3:.3f} ms/step, profiled {pc * 1e3:.3f} ms/step, ratio {pc / bc:.3f}x")
         task_session = profile(str(Path(tmp) / "task"), overwrite=True, task_trace=True, steps="10-14")
         profiled_model.fit(data, epochs=1, verbose=0, callbacks=[task_session])
         task = task_session.result.summary["task_trace"]
-        print(f"task trace (steps 10-14): profiled step / unprofiled step {task.get('ratio')}x, "
-              f"{task['trace_mb_per_step']} MB of trace per step, {task['export_ms_per_step']} ms export per step "
-              "(between steps, not in step times)")
+        print(
+            f"task trace (steps 10-14): profiled step / unprofiled step {task.get('ratio')}x, "
+            f"{task['trace_mb_per_step']} MB of trace per step, {task['export_ms_per_step']} ms export per step "
+            "(between steps, not in step times)"
+        )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ pytest.importorskip("tensorflow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 TRAIN = textwrap.dedent(
-    '''
+    """
     import json, os, sys, time
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf, keras
@@ -130,7 +130,8 @@ TRAIN = textwrap.dedent(
         plain_step(a, b)
     out["zerocode"] = {"status": session.stop().status, "steps": len(session.rows)}
 
-    options = '{"output": "%s/ascend", "training_trace": "on", "task_trace": "on", "fp_point": "", "bp_point": "", "aicpu": "on"}' % root
+    options = json.dumps({"output": f"{root}/ascend", "training_trace": "on", "task_trace": "on",
+                          "fp_point": "", "bp_point": "", "aicpu": "on"})
     p = profile(config={"profile": {"profiling_mode": True, "profiling_options": options, "steps": "3"}})
     model().fit(data(8), epochs=1, verbose=0, callbacks=[p])
 
@@ -141,14 +142,16 @@ TRAIN = textwrap.dedent(
     except ConfigError as exc:
         out["badpoint"] = str(exc)
     print(json.dumps(out))
-    '''
+    """
 )
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 def opscope_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +180,10 @@ def test_phases_add_up_and_every_phase_is_seen(runs) -> None:
     rows = pq.read_table(root / "base" / "steps.parquet").to_pylist()
     assert [r["step"] for r in rows] == list(range(16)), "one step per batch of fit"
     for r in rows:
-        parts = sum(r[f"{p}_ns"] for p in ("data_wait", "forward", "backward", "communication", "optimizer", "zero_grad", "other"))
+        parts = sum(
+            r[f"{p}_ns"]
+            for p in ("data_wait", "forward", "backward", "communication", "optimizer", "zero_grad", "other")
+        )
         assert parts == r["wall_ns"], "exclusive phases sum to the step's wall time exactly (integer ns)"
     for r in steady(root / "base"):
         assert r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0, r
@@ -185,7 +191,9 @@ def test_phases_add_up_and_every_phase_is_seen(runs) -> None:
 
 def test_profiling_does_not_change_the_numbers(runs) -> None:
     _, out = runs
-    assert out["bit_exact"], "weights after a fit with the profile (marks, and the task trace on 2 steps) equal a bare fit's, bit for bit"
+    assert out["bit_exact"], (
+        "weights after a fit with the profile (marks, and the task trace on 2 steps) equal a bare fit's, bit for bit"
+    )
 
 
 def test_phase_marks_agree_with_tensorflows_own_op_trace(runs) -> None:
@@ -196,8 +204,15 @@ def test_phase_marks_agree_with_tensorflows_own_op_trace(runs) -> None:
     share: dict[tuple[str, str], float] = {}
     for op in ops:
         name = op["name"]
-        kind = "backward" if name.startswith("gradient_tape/") else "optimizer" if re.match(r"adam(_\d+)?/", name) else \
-            "forward" if name.startswith("functional") else None
+        kind = (
+            "backward"
+            if name.startswith("gradient_tape/")
+            else "optimizer"
+            if re.match(r"adam(_\d+)?/", name)
+            else "forward"
+            if name.startswith("functional")
+            else None
+        )
         if kind:
             share[(kind, op["phase"])] = share.get((kind, op["phase"]), 0.0) + op["self_us"]
     for kind in ("forward", "backward", "optimizer"):
@@ -282,17 +297,31 @@ def test_show_and_diff_read_tensorflow_profiles(runs) -> None:
     assert "backward" not in {c["name"] for c in same["phases"] if c["direction"] == "slower" and c["delta_ms"] > 3}
 
 
-@pytest.mark.skipif(not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM), reason="chromium not installed")
+@pytest.mark.skipif(
+    not shutil.which("chromium") and not shutil.os.path.exists(CHROMIUM), reason="chromium not installed"
+)
 def test_report_of_a_tensorflow_profile_draws_in_headless_chromium(runs, tmp_path) -> None:
     root, _ = runs
     page = root / "base" / "report.html"
     done = subprocess.run(
         [
-            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'ud'}",
-            "--enable-logging=stderr", "--v=0", "--dump-dom", page.as_uri(),
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'ud'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            page.as_uri(),
         ],
-        capture_output=True, text=True, timeout=90,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     body = re.search(r"<body[^>]*>", done.stdout).group(0)
     assert 'data-chart="ok"' in body, done.stderr[-2000:]

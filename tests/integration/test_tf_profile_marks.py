@@ -13,10 +13,23 @@ def marks(*pairs: tuple[int, str]) -> list[tuple[int, int]]:
 
 
 def test_a_graph_step_pairs_into_the_four_phases_and_adds_up() -> None:
-    step = marks((10, "data_start"), (30, "data_end"), (35, "forward_start"), (60, "forward_end"),
-                 (70, "backward_start"), (150, "backward_end"), (155, "optimizer_start"), (190, "optimizer_end"))
+    step = marks(
+        (10, "data_start"),
+        (30, "data_end"),
+        (35, "forward_start"),
+        (60, "forward_end"),
+        (70, "backward_start"),
+        (150, "backward_end"),
+        (155, "optimizer_start"),
+        (190, "optimizer_end"),
+    )
     phases = pair_marks(step, end=200)
-    assert phases == {"data_wait": [(10, 30)], "forward": [(35, 70)], "backward": [(70, 150)], "optimizer": [(155, 190)]}
+    assert phases == {
+        "data_wait": [(10, 30)],
+        "forward": [(35, 70)],
+        "backward": [(70, 150)],
+        "optimizer": [(155, 190)],
+    }
     split, _, _ = breakdown(0, 200, phases)
     assert split["forward"] == 35 and split["other"] == 10 + 5 + 5 + 10
     assert sum(split.values()) == 200
@@ -33,15 +46,27 @@ def test_an_end_without_its_start_is_dropped_and_an_open_forward_runs_to_the_ste
 
 
 def test_two_forward_backward_passes_in_one_step_are_both_counted() -> None:
-    step = marks((0, "forward_start"), (10, "backward_start"), (20, "backward_end"),
-                 (30, "forward_start"), (40, "backward_start"), (50, "backward_end"))
+    step = marks(
+        (0, "forward_start"),
+        (10, "backward_start"),
+        (20, "backward_end"),
+        (30, "forward_start"),
+        (40, "backward_start"),
+        (50, "backward_end"),
+    )
     phases = pair_marks(step, end=60)
     assert phases["forward"] == [(0, 10), (30, 40)] and phases["backward"] == [(10, 20), (40, 50)]
 
 
 def test_profiler_names_lose_their_function_call_prefixes_only() -> None:
-    assert _CALL_PREFIX.sub("", "StatefulPartitionedCall/functional_1/dense/MatMul:MatMul") == "functional_1/dense/MatMul:MatMul"
-    assert _CALL_PREFIX.sub("", "cond/then/_5/cond/StatefulPartitionedCall/gradient_tape/x/Mul:Mul") == "gradient_tape/x/Mul:Mul"
+    assert (
+        _CALL_PREFIX.sub("", "StatefulPartitionedCall/functional_1/dense/MatMul:MatMul")
+        == "functional_1/dense/MatMul:MatMul"
+    )
+    assert (
+        _CALL_PREFIX.sub("", "cond/then/_5/cond/StatefulPartitionedCall/gradient_tape/x/Mul:Mul")
+        == "gradient_tape/x/Mul:Mul"
+    )
     assert _CALL_PREFIX.sub("", "Iterator::Root::Prefetch") == "Iterator::Root::Prefetch"
 
 

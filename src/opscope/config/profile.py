@@ -89,7 +89,8 @@ def _profiling_options(values: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"profile: profiling_options is not valid JSON ({exc}); give a JSON object such as "
                               '\'{"output": "prof/run1", "task_trace": "on"}\' or a mapping') from exc
     if options is not None and not isinstance(options, Mapping):
-        raise ConfigError(f"profile: profiling_options must be a JSON object or a mapping of profile keys, not {options!r}")
+        raise ConfigError(
+            f"profile: profiling_options must be a JSON object or a mapping of profile keys, not {options!r}")
     merged = {**(options or {}), **values}
     return {k: v for k, v in merged.items() if k not in ASCEND_ONLY_PROFILE_KEYS}
 

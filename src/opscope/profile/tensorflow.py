@@ -64,7 +64,10 @@ class TFProfileSession(keras.callbacks.Callback):
         if not (config.training_trace or config.task_trace):
             raise ConfigError("profile: training_trace and task_trace are both off: nothing to record")
         if config.clock not in ("auto", "host"):
-            raise ConfigError(f"profile: clock {config.clock!r} is for PyTorch; TensorFlow profiles use the host clock (\"auto\" or \"host\")")
+            raise ConfigError(
+                f"profile: clock {config.clock!r} is for PyTorch; "
+                'TensorFlow profiles use the host clock ("auto" or "host")'
+            )
         self.config = config
         self.html = html
         self.rank, self.world = 0, 1
@@ -98,7 +101,9 @@ class TFProfileSession(keras.callbacks.Callback):
         """Install the hooks and begin step 0."""
         global _active
         if self.state != "new":
-            raise ProfileError("this profile session was already started; make a new one with opscope.tensorflow.profile(...)")
+            raise ProfileError(
+                "this profile session was already started; make a new one with opscope.tensorflow.profile(...)"
+            )
         from opscope.capture.torch.dist import current_rank, world_size
 
         self.rank, self.world = current_rank(), world_size()
@@ -107,7 +112,9 @@ class TFProfileSession(keras.callbacks.Callback):
             self.state = "skipped"
             return self
         if _active is not None:
-            raise ProfileError(f"another TensorFlow profile ({_active.config.output}) is running in this process; stop it first")
+            raise ProfileError(
+                f"another TensorFlow profile ({_active.config.output}) is running in this process; stop it first"
+            )
         self.folder = output.prepare(Path(cfg.output), self.rank, cfg)
         self.sched = SchedWait.open()
         self.calibration = Calibration(self.sched)
@@ -121,7 +128,9 @@ class TFProfileSession(keras.callbacks.Callback):
         from opscope.profile.tensorflow_marks import PhaseMarks
 
         self.steps = StepClock(on_boundary=self._boundary)
-        self.timers = PhaseMarks(self.steps.poll, self.steps.optimizer_step, cfg.fp_point, cfg.bp_point, cfg.training_trace)
+        self.timers = PhaseMarks(
+            self.steps.poll, self.steps.optimizer_step, cfg.fp_point, cfg.bp_point, cfg.training_trace
+        )
         try:
             self.timers.install()
         except BaseException:
@@ -231,7 +240,20 @@ class TFProfileSession(keras.callbacks.Callback):
                 traced = False
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
         phases, _, _ = breakdown(self._start, end, intervals)
-        self._rows.append(StepRow(self.rank, self._step, self._start - self.origin, end - self._start, phases, 0, 0, traced, complete, wait))
+        self._rows.append(
+            StepRow(
+                self.rank,
+                self._step,
+                self._start - self.origin,
+                end - self._start,
+                phases,
+                0,
+                0,
+                traced,
+                complete,
+                wait,
+            )
+        )
         if (traced or self._step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
             self._spans.append((self._step, complete, self._start, end, intervals))
 
@@ -263,19 +285,26 @@ class TFProfileSession(keras.callbacks.Callback):
         origin, rank = self.origin, self.rank
         for step, complete, start, end, phases in self._spans:
             label = f"step {step}" + ("" if complete else " (raised)")
-            self.trace.event(span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step}))
+            self.trace.event(
+                span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step})
+            )
             for phase in PRIORITY:
                 for lo, hi in phases.get(phase, ()):
-                    self.trace.event(span(phase, rank, TID_PHASES, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step}))
+                    self.trace.event(
+                        span(phase, rank, TID_PHASES, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step})
+                    )
         self._spans.clear()
 
 
-def make_session(output: str | os.PathLike | None = None, config: Any = None,
-                 html: Callable[[Any], str] | None = None, **keys: Any) -> TFProfileSession:
+def make_session(
+    output: str | os.PathLike | None = None, config: Any = None, html: Callable[[Any], str] | None = None, **keys: Any
+) -> TFProfileSession:
     """A :class:`TFProfileSession` from a folder, a config (file or mapping; its ``profile``
     section, ``profiling_options`` spellings included) and keyword overrides. The public
     :func:`opscope.tensorflow.profile` calls it with the HTML renderer."""
-    return TFProfileSession(profile_config(config, output=None if output is None else os.fspath(output), **keys), html=html)
+    return TFProfileSession(
+        profile_config(config, output=None if output is None else os.fspath(output), **keys), html=html
+    )
 
 
 def start_profile(config: ProfileConfig, html: Callable[[Any], str] | None = None) -> TFProfileSession | None:

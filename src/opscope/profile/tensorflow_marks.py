@@ -31,7 +31,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-SLOTS = ("data_start", "data_end", "forward_start", "backward_start", "backward_end", "optimizer_start", "optimizer_end", "forward_end")
+SLOTS = (
+    "data_start",
+    "data_end",
+    "forward_start",
+    "backward_start",
+    "backward_end",
+    "optimizer_start",
+    "optimizer_end",
+    "forward_end",
+)
 SLOT = {name: i for i, name in enumerate(SLOTS)}
 XLA_NOTE = (
     "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
@@ -52,8 +61,14 @@ class PhaseMarks:
         detailed: False records no phase marks (``training_trace=False``), only steps.
     """
 
-    def __init__(self, on_poll: Callable[[], None], on_optimizer_step: Callable[[], None],
-                 fp_point: str | None = None, bp_point: str | None = None, detailed: bool = True) -> None:
+    def __init__(
+        self,
+        on_poll: Callable[[], None],
+        on_optimizer_step: Callable[[], None],
+        fp_point: str | None = None,
+        bp_point: str | None = None,
+        detailed: bool = True,
+    ) -> None:
         import tensorflow as tf
 
         self.tf = tf
@@ -314,7 +329,9 @@ def pair_marks(marks: list[tuple[int, int]], end: int) -> dict[str, list[tuple[i
         elif phase in opened:
             out[phase].append((opened.pop(phase), t))
     if "forward" in opened:
-        out["forward"].append((opened["forward"], forward_end if forward_end is not None and forward_end > opened["forward"] else end))
+        out["forward"].append(
+            (opened["forward"], forward_end if forward_end is not None and forward_end > opened["forward"] else end)
+        )
     return out
 
 

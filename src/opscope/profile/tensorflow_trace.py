@@ -21,18 +21,34 @@ from opscope.profile.chrome_trace import TID_STREAM_BASE, TraceWriter, span
 from opscope.profile.model import PRIORITY, Interval, OpRow
 from opscope.profile.task_trace import TID_CPU_BASE
 
-NOISE = frozenset({
-    "ThreadpoolListener::StartRegion", "ThreadpoolListener::StopRegion", "ThreadpoolListener::Record",
-    "ExecutorState::Process", "ExecutorState::ProcessAsync::Done", "MemoryAllocation", "MemoryDeallocation",
-    "TFE_DeleteTensorHandle", "ValidateInputTypeAndPlacement",
-})
+NOISE = frozenset(
+    {
+        "ThreadpoolListener::StartRegion",
+        "ThreadpoolListener::StopRegion",
+        "ThreadpoolListener::Record",
+        "ExecutorState::Process",
+        "ExecutorState::ProcessAsync::Done",
+        "MemoryAllocation",
+        "MemoryDeallocation",
+        "TFE_DeleteTensorHandle",
+        "ValidateInputTypeAndPlacement",
+    }
+)
 # Wrappers around a whole function run on the calling thread (its ops run on the executor's
 # threads, so nesting cannot take them out of the wrapper's self time): drawn in the trace,
 # left out of the ops tables.
-WRAPPERS = frozenset({
-    "KernelAndDeviceFunc::Run", "FunctionRun", "TFE_Py_ExecuteCancelable", "EagerExecute",
-    "EagerKernelExecute", "EagerCopyToDevice", "TFE_Py_FastPathExecute_C", "EagerLocalExecute",
-})
+WRAPPERS = frozenset(
+    {
+        "KernelAndDeviceFunc::Run",
+        "FunctionRun",
+        "TFE_Py_ExecuteCancelable",
+        "EagerExecute",
+        "EagerKernelExecute",
+        "EagerCopyToDevice",
+        "TFE_Py_FastPathExecute_C",
+        "EagerLocalExecute",
+    }
+)
 _CALL_PREFIX = re.compile(r"^.*?(?:^|/)(?:Stateful)?PartitionedCall(?:_\d+)?/(?!.*PartitionedCall(?:_\d+)?/)")
 LOGDIR = ".tf_profiler"  # inside the rank folder while a step is traced; removed after
 
@@ -69,7 +85,9 @@ class TFTaskTrace:
 
         t0 = time.perf_counter_ns()
         shutil.rmtree(self.logdir, ignore_errors=True)
-        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0, device_tracer_level=1)
+        options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=2, python_tracer_level=0, device_tracer_level=1
+        )
         tf.profiler.experimental.start(str(self.logdir), options=options)
         self._running = True
         self.export_ns += time.perf_counter_ns() - t0
@@ -117,7 +135,10 @@ class TFTaskTrace:
                 acc[0] += 1
                 acc[1] += (end - start) / 1000.0
                 acc[2] += max(0, end - start - child) / 1000.0
-        return [OpRow(self.rank, step, phase, name, "", int(c), round(t, 3), round(s, 3)) for (phase, name), (c, t, s) in totals.items()]
+        return [
+            OpRow(self.rank, step, phase, name, "", int(c), round(t, 3), round(s, 3))
+            for (phase, name), (c, t, s) in totals.items()
+        ]
 
     def _tid(self, plane: str, line: Any) -> int:
         key = f"{plane}|{line.name}"
@@ -127,7 +148,9 @@ class TFTaskTrace:
             tid = (TID_STREAM_BASE if device else TID_CPU_BASE) + len(self._tids)
             self._tids[key] = tid
             label = line.display_name or line.name
-            self.writer.name_thread(self.rank, tid, f"{plane} {label}" if device else f"TF {label.split('/')[0]} {tid - TID_CPU_BASE}", tid)
+            self.writer.name_thread(
+                self.rank, tid, f"{plane} {label}" if device else f"TF {label.split('/')[0]} {tid - TID_CPU_BASE}", tid
+            )
         return tid
 
 
