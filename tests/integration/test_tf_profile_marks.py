@@ -4,7 +4,7 @@ intervals, and reading TensorFlow profiler names and nesting."""
 from __future__ import annotations
 
 from opscope.profile.breakdown import breakdown
-from opscope.profile.tensorflow_marks import SLOT, pair_marks
+from opscope.profile.tensorflow_phases import SLOT, pair_marks
 from opscope.profile.tensorflow_trace import _CALL_PREFIX, _nest, phase_at
 
 

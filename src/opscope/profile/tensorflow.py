@@ -125,8 +125,16 @@ class TFProfileSession(keras.callbacks.Callback):
             from opscope.profile.tensorflow_trace import TFTaskTrace
 
             self.task = TFTaskTrace(self.trace, self.rank, self.origin, self.folder)
+        self._install()
+        _active = self
+        self.state = "running"
+        self._begin(0)
+        return self
+
+    def _install(self) -> None:
         from opscope.profile.tensorflow_marks import PhaseMarks
 
+        cfg = self.config
         self.steps = StepClock(on_boundary=self._boundary)
         self.timers = PhaseMarks(
             self.steps.poll, self.steps.optimizer_step, cfg.fp_point, cfg.bp_point, cfg.training_trace
@@ -137,10 +145,6 @@ class TFProfileSession(keras.callbacks.Callback):
             self.timers.remove()
             self.trace.abort("hooks could not be installed")
             raise
-        _active = self
-        self.state = "running"
-        self._begin(0)
-        return self
 
     def step(self) -> None:
         """Mark the end of a training step (optional, see the module's docstring)."""

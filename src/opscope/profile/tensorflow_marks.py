@@ -31,17 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-SLOTS = (
-    "data_start",
-    "data_end",
-    "forward_start",
-    "backward_start",
-    "backward_end",
-    "optimizer_start",
-    "optimizer_end",
-    "forward_end",
-)
-SLOT = {name: i for i, name in enumerate(SLOTS)}
+from opscope.profile.tensorflow_phases import SLOT, SLOTS, pair_marks
+
 XLA_NOTE = (
     "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
     "(a timestamp cannot run inside an XLA cluster), so that time is counted as other; "
@@ -298,52 +289,6 @@ class PhaseMarks:
             return out
 
         return apply
-
-
-def pair_marks(marks: list[tuple[int, int]], end: int) -> dict[str, list[tuple[int, int]]]:
-    """Phase intervals from time-ordered ``(ns, slot)`` marks of one step.
-
-    Forward runs from ``forward_start`` to ``backward_start`` (so it includes the loss), or
-    to the last ``forward_end`` when there is no backward; the other phases run from their
-    ``*_start`` to their ``*_end``. An end without a start is dropped.
-    """
-    out: dict[str, list[tuple[int, int]]] = {"data_wait": [], "forward": [], "backward": [], "optimizer": []}
-    opened: dict[str, int] = {}
-    forward_end: int | None = None
-    for t, slot in marks:
-        name = SLOTS[slot]
-        if name == "forward_end":
-            forward_end = t
-            continue
-        phase, edge = _PHASE_OF[name]
-        if phase == "forward" and edge == "start":
-            if "forward" in opened and forward_end is not None and forward_end > opened["forward"]:
-                out["forward"].append((opened.pop("forward"), forward_end))
-            opened.setdefault("forward", t)
-            forward_end = None
-            continue
-        if name == "backward_start" and "forward" in opened:
-            out["forward"].append((opened.pop("forward"), t))
-        if edge == "start":
-            opened[phase] = t
-        elif phase in opened:
-            out[phase].append((opened.pop(phase), t))
-    if "forward" in opened:
-        out["forward"].append(
-            (opened["forward"], forward_end if forward_end is not None and forward_end > opened["forward"] else end)
-        )
-    return out
-
-
-_PHASE_OF = {
-    "data_start": ("data_wait", "start"),
-    "data_end": ("data_wait", "end"),
-    "forward_start": ("forward", "start"),
-    "backward_start": ("backward", "start"),
-    "backward_end": ("backward", "end"),
-    "optimizer_start": ("optimizer", "start"),
-    "optimizer_end": ("optimizer", "end"),
-}
 
 
 def _is_graph_tensor(tf: Any, value: Any) -> bool:
