@@ -40,7 +40,8 @@ def msprobe_verdict(work: Path, target: str, golden: str) -> str:
     counts = {k: sum(r["Result"].lower() == k for r in rows) for k in ("pass", "warning", "error")}
     first = (f"{flagged[0]['NPU Name']} ({flagged[0]['Result']})" if flagged else "-")
     unmatched = sum(1 for r in rows if r["Bench Name"] in ("N/A", "", "None"))
-    return f"{counts['pass']} pass / {counts['warning']} warning / {counts['error']} error; {unmatched} unmatched; first flagged {first}"
+    return (f"{counts['pass']} pass / {counts['warning']} warning / {counts['error']} error; "
+            f"{unmatched} unmatched; first flagged {first}")
 
 
 def opscope_verdict(work: Path, target: str, golden: str) -> str:
@@ -48,8 +49,8 @@ def opscope_verdict(work: Path, target: str, golden: str) -> str:
 
     r = opscope.compare(work / target, work / golden, workers=1)
     first = r.first_divergence
-    named = f"{first.kind} {first.module or '(top level)'} / {first.op} ({first.phase}, step {first.step}, call {first.call})" \
-        if first else "-"
+    named = (f"{first.kind} {first.module or '(top level)'} / {first.op} "
+             f"({first.phase}, step {first.step}, call {first.call})") if first else "-"
     return f"{r.verdict}; {r.counts['pairs']} pairs, {r.counts['failed']} failed, " \
            f"{r.counts['unpaired_target'] + r.counts['unpaired_reference']} unpaired; first {named}"
 

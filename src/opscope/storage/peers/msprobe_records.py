@@ -366,7 +366,8 @@ def _flow_keys(row: Row) -> tuple[tuple[Any, ...], ...] | None:
     if all(v is None for v in stats) or any(v is not None and math.isnan(v) for v in stats):
         return None
     shape = tuple(row.get("shape") or [])
-    return ((row.get("dtype"), shape, *stats, row.get("hash")), (row.get("dtype"), row.get("numel"), *stats, row.get("hash")),
+    dtype, digest = row.get("dtype"), row.get("hash")
+    return ((dtype, shape, *stats, digest), (dtype, row.get("numel"), *stats, digest),
             (row.get("numel"), row.get("max"), row.get("min")))
 
 
