@@ -74,3 +74,14 @@ def test_operator_table_matches_torch() -> None:
 ])
 def test_safe_name(name: str, ok: bool) -> None:
     assert safe_name(name) is ok
+
+
+@pytest.mark.parametrize(("op", "writes"), [
+    ("Tensor.add_", True), ("Tensor.__setitem__", True), ("Tensor.__ipow__", True), ("Tensor.__iand__", True),
+    ("Tensor.add", False), ("Tensor.__invert__", False), ("Tensor.__rsub__", False), ("torch.relu", False),
+    ("torch.nn.functional.relu_", True),
+])
+def test_in_place_calls(op: str, writes: bool) -> None:
+    from opscope.storage.peers.msprobe_records import _writes_input
+
+    assert _writes_input(op) is writes

@@ -167,7 +167,7 @@ class _Builder:
 
     def _forward_rows(self, call: Row, entry: Row, module: str) -> None:
         slot, positional = 0, []
-        in_place = str(call["op"]).endswith("_")
+        in_place = _writes_input(str(call["op"]))
         for i, value in enumerate(entry.get("input_args") or []):
             for stat in _tensors(value):
                 identity = _identity(stat)
@@ -273,6 +273,14 @@ class _Builder:
                                                         and found["dtype"] != row["dtype"])):
                     row["producer"] = found["id"]
                     break
+
+
+def _writes_input(op: str) -> bool:
+    """An in-place call: it writes the tensor it reads first (``add_``, ``x[i] = v``, ``x **= 2``)."""
+    name = op.rsplit(".", 1)[-1]
+    if name.startswith("__") and name.endswith("__"):
+        return name == "__setitem__" or (name.startswith("__i") and name not in ("__invert__", "__index__"))
+    return name.endswith("_")
 
 
 def _floating(row: Row) -> bool:
