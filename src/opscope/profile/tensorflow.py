@@ -189,6 +189,13 @@ class TFProfileSession(keras.callbacks.Callback):
         if self.state == "new":
             self._by_callback = True
             self.start()
+        elif self.state == "stopped":
+            warnings.warn(
+                f"the profile {self.config.output} already finished (with an earlier fit): this fit is not "
+                "profiled; hand fit a new opscope.tensorflow.profile(...), or run both fits inside one `with`",
+                ProfileWarning,
+                stacklevel=2,
+            )
         model = self.model
         if self.state == "running" and model is not None and all(m is not model for m in self._models):
             self._models.append(model)
