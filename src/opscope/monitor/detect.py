@@ -6,14 +6,17 @@ learning rate (log10). A value departs when its robust z-score,
 ``|x - median| / max(1.4826 * MAD, floor)``, over the last ``window`` values exceeds
 ``threshold``, once the series has ``warmup`` values. A norm that falls must also fall by
 ``DROP`` decades (10x): a gradient's norm over a small batch drops by cancellation far more
-often than it jumps, and a fall that matters is a collapse. The floor (0.05 in log10, i.e. ~12%;
+often than it jumps, and a fall that matters is a collapse. A loss departs only upwards (a
+loss that falls faster than its band is training, not trouble). The floor (0.05 in log10, i.e. ~12%;
 1% of the median for the loss) keeps a flat series (a constant learning rate) from firing
 on rounding. A NaN or Inf (a non-finite norm, NaN/Inf counts above 0) departs at once,
 with no history needed. A series that departed is not reported again for ``window``
 steps: one incident, one event.
 
-All series are judged together with numpy (one median over a ``[series, window]`` array
-per step), so the cost does not grow with Python calls per series.
+All series are judged together with numpy (a sort of a ``[series, window]`` array), so the
+cost does not grow with Python calls per series; a series' band is recomputed every
+``REFRESH`` (4) steps of its own, which the slowly moving window allows (a jump is judged
+against a band made from the steps before it either way).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from opscope.monitor.events import Departure, MonitorEvent
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
 DROP = 1.0
+REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
 Key = tuple[str, str]
 
@@ -35,6 +39,12 @@ def _transform(kind: str, value: float) -> float:
     if kind == "loss":
         return value
     return math.log10(max(abs(value), TINY))
+
+
+def _middle(ordered: np.ndarray) -> np.ndarray:
+    """The median of each row of a row-sorted array."""
+    n = ordered.shape[1]
+    return (ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2
 
 
 class BandDetector:
@@ -48,6 +58,9 @@ class BandDetector:
         self.count = np.zeros(0, dtype=np.int64)
         self.quiet_until = np.zeros(0, dtype=np.int64)
         self.linear = np.zeros(0, dtype=bool)
+        self.med = np.zeros(0)
+        self.mad = np.zeros(0)
+        self.band_at = np.zeros(0, dtype=np.int64)
 
     def _add(self, key: Key) -> int:
         i = self.index[key] = len(self.keys)
@@ -56,6 +69,8 @@ class BandDetector:
         self.count = np.append(self.count, 0)
         self.quiet_until = np.append(self.quiet_until, -1)
         self.linear = np.append(self.linear, key[0] == "loss")
+        self.med, self.mad = np.append(self.med, np.nan), np.append(self.mad, np.nan)
+        self.band_at = np.append(self.band_at, -(1 << 40))
         return i
 
     def update(self, step: int, rank: int, values: dict[Key, tuple[float, float]],
@@ -90,24 +105,33 @@ class BandDetector:
         median = np.full(len(rows), np.nan)
         if not ready.any():
             return z, median
-        window = self.buf[rows[ready]]
-        full = self.count[rows[ready]] >= self.window
-        med = np.empty(len(window))
-        mad = np.empty(len(window))
-        if full.all():  # the common case once warmed up: no NaN in the windows
-            med[:] = np.median(window, axis=1)
-            mad[:] = np.median(np.abs(window - med[:, None]), axis=1)
-        else:
-            med[:] = np.nanmedian(window, axis=1)
-            mad[:] = np.nanmedian(np.abs(window - med[:, None]), axis=1)
-        linear = self.linear[rows[ready]]
+        judged = rows[ready]
+        stale = judged[self.count[judged] - self.band_at[judged] >= REFRESH]
+        if len(stale):
+            self.med[stale], self.mad[stale] = self._median_mad(stale)
+            self.band_at[stale] = self.count[stale]
+        med, mad = self.med[judged], self.mad[judged]
+        linear = self.linear[judged]
         floor = np.where(linear, LINEAR_FLOOR * np.abs(med) + 1e-12, LOG_FLOOR)
         scale = np.maximum(1.4826 * mad, floor)
         delta = x[ready] - med
-        falls_little = ~linear & (delta < 0) & (-delta < DROP)
+        falls_little = (delta < 0) & (linear | (-delta < DROP))  # a loss that falls is training
         z[ready] = np.where(falls_little, 0.0, np.abs(delta) / scale)
         median[ready] = np.where(linear, med, 10.0 ** med)
         return z, median
+
+    def _median_mad(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Median and MAD of each row's window. A window that is not full holds its values in
+        its first ``count`` slots, so rows are taken in groups of equal fill (one group once
+        warmed up), each sorted once (``np.median`` costs twice as much here)."""
+        fill = np.minimum(self.count[rows], self.window)
+        med, mad = np.empty(len(rows)), np.empty(len(rows))
+        for n in sorted(set(fill.tolist())):  # not np.unique: its first call imports numpy.ma (40 ms)
+            at = np.flatnonzero(fill == n)
+            window = self.buf[rows[at], :n]
+            med[at] = m = _middle(np.sort(window, axis=1))
+            mad[at] = _middle(np.sort(np.abs(window - m[:, None]), axis=1))
+        return med, mad
 
     @staticmethod
     def _departure(key: Key, value: float, median: float, z: float, nonfinite: bool, bad: float,

@@ -49,6 +49,7 @@ class SeriesWriter:
             old.unlink()
         (self.dir / "events.jsonl").write_text("", encoding="utf-8")
         self.rank, self.chunk = rank, chunk
+        import pyarrow.parquet  # noqa: F401  (imported now: its first import costs seconds, not to be paid mid-run)
         self.rows: list[Row] = []
         self.chunks: list[str] = []
         self.order: dict[str, int] = {}
@@ -84,8 +85,10 @@ class SeriesWriter:
         import pyarrow.parquet as pq
 
         steps, kinds, names, stats, values = zip(*self.rows, strict=True)
-        table = pa.table({"step": pa.array(steps, pa.int64()), "kind": pa.array(kinds, pa.string()).dictionary_encode(),
-                          "name": pa.array(names, pa.string()), "stat": pa.array(stats, pa.string()).dictionary_encode(),
+        table = pa.table({"step": pa.array(steps, pa.int64()),
+                          "kind": pa.array(kinds, pa.string()).dictionary_encode(),
+                          "name": pa.array(names, pa.string()),
+                          "stat": pa.array(stats, pa.string()).dictionary_encode(),
                           "value": pa.array(values, pa.float64())})
         name = f"series-{self.first_step:09d}.parquet"
         tmp = self.dir / (name + ".tmp")

@@ -73,6 +73,7 @@ class MonitorSession:
         self._calls: dict[str, int] = {}
         self._optimizer_seen = False
         self._causes: list[Departure] = []
+        self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
 
     @property
     def step_index(self) -> int:
@@ -184,7 +185,8 @@ class MonitorSession:
     def _root_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.clock.outer_module_call()
         if self.on and "inputs" in self.targets:
-            inputs = [(n, t if t.dtype.is_floating_point else t.detach().double()) for n, t in named_inputs(args, kwargs)]
+            inputs = [(n, t if t.dtype.is_floating_point else t.detach().double())
+                      for n, t in named_inputs(args, kwargs)]
             self._track("input", inputs)
 
     def _output(self, path: str, t: torch.Tensor) -> None:
@@ -202,14 +204,20 @@ class MonitorSession:
         self._track("activation_grad", [(name, g)], None if key in self.order else [self.hooks.tick()])
 
     def _param_items(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor, int]]:
-        """(name, parameter, position in backward order) of every parameter of ``optimizer``."""
-        items, n = [], sum(len(g["params"]) for g in optimizer.param_groups)
+        """(name, parameter, position in backward order) of every parameter of ``optimizer``;
+        kept while its parameter groups hold the same parameters and the order is known."""
+        shape = (id(optimizer), tuple(len(g["params"]) for g in optimizer.param_groups), len(self.hooks.grad_order))
+        cached = self._items.get(id(optimizer))
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        items, n = [], sum(shape[1])
         k = 0
         for gi, group in enumerate(optimizer.param_groups):
             for pi, p in enumerate(group["params"]):
                 name = self.hooks.name_of(p, f"group{gi}.param{pi}")
                 items.append((name, p, self.hooks.grad_order.get(id(p), n - 1 - k)))
                 k += 1
+        self._items[id(optimizer)] = (shape, items)
         return items
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -80,7 +80,8 @@ class Pending:
 
 def _native(t: torch.Tensor) -> bool:
     code = CODES.get(t.dtype)
-    return NATIVE and _fastats is not None and code is not None and t.dtype.is_floating_point and (code != 2 or F16_FAST)
+    usable = _fastats is not None and code is not None and t.dtype.is_floating_point
+    return NATIVE and usable and (code != 2 or F16_FAST)
 
 
 def _native_stats(t: torch.Tensor) -> list[float]:
