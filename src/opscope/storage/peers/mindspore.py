@@ -121,7 +121,8 @@ def _layout(path: Path) -> _Layout:
         for net in sorted(d for d in rank_dir.iterdir() if d.is_dir() and d.name not in _AUX):
             if below and net.name != below[0]:
                 continue
-            for graph in sorted((d for d in net.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
+            graphs = (d for d in net.iterdir() if d.is_dir() and d.name.isdigit())
+            for graph in sorted(graphs, key=lambda d: int(d.name)):
                 if len(below) > 1 and graph.name != below[1]:
                     continue
                 for it in (d for d in graph.iterdir() if d.is_dir() and d.name.isdigit()):

@@ -73,31 +73,50 @@ def places(order: tuple[str, ...], graph: KernelGraph | None) -> dict[str, tuple
             return found[full]
         return None if full.startswith(EXPANDED) else (phase_of(full), module_of(full))
 
-    anchors: list[tuple[int, str]] = []  # forward ops that read weights: (position, module)
-    for k, full in enumerate(order):  # the weights an op reads name its module, whatever its scope says
-        owners = {s.name.rsplit(".", 1)[0] for s in graph.inputs.get(full, []) if s.kind == "param" and "." in s.name}
-        if not owners or full.startswith(EXPANDED) or phase_of(full) != "forward":
-            continue
-        module = module_of(full)
-        moved = _reused_instance(module, list(owners)) if len(owners) == 1 else module
-        if moved != module:
-            found[full] = ("forward", moved)
-        anchors.append((k, moved))
-    positions = [k for k, _ in anchors]
-    for k, full in enumerate(order):  # an op between two of them, by where it ran
-        if full.startswith(EXPANDED) or phase_of(full) != "forward" or (anchors and k in positions):
-            continue
-        at = bisect.bisect_left(positions, k)
-        if 0 < at < len(anchors):
-            moved = _reused_instance(module_of(full), [anchors[at - 1][1], anchors[at][1]])
-            if moved != module_of(full):
-                found[full] = ("forward", moved)
+    # forward only: gradient ops are scoped by MindSpore's autodiff, often to an unrelated cell,
+    # and moving them by the same rules made a float16 dump and its float32 reference place
+    # some differently (cast ops in between): both sides keep MindSpore's scopes there
+    _place_instances(order, graph, "forward", found)
     for full in order:  # ops MindSpore expanded: by the data flow
         if full.startswith(EXPANDED):
             producers = [p for s in graph.inputs.get(full, []) if s.kind == "kernel" and (p := place(s.name))]
             consumers = [c for name in graph.consumers.get(full, []) if (c := place(name))]
             found[full] = _expanded(producers, consumers)
     return found
+
+
+def _place_instances(order: tuple[str, ...], graph: KernelGraph, phase: str,
+                     found: dict[str, tuple[str, str]]) -> None:
+    """Ops of ``phase`` whose scope names another instance of a reused cell, moved (see above)."""
+    anchors: list[tuple[int, str]] = []  # ops that read weights: (position, module)
+    for k, full in enumerate(order):
+        if full.startswith(EXPANDED) or phase_of(full) != phase:
+            continue
+        owners = _owners(graph, full)
+        if not owners:
+            continue
+        module = module_of(full)
+        owner = next(iter(owners)) if len(owners) == 1 else None
+        # only to another instance of its own kind: a weight's name is not always its owner's
+        # path (a cell made on its own and assigned later names its weights from its own root)
+        moved = _reused_instance(module, [owner]) if owner else module
+        if moved != module:
+            found[full] = (phase, moved)
+        anchors.append((k, moved))
+    positions = [k for k, _ in anchors]
+    for k, full in enumerate(order):  # an op between two of them, by where it ran
+        if full.startswith(EXPANDED) or phase_of(full) != phase or full in found:
+            continue
+        at = bisect.bisect_left(positions, k)
+        if 0 < at < len(anchors) and positions[at] != k:
+            moved = _reused_instance(module_of(full), [anchors[at - 1][1], anchors[at][1]])
+            if moved != module_of(full):
+                found[full] = (phase, moved)
+
+
+def _owners(graph: KernelGraph, full: str) -> set[str]:
+    """Modules owning the weights ``full`` reads."""
+    return {s.name.rsplit(".", 1)[0] for s in graph.inputs.get(full, []) if s.kind == "param" and "." in s.name}
 
 
 def _expanded(producers: list[tuple[str, str]], consumers: list[tuple[str, str]]) -> tuple[str, str]:

@@ -86,10 +86,11 @@ class RowBuilder:
         by_slot: dict[tuple[str, int], TensorFile | StatisticRow] = {(s.io, s.slot): s for s in stats}
         by_slot.update({(t.io, t.slot): t for t in tensors})
         for (io, slot), item in sorted(by_slot.items(), key=lambda kv: (kv[0][0] != "input", kv[0][1])):
-            row: dict[str, Any] = {"id": len(self.rows), "rank": self.rank, "step": self.step, "seq": seq, "phase": phase,
-                   "module": module, "op": op, "call": call, "io": io, "slot": slot, "device": None,
-                   "node": full, "fwd_op": forward_op_of(full) if phase == "backward" else None,
-                   "source": graph.sources.get(full) if graph is not None else None}
+            row: dict[str, Any] = {
+                "id": len(self.rows), "rank": self.rank, "step": self.step, "seq": seq, "phase": phase,
+                "module": module, "op": op, "call": call, "io": io, "slot": slot, "device": None,
+                "node": full, "fwd_op": forward_op_of(full) if phase == "backward" else None,
+                "source": graph.sources.get(full) if graph is not None else None}
             if io == "input":
                 self._link(row, sources[slot] if slot < len(sources) else None, graph)
             if isinstance(item, TensorFile):
