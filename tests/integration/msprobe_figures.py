@@ -27,7 +27,8 @@ CASES = {
 PAIRS = [("same", "ref"), ("bf16", "ref"), ("act", "ref"), ("weight", "ref"), ("insert", "ref"),
          ("t_same", "t_ref"), ("t_bf16", "t_ref"), ("t_act", "t_ref"), ("t_insert", "t_ref"),
          ("g_same", "g_ref"), ("g_bf16", "g_ref"), ("g_act", "g_ref"),
-         ("ref", "ops"), ("act", "ops"), ("g_ref", "g_ops"), ("g_act", "g_ops")]  # msprobe against opscope
+         ("ref", "ops"), ("bf16", "ops"), ("act", "ops"),  # msprobe against opscope
+         ("g_ref", "g_ops"), ("g_bf16", "g_ops"), ("g_act", "g_ops")]
 
 
 def msprobe_verdict(work: Path, target: str, golden: str) -> str:
