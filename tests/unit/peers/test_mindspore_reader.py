@@ -270,3 +270,15 @@ def test_statistic_digests_prove_identity(tmp_path: Path) -> None:
     other = opscope.compare(b, a, workers=1)
     assert other.verdict == "within_tolerance" and other.counts["identical"] < other.counts["pairs"]
     assert opscope.load(DATA / "statistic_reference").manifest["hash_algorithm"] is None
+
+
+def test_file_of_another_shape_is_not_its_op(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".output.0." in f.name)
+    np.save(victim.with_suffix(""), np.zeros((3, 5), np.float32), allow_pickle=False)  # np.save adds .npy
+    d = opscope.load(dump)
+    row = next(r for r in d.records(step=0).to_pylist() if r["module"] == "b0.fc1" and r["io"] == "output"
+               and r["op"] == "mindspore.MatMul")
+    assert row["shape"] == [3, 5] and row["norm"] is None and "is not the [4, 16] the IR gives" in row["note"]
+    assert any("do not have the shape the IR gives" in p for p in d.problems)

@@ -174,7 +174,7 @@ class RowBuilder:
             "dump with \"trans_flag\": true in e2e_dump_settings")
         if wrong:
             row["note"] = wrong
-            _add(problems, DEFECT)
+            _add(problems, _why_not_compared(wrong))
             return
         if item.dtype == "bfloat16" and arr.dtype.kind == "u":
             from opscope.storage.safetensors_io import widen
@@ -194,6 +194,17 @@ DEFECT = ("some tensors were written under a dtype other than their kernel's (th
           "so their files hold other bytes than the tensor's (seen with MindSpore 2.10 on CPU, where "
           "kernels without a float16 version run in float32): they are not compared (their records "
           "say so in 'note')")
+OTHER_OP = ("some files do not have the shape the IR gives their op: they are another op's (MindSpore "
+            "named them after this one), not compared (their records say so in 'note')")
+DEVICE_FORMAT = ("some tensors are stored in an Ascend device format (NC1HWC0, FRACTAL_NZ...), not in "
+                 "their own order: not compared; dump with \"trans_flag\": true in e2e_dump_settings")
+
+
+def _why_not_compared(note: str) -> str:
+    """The dump-wide problem a record's 'not compared' note belongs to."""
+    if "device format" in note:
+        return DEVICE_FORMAT
+    return OTHER_OP if "shape" in note else DEFECT
 
 
 def _untrusted(graph: KernelGraph | None, full: str, io: str, slot: int, dtype: str, shape: list[int]) -> str | None:
