@@ -13,35 +13,9 @@ from opscope.compare.flow import PASS_THROUGH, base_op
 from opscope.storage.peers.mindspore_ir import Source, read_graph, split_args
 from opscope.storage.peers.mindspore_match import match_files
 
-IR = """# IR entry: @kernel_graph0
-%para1_w: <Ref[Tensor[Float32]], (16, 8), ref_key=w, is_parameter>  :  has_default
-%para2_inputs0: <Tensor[Float32], (4, 8)> : [4, 8]
-
-subgraph @kernel_graph0() {
-  %0(a) = Load(%para1_w, UMonad[U]) cnode_attrs: {checkpoint: Bool(1)}
-      : (<Ref[Tensor[Float32]], (16, 8), ref_key=w, is_parameter>, <UMonad, NoShape>) -> (<Tensor[Float32], (16, 8)>)
-      # Fullname with scope: (Default/Load-op0)
-  %1(x) = PrimFunc_MatMul(%para2_inputs0, %0, Bool(0), Bool(1)) {instance name: matmul}
-      : (<Tensor[Float32], (4, 8)>, <Tensor[Float32], (16, 8)>, <Bool, NoShape>, <Bool, NoShape>) -> (<Tensor[Float16], (4, 16)>)
-      : (<Float32xDefaultFormat[const vector]{4, 8}>, <Float32xDefaultFormat[const vector]{16, 8}>, <BoolxDefaultFormat[const vector]{}>, <BoolxDefaultFormat[const vector]{}>) -> (<Float32xDefaultFormat[const vector]{4, 16}>)
-      : (Tensor, Tensor, Scalar, Scalar) -> (Tensor)
-      # Fullname with scope: (Default/net-Net/fc-Dense/MatMul-op0)
-      # In file /venv/lib/python3.11/site-packages/mindspore/nn/wrap/cell_wrapper.py:423~438, 4~19/    def construct(self, *inputs):/
-      # In file /home/me/train.py:28~29, 4~45/    def construct(self, x):/
-      # In file /home/me/train.py:30, 15~27/        return self.fc(x)/
-      # In file /venv/lib/python3.11/site-packages/mindspore/nn/layer/basic.py:744, 8~40/        x = self.matmul(x, self.weight)/
-  %2(s) = UpdateState(UMonad[U], %1)
-      # Fullname with scope: (Default/UpdateState-op0)
-  %3(y) = PrimFunc_LayerNorm(%1, %0, %0, I64(-1), I64(-1), F32(1e-07))
-      # Fullname with scope: (Default/net-Net/norm-LayerNorm/LayerNorm-op0)
-  %4(z) = TupleGetItem(%3, I64(2))
-      # Fullname with scope: (Default/net-Net/norm-LayerNorm/TupleGetItem-op0)
-  %5(d) = Depend(%4, %2)
-      # Fullname with scope: (Default/Depend-op0)
-  %6(o) = SGD(%para1_w, %5, Tensor(shape=[1], dtype=Int32, value=[1]), %2)
-      # Fullname with scope: (Default/optimizer-SGD/SGD-op0)
-}
-"""
+# A hand-written kernel graph in MindSpore 2.10's text IR syntax (its bookkeeping nodes, a
+# weight, a tuple output, a monad, a float16 graph type over a float32 device type).
+IR = Path(__file__).resolve().parents[2] / "data" / "mindspore" / "sample_graph.ir"
 
 
 def test_split_args_keeps_nested_calls_whole() -> None:
@@ -49,10 +23,8 @@ def test_split_args_keeps_nested_calls_whole() -> None:
         "%1", "Tensor(shape=[1], dtype=Int32, value=[1])", "(I64(1), I64(0))"]
 
 
-def test_data_flow_through_bookkeeping_nodes(tmp_path: Path) -> None:
-    path = tmp_path / "g.ir"
-    path.write_text(IR)
-    g = read_graph(path)
+def test_data_flow_through_bookkeeping_nodes() -> None:
+    g = read_graph(IR)
     assert set(g.ops) == {"Default/net-Net/fc-Dense/MatMul-op0", "Default/net-Net/norm-LayerNorm/LayerNorm-op0",
                           "Default/optimizer-SGD/SGD-op0"}  # Load, UpdateState, TupleGetItem, Depend: not kernels
     assert g.inputs["Default/net-Net/fc-Dense/MatMul-op0"] == [
