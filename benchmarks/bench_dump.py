@@ -80,7 +80,8 @@ def main() -> None:
     torch.set_num_threads(1)
     # tensor dumps from step 0 say once that their size is measured while written: not news here
     warnings.filterwarnings("ignore", message=r"opscope dump: the size of the full tensors")
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, order alternating")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, "
+          "order alternating")
     cases = [
         ("statistics, aten level (target <= 1.5x transformer, 2x MLP)", {"level": "aten"}),
         ("statistics, api level", {"level": "api"}),

@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--models", default="transformer,mlp", help="comma-separated: transformer, mlp")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, order alternating")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, "
+          "order alternating")
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         tasks = {"transformer": transformer_task, "mlp": TASKS["mlp"]}
         for name in args.models.split(","):

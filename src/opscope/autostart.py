@@ -76,7 +76,8 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
 
     data = config.load(path)
     if not data:
-        raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile, overflow or monitor section")
+        raise ConfigError(f"config file {os.fspath(path)!r} is empty; give a dump, profile, overflow or "
+                          "monitor section")
     names = [s for s in config.SECTIONS if s in data] or ["dump"]  # a flat file holds dump keys
     resolve: dict[str, Callable[[str | os.PathLike], Any]] = {
         "dump": config.dump_config, "profile": config.profile_config, "overflow": config.watch_config,

@@ -247,7 +247,8 @@ def _agreeing_groups(group: Any) -> list[tuple[int, ...]]:
         if isinstance(row.hash, str):
             content = ("hash", row.hash, row.dtype, row.shape)
         else:  # no hash (a meta tensor): statistics are all there is
-            content = ("stats", row.dtype, row.shape, *(_float(getattr(row, c)) for c in ("min", "max", "mean", "norm")))
+            content = ("stats", row.dtype, row.shape,
+                       *(_float(getattr(row, c)) for c in ("min", "max", "mean", "norm")))
         by_content.setdefault(content, []).append(int(row.rank))
     groups = [tuple(sorted(ranks)) for ranks in by_content.values()]
     return sorted(groups, key=lambda g: (-len(g), g[0]))

@@ -90,10 +90,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = WrongGradSiLU.apply(self.fc1(x), self.cfg.get("grad_scale", 1.0))
         h = self.fc2(h)
-        if self.cfg.get("fp16_gain"):
-            h = (h.half() * 1e6).float() / 1e6  # overflows float16: inf, then NaN downstream
-        else:
-            h = (h * 1e6) / 1e6
+        # fp16_gain overflows float16: inf, then NaN downstream
+        h = (h.half() * 1e6).float() / 1e6 if self.cfg.get("fp16_gain") else (h * 1e6) / 1e6
         return self.out(self.norm(h))
 
 
@@ -102,10 +100,7 @@ def train(model: nn.Module, path: Path, *, steps: int = 2, dtype: torch.dtype = 
           data: str = "tensor", transformer: bool = True) -> Path:
     """A few AdamW steps on fixed data, dumped at every step."""
     gen = torch.Generator().manual_seed(1)
-    if transformer:
-        inputs = torch.randint(0, 40, (2, 8), generator=gen)
-    else:
-        inputs = torch.randn(8, 16, generator=gen).to(dtype)
+    inputs = torch.randint(0, 40, (2, 8), generator=gen) if transformer else torch.randn(8, 16, generator=gen).to(dtype)
     target = torch.randn(inputs.shape[0], 1, generator=gen).to(dtype)
     model = model.to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)

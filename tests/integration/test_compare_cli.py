@@ -47,7 +47,8 @@ def test_files_and_quiet(dumps):
     assert run.returncode == 1 and run.stdout.startswith("diverged: act")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["first_divergence"]["op"] == "aten.gelu.default"
-    assert {p.name for p in out.iterdir()} == {"summary.json", "pairs.parquet", "pairs.csv", "pairs.xlsx", "report.html"}
+    assert {p.name for p in out.iterdir()} == {"summary.json", "pairs.parquet", "pairs.csv", "pairs.xlsx",
+                                               "report.html"}
 
 
 def test_mapping_file_renames_modules(dumps, tmp_path):

@@ -24,7 +24,8 @@ def test_the_changed_activation_is_the_only_forward_culprit(tmp_path, level, op)
     result = opscope.compare(tmp_path / "bad", tmp_path / "ref")
     first = result.first_divergence
     assert result.verdict == "diverged"
-    assert (first.kind, first.module, first.op, first.phase, first.step) == ("culprit", "layers.1.act", op, "forward", 0)
+    assert (first.kind, first.module, first.op, first.phase, first.step) == ("culprit", "layers.1.act", op,
+                                                                             "forward", 0)
     # enclosing modules (layers.1, the model) and gradients without a captured producer inherit
     forward = [c for c in result.culprits if c.phase == "forward"]
     assert {c.module for c in forward} == {"layers.1.act"}

@@ -88,7 +88,8 @@ _MACHINE_MIXED = "the machine was different during B"
 
 
 def opscope_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,8 @@ def test_profile_without_calibration_is_compared_as_before(runs, tmp_path) -> No
 
 def calibration(python_ms: float, matmul_ms: float, seed: int) -> dict:
     rng = random.Random(seed)
-    rounds = {part: {when: [ms * rng.gauss(1, 0.01) for _ in range(ROUNDS)] for when in ("start", "end")} for part, ms in (("python", python_ms), ("matmul", matmul_ms))}
+    rounds = {part: {when: [ms * rng.gauss(1, 0.01) for _ in range(ROUNDS)] for when in ("start", "end")}
+              for part, ms in (("python", python_ms), ("matmul", matmul_ms))}
     return {"version": 1, "workload": WORKLOAD, "rounds_ms": rounds, "sched_wait": False}
 
 

@@ -67,7 +67,8 @@ TRAIN = textwrap.dedent(
 
 
 def opscope_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "opscope", "profile", *args], capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")

@@ -61,7 +61,8 @@ def test_two_ranks_gloo(tmp_path) -> None:
     script = tmp_path / "ddp.py"
     script.write_text(TRAIN)
     out = tmp_path / "prof"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()), str(script), str(out)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(script), str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
@@ -74,7 +75,8 @@ def test_two_ranks_gloo(tmp_path) -> None:
     # Rank 0 waits for the straggler in DDP's bucket all-reduce: exposed communication.
     assert per_rank[0]["phases"]["communication"]["median_ms"] > 10
     assert per_rank[1]["phases"]["forward"]["median_ms"] > 18
-    show = subprocess.run([sys.executable, "-m", "opscope", "profile", "show", str(out)], capture_output=True, text=True, timeout=60)
+    show = subprocess.run([sys.executable, "-m", "opscope", "profile", "show", str(out)], capture_output=True,
+                          text=True, timeout=60)
     assert show.returncode == 0 and "slowest rank per step: rank 1" in show.stdout
 
     trace = read_trace(out / "trace.json.gz")

@@ -72,7 +72,8 @@ def opscope_run(tmp_path: Path, config: dict | str, *command: str, **kw) -> subp
 
 def test_arguments_streams_and_exit_code_pass_through(tmp_path) -> None:
     (tmp_path / "echo.py").write_text(ECHO)
-    done = opscope_run(tmp_path, DUMP_AND_PROFILE, sys.executable, "echo.py", "a b", "-c", "--", "--flag", input="hello")
+    done = opscope_run(tmp_path, DUMP_AND_PROFILE, sys.executable, "echo.py", "a b", "-c", "--", "--flag",
+                       input="hello")
     assert done.returncode == 3
     assert done.stdout == "argv ['a b', '-c', '--', '--flag']\nstdin hello\ntorch imported: False\n"
     # one line from the launcher says what is on and where it writes; then the command's own

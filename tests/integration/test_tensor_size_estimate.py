@@ -90,7 +90,8 @@ def test_estimate_from_a_statistics_dump_is_what_the_step_0_tensor_dump_stores(t
 def test_at_aten_level_views_of_a_statistics_dump_are_judged_within_a_few(tmp_path, stats):
     # a statistics dump records no strides: whether a view can be kept as its input's data is
     # judged from the ops that made the input (docs/replay.md); close, not exact, on attention
-    _, _, dump = _run(tmp_path / "t", _small_transformer, data="tensor", steps=0, estimate_from=str(stats["transformer"]))
+    _, _, dump = _run(tmp_path / "t", _small_transformer, data="tensor", steps=0,
+                      estimate_from=str(stats["transformer"]))
     capture = dump.manifest["tensor_capture"]
     assert abs(capture["estimate"]["bytes_per_step"] - capture["stored_bytes"]) < 0.01 * capture["stored_bytes"]
 

@@ -120,7 +120,8 @@ def test_no_import_runs_up_a_layer():
 def test_compare_imports_nothing_from_capture_and_capture_no_renderer():
     assert not [m for m, ts in GRAPH.items() if m.startswith("opscope.compare") and any(
         t.startswith("opscope.capture") for t in ts)]
-    assert not [m for m, ts in GRAPH.items() if m.startswith(("opscope.capture", "opscope.profile", "opscope.watch", "opscope.monitor"))
+    assert not [m for m, ts in GRAPH.items()
+                if m.startswith(("opscope.capture", "opscope.profile", "opscope.watch", "opscope.monitor"))
                 and any(t.startswith("opscope.report") for t in ts)]
 
 
@@ -137,7 +138,8 @@ def _reads_environment(node: ast.AST) -> bool:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         text = ast.unparse(node.func)
         return text in ("os.environ.get", "os.getenv", "environ.get", "getenv")
-    return isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == "os.environ"
+    return isinstance(node,
+                      ast.Subscript) and isinstance(node.ctx, ast.Load) and ast.unparse(node.value) == "os.environ"
 
 
 def test_environment_variables_are_read_only_in_config_env():

@@ -14,7 +14,8 @@ from opscope.errors import ProfileError
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opscope profile", description="show or diff profiles written by opscope.profile(...)")
+    parser = argparse.ArgumentParser(prog="opscope profile",
+                                     description="show or diff profiles written by opscope.profile(...)")
     sub = parser.add_subparsers(dest="action", metavar="{show,diff}")
     show = sub.add_parser("show", help="terminal summary of a profile folder")
     show.add_argument("dir", help="the output folder given to opscope.profile")
@@ -25,10 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("a")
     diff.add_argument("b")
     diff.add_argument("--k", type=float, default=3.0, help="noise band width in robust standard deviations (default 3)")
-    diff.add_argument("--min-change", type=float, default=0.1, help="smallest relative change to flag (default 0.1 = 10%%)")
+    diff.add_argument("--min-change", type=float, default=0.1,
+                      help="smallest relative change to flag (default 0.1 = 10%%)")
     diff.add_argument("--top", type=int, default=10, help="operator changes to list (default 10)")
     diff.add_argument("--json", action="store_true", help="print the diff as JSON")
-    diff.add_argument("--ignore-machine", action="store_true", help="do not account for a machine that was busier or slower during one run (its calibration)")
+    diff.add_argument("--ignore-machine", action="store_true",
+                      help="do not account for a machine that was busier or slower during one run (its calibration)")
     return parser
 
 
@@ -45,7 +48,8 @@ def main(argv: list[str]) -> int:
     if args.action == "show":
         data = load(args.dir)
         if not data.steps:
-            raise ProfileError(f"{args.dir} holds no recorded step: {'; '.join(data.warnings) or 'the run stopped before its first step ended'}")
+            raise ProfileError(f"{args.dir} holds no recorded step: "
+                               f"{'; '.join(data.warnings) or 'the run stopped before its first step ended'}")
         if args.html:
             from opscope.profile.writers import atomic_write
 

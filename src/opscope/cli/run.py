@@ -98,7 +98,8 @@ def main(argv: list[str]) -> int:
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """Split ``opscope run`` options from the command (after ``--``, or the first non-option)."""
-    parser = argparse.ArgumentParser(prog="opscope run", usage=USAGE, description=__doc__.replace("``", ""), epilog=EPILOG,
+    parser = argparse.ArgumentParser(prog="opscope run", usage=USAGE, description=__doc__.replace("``", ""),
+                                     epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-c", "--config", help="config file (JSON, YAML or TOML); default: $OPSCOPE_CONFIG")
     parser.add_argument("--run-id", help="launch id shared by all ranks (default: $OPSCOPE_RUN_ID, else a new "

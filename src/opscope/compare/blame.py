@@ -133,7 +133,8 @@ def _upstream(state: VerdictState, side: str, rank: int, step: int, rows: list[d
     return _summarise_calls(state, side, rank, step, seqs)
 
 
-def _downstream(state: VerdictState, side: str, rank: int, step: int, outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _downstream(state: VerdictState, side: str, rank: int, step: int,
+                outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seqs = {c["cseq"] for o in outputs for c in state.consumers.get((side, rank, step, o["id"]), [])}
     return _summarise_calls(state, side, rank, step, seqs)
 
@@ -148,7 +149,8 @@ def _summarise_calls(state: VerdictState, side: str, rank: int, step: int, seqs:
         pairs = [p for p in found if p is not None]
         worst = max(pairs, key=lambda p: _finite(p.error), default=None)
         head = rows[0]
-        out.append({"seq": seq, "op": head.get("orig_op", head.get("op")), "module": head.get("orig_module", head.get("module")),
+        out.append({"seq": seq, "op": head.get("orig_op", head.get("op")),
+                    "module": head.get("orig_module", head.get("module")),
                     "phase": head.get("phase"), "status": worst.status if worst else "unpaired",
                     "verdict": worst.verdict if worst else "", "error": worst.error if worst else None})
     return out

@@ -107,7 +107,8 @@ class WaitTimeline:
         """Wait (ns) per exclusive phase of the step ``[start, end]``: the same breakdown as
         the phase times, on the wait's timeline (the map from clock to wait only grows)."""
         at = self.at
-        waits, _, _ = breakdown(at(start), at(end), {p: [(at(a), at(b)) for a, b in ivs] for p, ivs in intervals.items()})
+        waits, _, _ = breakdown(at(start), at(end),
+                                {p: [(at(a), at(b)) for a, b in ivs] for p, ivs in intervals.items()})
         return waits
 
     def trim(self, before: int) -> None:
@@ -204,7 +205,8 @@ class Calibration:
             threads = torch.get_num_threads()
         except Exception:  # noqa: BLE001
             pass
-        block = {"version": VERSION, "workload": WORKLOAD, "rounds_ms": self.rounds, "sched_wait": self.sched is not None, "loadavg": self.loadavg, "torch_threads": threads}
+        block = {"version": VERSION, "workload": WORKLOAD, "rounds_ms": self.rounds,
+                 "sched_wait": self.sched is not None, "loadavg": self.loadavg, "torch_threads": threads}
         if self.error:
             block["error"] = self.error
         return block
@@ -227,7 +229,8 @@ class Speed:
 def _log_center(blocks: Iterable[dict[str, Any]], part: str) -> tuple[float, float] | None:
     """Median log round time of one part in one profile, and its uncertainty (the median's
     standard error and half the drift between the start and end windows)."""
-    windows = [[math.log(v) for v in values if v > 0] for b in blocks for values in b.get("rounds_ms", {}).get(part, {}).values()]
+    windows = [[math.log(v) for v in values if v > 0] for b in blocks
+               for values in b.get("rounds_ms", {}).get(part, {}).values()]
     windows = [w for w in windows if w]
     if not windows:
         return None

@@ -74,7 +74,8 @@ class TraceWriter:
             return
         self._known_threads.add(tid)
         self.event({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-        self.event({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": sort_index}})
+        self.event({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                    "args": {"sort_index": sort_index}})
 
     def finish(self, other: dict[str, Any] | None = None) -> Path:
         """Close the event list and publish the file under its final name."""
@@ -112,9 +113,11 @@ def rank_metadata(rank: int) -> list[dict[str, Any]]:
         {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}},
         {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}},
     ]
-    for tid, name in ((TID_STEPS, "opscope steps"), (TID_PHASES, "opscope phases"), (TID_COMM, "opscope communication")):
+    for tid, name in ((TID_STEPS, "opscope steps"), (TID_PHASES, "opscope phases"),
+                      (TID_COMM, "opscope communication")):
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid - 10}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                       "args": {"sort_index": tid - 10}})
     return events
 
 
@@ -148,9 +151,11 @@ def merge(sources: Iterable[str | os.PathLike], dest: str | os.PathLike, other: 
     return dest
 
 
-def span(name: str, rank: int, tid: int, start_us: float, dur_us: float, args: dict[str, Any] | None = None) -> dict[str, Any]:
+def span(name: str, rank: int, tid: int, start_us: float, dur_us: float,
+         args: dict[str, Any] | None = None) -> dict[str, Any]:
     """A complete ("X") event."""
-    event: dict[str, Any] = {"ph": "X", "name": name, "pid": rank, "tid": tid, "ts": round(start_us, 3), "dur": round(max(dur_us, 0.0), 3)}
+    event: dict[str, Any] = {"ph": "X", "name": name, "pid": rank, "tid": tid, "ts": round(start_us, 3),
+                             "dur": round(max(dur_us, 0.0), 3)}
     if args:
         event["args"] = args
     return event

@@ -97,5 +97,6 @@ def pick_clock(kind: str = "auto") -> HostClock | DeviceClock:
     if kind in ("cuda", "npu"):
         from opscope.errors import ConfigError
 
-        raise ConfigError(f"clock: {kind!r} was asked for but torch.{kind} is not available here; use \"auto\" or \"host\"")
+        raise ConfigError(f"clock: {kind!r} was asked for but torch.{kind} is not available here; use "
+                          "\"auto\" or \"host\"")
     return HostClock()

@@ -155,19 +155,22 @@ def _change_json(change: Change) -> dict[str, Any]:
 
 
 def compare_series(
-    kind: str, name: str, phase: str, a: Sequence[float], b: Sequence[float], floor_ms: float, k: float, min_change: float, rel_sigma: float = 0.0
+    kind: str, name: str, phase: str, a: Sequence[float], b: Sequence[float], floor_ms: float, k: float,
+    min_change: float, rel_sigma: float = 0.0
 ) -> Change:
     """Compare two series of per-step times (ms) with the noise rule of the module docstring;
     ``rel_sigma`` adds a relative uncertainty of B's median (the machine-speed ratio's)."""
     med_a = statistics.median(a) if a else 0.0
     med_b = statistics.median(b) if b else 0.0
-    variance = MEDIAN_SE**2 * (_sigma(a) ** 2 / max(len(a), 1) + _sigma(b) ** 2 / max(len(b), 1)) + (med_b * rel_sigma) ** 2
+    variance = (MEDIAN_SE**2 * (_sigma(a) ** 2 / max(len(a), 1) + _sigma(b) ** 2 / max(len(b), 1))
+                + (med_b * rel_sigma) ** 2)
     noise = k * variance**0.5
     delta = med_b - med_a
     relative = delta / med_a if med_a > 0 else None
     beyond = abs(delta) > noise and abs(delta) >= floor_ms and (relative is None or abs(relative) >= min_change)
     flagged = bool(a) and bool(b) and beyond
-    return Change(kind, name, phase, round(med_a, 4), round(med_b, 4), round(delta, 4), None if relative is None else round(relative, 4), round(noise, 4), len(a), len(b), flagged)
+    return Change(kind, name, phase, round(med_a, 4), round(med_b, 4), round(delta, 4),
+                  None if relative is None else round(relative, 4), round(noise, 4), len(a), len(b), flagged)
 
 
 def _sigma(values: Sequence[float]) -> float:
@@ -189,7 +192,8 @@ class _Judge:
     k: float
     min_change: float
 
-    def __call__(self, key: tuple[str, str, str], a: Sequence[float], b: Sequence[float], waits: tuple[Sequence[float], Sequence[float]], exact: bool = False) -> Change:
+    def __call__(self, key: tuple[str, str, str], a: Sequence[float], b: Sequence[float],
+                 waits: tuple[Sequence[float], Sequence[float]], exact: bool = False) -> Change:
         """``waits``: per step of A and of B, the run-queue wait to take out of that value."""
         raw = compare_series(*key, a, b, self.floor, self.k, self.min_change)
         machine = self.machine
@@ -203,7 +207,8 @@ class _Judge:
         rescale = (factor - 1) * sign > 0  # only toward A: the machine can explain, not accuse
         b2 = [v / factor for v in b1] if rescale else b1
         after_wait = compare_series(*key, a1, b1, self.floor, self.k, self.min_change)
-        after = compare_series(*key, a1, b2, self.floor, self.k, self.min_change, machine.speed.sigma if rescale and machine.speed is not None else 0.0)
+        after = compare_series(*key, a1, b2, self.floor, self.k, self.min_change,
+                               machine.speed.sigma if rescale and machine.speed is not None else 0.0)
         raw.wait_ms = round(raw.delta_ms - after_wait.delta_ms, 4)
         raw.speed_ms = round(after_wait.delta_ms - after.delta_ms, 4)
         # A thread that waits for a CPU also runs slower once it has one (the other work
@@ -227,7 +232,8 @@ def _phase_series(rows: Sequence[StepRow], phase: str) -> list[float]:
     return [r.phases.get(phase, 0) / MS for r in rows]
 
 
-def _op_series(ops: Iterable[OpRow]) -> tuple[dict[tuple[str, str], dict[tuple[int, int], float]], set[tuple[int, int]]]:
+def _op_series(ops: Iterable[OpRow]) -> tuple[dict[tuple[str, str], dict[tuple[int, int], float]],
+                                              set[tuple[int, int]]]:
     """(phase, op) -> {(rank, step): self ms}, and every traced (rank, step)."""
     table: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
     steps = set()
@@ -260,7 +266,8 @@ def _waits(rows: Sequence[StepRow]) -> list[float]:
     return [r.sched_wait_ns / MS for r in rows]
 
 
-def _phase_waits(rows_a: Sequence[StepRow], rows_b: Sequence[StepRow], phase: str, split: bool) -> tuple[tuple[list[float], list[float]], bool]:
+def _phase_waits(rows_a: Sequence[StepRow], rows_b: Sequence[StepRow],
+                 phase: str, split: bool) -> tuple[tuple[list[float], list[float]], bool]:
     """The waits to take out of a phase, and whether they are its own (exact) or the whole
     step's (a bound: the phase's wait is not known, only the step's)."""
     if phase == "step" or not split:
@@ -281,13 +288,15 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     rows_a, rows_b = steady_steps(a.steps), steady_steps(b.steps)
     step_a = statistics.median([r.wall_ns / MS for r in rows_a]) if rows_a else 0.0
     floor = max(ABS_FLOOR_MS, STEP_FLOOR * step_a)
-    notes = [f"{label} has {len(rows)} steady steps: too few to measure noise; record at least 5" for label, rows in (("A", rows_a), ("B", rows_b)) if len(rows) < 3]
+    notes = [f"{label} has {len(rows)} steady steps: too few to measure noise; record at least 5"
+             for label, rows in (("A", rows_a), ("B", rows_b)) if len(rows) < 3]
     found = measure_machine(a, b, rows_a, rows_b, floor) if machine else None
     if found is not None and found.why_not:
         notes.append(f"{found.why_not}: a busier machine during one run is not told apart from slower code")
     judge = _Judge(found, floor, k, min_change)
     split = all(r.phase_waits is not None for r in (*rows_a, *rows_b))
-    phases = [judge(("phase", p, p), _phase_series(rows_a, p), _phase_series(rows_b, p), *_phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
+    phases = [judge(("phase", p, p), _phase_series(rows_a, p), _phase_series(rows_b, p),
+                    *_phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
     ops: list[Change] = []
     no_op_moved: list[Change] = []
     if a.ops and b.ops:
@@ -296,11 +305,13 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     else:
         missing = " and ".join(x for x, d in (("A", a), ("B", b)) if not d.ops)
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")
-    notes += [_explained_note(c, any(c is x for x in no_op_moved), ops, split) for c in phases if c.explained_by_machine]
+    notes += [_explained_note(c, any(c is x for x in no_op_moved), ops, split) for c in phases
+              if c.explained_by_machine]
     causes = {}
     for change in phases:
         if change.flagged and change.kind == "phase":
-            same_way = [o for o in ops if (o.phase == change.phase or change.phase == "step") and o.delta_ms * change.delta_ms > 0]
+            same_way = [o for o in ops if (o.phase == change.phase or change.phase == "step")
+                        and o.delta_ms * change.delta_ms > 0]
             if same_way:
                 causes[change.name] = max(same_way, key=lambda o: abs(o.delta_ms))
     return ProfileDiff(a.path, b.path, phases, ops, causes, notes, k, min_change, found)
@@ -369,13 +380,16 @@ def _explained_note(change: Change, no_op_moved: bool, ops: Sequence[Change], sp
     text = f"{change.name} {pct}{word} ({change.delta_ms:+.3f} ms)"
     if no_op_moved:
         scope = "any phase" if change.name == "step" else change.name
-        return f"{text}: the machine speed explains at least half ({change.speed_ms:+.3f} ms) and no operator of {scope} changed beyond noise: not attributed to the code"
+        return (f"{text}: the machine speed explains at least half ({change.speed_ms:+.3f} ms) and no operator of "
+                f"{scope} changed beyond noise: not attributed to the code")
     where = "" if change.name == "step" or split else " anywhere in the step"
-    parts = [f"{label} {ms:+.3f} ms" for label, ms in ((f"waiting for a CPU{where}", change.wait_ms), ("machine speed", change.speed_ms)) if ms]
+    parts = [f"{label} {ms:+.3f} ms"
+             for label, ms in ((f"waiting for a CPU{where}", change.wait_ms), ("machine speed", change.speed_ms)) if ms]
     text += f" is within what the machine explains ({', '.join(parts)}): not attributed to the code"
     moved = [o for o in ops if o.flagged and o.phase == change.name and o.delta_ms * change.delta_ms > 0]
     if moved and change.name != "step" and not split:
-        text += f" by phase, but its operator {moved[0].name} changed beyond noise ({moved[0].delta_ms:+.3f} ms); the step's comparison is exact"
+        text += (f" by phase, but its operator {moved[0].name} changed beyond noise ({moved[0].delta_ms:+.3f} ms); the "
+                 "step's comparison is exact")
     return text
 
 
@@ -387,15 +401,18 @@ def machine_headline(machine: Machine | None) -> str | None:
     if machine.speed is not None and machine.speed.significant:
         ratio = machine.speed.ratio
         signs.add(1 if ratio > 1 else -1)
-        facts.append(f"the calibration workload ran {abs(ratio - 1) * 100:.0f}% {'slower' if ratio > 1 else 'faster'} (±{200 * machine.speed.sigma:.0f}%)")
+        facts.append(f"the calibration workload ran {abs(ratio - 1) * 100:.0f}% {'slower' if ratio > 1 else 'faster'} "
+                     f"(±{200 * machine.speed.sigma:.0f}%)")
     wait = machine.wait
     if wait is not None and wait.significant:
         signs.add(1 if wait.b_mean > wait.a_mean else -1)
-        facts.append(f"the training thread waited for a CPU {wait.b_mean:.3f} ms per step (mean; A {wait.a_mean:.3f} ms)")
+        facts.append(f"the training thread waited for a CPU {wait.b_mean:.3f} ms per step (mean; A "
+                     f"{wait.a_mean:.3f} ms)")
     if not facts:
         return None
     state = "slower" if signs == {1} else "faster" if signs == {-1} else "different"
-    return f"the machine was {state} during B: {' and '.join(facts)}; changes within that are not attributed to the code"
+    return (f"the machine was {state} during B: {' and '.join(facts)}; changes within that are not "
+            "attributed to the code")
 
 
 def headlines(result: ProfileDiff) -> list[str]:
@@ -405,8 +422,10 @@ def headlines(result: ProfileDiff) -> list[str]:
     lines = [machine] if machine else []
     for change in (c for c in result.phases if c.flagged):
         pct = f"{abs(change.relative) * 100:.0f}% " if change.relative is not None else ""
-        extra = f"; up to {change.machine_ms:+.3f} ms of it is the machine's" if machine and change.machine_ms * change.delta_ms > 0 else ""
-        text = f"{change.name} {pct}{change.direction} ({change.delta_ms:+.3f} ms, beyond noise of {change.noise_ms:.3f} ms{extra})"
+        extra = (f"; up to {change.machine_ms:+.3f} ms of it is "
+                 "the machine's") if machine and change.machine_ms * change.delta_ms > 0 else ""
+        text = (f"{change.name} {pct}{change.direction} ({change.delta_ms:+.3f} ms, beyond noise of "
+                f"{change.noise_ms:.3f} ms{extra})")
         cause = result.causes.get(change.name)
         if cause is not None:
             text += f", from {cause.name} in {cause.phase} ({cause.delta_ms:+.3f} ms)"

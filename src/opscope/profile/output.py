@@ -94,7 +94,8 @@ def _window_warnings(session: Any) -> list[str]:
     spec = cfg.steps.spec
     if not task.steps:
         stopped = "before any step finished" if last is None else f"after step {last}"
-        return [f"task trace: the run stopped {stopped}, before the window steps={spec!r} began; no operator trace was recorded"]
+        return [f"task trace: the run stopped {stopped}, before the window steps={spec!r} began; "
+                "no operator trace was recorded"]
     wanted = cfg.steps.steps
     if wanted is not None and max(task.steps) < max(wanted):
         return [f"task trace covered steps {task.steps} of steps={spec!r}: the run stopped after step {last}"]

@@ -57,14 +57,16 @@ def read_summary(folder: Path) -> dict[str, Any]:
     try:
         data = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ProfileError(f"{folder} has no summary.json: not an opscope profile, or its run died before it started") from None
+        raise ProfileError(f"{folder} has no summary.json: not an opscope profile, or its run died "
+                           "before it started") from None
     except json.JSONDecodeError as exc:
         raise ProfileError(f"{folder / 'summary.json'} is not valid JSON ({exc}); the file is damaged") from None
     if data.get("format") != FORMAT:
         raise ProfileError(f"{folder / 'summary.json'} is not an opscope profile summary")
     major = int(str(data.get("version", 0)).split(".")[0])
     if major > FORMAT_VERSION:
-        raise ProfileError(f"{folder} was written by a newer opscope (profile format {major}); upgrade opscope to read it")
+        raise ProfileError(f"{folder} was written by a newer opscope (profile format {major}); upgrade "
+                           "opscope to read it")
     return data
 
 

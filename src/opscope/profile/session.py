@@ -236,7 +236,8 @@ class ProfileSession:
         else:
             start, end, intervals = raw.start, raw.end, raw.intervals
         phases, comm_total, overlap = breakdown(start, end, intervals)
-        row = StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap, raw.task_trace, raw.complete, raw.wait_ns)
+        row = StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap,
+                      raw.task_trace, raw.complete, raw.wait_ns)
         if self.timeline is not None and not self.clock.is_device:
             row.phase_waits = self.timeline.phases(start, end, intervals)
             self.timeline.trim(end)
@@ -251,7 +252,8 @@ class ProfileSession:
         origin, rank = self.origin, self.rank
         for step, complete, start, end, host in self._spans:
             label = f"step {step}" + ("" if complete else " (raised)")
-            self.trace.event(span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step}))
+            self.trace.event(span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000,
+                                  {"step": step}))
             for phase in PRIORITY:
                 tid = TID_COMM if phase == "communication" else TID_PHASES
                 for lo, hi in host.get(phase, ()):

@@ -70,7 +70,8 @@ def aggregate_ops(ops: Iterable[OpRow]) -> list[dict[str, Any]]:
     for op in ops:
         entry = table.setdefault(
             (op.name, op.shapes),
-            {"name": op.name, "shapes": op.shapes, "calls": 0, "total_us": 0.0, "self_us": 0.0, "device_us": 0.0, "_steps": set(), "_phases": {}},
+            {"name": op.name, "shapes": op.shapes, "calls": 0, "total_us": 0.0, "self_us": 0.0, "device_us": 0.0,
+             "_steps": set(), "_phases": {}},
         )
         entry["calls"] += op.calls
         entry["total_us"] += op.total_us
@@ -219,13 +220,16 @@ def summarize(rows: Sequence[StepRow], ops: Sequence[OpRow], warmup: int = 1, to
     per_rank = {}
     for rank in ranks:
         mine = steady_steps([r for r in rows if r.rank == rank], warmup)
-        per_rank[str(rank)] = {"steps": sum(1 for r in rows if r.rank == rank), "step_ms": describe([r.wall_ns / MS for r in mine])}
+        per_rank[str(rank)] = {"steps": sum(1 for r in rows if r.rank == rank),
+                               "step_ms": describe([r.wall_ns / MS for r in mine])}
     return {
         "ranks": ranks,
-        "steps": {"recorded": len(rows), "complete": sum(r.complete for r in rows), "steady": len(steady), "warmup": warmup, "task_traced": sum(r.task_trace for r in rows)},
+        "steps": {"recorded": len(rows), "complete": sum(r.complete for r in rows), "steady": len(steady),
+                  "warmup": warmup, "task_traced": sum(r.task_trace for r in rows)},
         "step_ms": describe([r.wall_ns / MS for r in steady]),
         "phases": phase_table(steady),
-        "communication": {"total_ms": describe([r.comm_total_ns / MS for r in steady]), "overlap_ms": describe([r.comm_overlap_ns / MS for r in steady])},
+        "communication": {"total_ms": describe([r.comm_total_ns / MS for r in steady]),
+                          "overlap_ms": describe([r.comm_overlap_ns / MS for r in steady])},
         "sched_wait_ms": describe([r.sched_wait_ns / MS for r in steady]),
         "machine_load": machine_load(steady),
         "outliers": outlier_steps(steady),

@@ -31,7 +31,8 @@ class TaskTrace:
         record_shapes / with_stack: passed to ``torch.profiler.profile``.
     """
 
-    def __init__(self, writer: TraceWriter, rank: int, origin_ns: int, record_shapes: bool = False, with_stack: bool = False) -> None:
+    def __init__(self, writer: TraceWriter, rank: int, origin_ns: int, record_shapes: bool = False,
+                 with_stack: bool = False) -> None:
         self.writer = writer
         self.rank = rank
         self.origin_ns = origin_ns
@@ -126,7 +127,8 @@ class TaskTrace:
             if stack:
                 args["stack"] = list(stack)
         cat = event.activity_type() if hasattr(event, "activity_type") else "cpu_op"
-        record = span(event.name(), self.rank, TID_CPU_BASE + tid, (start - self.origin_ns) / 1000, (end - start) / 1000, args)
+        record = span(event.name(), self.rank, TID_CPU_BASE + tid, (start - self.origin_ns) / 1000,
+                      (end - start) / 1000, args)
         record["cat"] = cat
         self.writer.event(record)
 

@@ -62,7 +62,8 @@ def _step_schema() -> Any:
 def _op_schema() -> Any:
     import pyarrow as pa
 
-    types = {"rank": pa.int64(), "step": pa.int64(), "calls": pa.int64(), "phase": pa.string(), "name": pa.string(), "shapes": pa.string()}
+    types = {"rank": pa.int64(), "step": pa.int64(), "calls": pa.int64(), "phase": pa.string(), "name": pa.string(),
+             "shapes": pa.string()}
     return pa.schema([(c, types.get(c, pa.float64())) for c in OP_COLUMNS])
 
 
@@ -79,7 +80,8 @@ def _parquet(path: Path, rows: list[dict[str, Any]], schema: Any) -> Path:
 def write_steps(folder: Path, steps: Sequence[StepRow]) -> list[Path]:
     """``steps.parquet`` and ``steps.csv`` (same columns, integer nanoseconds)."""
     rows = [s.to_row() for s in steps]
-    return [_parquet(folder / "steps.parquet", rows, _step_schema()), atomic_write(folder / "steps.csv", _csv_text(STEP_COLUMNS, rows))]
+    return [_parquet(folder / "steps.parquet", rows, _step_schema()),
+            atomic_write(folder / "steps.csv", _csv_text(STEP_COLUMNS, rows))]
 
 
 def write_ops(folder: Path, ops: Sequence[OpRow]) -> list[Path]:

@@ -4,8 +4,8 @@ The page holds its data as JSON inside ``<script type="application/json">`` (wit
 ``>`` and ``&`` escaped, so no name can close the tag) and its script and style inline
 (``report/assets/compare_report.js`` / ``.css``, and the chart library of
 :mod:`opscope.report.html_assets`). The script draws the error along the execution order
-(uPlot: log scale, the op under the cursor in the legend, drag to zoom), a sortable and filterable table, the culprit with its inputs and
-outputs, and its data-flow neighbourhood. It puts every name in the page through
+(uPlot: log scale, the op under the cursor in the legend, drag to zoom), a sortable and filterable
+table, the culprit with its inputs and outputs, and its data-flow neighbourhood. It puts every name in the page through
 ``textContent``, never through HTML parsing. ``#filter=TEXT&status=failed`` in the URL
 applies a filter on load, ``#hover`` moves the cursor onto the culprit as a mouse would. When
 done it sets ``data-ready``, ``data-chart-points``, ``data-chart-size``, ``data-rows-visible``
@@ -60,7 +60,8 @@ def _pairs(result: CompareResult) -> dict[str, Any]:
     table = result.pairs_table
     truncated = False
     if table.num_rows > MAX_ROWS:
-        keep = pc.invert(pc.is_in(table.column("status"), value_set=__import__("pyarrow").array(["identical", "passed"])))
+        keep = pc.invert(pc.is_in(table.column("status"),
+                                  value_set=__import__("pyarrow").array(["identical", "passed"])))
         important = table.filter(keep)
         rest = table.filter(pc.invert(keep)).slice(0, max(0, MAX_ROWS - important.num_rows))
         table = __import__("pyarrow").concat_tables([important, rest]).sort_by("order")

@@ -122,7 +122,8 @@ function heat(parent,h,events){
   row.cells.forEach((v,j)=>{const f=v===null?0:(hi>lo?(v-lo)/(hi-lo):0.5);
    const fill=v===null?"#000":"hsl("+(240-240*f).toFixed(0)+",80%,50%)";
    const r=el("rect",{x:L+j*cw,y:i*ch,width:cw,height:ch-1,fill:fill},svg);
-   hover(r,row.name+"  step "+h.steps[j]+"\\ngrad norm "+(v===null?"NaN/Inf or none":fmt(Math.pow(10,v))));cells++;});});
+   hover(r,row.name+"  step "+h.steps[j]+"\\ngrad norm "+(v===null?"NaN/Inf or none":fmt(Math.pow(10,v))));
+   cells++;});});
  events.forEach(e=>{const j=h.steps.indexOf(e.step);if(j>=0){el("rect",{x:L+j*cw,y:0,width:cw,height:ch*h.rows.length,
   fill:"none",stroke:"#d62728","stroke-width":2},svg);marks++;}});
  const a=el("text",{x:L,y:ch*h.rows.length+22,"font-size":10},svg);

@@ -30,11 +30,13 @@ def render_show(data: Any, top: int = 10, width: int = 110) -> str:
     step_ms = s.get("step_ms", {})
     con.print(f"opscope profile {data.path}  status: {data.status}  ranks: {', '.join(map(str, s.get('ranks', [])))}")
     con.print(
-        f"steps: {steps.get('recorded', 0)} recorded, {steps.get('steady', 0)} steady (after {steps.get('warmup', 0)} warm-up, "
+        f"steps: {steps.get('recorded', 0)} recorded, {steps.get('steady', 0)} steady (after "
+        f"{steps.get('warmup', 0)} warm-up, "
         f"without task trace), {steps.get('task_traced', 0)} task-traced"
     )
     if step_ms.get("n"):
-        con.print(f"step time: median {step_ms['median']:.3f} ms  (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, MAD {step_ms['mad']:.3f})")
+        con.print(f"step time: median {step_ms['median']:.3f} ms  (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, "
+                  f"MAD {step_ms['mad']:.3f})")
     load = s.get("machine_load") or {}
     if load.get("note"):
         con.print(load["note"])
@@ -44,12 +46,14 @@ def render_show(data: Any, top: int = 10, width: int = 110) -> str:
     for phase in PHASES:
         row = s.get("phases", {}).get(phase, {})
         share = row.get("share", 0.0)
-        table.add_row(phase, f"{row.get('median_ms', 0):.3f}", f"{row.get('mean_ms', 0):.3f}", f"{share * 100:.1f}%", "#" * round(share * 40))
+        table.add_row(phase, f"{row.get('median_ms', 0):.3f}", f"{row.get('mean_ms', 0):.3f}", f"{share * 100:.1f}%",
+                      "#" * round(share * 40))
     con.print(table)
     _outliers(con, s.get("outliers") or {})
     comm = s.get("communication", {})
     if comm.get("total_ms", {}).get("median"):
-        con.print(f"communication: median {comm['total_ms']['median']:.3f} ms per step, of which {comm['overlap_ms'].get('median', 0):.3f} ms hidden under other phases")
+        con.print(f"communication: median {comm['total_ms']['median']:.3f} ms per step, of which "
+                  f"{comm['overlap_ms'].get('median', 0):.3f} ms hidden under other phases")
     _slowest(con, s.get("slowest_ranks", {}))
     _ops(con, s.get("top_ops", [])[:top])
     _task_cost(con, s.get("task_trace", {}))
@@ -67,7 +71,8 @@ def _outliers(con: Any, outliers: dict[str, Any]) -> None:
     shown = "; ".join(f"step {o['step']}" + (f" rank {o['rank']}" if ranks else "")
                       + f" {o['wall_ms']:.3f} ms ({o['phase']} {o['phase_ms']:.3f} ms)" for o in steps[:5])
     more = f" and {len(steps) - 5} more" if len(steps) > 5 else ""
-    con.print(f"outlier steps (above {outliers['threshold_ms']:.3f} ms; they make a mean exceed its median): {shown}{more}")
+    con.print(f"outlier steps (above {outliers['threshold_ms']:.3f} ms; they make a mean exceed its median): "
+              f"{shown}{more}")
 
 
 def _task_cost(con: Any, task: dict[str, Any]) -> None:
@@ -88,7 +93,8 @@ def _slowest(con: Any, slow: dict[str, Any]) -> None:
     counts = ", ".join(f"rank {r}: {n}" for r, n in sorted(slow["counts"].items(), key=lambda kv: -kv[1]))
     con.print(f"slowest rank per step: {counts}")
     worst = sorted(slow["steps"], key=lambda x: -x["behind_ms"])[:5]
-    con.print("  most behind: " + "; ".join(f"step {w['step']} rank {w['rank']} +{w['behind_ms']:.3f} ms" for w in worst))
+    con.print("  most behind: " + "; ".join(f"step {w['step']} rank {w['rank']} +{w['behind_ms']:.3f} ms"
+                                            for w in worst))
 
 
 def _ops(con: Any, ops: list[dict[str, Any]]) -> None:
@@ -101,7 +107,8 @@ def _ops(con: Any, ops: list[dict[str, Any]]) -> None:
     for col in ("op", "phase", "calls", "self ms/step", "total ms", "device ms", "shapes"):
         table.add_column(col, justify="right" if "ms" in col or col == "calls" else "left", overflow="fold")
     for op in ops:
-        table.add_row(op["name"], op["phase"], str(op["calls"]), f"{op['self_us_per_step'] / 1000:.3f}", f"{op['total_us'] / 1000:.3f}", f"{op['device_us'] / 1000:.3f}", op["shapes"][:40])
+        table.add_row(op["name"], op["phase"], str(op["calls"]), f"{op['self_us_per_step'] / 1000:.3f}",
+                      f"{op['total_us'] / 1000:.3f}", f"{op['device_us'] / 1000:.3f}", op["shapes"][:40])
     con.print(table)
 
 
@@ -114,11 +121,13 @@ def render_diff(result: Any, top: int = 10, width: int = 110) -> str:
     con.print(f"A: {result.a}\nB: {result.b}")
     for line in result.findings:
         con.print(f"* {line}")
-    table = Table(title=f"phases, B against A (median over steps; noise = {result.k:g} x robust spread)", title_justify="left")
+    table = Table(title=f"phases, B against A (median over steps; noise = {result.k:g} x robust spread)",
+                  title_justify="left")
     for col in ("phase", "A ms", "B ms", "delta ms", "delta %", "noise ms", "verdict"):
         table.add_column(col, justify="left" if col in ("phase", "verdict") else "right")
     for c in result.phases:
-        table.add_row(c.name, f"{c.a_ms:.3f}", f"{c.b_ms:.3f}", f"{c.delta_ms:+.3f}", _pct(c.relative), f"{c.noise_ms:.3f}", c.direction)
+        table.add_row(c.name, f"{c.a_ms:.3f}", f"{c.b_ms:.3f}", f"{c.delta_ms:+.3f}", _pct(c.relative),
+                      f"{c.noise_ms:.3f}", c.direction)
     con.print(table)
     shown = [c for c in result.ops if c.flagged][:top] or result.ops[: min(top, 5)]
     if shown:
@@ -126,7 +135,8 @@ def render_diff(result: Any, top: int = 10, width: int = 110) -> str:
         for col in ("op", "phase", "A ms", "B ms", "delta ms", "delta %", "noise ms", "verdict"):
             ops.add_column(col, justify="left" if col in ("op", "phase", "verdict") else "right", overflow="fold")
         for c in shown:
-            ops.add_row(c.name, c.phase, f"{c.a_ms:.3f}", f"{c.b_ms:.3f}", f"{c.delta_ms:+.3f}", _pct(c.relative), f"{c.noise_ms:.3f}", c.direction)
+            ops.add_row(c.name, c.phase, f"{c.a_ms:.3f}", f"{c.b_ms:.3f}", f"{c.delta_ms:+.3f}", _pct(c.relative),
+                        f"{c.noise_ms:.3f}", c.direction)
         con.print(ops)
     for note in result.notes:
         con.print(f"note: {note}")

@@ -87,7 +87,8 @@ def _table(head: list[str], rows: list[list[Any]], cls: str = "") -> str:
     """An HTML table; numbers right-aligned."""
     th = "".join(f"<th>{_e(h)}</th>" for h in head)
     body = "".join(
-        "<tr>" + "".join(f"<td class='num'>{_e(v)}</td>" if isinstance(v, (int, float)) or _numeric(v) else f"<td>{_e(v)}</td>" for v in row) + "</tr>"
+        "<tr>" + "".join(f"<td class='num'>{_e(v)}</td>" if isinstance(v, (int, float)) or _numeric(v)
+                         else f"<td>{_e(v)}</td>" for v in row) + "</tr>"
         for row in rows
     )
     return f"<table class='{cls}'><tr>{th}</tr>{body}</table>"
@@ -101,14 +102,19 @@ def _facts(data: Any) -> str:
     s = data.summary
     steps, step_ms = s.get("steps", {}), s.get("step_ms", {})
     facts = [("status", data.status), ("ranks", ", ".join(str(r) for r in s.get("ranks", [])))]
-    facts.append(("steps", f"{steps.get('recorded', 0)} recorded, {steps.get('steady', 0)} steady, {steps.get('task_traced', 0)} task-traced"))
+    facts.append(("steps",
+                  f"{steps.get('recorded', 0)} recorded, {steps.get('steady', 0)} steady, "
+                  f"{steps.get('task_traced', 0)} task-traced"))
     if step_ms.get("n"):
-        facts.append(("step time", f"median {step_ms['median']:.3f} ms (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, mean {step_ms['mean']:.3f})"))
+        facts.append(("step time",
+                      f"median {step_ms['median']:.3f} ms (p10 {step_ms['p10']:.3f}, p90 {step_ms['p90']:.3f}, mean "
+                      f"{step_ms['mean']:.3f})"))
     task = s.get("task_trace", {})
     if task.get("ratio"):
         cost = f"{task['ratio']:.2f}x (median {task['traced_median_ms']:.3f} vs {task['plain_median_ms']:.3f} ms)"
         if task["ratio"] < 1:
-            cost += "; below 1x: " + (task.get("why") or "noise or a busier machine during the unprofiled steps, not a speed-up")
+            cost += "; below 1x: " + (task.get("why")
+                                      or "noise or a busier machine during the unprofiled steps, not a speed-up")
         facts.append(("task trace cost", cost))
     return "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
 
@@ -121,7 +127,8 @@ def _notes(data: Any) -> str:
         lines.append(("load", load["note"]))
     outliers = (s.get("outliers") or {}).get("steps", [])
     if outliers:
-        shown = ", ".join(f"step {o['step']}" + (f" (rank {o['rank']})" if len(s.get("ranks", [])) > 1 else "") for o in outliers[:8])
+        shown = ", ".join(f"step {o['step']}" + (f" (rank {o['rank']})" if len(s.get("ranks", [])) > 1 else "")
+                          for o in outliers[:8])
         lines.append(("outliers", f"outlier steps (marked in red): {shown}; they make a mean exceed its median"))
     lines += [("warn", w) for w in data.warnings]
     return "".join(f"<p class='note {cls}'>{_e(text)}</p>" for cls, text in lines)
@@ -132,17 +139,20 @@ def _phase_section(s: dict[str, Any]) -> str:
     seen = [p for p in PHASES if any(table.get(p, {}).get(k) for k in ("median_ms", "mean_ms", "share"))]
     if not seen:
         return ""
-    rows = [[p, f"{table[p].get('median_ms', 0):.3f}", f"{table[p].get('mean_ms', 0):.3f}", f"{table[p].get('share', 0) * 100:.1f}%"] for p in seen]
+    rows = [[p, f"{table[p].get('median_ms', 0):.3f}", f"{table[p].get('mean_ms', 0):.3f}",
+             f"{table[p].get('share', 0) * 100:.1f}%"] for p in seen]
     unseen = [p for p in PHASES if p not in seen]
     hint = f"<p class='muted'>not seen in these steps: {_e(', '.join(unseen))}</p>" if unseen else ""
-    return "<h2>Phases (steady steps)</h2>" + _table(["phase", "median ms", "mean ms", "share of step"], rows, "phases") + hint
+    return "<h2>Phases (steady steps)</h2>" + _table(["phase", "median ms", "mean ms", "share of step"],
+                                                     rows, "phases") + hint
 
 
 def _outlier_section(s: dict[str, Any]) -> str:
     outliers = (s.get("outliers") or {})
     if not outliers.get("steps"):
         return ""
-    rows = [[o["step"], o["rank"], f"{o['wall_ms']:.3f}", o["phase"], f"{o['phase_ms']:.3f}", f"{o.get('wait_ms', 0):.3f}"] for o in outliers["steps"]]
+    rows = [[o["step"], o["rank"], f"{o['wall_ms']:.3f}", o["phase"], f"{o['phase_ms']:.3f}",
+             f"{o.get('wait_ms', 0):.3f}"] for o in outliers["steps"]]
     title = f"<h2>Outlier steps (above {outliers['threshold_ms']:.3f} ms)</h2>"
     return title + _table(["step", "rank", "step ms", "phase that grew", "its ms", "CPU wait ms"], rows, "outliers")
 
@@ -153,7 +163,8 @@ def _ops_section(s: dict[str, Any]) -> str:
         return ""
     shapes = any(o.get("shapes") for o in ops)
     device = any(o.get("device_us") for o in ops)
-    head = ["op", "phase", "calls", "self ms/step", "total ms"] + (["device ms"] if device else []) + (["shapes"] if shapes else [])
+    head = ["op", "phase", "calls",
+            "self ms/step", "total ms"] + (["device ms"] if device else []) + (["shapes"] if shapes else [])
     rows = []
     for o in ops:
         row = [o["name"], o["phase"], o["calls"], f"{o['self_us_per_step'] / 1000:.3f}", f"{o['total_us'] / 1000:.3f}"]
@@ -169,8 +180,10 @@ def _slowest_section(s: dict[str, Any]) -> str:
     if not slow:
         return ""
     worst = sorted(slow, key=lambda x: -x["behind_ms"])[:20]
-    rows = [[w["step"], w["rank"], f"{w['wall_ms']:.3f}", f"{w['busy_ms']:.3f}", f"{w['median_busy_ms']:.3f}", f"{w['behind_ms']:.3f}"] for w in worst]
-    return "<h2>Slowest ranks</h2>" + _table(["step", "slowest rank", "wall ms", "busy ms", "median busy ms", "behind ms"], rows, "slowest")
+    rows = [[w["step"], w["rank"], f"{w['wall_ms']:.3f}", f"{w['busy_ms']:.3f}", f"{w['median_busy_ms']:.3f}",
+             f"{w['behind_ms']:.3f}"] for w in worst]
+    return "<h2>Slowest ranks</h2>" + _table(["step", "slowest rank", "wall ms", "busy ms",
+                                              "median busy ms", "behind ms"], rows, "slowest")
 
 
 @register_renderer("ProfileData", "html")
@@ -191,7 +204,8 @@ def render(data: Any) -> str:
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; "
         "style-src 'unsafe-inline'; img-src data:\">"
         f"<title>{title}</title>\n{chart_library()}<style>{asset('profile_report.css')}</style></head>\n"
-        f"<body data-chart=\"pending\">\n<h1>{title}</h1>\n<table class='facts'>{_facts(data)}</table>\n{_notes(data)}\n"
+        f"<body data-chart=\"pending\">\n<h1>{title}</h1>\n<table "
+        f"class='facts'>{_facts(data)}</table>\n{_notes(data)}\n"
         f"{charts}{_phase_section(s)}{_outlier_section(s)}{_ops_section(s)}{_slowest_section(s)}\n"
         f"<script type=\"application/json\" id=\"opscope-data\">{_script_json(payload)}</script>\n"
         f"<script>{asset('profile_report.js')}</script>\n</body></html>\n"

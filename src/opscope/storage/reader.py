@@ -74,7 +74,8 @@ class Dump:
             self.problems.append(f"{self.path} is from a run that crashed: {self.error or 'see rank.json'}")
         runs = {s.get("run_id") for s in self.rank_status.values()}
         if len(runs) > 1:
-            self.problems.append(f"{self.path} mixes rank folders of different runs (run ids {sorted(map(str, runs))}); "
+            self.problems.append(f"{self.path} mixes rank folders of different runs (run ids "
+                                 f"{sorted(map(str, runs))}); "
                                  "dump again with overwrite=True")
 
     def __repr__(self) -> str:
@@ -200,7 +201,8 @@ def place_view(base: np.ndarray, geometry: dict[str, Any]) -> np.ndarray:
     """Rebuild a view from its base's contiguous data, as a new array (never aliasing the file)."""
     flat = np.ascontiguousarray(base).reshape(-1)
     shape, stride, offset = geometry["shape"], geometry["stride"], int(geometry["offset"])
-    extent = offset + sum((n - 1) * st for n, st in zip(shape, stride, strict=True) if n > 0) + 1 if all(shape) else offset
+    extent = offset + sum((n - 1) * st
+                          for n, st in zip(shape, stride, strict=True) if n > 0) + 1 if all(shape) else offset
     if offset < 0 or extent > flat.size or any(st < 0 for st in stride):
         raise DumpFormatError(f"view geometry {geometry} does not fit its data ({flat.size} elements)")
     view = np.lib.stride_tricks.as_strided(flat[offset:], shape=shape, strides=[st * flat.itemsize for st in stride],

@@ -127,7 +127,8 @@ class ShardReader:
             self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
             self._size = size
         except (OSError, ValueError, struct.error) as exc:
-            raise DumpFormatError(f"tensor shard {str(self.path)!r} is unreadable ({exc}); it may be truncated") from None
+            raise DumpFormatError(f"tensor shard {str(self.path)!r} is unreadable ({exc}); "
+                                  "it may be truncated") from None
 
     def keys(self) -> list[str]:
         return list(self.header)

@@ -82,7 +82,8 @@ class NativeChecker(Checker):
     # -- configuration pushed to the observer ---------------------------------------------
     def _push(self) -> None:
         if hasattr(self, "limit"):
-            self._n.configure(self._on and self._ops_on and not self._hush, PHASE_CODES[self._phase], self._defer, self.limit)
+            self._n.configure(self._on and self._ops_on and not self._hush, PHASE_CODES[self._phase],
+                              self._defer, self.limit)
 
     on = property(lambda self: self._on, lambda self, v: self._set("_on", v))
     ops_on = property(lambda self: self._ops_on, lambda self, v: self._set("_ops_on", v))

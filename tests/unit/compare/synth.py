@@ -182,6 +182,7 @@ def _forward(run: Run, steps: int, fault: str | None, dtype: str, noise: float, 
             gv = gv * np.float32(1e38) * 10
         (o,) = run.op("aten.mm.default", [g, p2], [val(gv @ p2.value)], module="fc2")
         eps = 1e-2 if fault == "ln_eps" else 1e-5
-        (n,) = run.op("aten.native_layer_norm.default", [o], [val(layer_norm(o.value.astype(np.float64), eps))], module="norm")
+        (n,) = run.op("aten.native_layer_norm.default", [o], [val(layer_norm(o.value.astype(np.float64), eps))],
+                      module="norm")
         run.op("aten.sum.default", [n], [np.asarray(val(n.value.astype(np.float64)).sum())], module="")
         run.end_step()

@@ -20,7 +20,8 @@ def test_op_names_round_trip():
     assert split_onnx_op("com.microsoft::FusedMatMul") == ("com.microsoft", "FusedMatMul")
 
 
-@pytest.mark.parametrize("spelling", ["aten.addmm.default", "aten::addmm", "aten.addmm", "torch.ops.aten.addmm.default"])
+@pytest.mark.parametrize("spelling",
+                         ["aten.addmm.default", "aten::addmm", "aten.addmm", "torch.ops.aten.addmm.default"])
 def test_torch_spellings_reduce_to_one_key(spelling):
     assert torch_key(spelling) == "aten.addmm"
 

@@ -180,8 +180,8 @@ def test_strip_wrapped_and_graph_module_paths():
 
 
 # A model whose compiled forward graph-breaks: a data-dependent branch inside each block, an
-# explicit break after the first; the blocks' graphs run once per block. Trained 3 steps compiled (backend="eager") and uncompiled,
-# each under a dump of steps 0 and 1; prints the losses of both.
+# explicit break after the first; the blocks' graphs run once per block. Trained 3 steps compiled
+# (backend="eager") and uncompiled, each under a dump of steps 0 and 1; prints the losses of both.
 _BREAKS = textwrap.dedent("""
     import json, os, sys
     import torch, torch._dynamo

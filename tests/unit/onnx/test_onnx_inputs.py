@@ -39,7 +39,8 @@ def test_mixed_conventions_and_pickles_are_refused(tmp_path):
 
 @pytest.mark.parametrize(("sample", "message"), [
     ({"x": np.ones((2, 8), np.float32)}, r"missing \['mask'\]"),
-    ({"x": np.ones((2, 8), np.float64), "mask": np.ones((2, 8), bool)}, "float64 but the model expects tensor\\(float\\)"),
+    ({"x": np.ones((2, 8), np.float64), "mask": np.ones((2, 8), bool)}, "float64 but the model expects "
+                                                                        "tensor\\(float\\)"),
     ({"x": np.ones((2, 9), np.float32), "mask": np.ones((2, 8), bool)}, r"shape \[2, 9\]"),
     ({"x": np.ones((2, 8), np.float32), "mask": np.ones((2, 8), bool), "y": np.ones(1)}, r"unknown \['y'\]"),
 ])

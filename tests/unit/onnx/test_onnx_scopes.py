@@ -61,7 +61,8 @@ def test_dynamo_metadata():
 
 
 def test_fused_nodes_take_the_scope_of_the_original_node_they_start_with():
-    original = [ScopedNode("node_MatMul_1", "MatMul", ["h"], ["m"], {"pkg.torch.onnx.name_scopes": "['', 'qkv', 'linear']"}),
+    original = [ScopedNode("node_MatMul_1", "MatMul", ["h"], ["m"],
+                           {"pkg.torch.onnx.name_scopes": "['', 'qkv', 'linear']"}),
                 ScopedNode("node_linear", "Add", ["m"], ["y"], {"pkg.torch.onnx.name_scopes": "['', 'qkv', 'linear']"})]
     optimized = [ScopedNode("gemm_input_reshape", "Reshape", ["h"], ["h2"]),
                  ScopedNode("node_MatMul_1/MatMulAddFusion", "Gemm", ["h2"], ["y2"]),

@@ -25,7 +25,8 @@ def test_phases_plus_other_add_up_to_wall_exactly_random() -> None:
 
 
 def test_comm_under_backward_is_overlap_not_extra_time() -> None:
-    phases, comm_total, overlap = breakdown(0, 100, {"forward": [(0, 40)], "backward": [(40, 80)], "communication": [(60, 90)]})
+    phases, comm_total, overlap = breakdown(0, 100,
+                                            {"forward": [(0, 40)], "backward": [(40, 80)], "communication": [(60, 90)]})
     assert phases["backward"] == 40
     assert phases["communication"] == 10  # only the tail after backward is exposed
     assert overlap == 20 and comm_total == 30
@@ -33,8 +34,11 @@ def test_comm_under_backward_is_overlap_not_extra_time() -> None:
 
 
 def test_disjoint_fast_path_matches_general_rule() -> None:
-    phases, _, _ = breakdown(0, 50, {"data_wait": [(0, 5)], "forward": [(5, 20)], "backward": [(20, 40)], "optimizer": [(42, 48)]})
-    assert phases == {"data_wait": 5, "forward": 15, "backward": 20, "communication": 0, "optimizer": 6, "zero_grad": 0, "other": 4}
+    phases, _, _ = breakdown(0, 50,
+                             {"data_wait": [(0, 5)], "forward": [(5, 20)], "backward": [(20, 40)],
+                              "optimizer": [(42, 48)]})
+    assert phases == {"data_wait": 5, "forward": 15, "backward": 20, "communication": 0, "optimizer": 6,
+                      "zero_grad": 0, "other": 4}
 
 
 def test_union_length_merges_overlaps() -> None:

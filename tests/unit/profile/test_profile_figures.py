@@ -18,7 +18,8 @@ def row(step: int, wall_ms: float, wait_ms: float = 0.0, traced: bool = False, o
     phases["forward"] = int(wall_ms * 1e6) - phases["optimizer"]
     waits = dict.fromkeys(PHASES, 0)
     waits["forward"] = int(wait_ms * 1e6)
-    return StepRow(0, step, 0, int(wall_ms * 1e6), phases, task_trace=traced, sched_wait_ns=int(wait_ms * 1e6), phase_waits=waits)
+    return StepRow(0, step, 0, int(wall_ms * 1e6), phases, task_trace=traced, sched_wait_ns=int(wait_ms * 1e6),
+                   phase_waits=waits)
 
 
 def test_outliers_name_the_step_and_the_phase_that_grew() -> None:

@@ -133,7 +133,8 @@ def test_every_hook_is_removed_also_when_the_step_raises(tmp_path) -> None:
 
 
 def test_run_ending_before_the_window_warns_and_records_no_ops(tmp_path) -> None:
-    with pytest.warns(ProfileWarning, match="before the window"), opscope.profile(tmp_path / "p", steps="50-60", task_trace=True) as p:
+    with pytest.warns(ProfileWarning, match="before the window"), opscope.profile(tmp_path / "p", steps="50-60",
+                                                                                  task_trace=True) as p:
         train(p, steps=3)
     assert p.result.status == "complete"
     assert any("before the window" in w for w in p.result.summary["warnings"])
@@ -164,7 +165,8 @@ def test_fp_and_bp_points_by_module_path(tmp_path) -> None:
         train(p, steps=3, model=model)
     # forward starts at module "2": the sleeping module "0" runs before it and is not forward.
     assert all(r.phases["forward"] < 20e6 <= r.phases["other"] for r in p.result.steps)
-    with pytest.raises(ConfigError, match="matched no module"), opscope.profile(tmp_path / "b", bp_point="encoder.nope") as p:
+    with pytest.raises(ConfigError, match="matched no module"), opscope.profile(tmp_path / "b",
+                                                                                bp_point="encoder.nope") as p:
         train(p, steps=3)
 
 

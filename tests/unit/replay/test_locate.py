@@ -8,7 +8,8 @@ from opscope.errors import ReplayError
 from opscope.replay.locate import locate
 
 SUMMARY = {"first_divergence": None, "culprits": [
-    {"id": "0:1:57", "kind": "culprit", "rank": 0, "step": 1, "phase": "forward", "module": "m", "op": "aten.mm.default",
+    {"id": "0:1:57", "kind": "culprit", "rank": 0, "step": 1, "phase": "forward", "module": "m",
+     "op": "aten.mm.default",
      "calls": {"target": {"seq": 57, "capture": []}, "reference": {"seq": 60, "capture": []}}},
     {"id": "0:1:3", "kind": "root", "rank": 0, "step": 1, "phase": "forward", "module": "", "op": "x", "calls": {}},
 ]}

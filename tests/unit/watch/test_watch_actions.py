@@ -162,8 +162,8 @@ def test_render_names_everything():
                       source="train.py:42 (forward)",
                       inputs=[TensorSummary(slot=1, name="other", dtype="float32", shape=[4, 1], min=0.0, max=0.0,
                                             mean=0.0, std=0.0, nan=0, inf=0, zeros=4, origin="aten.sqrt.default")],
-                      chain=[ChainLink("aten.var.correction", "layers.0.norm", "forward", "a zero variance feeding sqrt",
-                                       0.0, 0.0),
+                      chain=[ChainLink("aten.var.correction", "layers.0.norm", "forward",
+                                       "a zero variance feeding sqrt", 0.0, 0.0),
                              ChainLink("aten.div.Tensor", "layers.0.norm", "forward", "NaN")])
     text = render(e)
     first = text.splitlines()[0]

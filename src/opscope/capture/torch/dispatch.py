@@ -47,7 +47,8 @@ def op_info(func: Any) -> OpInfo:
     return info
 
 
-def flat_inputs(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, str | None, torch.Tensor]]:
+def flat_inputs(info: OpInfo, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> list[tuple[int, str | None, torch.Tensor]]:
     out: list[tuple[int, str | None, torch.Tensor]] = []
     names = info.arg_names
     for i, a in enumerate(args):

@@ -227,7 +227,8 @@ def read_source(cfg: DumpConfig, rank: int) -> Source | None:
             return None
         selected = cfg.steps.steps
         step = min((s for s in steps if selected is None or s in selected), default=steps[0])
-        table = dump.records(rank=rank, step=step, columns=["id", "phase", "module", "op", "call", "io", "dtype", "shape",
+        table = dump.records(rank=rank, step=step,
+                             columns=["id", "phase", "module", "op", "call", "io", "dtype", "shape",
                                                              "numel", "producer", "note", "view"])
     except (DumpFormatError, OSError) as exc:
         raise ConfigError(f"estimate_from: {path!r} is not a readable opscope dump ({exc}); {fix}") from None

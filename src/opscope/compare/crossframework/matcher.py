@@ -186,7 +186,8 @@ class CallMatcher:
             return
         del chosen[conv.outputs()[0]["id"]]
         chosen[norm.outputs()[0]["id"]] = (o_call, o_row)
-        self.fold_notes[norm.outputs()[0]["id"]] = f"{norm.module} ({norm.op}) folded into {o_call.op} ({o_call.module})"
+        self.fold_notes[norm.outputs()[0]["id"]] = (f"{norm.module} ({norm.op}) folded into {o_call.op} "
+                                                    f"({o_call.module})")
         self.claims.notes[(torch.name, conv.seq)] = (f"output has no {table.name} counterpart: "
                                                      f"{norm.module} was folded into {o_call.op}")
 

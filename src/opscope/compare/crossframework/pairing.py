@@ -155,7 +155,8 @@ class RowPairing:
                     continue
                 self.partner[side.name][out["id"]] = source
                 graph_output = side.foreign and source.get("arg") == out.get("arg")
-                pair = Pair(out, source, "aligned" if graph_output else "identity", side="" if graph_output else side.name) \
+                pair = Pair(out, source, "aligned" if graph_output else "identity",
+                            side="" if graph_output else side.name) \
                     if side is self.t else Pair(source, out, "aligned" if graph_output else "identity",
                                                 side="" if graph_output else side.name)
                 pair.note = "graph output of the same name" if graph_output else \
