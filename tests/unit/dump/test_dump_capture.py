@@ -215,3 +215,28 @@ def test_full_tensor_views_share_their_inputs_data_and_read_back_as_views(tmp_pa
     sliced = next(r for r in rows if r["op"] == "aten.slice.Tensor" and r["io"] == "output")
     got = dump.row_tensor(sliced)  # a view of a view: strides and offset into x's data
     assert np.array_equal(got, x.t()[1:].numpy())
+
+
+def test_api_level_takes_an_in_place_ops_inputs_before_it_writes_them(tmp_path):
+    """``h.mul_(2)``: the input row holds h as it was, the output row h doubled (as the aten
+    level does, and as msprobe records API calls)."""
+
+    class Doubling(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            h.mul_(2.0)
+            return h
+
+    torch.manual_seed(0)
+    model, x = Doubling(), torch.randn(4, 8)
+    with opscope.dump(tmp_path / "d", level="api", steps="0", phases=["forward"]):
+        model(x).sum().backward()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    mul = df[df.op == "Tensor.mul_"]
+    before = float(mul[(mul.io == "input") & (mul.slot == 0)].norm.iloc[0])
+    after = float(mul[mul.io == "output"].norm.iloc[0])
+    assert after == pytest.approx(2 * before, rel=1e-6)

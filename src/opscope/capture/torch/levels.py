@@ -152,19 +152,21 @@ class _ApiMode(TorchFunctionMode):
         name = api_name(func) if s.capturing else None
         if name is None:
             return func(*args, **kwargs)
+        module, phase = s.modules.path, s.phase
+        call = None
+        if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
+            inputs = [(i, None, t) for i, t in enumerate(tensors_of((args, kwargs)))]
+            call = s.recorder.record_inputs(name, module, phase, inputs, args=args_of(args, kwargs),
+                                            source=s.source() if s.cfg.source else None)
         if name.endswith("_") or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 if s.recorder.worker is not None:
                     s.recorder.worker.before_write(t)
                 s.recorder.invalidate(t)
         out = func(*args, **kwargs)
-        module = s.modules.path
-        if s.recorder.selected(module, name, s.phase):
+        if call is not None:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            inputs = [(i, None, t) for i, t in enumerate(tensors_of((args, kwargs)))]
-            s.recorder.record(name, module, s.phase, inputs, outputs, args=args_of(args, kwargs),
-                              mutated=tuple(range(len(outputs))) if name.endswith("_") else (),
-                              source=s.source() if s.cfg.source else None)
+            s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if name.endswith("_") else ())
             if "backward" in s.cfg.phases:
                 _hook_backward(s, name, module, out)
         return out
