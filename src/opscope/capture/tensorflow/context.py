@@ -10,6 +10,7 @@ user's code raised.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -143,10 +144,9 @@ def variable_names(*owners: Any) -> dict[int, str]:
     names: dict[int, str] = {}
     for owner in owners:
         owned = list(getattr(owner, "variables", None) or [])
-        try:  # a model's metric state (the loss tracker's total and count) carries over steps too
+        with contextlib.suppress(Exception):  # a model not built yet
+            # a model's metric state (the loss tracker's total and count) carries over steps too
             owned += list(getattr(owner, "metrics_variables", None) or [])
-        except Exception:  # a model not built yet
-            pass
         for var in owned:
             handle = resource_handle(var)
             if handle is not None:

@@ -241,10 +241,7 @@ class TFDumpSession:
         python_name = self.tracer.xla_functions.get(name)
         if python_name is None:
             return
-        if python_name not in self._xla_seen:
-            self._xla_seen.add(python_name)
-            self.notes.append(XLA_NOTE.format(names=", ".join(sorted(self._xla_seen))))
-            self.notes[:] = [n for n in self.notes if not n.startswith("jit_compile")] + [self.notes[-1]]
+        self.note_xla(python_name)
         with self._lock:
             self.clock.poll()
             if self.selected:
@@ -252,6 +249,17 @@ class TFDumpSession:
                 self._record_eager(op, list(inputs), list(outputs))
             if python_name in self.tracer.xla_steps:
                 self.clock.optimizer_step()
+
+    def note_xla(self, name: str) -> None:
+        """Say once, in the manifest's notes and on stderr, what XLA kept from the dump."""
+        if name in self._xla_seen:
+            return
+        self._xla_seen.add(name)
+        note = XLA_NOTE.format(names=", ".join(sorted(self._xla_seen)))
+        self.notes[:] = [n for n in self.notes if not n.startswith("jit_compile")] + [note]
+        import sys
+
+        print(f"opscope: {note}", file=sys.stderr)
 
     def variable_name(self, handle: Any) -> str | None:
         graph = getattr(handle, "graph", None)

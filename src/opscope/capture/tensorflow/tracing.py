@@ -28,6 +28,7 @@ class Host(Protocol):
     def eager_op(self, op_type: str, inputs: Any, outputs: Any, ctx: CallContext) -> None: ...
     def function_ran(self, name: str, inputs: Any, outputs: Any) -> None: ...
     def variable_name(self, handle: Any) -> str | None: ...
+    def note_xla(self, name: str) -> None: ...
 
 
 def _numeric(tensor: Any) -> bool:
@@ -144,6 +145,8 @@ class Tracer:
                 if outer is not None:
                     outer.contains_step = outer.contains_step or not plan.xla
                     outer.steps = outer.steps or plan.xla  # the call of an XLA step ends the step
+        if plan.xla and not any(p is not None and p.xla for _, p in self.tracing[:-1]):
+            self.host.note_xla(plan.name)
         if plan.xla or not plan.values:
             return
         import tensorflow as tf
@@ -158,6 +161,8 @@ class Tracer:
     # -- the op callback ---------------------------------------------------------------
     def _op_callback(self, op_type: str, inputs: Any, attrs: Any, outputs: Any,
                      op_name: str | None = None, graph: Any = None) -> None:
+        if isinstance(op_type, bytes):  # eager ops name their type in bytes
+            op_type = op_type.decode()
         if graph is None:
             if op_type.startswith("__inference_"):
                 self.host.function_ran(op_type, inputs, outputs)

@@ -1,0 +1,135 @@
+"""TensorFlow / Keras dumps end to end: a tiny transformer trained by tf_train.py in a subprocess,
+compared with the real CLI. Skipped when TensorFlow is not installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import opscope  # noqa: E402
+
+TRAIN = Path(__file__).with_name("tf_train.py")
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+RUNS = {"a": [], "b": [], "bf16": ["--policy", "mixed_bfloat16"], "fault": ["--fault", "ff0a"],
+        "custom": ["--loop", "custom"], "layer": ["--level", "layer"]}
+
+
+def train(path: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(TRAIN), str(path), *args], capture_output=True, text=True,
+                          timeout=300, env=ENV)
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tf")
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda item: train(root / item[0], *item[1]), RUNS.items()))
+    return {name: root / name for name in RUNS}
+
+
+def compare(a: Path, b: Path, out: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "opscope", "compare", str(a), str(b), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_dump_has_layers_phases_params_and_data_flow(dumps):
+    dump = opscope.load(dumps["a"])
+    assert dump.status == "complete" and dump.steps() == [0, 1]
+    assert dump.manifest["level"] == "tf-op" and dump.manifest["hash_algorithm"] == "wsum64-v2"
+    df = dump.records(step=0).to_pandas()
+    assert set(df.phase) == {"forward", "backward", "optimizer"}
+    matmul = df[(df.module == "ff0a") & (df.op == "tf.MatMul") & (df.phase == "forward")]
+    assert set(matmul.io) == {"input", "param", "output"} and "ff0a/kernel" in set(matmul.param)
+    assert {"attn0.query", "ln0a", "ff0b"} <= set(df[df.phase == "backward"].module)
+    grads = df[df.io == "grad"]
+    assert "ff0a/kernel" in set(grads.param) and set(grads.phase) == {"optimizer"}
+    inputs = df[(df.io == "input") & df.producer.notna()]
+    by_id = df.set_index("id")
+    producer = by_id.loc[inputs.producer.astype(int)]
+    assert (producer.io.values == "output").all() and (producer.norm.values == inputs.norm.values).all()
+
+
+def test_same_run_twice_is_identical(dumps, tmp_path):
+    summary = compare(dumps["a"], dumps["b"], tmp_path / "c")
+    assert summary["verdict"] == "identical", summary
+
+
+def test_bf16_against_float32_is_within_tolerance(dumps, tmp_path):
+    summary = compare(dumps["a"], dumps["bf16"], tmp_path / "c")
+    assert summary["verdict"] == "within_tolerance" and not summary.get("culprits"), summary
+
+
+def test_a_one_layer_fault_is_named_at_its_op_and_layer(dumps, tmp_path):
+    summary = compare(dumps["a"], dumps["fault"], tmp_path / "c")
+    first = summary["first_divergence"]
+    assert summary["verdict"] == "diverged" and first["module"] == "ff0a" and first["phase"] == "forward", first
+
+
+def test_custom_loop_against_fit(dumps, tmp_path):
+    summary = compare(dumps["a"], dumps["custom"], tmp_path / "c")
+    assert summary["verdict"] in ("identical", "within_tolerance"), summary
+
+
+def test_layer_level_and_show_convert(dumps, tmp_path):
+    dump = opscope.load(dumps["layer"])
+    df = dump.records(step=1).to_pandas()
+    assert dump.manifest["level"] == "tf-layer"
+    assert {"Dense", "LayerNormalization", "Embedding"} <= set(df.op) and "ff0a" in set(df.module)
+    show = subprocess.run([sys.executable, "-m", "opscope", "show", str(dumps["layer"])], capture_output=True,
+                          text=True, timeout=120)
+    assert show.returncode == 0 and "level=layer" in show.stdout and "steps 0-1" in show.stdout, show.stderr
+
+
+def test_xla_does_not_crash_and_says_what_it_missed(tmp_path):
+    proc = train(tmp_path / "x", "--loop", "custom", "--jit")
+    dump = opscope.load(tmp_path / "x")
+    assert dump.status == "complete" and dump.steps() == [0, 1]
+    note = " ".join(dump.manifest["notes"])
+    assert "train_step" in note and "jit_compile=False" in note and "jit_compile=True" in proc.stderr
+    rows = dump.records(step=1).to_pandas()
+    call = rows[rows.op == "tf.train_step"]
+    assert len(call) == 3 and set(call.io) == {"input", "output"}  # x, y in; the loss out
+
+
+def test_full_disk_is_a_clear_error_and_keeps_what_was_written(tmp_path):
+    script = textwrap.dedent(f"""
+        import resource, runpy, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))  # files over 300 kB: EFBIG
+        sys.argv = ["tf_train.py", {str(tmp_path / 'd')!r}, "--data", "tensor", "--steps", "all"]
+        runpy.run_path({str(TRAIN)!r}, run_name="__main__")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode != 0 and "disk is full" in proc.stderr and "free space" in proc.stderr, proc.stderr[-2000:]
+    dump = opscope.load(tmp_path / "d")
+    assert dump.status == "crashed" and dump.records().num_rows > 0
+
+
+def test_an_unsupported_strategy_is_refused_before_anything_runs(tmp_path):
+    script = textwrap.dedent(f"""
+        import tensorflow as tf, keras, numpy as np, opscope.tensorflow as otf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        with tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]).scope():
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+            model.compile(optimizer="sgd", loss="mse")
+        model.fit(np.ones((8, 4)), np.ones((8, 2)), verbose=0,
+                  callbacks=[otf.DumpCallback({str(tmp_path / 'd')!r})])
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode != 0 and "MirroredStrategy with 2 replicas" in proc.stderr, proc.stderr[-2000:]
+    assert "one worker per process" in proc.stderr
