@@ -134,7 +134,7 @@ def _inherit_data(rows: list[dict[str, Any]]) -> None:
 
 def _order(pair: Pair) -> tuple[Any, ...]:
     home = pair.home
-    return (home["rank"], home["step"], PHASE_ORDER.get(home.get("phase"), 9), home["seq"],
+    return (home["rank"], home["step"], PHASE_ORDER.get(home.get("phase") or "", 9), home["seq"],
             home.get("io") == "output", home.get("slot") or 0)
 
 
