@@ -4,7 +4,8 @@ Each tracked series gives one number per step: a tensor's L2 norm (judged in log
 1000x jump is 3 units whatever the tensor's scale), the loss (judged as it is) or the
 learning rate (log10). A value departs when its robust z-score,
 ``|x - median| / max(1.4826 * MAD, floor)``, over the last ``window`` values exceeds
-``threshold``, once the series has ``warmup`` values. A norm that falls must also fall by
+``threshold``, once the series has ``warmup`` values (below 16 values the threshold is
+raised by ``sqrt(16 / n)``: a median and MAD of few values are loose). A norm that falls must also fall by
 ``DROP`` decades (10x): a gradient's norm over a small batch drops by cancellation far more
 often than it jumps, and a fall that matters is a collapse. A loss departs only upwards (a
 loss that falls faster than its band is training, not trouble). The floor (0.05 in log10, i.e. ~12%;
@@ -15,7 +16,8 @@ steps: one incident, one event.
 
 All series are judged together with numpy (a sort of a ``[series, window]`` array), so the
 cost does not grow with Python calls per series; a series' band is recomputed every
-``REFRESH`` (4) steps of its own, which the slowly moving window allows (a jump is judged
+``REFRESH`` (4) steps of its own once its window is full (each step before), which the
+slowly moving window allows (a jump is judged
 against a band made from the steps before it either way).
 """
 
@@ -30,6 +32,7 @@ from opscope.monitor.events import Departure, MonitorEvent
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
 DROP = 1.0
+FEW = 16  # below this many values in its window, a series needs a larger z to depart
 REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
 Key = tuple[str, str]
@@ -61,6 +64,7 @@ class BandDetector:
         self.med = np.zeros(0)
         self.mad = np.zeros(0)
         self.band_at = np.zeros(0, dtype=np.int64)
+        self._rows: dict[tuple[Key, ...], np.ndarray] = {}  # a step's keys (the same tuple each step) -> rows
 
     def _add(self, key: Key) -> int:
         i = self.index[key] = len(self.keys)
@@ -73,20 +77,24 @@ class BandDetector:
         self.band_at = np.append(self.band_at, -(1 << 40))
         return i
 
-    def update(self, step: int, rank: int, values: dict[Key, tuple[float, float]],
+    def update(self, step: int, rank: int, keys: tuple[Key, ...], raw: np.ndarray, bad: np.ndarray,
                order: dict[Key, int]) -> MonitorEvent | None:
-        """Judge one step: ``values[key] = (value, nonfinite count)``. Returns the step's
-        event (departures earliest first) or None; then adds the values to the windows."""
-        rows = np.array([self.index[k] if k in self.index else self._add(k) for k in values], dtype=np.int64)
+        """Judge one step: series ``keys[i]`` has value ``raw[i]`` and ``bad[i]`` NaN/Inf. Returns
+        the step's event (departures earliest first) or None; then adds the values to the windows."""
+        rows = self._rows.get(keys)
+        if rows is None:
+            rows = self._rows[keys] = np.array([self.index[k] if k in self.index else self._add(k) for k in keys],
+                                               dtype=np.int64)
         if not len(rows):
             return None
-        raw = np.array([v for v, _ in values.values()], dtype=np.float64)
-        bad = np.array([c for _, c in values.values()], dtype=np.float64)
         x = np.where(self.linear[rows], raw, np.log10(np.maximum(np.abs(raw), TINY)))
         nonfinite = ~np.isfinite(raw) | (bad > 0)
         z, median = self._score(rows, x)
         awake = self.quiet_until[rows] < step
-        out = awake & (nonfinite | (z > self.threshold))
+        # few values make a loose band: the threshold grows as sqrt(FEW / n) below FEW values
+        n = np.minimum(self.count[rows], self.window)
+        limit = self.threshold * np.sqrt(np.maximum(1.0, FEW / np.maximum(n, 1)))
+        out = awake & (nonfinite | (z > limit))
         departures = [self._departure(self.keys[rows[j]], raw[j], median[j], z[j], bool(nonfinite[j]), bad[j],
                                       order) for j in np.flatnonzero(out)]
         self.quiet_until[rows[out]] = step + self.window
@@ -106,7 +114,8 @@ class BandDetector:
         if not ready.any():
             return z, median
         judged = rows[ready]
-        stale = judged[self.count[judged] - self.band_at[judged] >= REFRESH]
+        count = self.count[judged]
+        stale = judged[(count - self.band_at[judged] >= REFRESH) | (count < self.window)]  # each step while filling
         if len(stale):
             self.med[stale], self.mad[stale] = self._median_mad(stale)
             self.band_at[stale] = self.count[stale]

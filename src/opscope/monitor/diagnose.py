@@ -10,22 +10,25 @@ the ``exp_avg_sq`` of that parameter is named as the tensor that moved first.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from opscope.monitor.events import Departure
 
 
 def adam_eps_departures(optimizer: torch.optim.Optimizer, items: list[tuple[str, torch.Tensor, int]],
-                        scalars: dict[tuple[str, str], float], order: dict[tuple[str, str], int]) -> list[Departure]:
+                        blocks: list[tuple[tuple[tuple[str, str], ...], np.ndarray]],
+                        order: dict[tuple[str, str], int]) -> list[Departure]:
     """Departures naming ``exp_avg_sq`` of each parameter whose update divided by zero.
 
     Args:
         optimizer: the optimizer that just stepped.
         items: ``(name, parameter, position)`` of its parameters.
-        scalars: the step's statistics so far (``(kind + "\\0bad", name)`` holds NaN+Inf counts).
+        blocks: the step's statistics read so far (keys, ``[n, 4]``: norm, max, NaN, Inf).
         order: where each series is made in the step (updated for the named state).
     """
-    broken = {name for (kind, name), v in scalars.items() if kind in ("weight\0bad", "exp_avg\0bad") and v > 0}
+    broken = {keys[i][1] for keys, values in blocks if keys[0][0] in ("weight", "exp_avg")
+              for i in np.flatnonzero(values[:, 2] + values[:, 3] > 0)}
     if not broken:
         return []
     eps_of = {id(p): g.get("eps") for g in optimizer.param_groups for p in g["params"]}

@@ -12,6 +12,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# The statistics of each tensor, in the order the engines return them (opscope.monitor.stats).
+STATS = ("norm", "max", "nan", "inf")
+
 # Where each kind of series is made in a step, earliest first (config.TARGETS' order).
 # Gradients of activations and of parameters share a class: backward interleaves them, and
 # their positions come from one counter (the order backward made them in).

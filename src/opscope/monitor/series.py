@@ -22,11 +22,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from opscope.errors import DumpExistsError, DumpFormatError
-from opscope.monitor.events import MonitorData, MonitorEvent, RankSeries
+from opscope.monitor.events import STATS, MonitorData, MonitorEvent, RankSeries
 
 FORMAT = "opscope-monitor/1"
-Row = tuple[int, str, str, str, float]
+Block = tuple[tuple[tuple[str, str], ...], np.ndarray]  # a step's tensors of one kind: keys, [n, 4] statistics
 
 
 def _replace_json(path: Path, data: dict[str, Any]) -> None:
@@ -50,7 +52,7 @@ class SeriesWriter:
         (self.dir / "events.jsonl").write_text("", encoding="utf-8")
         self.rank, self.chunk = rank, chunk
         import pyarrow.parquet  # noqa: F401  (imported now: its first import costs seconds, not to be paid mid-run)
-        self.rows: list[Row] = []
+        self.held: list[tuple[int, list[Block], dict[tuple[str, str], float]]] = []
         self.chunks: list[str] = []
         self.order: dict[str, int] = {}
         self.first_step: int | None = None
@@ -60,13 +62,12 @@ class SeriesWriter:
             _replace_json(self.root / "monitor.json", {"format": FORMAT, "config": config})
         self._index("running")
 
-    def add(self, step: int, rows: list[Row], order: dict[tuple[str, str], int]) -> None:
-        """The rows of one finished step."""
+    def add(self, step: int, blocks: list[Block], scalars: dict[tuple[str, str], float]) -> None:
+        """One finished step: blocks of tensors (their keys and ``[n, 4]`` statistics, in
+        :data:`~opscope.monitor.stats.STATS` order) and scalars (the loss, learning rates)."""
         if self.first_step is None:
             self.first_step = step
-        self.rows.extend(rows)
-        for (kind, name), position in order.items():
-            self.order.setdefault(f"{kind}\t{name}", position)
+        self.held.append((step, blocks, scalars))
         self.steps_held += 1
         self.last_step = step
         if self.steps_held >= self.chunk:
@@ -79,23 +80,23 @@ class SeriesWriter:
 
     def flush(self) -> None:
         """Write the rows held as one Parquet chunk, then the index."""
-        if not self.rows:
+        if not self.held:
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        steps, kinds, names, stats, values = zip(*self.rows, strict=True)
-        table = pa.table({"step": pa.array(steps, pa.int64()),
-                          "kind": pa.array(kinds, pa.string()).dictionary_encode(),
-                          "name": pa.array(names, pa.string()),
-                          "stat": pa.array(stats, pa.string()).dictionary_encode(),
-                          "value": pa.array(values, pa.float64())})
+        columns = _columns(self.held)
+        table = pa.table({"step": pa.array(columns[0], pa.int64()),
+                          "kind": pa.array(columns[1], pa.string()).dictionary_encode(),
+                          "name": pa.array(columns[2], pa.string()),
+                          "stat": pa.array(columns[3], pa.string()).dictionary_encode(),
+                          "value": pa.array(columns[4], pa.float64())})
         name = f"series-{self.first_step:09d}.parquet"
         tmp = self.dir / (name + ".tmp")
         pq.write_table(table, tmp)
         os.replace(tmp, self.dir / name)
         self.chunks.append(name)
-        self.rows, self.first_step, self.steps_held = [], None, 0
+        self.held, self.first_step, self.steps_held = [], None, 0
         self._index("running")
 
     def close(self, status: str) -> None:
@@ -106,6 +107,24 @@ class SeriesWriter:
         _replace_json(self.dir / "index.json", {"format": FORMAT, "rank": self.rank, "status": status,
                                                 "chunks": self.chunks, "order": self.order,
                                                 "steps": self.last_step + 1})
+
+
+def _columns(held: list[Any]) -> tuple[np.ndarray, ...]:
+    """The held steps as Parquet columns: one row per step x tensor x statistic (numpy
+    repeats, no Python loop per row), then one row per scalar."""
+    parts: list[tuple[np.ndarray, ...]] = []
+    stat_names = np.array(STATS, dtype=object)
+    for step, blocks, scalars in held:
+        for keys, values in blocks:
+            n = len(keys)
+            parts.append((np.full(n * 4, step, dtype=np.int64), np.repeat(np.array([k for k, _ in keys], object), 4),
+                          np.repeat(np.array([m for _, m in keys], object), 4), np.tile(stat_names, n),
+                          values.reshape(-1)))
+        if scalars:
+            parts.append((np.full(len(scalars), step, dtype=np.int64), np.array([k for k, _ in scalars], object),
+                          np.array([m for _, m in scalars], object), np.full(len(scalars), "value", object),
+                          np.fromiter(scalars.values(), np.float64, len(scalars))))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
 
 
 def read(path: str | os.PathLike) -> MonitorData:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from opscope.capture.steps import StepClock
@@ -31,7 +32,7 @@ from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
 from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
 from opscope.monitor.hooks import ModelHooks, named_inputs
-from opscope.monitor.stats import STATS, Pending, scalar_stats
+from opscope.monitor.stats import Pending, scalar_stats
 
 log = logging.getLogger("opscope.monitor")
 Key = tuple[str, str]
@@ -68,11 +69,13 @@ class MonitorSession:
         self.order: dict[Key, int] = {}
         self.on = True
         self._handles: list[Any] = []
-        self._pending: list[tuple[list[Key], Pending]] = []
-        self._scalars: dict[Key, float] = {}
+        self._pending: list[tuple[tuple[Key, ...], Pending]] = []
+        self._blocks: list[tuple[tuple[Key, ...], np.ndarray]] = []  # read: keys, [n, 4] statistics
+        self._scalars: dict[Key, float] = {}  # the loss and learning rates
         self._calls: dict[str, int] = {}
         self._optimizer_seen = False
         self._causes: list[Departure] = []
+        self._order_written = 0
         self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
 
     @property
@@ -143,7 +146,7 @@ class MonitorSession:
         try:
             if status == "complete":
                 self.clock.poll()
-                if self._pending or self._scalars:  # a last step that no boundary ended
+                if self._pending or self._blocks or self._scalars:  # a last step that no boundary ended
                     self._end_step(self.clock.step)
         finally:
             self.hooks.remove()
@@ -175,7 +178,8 @@ class MonitorSession:
         named = [(n, t) for n, t in named if t.numel()]
         if not named:
             return
-        keys = [self._place(kind, n, None if positions is None else positions[i]) for i, (n, _) in enumerate(named)]
+        keys = tuple(self._place(kind, n, None if positions is None else positions[i])
+                     for i, (n, _) in enumerate(named))
         self._pending.append((keys, Pending([t for _, t in named])))
 
     def _scalar(self, key: Key, value: float) -> None:
@@ -244,7 +248,7 @@ class MonitorSession:
             if "weights" in self.targets:
                 self._track("weight", [(n, p) for n, p, _ in items], [pos for _, _, pos in items])
             self._read()  # gradients and state are alive now; one read for the step
-            self._causes += adam_eps_departures(optimizer, items, self._scalars, self.order)
+            self._causes += adam_eps_departures(optimizer, items, self._blocks, self.order)
         self.clock.optimizer_step()
 
     def _grads_of_models(self) -> None:
@@ -255,13 +259,7 @@ class MonitorSession:
 
     def _read(self) -> None:
         """Bring every pending statistic of the step to the host (one read per device)."""
-        for keys, pending in self._pending:
-            for key, (norm, mx, nan, inf) in zip(keys, pending.values(), strict=True):
-                self._scalars[key] = norm
-                self._scalars[(key[0] + "\0max", key[1])] = mx
-                self._scalars[(key[0] + "\0bad", key[1])] = nan + inf
-                self._scalars[(key[0] + "\0nan", key[1])] = nan
-                self._scalars[(key[0] + "\0inf", key[1])] = inf
+        self._blocks += [(keys, pending.values()) for keys, pending in self._pending]
         self._pending = []
 
     # -- steps -------------------------------------------------------------------------
@@ -276,24 +274,19 @@ class MonitorSession:
 
     def _end_step(self, step: int) -> None:
         self._read()
-        values, self._scalars = self._scalars, {}
+        blocks, self._blocks = self._blocks, []
+        scalars, self._scalars = self._scalars, {}
         causes, self._causes = self._causes, []
-        rows: list[series.Row] = []
-        judged: dict[Key, tuple[float, float]] = {}
-        for (kind, name), value in values.items():
-            if "\0" in kind:
-                continue
-            if kind in ("loss", "lr"):
-                rows.append((step, kind, name, "value", value))
-                judged[(kind, name)] = (value, 0.0)
-                continue
-            stats = (value, values[(kind + "\0max", name)], values[(kind + "\0nan", name)],
-                     values[(kind + "\0inf", name)])
-            rows.extend((step, kind, name, s, v) for s, v in zip(STATS, stats, strict=True))
-            judged[(kind, name)] = (value, values[(kind + "\0bad", name)])
+        keys = tuple(k for block_keys, _ in blocks for k in block_keys) + tuple(scalars)
+        stats = np.concatenate([v for _, v in blocks]) if blocks else np.zeros((0, 4))
+        raw = np.concatenate([stats[:, 0], np.fromiter(scalars.values(), np.float64, len(scalars))])
+        bad = np.concatenate([stats[:, 2] + stats[:, 3], np.zeros(len(scalars))])
         assert self.writer is not None
-        event = self.detector.update(step, self.rank, judged, self.order)
-        self.writer.add(step, rows, {k: self.order[k] for k in judged})
+        event = self.detector.update(step, self.rank, keys, raw, bad, self.order)
+        if len(self.order) != self._order_written:
+            self._order_written = len(self.order)
+            self.writer.order = {f"{kind}\t{name}": position for (kind, name), position in self.order.items()}
+        self.writer.add(step, blocks, scalars)
         if causes:
             event = event or MonitorEvent(step=step, rank=self.rank)
             event.departures = sorted(causes + event.departures, key=lambda d: (d.order, -d.z))

@@ -22,12 +22,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from opscope.capture.torch.stats import CODES, F16_FAST, _fastats
 from opscope.config.env import env
+from opscope.monitor.events import STATS
 
-STATS = ("norm", "max", "nan", "inf")
+__all__ = ["NATIVE", "STATS", "Pending", "scalar_stats"]
 # OPSCOPE_STATS_BACKEND=torch takes the device path on the CPU too (as dump does)
 NATIVE = (env("STATS_BACKEND") or "auto").lower() != "torch"
 
@@ -64,8 +66,8 @@ class Pending:
             pair = torch.stack([torch.stack(norms).double(), torch.stack(maxes).double()], 1)
             self.device.append((indices, pair))
 
-    def values(self) -> list[list[float]]:
-        """``[norm, max, nan, inf]`` of each tensor, in the order given."""
+    def values(self) -> np.ndarray:
+        """``[norm, max, nan, inf]`` of each tensor, in the order given: a ``[n, 4]`` array."""
         for indices, pair in self.device:
             for i, (norm, mx) in zip(indices, pair.cpu().tolist(), strict=True):
                 nan = inf = 0.0
@@ -75,7 +77,7 @@ class Pending:
                 self.host[i] = [norm, mx, nan, inf]
         self.device = []
         self.tensors = []
-        return [v if v is not None else [math.nan] * 4 for v in self.host]
+        return np.array([v if v is not None else [math.nan] * 4 for v in self.host], dtype=np.float64).reshape(-1, 4)
 
 
 def _native(t: torch.Tensor) -> bool:

@@ -13,12 +13,16 @@ KEY_A, KEY_B, LOSS = ("grad", "a.weight"), ("grad", "b.weight"), ("loss", "loss"
 ORDER = {KEY_A: 4_000_001, KEY_B: 4_000_000, LOSS: 2_000_000}
 
 
+def update(det: BandDetector, step: int, values: dict):
+    keys = tuple(values)
+    return det.update(step, 0, keys, np.array([values[k] for k in keys]), np.zeros(len(keys)), ORDER)
+
+
 def run(series: dict, steps: int, window: int = 16, threshold: float = 8.0, warmup: int = 6):
     det = BandDetector(window, threshold, warmup)
     events = []
     for step in range(steps):
-        values = {k: (f(step), 0.0) for k, f in series.items()}
-        event = det.update(step, 0, values, ORDER)
+        event = update(det, step, {k: f(step) for k, f in series.items()})
         if event is not None:
             events.append(event)
     return events
@@ -48,14 +52,14 @@ def test_a_jump_fires_at_its_step_and_names_the_earliest_series_first():
 
 
 def test_a_nan_fires_without_history_and_a_flat_series_is_judged_against_its_floor():
-    events = run({KEY_A: lambda s: math.nan if s == 2 else 1.0, ("lr", "lr"): lambda s: 1e-3 * (1.01 if s == 30 else 1)},
-                 40)
+    lr = ("lr", "lr")
+    events = run({KEY_A: lambda s: math.nan if s == 2 else 1.0, lr: lambda s: 1e-3 * (1.01 if s == 30 else 1)}, 40)
     assert [(e.step, e.first.name) for e in events] == [(2, "a.weight")]
     assert math.isinf(events[0].first.z) and events[0].first.reason == "NaN"
 
 
-def test_a_loss_is_judged_linearly():
-    events = run({LOSS: lambda s: -2.0 + 0.001 * (s % 3) + (3.0 if s == 25 else 0.0)}, 40)
+def test_a_loss_is_judged_linearly_and_upwards_only():
+    events = run({LOSS: lambda s: -2.0 + 0.001 * (s % 3) + (3.0 if s == 25 else -3.0 if s == 12 else 0.0)}, 40)
     assert [(e.step, e.first.kind) for e in events] == [(25, "loss")]
     assert events[0].first.median == pytest.approx(-2.0, abs=0.01)
 
@@ -65,10 +69,10 @@ def test_a_series_that_appears_late_warms_up_on_its_own_then_is_judged():
     c = noisy(1.0, 4)
     fired = []
     for step in range(60):
-        values = {KEY_A: (c(step), 0.0)}
+        values = {KEY_A: c(step)}
         if step >= 20:  # a layer unfrozen at step 20
-            values[KEY_B] = (c(step + 1) * (0.001 if step == 40 else 1.0), 0.0)
-        event = det.update(step, 0, values, ORDER)
+            values[KEY_B] = c(step + 1) * (0.001 if step == 40 else 1.0)
+        event = update(det, step, values)
         fired += [(event.step, d.name) for d in event.departures] if event else []
     assert fired == [(40, "b.weight")]
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import opscope
@@ -60,8 +61,8 @@ os._exit(3)  # killed: no stop(), no atexit
 
 def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
     writer = SeriesWriter(str(tmp_path), 0, 2, {}, overwrite=False)
-    writer.add(0, [(0, "loss", "loss", "value", 1.0)], {("loss", "loss"): 2_000_000})
-    writer.add(1, [(1, "loss", "loss", "value", 1.5)], {})
+    writer.add(0, [], {("loss", "loss"): 1.0})
+    writer.add(1, [], {("loss", "loss"): 1.5})
     (tmp_path / "rank0" / "series-000000002.parquet.tmp").write_bytes(b"PAR1 half a file")
     with open(tmp_path / "rank0" / "events.jsonl", "a") as f:
         f.write('{"step": 3, "rank": 0, "depar')
@@ -74,7 +75,7 @@ def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
 def test_a_tensor_name_never_becomes_a_path(tmp_path):
     writer = SeriesWriter(str(tmp_path), 0, 1, {}, overwrite=False)
     evil = "../../../etc/passwd"
-    writer.add(0, [(0, "grad", evil, "norm", 1.0)], {("grad", evil): 1})
+    writer.add(0, [((("grad", evil),), np.array([[1.0, 2.0, 0.0, 0.0]]))], {})
     writer.close("complete")
     files = {os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs}
     assert files == {"monitor.json", "rank0/index.json", "rank0/events.jsonl", "rank0/series-000000000.parquet"}
