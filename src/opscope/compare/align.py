@@ -55,7 +55,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 kind = "exact" if len(tc) == len(rc) and _same_ops(tc, rc) else "aligned"
                 pairs.extend(_pair_rows(a, b, kind, partner))
             else:
-                one_sided.append(a or b)  # type: ignore[arg-type]
+                one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
     sides = Sides(t_rows, r_rows)
     pairs.extend(flow_pairs(pairs, sides, partner))
     one_sided.sort(key=lambda call: call.seq)

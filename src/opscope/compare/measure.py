@@ -137,7 +137,7 @@ def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: s
         for index in jobs[job]:
             pair = pairs[index]
             if isinstance(outcome, str):
-                pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(pair.t, pair.r))  # type: ignore[arg-type]
+                pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(*pair.rows))
                 pair.note = _join(pair.note, f"tensor unreadable, statistics used: {outcome}")
                 if outcome not in problems:
                     problems.append(outcome)

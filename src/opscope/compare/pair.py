@@ -36,8 +36,19 @@ class Pair:
     def home(self) -> dict[str, Any]:
         """The row that places this pair in execution order (target's, unless target-less)."""
         if self.kind == "identity":
-            return self.t if self.side == "target" else self.r  # type: ignore[return-value]
-        return self.t if self.t is not None else self.r  # type: ignore[return-value]
+            row = self.t if self.side == "target" else self.r
+        else:
+            row = self.t if self.t is not None else self.r
+        if row is None:
+            raise ValueError(f"a {self.kind} pair without the row that places it")
+        return row
+
+    @property
+    def rows(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Target's and reference's rows of a two-sided pair (every measured pair is one)."""
+        if self.t is None or self.r is None:
+            raise ValueError(f"a one-sided {self.kind} pair has no row on one side")
+        return self.t, self.r
 
 
 @dataclass

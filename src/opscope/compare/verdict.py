@@ -225,13 +225,14 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
                 info: dict[str, Any]) -> bool:
     """A parameter, buffer or model input: a root, explained by earlier steps, or fine."""
     error = raw_error(own)
-    lower = state.noise.lower_dtype(own.t.get("dtype"), own.r.get("dtype"))  # type: ignore[union-attr]
+    t, r = own.rows
+    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
     tol = state.noise.tolerance(lower)
     own.error, own.tolerance = error, tol
     if own.metrics.get("bit_exact") or not error > tol:
         return False
     name = row.get("param")
-    identity = name or (row.get("hash"), own.r.get("hash"), row.get("numel"), row.get("arg"))  # type: ignore[union-attr]
+    identity = name or (row.get("hash"), r.get("hash"), row.get("numel"), row.get("arg"))
     if identity in info["seen"]:
         return id(own) in state.tainted or info["tainted_before"]
     info["seen"].add(identity)
@@ -273,8 +274,8 @@ def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
 def _set_input_status(state: VerdictState, own: Pair, tainted: bool) -> None:
     error = raw_error(own)
     if not math.isfinite(own.error):
-        lower = state.noise.lower_dtype(own.t.get("dtype"), own.r.get("dtype"))  # type: ignore[union-attr]
-        own.error, own.tolerance = error, state.noise.tolerance(lower)
+        t, r = own.rows
+        own.error, own.tolerance = error, state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
     if own.metrics.get("bit_exact"):
         own.status = "identical"
     elif tainted and error > own.tolerance:
@@ -289,7 +290,8 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
     if out.mode == "skipped" or not out.metrics:
         out.status = out.status or "skipped"
         return
-    lower = state.noise.lower_dtype(out.t.get("dtype"), out.r.get("dtype"))  # type: ignore[union-attr]
+    t, r = out.rows
+    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
     tol = state.noise.tolerance(lower)
     m = out.metrics
     if m.get("nan_mismatch") or m.get("inf_mismatch"):
@@ -342,7 +344,8 @@ def _settle(state: VerdictState, pair: Pair) -> None:
     elif pair.metrics.get("bit_exact"):
         pair.status = "identical"
     else:
-        lower = state.noise.lower_dtype(pair.t.get("dtype"), pair.r.get("dtype"))  # type: ignore[union-attr]
+        t, r = pair.rows
+        lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
         pair.error, pair.tolerance = raw_error(pair), state.noise.tolerance(lower)
         pair.status = "passed" if not pair.error > pair.tolerance else "failed"
         if pair.status == "failed":

@@ -58,7 +58,10 @@ def locate(source: Any, op_id: str) -> Any:
 def _from_pairs(source: Any, text: str) -> Any:
     from opscope.replay.engine import CallRef
 
-    rank, step, ref_side, seq = _ID.match(text).groups()  # type: ignore[union-attr]
+    match = _ID.match(text)
+    if match is None:  # locate() hands over ids of this form only
+        raise ReplayError(f"--op {text!r} is not an id of the form rank:step:seq")
+    rank, step, ref_side, seq = match.groups()
     table = getattr(source, "pairs_table", None)
     if table is None:
         raise ReplayError(f"{text} is not one of the culprits in this summary.json; replay it from the dumps "

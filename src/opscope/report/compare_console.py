@@ -156,11 +156,11 @@ def _fmt(x: Any) -> str:
     return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
 
 
-def _bytes(n: int) -> str:
+def _bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
+        n /= 1024
     return f"{n} B"
 
 
