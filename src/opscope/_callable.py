@@ -35,4 +35,4 @@ def callable_package(name: str, target: str) -> None:
     """Make the already-imported package ``name`` callable, forwarding to ``target``."""
     module = sys.modules[name]
     module.__class__ = _CallableModule
-    module._opscope_target = target  # type: ignore[attr-defined]
+    module._opscope_target = target  # type: ignore[attr-defined]  # read by _CallableModule.__call__

@@ -125,6 +125,7 @@ class FlightRecorder:
 
     @property
     def ring(self) -> RingWriter:
+        # the dump session writes into what _open_ring handed it; its attribute is typed DumpWriter
         return self.dump.writer  # type: ignore[return-value]
 
     def end_step(self) -> None:

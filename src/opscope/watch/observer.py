@@ -139,7 +139,7 @@ class NativeChecker(Checker):
         self.inputs: dict[int, list[tuple[str, torch.Tensor]]] = {}
 
     @property
-    def entries(self) -> list[list[Any]]:  # type: ignore[override]
+    def entries(self) -> list[list[Any]]:  # type: ignore[override]  # read from the native observer, never set
         """The step's entries as the chain code reads them (converted on each read: on hits;
         ranges read at the step's end fill in later, so nothing is cached)."""
         entries = self._n.entries(0)
@@ -158,7 +158,7 @@ class NativeChecker(Checker):
         return self._n.count()
 
     @property
-    def pending(self) -> int:  # type: ignore[override]
+    def pending(self) -> int:  # type: ignore[override]  # read from the native observer, never set
         return self._n.pending()
 
     def observe(self, name: str, module: str, phase: str, fwd: str | None, node: str | None,

@@ -207,7 +207,7 @@ class CompileWatch:
                           (callback.callback_handler.end_callbacks, self._compile_end)):
             if fn in hooks:
                 hooks.remove(fn)
-        OutputGraph.call_user_compiler = self._original  # type: ignore[method-assign]
+        OutputGraph.call_user_compiler = self._original  # type: ignore[method-assign]  # undoes install()
         if _ACTIVE is self:
             _ACTIVE = None
 
@@ -297,7 +297,7 @@ class GraphRun:
         def compiled_graph(*args: Any, **kwargs: Any) -> Any:
             return run(*args, **kwargs)
         if getattr(self.fn, "_boxed_call", False):  # called with one list, which it empties
-            compiled_graph._boxed_call = True  # type: ignore[attr-defined]
+            compiled_graph._boxed_call = True  # type: ignore[attr-defined]  # the flag AOT autograd reads
         return compiled_graph
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
