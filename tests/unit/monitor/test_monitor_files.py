@@ -88,3 +88,25 @@ def test_not_a_monitor_folder(tmp_path):
     (tmp_path / "monitor.json").write_text(json.dumps({"format": "opscope-monitor/9"}))
     with pytest.raises(DumpFormatError, match="upgrade opscope"):
         read(tmp_path)
+
+
+def _train(path, steps: int = 7, **keys):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with opscope.monitor(path, **keys) as m:
+        for _ in range(steps):
+            model(torch.randn(16, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()  # no m.step(): steps end at optimizer.step()
+    return m
+
+
+def test_every_nth_step_and_ranks(tmp_path):
+    m = _train(tmp_path / "m", every=3)
+    steps, _ = m.result().ranks[0].values[("grad", "1.weight", "norm")]
+    assert steps == [0, 3, 6] and m.result().ranks[0].values[("lr", "lr", "value")][0] == [0, 3, 6]
+    off = _train(tmp_path / "off", ranks=[1])  # this process is rank 0
+    assert not (tmp_path / "off").exists() and not off.result().ranks
