@@ -12,6 +12,7 @@ from opscope.compare import crossframework, measure
 from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
+from opscope.compare.crossframework.levels import level_mismatch
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.modules import flatten_modules, records_modules
 from opscope.compare.passes import CompareInputs, ResultPass, result_pass
@@ -65,7 +66,8 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     if precision and noise.precision != precision:
         noise = NoiseModel(**{**noise.__dict__, "precision": precision})
     names = load_mapping(mapping)
-    problems: list[str] = [*manifest_warnings(t_dump, "target"), *manifest_warnings(r_dump, "reference")]
+    problems: list[str] = [*manifest_warnings(t_dump, "target"), *manifest_warnings(r_dump, "reference"),
+                           *level_mismatch(t_dump, r_dump)]
     parts = _partitions(t_dump, r_dump, ranks, steps, problems)
     pairs: list[Pair] = []
     for rank, step in parts:

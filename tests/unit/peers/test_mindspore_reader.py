@@ -282,3 +282,16 @@ def test_file_of_another_shape_is_not_its_op(tmp_path: Path) -> None:
                and r["op"] == "mindspore.MatMul")
     assert row["shape"] == [3, 5] and row["norm"] is None and "is not the [4, 16] the IR gives" in row["note"]
     assert any("do not have the shape the IR gives" in p for p in d.problems)
+
+
+def test_against_a_dump_of_another_framework_says_why_nothing_pairs() -> None:
+    from opscope.compare.crossframework.levels import level_mismatch
+
+    ms = opscope.load(DATA / "reference")
+
+    class Torch:
+        manifest = {"level": "api"}
+
+    assert level_mismatch(ms, ms) == [] and level_mismatch(Torch(), Torch()) == []
+    (why,) = level_mismatch(ms, Torch())
+    assert "level 'mindspore'" in why and "level 'api'" in why

@@ -26,3 +26,14 @@ def manifest_warnings(dump: Any, side: str) -> list[str]:
     """The manifest's ``warnings`` (e.g. an fp16 capture that changed what ORT computes)."""
     manifest = getattr(dump, "manifest", None) or {}
     return [f"{side} {dump.path}: {w}" for w in manifest.get("warnings") or []]
+
+
+def level_mismatch(t_dump: Any, r_dump: Any) -> list[str]:
+    """A sentence when the two dumps name their ops in different vocabularies that no op table
+    bridges (a MindSpore dump against a PyTorch one): their ops will not pair by name."""
+    t_level, r_level = dump_level(t_dump), dump_level(r_dump)
+    if t_level == r_level or is_cross(t_level, r_level) or (t_level in TORCH_LEVELS and r_level in TORCH_LEVELS):
+        return []
+    return [f"the target's ops are named at level {t_level or 'unknown'!r} and the reference's at level "
+            f"{r_level or 'unknown'!r}: ops pair by name, and these two name them differently; compare two dumps "
+            "of one framework (or give a mapping file renaming the target's ops and modules)"]
