@@ -8,8 +8,11 @@ from typing import Any
 
 from opscope.capture.tensorflow.plan import GraphPlan, OpPlan, Ref
 from opscope.config import DumpConfig
-from opscope.model.records import new_row
+from opscope.model.records import COL, STATS, new_row
 
+_ID, _STEP, _SEQ, _CALL, _IO, _SLOT, _ARG = (COL[c] for c in ("id", "step", "seq", "call", "io", "slot", "arg"))
+_DTYPE, _SHAPE, _NUMEL, _DATA, _KEY = (COL[c] for c in ("dtype", "shape", "numel", "data", "key"))
+_PRODUCER, _PARAM, _VIEW = COL["producer"], COL["param"], COL["view"]
 Value = tuple[str, list[int], int, tuple[Any, ...], str | None, str | None]  # dtype, shape, numel, stats, data, key
 
 
@@ -80,19 +83,86 @@ class StepRows:
         return row
 
     def graph_rows(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> list[list[Any]]:
-        """Rows of one run of a traced graph, in the order its ops were created."""
-        out_ids: list[list[int | None]] = []
+        """Rows of one run of a traced graph, in the order its ops were created. The rows'
+        fixed columns are laid out once per graph (:class:`_Template`); a run fills in ids,
+        step, order and the measured values."""
+        template = plan.__dict__.get("rows_template")
+        if template is None:
+            template = plan.__dict__["rows_template"] = _Template(self, plan)
+        base, step, seq = self.next_id, self.step, self.seq
+        calls = self.calls
+        offsets = [calls[k] for k in template.keys]
         rows: list[list[Any]] = []
-        for op in plan.ops:
-            if not op.inputs and not op.outputs:
-                out_ids.append([])
+        for static, index, producer, local_id, seq_local, key, call_local, shape in template.entries:
+            value = values[index] if index >= 0 else constants[-2 - index]
+            if value is None:
                 continue
-            ins = [(r, _pick(values, constants, r.value), _producer_id(out_ids, r.producer)) for r in op.inputs]
-            outs = [(r, _pick(values, constants, r.value)) for r in op.outputs]
-            op_rows, ids = self.op_rows(op, ins, outs)
-            rows.extend(op_rows)
-            out_ids.append(ids)
+            row = static.copy()
+            dtype, vshape, numel, stats, data, tkey = value
+            view = None
+            if shape is not None and shape != vshape and _numel(shape) == numel:
+                vshape = shape
+                if data is not None:
+                    view = json.dumps({"shape": shape, "stride": _strides(shape), "offset": 0})
+            row[_ID], row[_STEP], row[_SEQ] = base + local_id, step, seq + seq_local
+            row[_CALL], row[_DTYPE], row[_SHAPE], row[_NUMEL] = call_local + offsets[key], dtype, vshape, numel
+            row[STATS], row[_DATA], row[_KEY] = stats, data, tkey
+            row[_PRODUCER] = None if producer is None else base + producer
+            row[_VIEW] = view
+            rows.append(row)
+        for key, count in zip(template.keys, template.counts):
+            calls[key] += count
+        self.next_id += template.ids
+        self.seq += template.ops
         return rows
+
+
+class _Template:
+    """The rows one run of a graph writes, with their fixed columns filled in."""
+
+    def __init__(self, owner: StepRows, plan: GraphPlan) -> None:
+        self.entries: list[tuple[list[Any], int, int | None, int, int, int, int, list[int] | None]] = []
+        key_index: dict[tuple[str, str, str], int] = {}
+        self.keys: list[tuple[str, str, str]] = []
+        self.counts: list[int] = []
+        out_local: dict[tuple[int, int], int] = {}
+        mode, local, ops = owner.cfg.mode, 0, 0
+        for op_index, op in enumerate(plan.ops):
+            if not op.inputs and not op.outputs:
+                continue
+            op_name = op.op if op.note == "layer" or "." in op.op else f"tf.{op.op}"
+            if not owner.wanted(op_name, op.node, op.module, op.phase):
+                continue
+            key = key_index.setdefault((op.module, op.phase, op_name), len(self.keys))
+            if key == len(self.keys):
+                self.keys.append((op.module, op.phase, op_name))
+                self.counts.append(0)
+            call, seq = self.counts[key], ops
+            self.counts[key] += 1
+            ops += 1
+            base = new_row(rank=owner.rank, phase=op.phase, module=op.module, op=op_name, device=owner.device,
+                           fwd_op=op.fwd_op, node=op.node, note=op.note if op.note == "view" else None)
+            for slot, ref in enumerate(op.inputs):
+                if ref.value == -1 or mode == "output":
+                    continue
+                io = ref.io or ("param" if ref.param else "input")
+                producer = out_local.get(ref.producer) if ref.producer is not None else None
+                self._add(base, io, slot, ref, producer, local, seq, key, call)
+                local += 1
+            for slot, ref in enumerate(op.outputs):
+                if ref.value == -1:
+                    continue
+                out_local[(op_index, slot)] = local
+                if mode != "input":
+                    self._add(base, "output", slot, ref, None, local, seq, key, call)
+                local += 1
+        self.ids, self.ops = local, ops
+
+    def _add(self, base: list[Any], io: str, slot: int, ref: Ref, producer: int | None, local: int, seq: int,
+             key: int, call: int) -> None:
+        static = base.copy()
+        static[_IO], static[_SLOT], static[_ARG], static[_PARAM] = io, slot, ref.arg, ref.param
+        self.entries.append((static, ref.value, producer, local, seq, key, call, ref.shape))
 
 
 def _producer_id(out_ids: list[list[int | None]], producer: tuple[int, int] | None) -> int | None:
@@ -115,9 +185,3 @@ def _numel(shape: list[int]) -> int:
     for d in shape:
         n *= d
     return n
-
-
-def _pick(values: list[Value | None], constants: list[Value | None], index: int) -> Value | None:
-    if index >= 0:
-        return values[index]
-    return constants[-2 - index] if index < -1 else None

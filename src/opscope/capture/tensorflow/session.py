@@ -170,8 +170,19 @@ class TFDumpSession:
             return None
         return self._value(arr)
 
-    def _value(self, arr: Any) -> Value:
-        stats = st.host_stats(arr)
+    def _measure_all(self, tensors: list[Any]) -> list[Value | None]:
+        arrays: list[Any] = []
+        for t in tensors:
+            try:
+                arrays.append(st.array_of(t))
+            except Exception:  # a tensor with no host buffer (a resource, a variant)
+                arrays.append(None)
+        stats = st.many_stats([a for a in arrays if a is not None])
+        it = iter(stats)
+        return [None if a is None else self._value(a, next(it)) for a in arrays]
+
+    def _value(self, arr: Any, stats: tuple[Any, ...] | None = None) -> Value:
+        stats = st.host_stats(arr) if stats is None else stats
         data = key = None
         if self.cfg.data != "tensor":
             return st.name_of(arr), list(arr.shape), int(arr.size), stats, None, None
@@ -189,7 +200,7 @@ class TFDumpSession:
                 return  # a loop around the step function: its plumbing, not a step
             self.clock.poll()
             if self.selected:
-                values = [self._measure(t) for t in tensors]
+                values = self._measure_all(tensors)
                 constants = plan.__dict__.get("measured")
                 if constants is None or self.cfg.data == "tensor":  # tensors: each step's shards hold them
                     constants = plan.__dict__["measured"] = [self._value(c) for c in plan.constants]

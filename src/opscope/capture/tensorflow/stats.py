@@ -8,6 +8,7 @@ one-pass C kernel (``_fastats``: min, max, sum, sum of squares, NaN/Inf/zero cou
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,38 @@ def host_stats(arr: np.ndarray) -> tuple[Any, ...]:
     n = int(arr.size)
     mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(arr.ctypes.data, n, code)
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
+
+
+_SPLIT = 64 << 10  # bytes: larger tensors go to the kernel's own thread, smaller stay here
+_QUEUE = threading.Lock()  # the kernel's worker queue serves one caller at a time
+
+
+def many_stats(arrays: list[np.ndarray]) -> list[tuple[Any, ...]]:
+    """Statistics of many arrays, on two cores: the large ones on the C kernel's worker
+    thread (no GIL) while this thread reduces the small ones."""
+    if _fastats is None or not hasattr(_fastats, "submit") or not _QUEUE.acquire(blocking=False):
+        return [host_stats(a) for a in arrays]
+    try:
+        out: list[Any] = [None] * len(arrays)
+        jobs: list[tuple[int, int]] = []
+        for i, arr in enumerate(arrays):
+            code = CODES.get(name_of(arr))
+            if code is not None and arr.nbytes >= _SPLIT and arr.flags.c_contiguous:
+                jobs.append((i, _fastats.submit(arr.ctypes.data, int(arr.size), code, 0)))
+        queued = {i for i, _ in jobs}
+        for i, arr in enumerate(arrays):
+            if i not in queued:
+                out[i] = host_stats(arr)
+        if jobs:
+            _fastats.wait(jobs[-1][1])
+            results = _fastats.results(jobs[0][1], jobs[-1][1] + 1)
+            for (i, _), stats in zip(jobs, results):
+                out[i] = stats  # the kernel finishes them as finish() does
+        return out
+    finally:
+        if _fastats is not None and hasattr(_fastats, "reset"):
+            _fastats.reset()
+        _QUEUE.release()
 
 
 def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
