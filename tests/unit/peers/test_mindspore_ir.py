@@ -42,14 +42,16 @@ def test_data_flow_through_bookkeeping_nodes() -> None:
 
 
 def test_files_match_ops_only_where_numbered_alike() -> None:
-    order = ["A/x/Cast-op1", "A/x/Cast-op2", "A/y/Add-op0", "B/AddN-op1"]
-    written = {"A_x_Cast-op1": 10, "A_x_Cast-op2": 20, "A_y_Add-op0": 30, "B_AddN-op0": 40}
+    order = ["A/x/Cast-op1", "A/x/Cast-op2", "A/y/Add-op0", "B/AddN-op1", "C/Mul-op0", "C/Mul-op1"]
+    written = {"A_x_Cast-op1": 10, "A_x_Cast-op2": 20, "A_y_Add-op0": 30, "B_AddN-op0": 40,
+               "C_Mul-op0": 50, "C_Mul-op5": 60}
     matched, renumbered = match_files(order, written)
-    assert matched == {"A/x/Cast-op1": "A_x_Cast-op1", "A/x/Cast-op2": "A_x_Cast-op2", "A/y/Add-op0": "A_y_Add-op0"}
-    assert renumbered == {"B/AddN-op1"}
+    assert matched == {"A/x/Cast-op1": "A_x_Cast-op1", "A/x/Cast-op2": "A_x_Cast-op2", "A/y/Add-op0": "A_y_Add-op0",
+                       "B/AddN-op1": "B_AddN-op0"}  # AddN: one offset (-1) for the whole scope and type
+    assert renumbered == {"C/Mul-op0", "C/Mul-op1"}  # offsets 0 and 4: no one renumbering
     # the same names written in another order than they run: each file is another op's
     matched, renumbered = match_files(order, {**written, "A_x_Cast-op1": 25})
-    assert "A/x/Cast-op1" not in matched and renumbered == {"A/x/Cast-op1", "A/x/Cast-op2", "B/AddN-op1"}
+    assert "A/x/Cast-op1" not in matched and renumbered == {"A/x/Cast-op1", "A/x/Cast-op2", "C/Mul-op0", "C/Mul-op1"}
 
 
 def test_vocabulary_gives_mindspore_ops_torch_rules() -> None:
