@@ -153,6 +153,7 @@ class Autostart:
         self.error: BaseException | None = None
         self.broken: str | None = None  # a config error waiting for the first module call
         self._excepthook: Any = None
+        self.framework = "torch"  # "tensorflow" once a TensorFlow program starts training first
 
     # -- waiting for torch, then for the first module call ------------------------------
     def arm(self) -> None:
@@ -161,6 +162,21 @@ class Autostart:
             self._on_torch_imported()
         else:
             sys.meta_path.insert(0, _TorchImportHook(self._on_torch_imported))
+        # a TensorFlow program: the first fit or tf.function call (capture/tensorflow/autostart.py)
+        from opscope.capture.tensorflow import autostart as tf_autostart
+
+        for name in ("tensorflow", "keras"):
+            arm = getattr(tf_autostart, f"arm_{name}")
+            sys.meta_path.insert(0, _TorchImportHook(lambda arm=arm: arm(self._first_tensorflow_use), name=name))
+
+    def _first_tensorflow_use(self) -> list[tuple[str, Any]]:
+        if self.state == "armed":
+            if _script_uses_opscope():
+                self.state = "skipped"
+            else:
+                self.framework = "tensorflow"
+                self.start()
+        return self.sessions
 
     def _on_torch_imported(self) -> None:
         import torch
@@ -202,7 +218,8 @@ class Autostart:
             sys.stderr.write(describe(self.sections) + f" (from {ENV_CONFIG})\n")
         try:
             for name, cfg in self.sections.items():
-                session = _make_session(name, cfg, self.path)
+                session = (_make_session(name, cfg, self.path) if self.framework == "torch"
+                           else _tensorflow_session(name, cfg, self.path))
                 if session is not None:
                     session.start()
                     self.sessions.append((name, session))
@@ -283,6 +300,14 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
     return _watch_session(path)
 
 
+def _tensorflow_session(name: str, cfg: Any, path: str) -> Any:
+    if not cfg.enable:
+        return None
+    from opscope.capture.tensorflow.autostart import make_session
+
+    return make_session(name, cfg, path)
+
+
 def _watch_session(path: str) -> Any:
     if "opscope.watch.session" in sys.modules:
         return None  # the script called opscope.watch itself
@@ -322,22 +347,24 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 # -- post-import hook ------------------------------------------------------------------------
 class _TorchImportHook:
-    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` completes.
+    """A ``sys.meta_path`` finder that runs ``callback`` right after ``import torch`` (or the
+    module ``name``) completes.
 
     It never imports torch itself, and costs nothing in processes that do not import it.
     """
 
-    def __init__(self, callback: Any) -> None:
+    def __init__(self, callback: Any, name: str = "torch") -> None:
         self.callback = callback
+        self.name = name
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         if self in sys.meta_path:
             sys.meta_path.remove(self)  # one shot, and find_spec below must not find us
         import importlib.util
 
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(self.name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
@@ -348,7 +375,7 @@ class _TorchImportHook:
             try:
                 callback()
             except Exception as exc:  # never break `import torch` for the user
-                sys.stderr.write(f"opscope: could not arm capture after importing torch: {exc}\n")
+                sys.stderr.write(f"opscope: could not arm capture after importing {self.name}: {exc}\n")
 
         spec.loader.exec_module = exec_then_arm  # type: ignore[method-assign]  # this spec's loader only
         return spec

@@ -10,18 +10,12 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from opscope.config import dump_config, section_of
-from opscope.errors import ConfigError
+from opscope.capture.tensorflow.options import LEVELS, resolve
 
 if TYPE_CHECKING:
     from opscope.capture.tensorflow.keras import DumpCallback as _DumpCallback
     from opscope.capture.tensorflow.session import TFDumpSession
     from opscope.profile.tensorflow import TFProfileSession
-
-LEVELS = ("op", "layer")
-# A config written for PyTorch names torch's levels: the nearest TensorFlow level.
-_LEVEL_ALIASES = {"aten": "op", "api": "op", "module": "layer"}
-
 
 def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | Mapping | None = None,
          model: Any = None, **keys: Any) -> TFDumpSession:
@@ -52,20 +46,6 @@ def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | M
 
     cfg, level = resolve(config, path, keys)
     return TFDumpSession(cfg, level, model)
-
-
-def resolve(config: Any, path: Any, keys: Mapping[str, Any]) -> tuple[Any, str]:
-    """The :class:`~opscope.config.DumpConfig` and the TensorFlow level of a dump request."""
-    values = dict(section_of(config, "dump"))
-    values.update({k: v for k, v in keys.items() if v is not None})
-    if path is not None:
-        values["path"] = path
-    level = values.pop("level", "op")
-    level = _LEVEL_ALIASES.get(level, level) if isinstance(level, str) else level
-    if level not in LEVELS:
-        raise ConfigError(f"level: {level!r} is not a TensorFlow dump level; allowed: op (every op), "
-                          "layer (Keras layer inputs/outputs and gradients)")
-    return dump_config(values), level
 
 
 def DumpCallback(path: str | os.PathLike | None = None, **keys: Any) -> _DumpCallback:  # noqa: N802 - a class to the user

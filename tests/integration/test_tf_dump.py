@@ -133,3 +133,16 @@ def test_an_unsupported_strategy_is_refused_before_anything_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode != 0 and "MirroredStrategy with 2 replicas" in proc.stderr, proc.stderr[-2000:]
     assert "one worker per process" in proc.stderr
+
+
+def test_zero_code_opscope_run_on_a_keras_program(tmp_path):
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"dump": {"enable_dump": True, "dump_path": str(tmp_path / "d"),
+                                           "dump_step": "1", "dump_mode": "all"}}))
+    proc = subprocess.run([sys.executable, "-m", "opscope", "run", "-c", str(config), "--", sys.executable,
+                           str(TRAIN), "-"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dump = opscope.load(tmp_path / "d")
+    assert dump.status == "complete" and dump.steps() == [1] and dump.manifest["level"] == "tf-op"
+    df = dump.records().to_pandas()
+    assert {"forward", "backward", "optimizer"} == set(df.phase) and "ff0a/kernel" in set(df.param)

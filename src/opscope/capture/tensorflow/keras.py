@@ -6,8 +6,6 @@ from typing import Any
 
 import keras
 
-from opscope.capture.tensorflow.session import TFDumpSession
-
 
 class DumpCallback(keras.callbacks.Callback):
     """Dumps the steps of ``fit`` that the session's config selects.
@@ -18,7 +16,8 @@ class DumpCallback(keras.callbacks.Callback):
     met while writing (a full disk) stops training at the next batch end.
     """
 
-    def __init__(self, session: TFDumpSession) -> None:
+    def __init__(self, session: Any) -> None:
+        """``session``: the :class:`~opscope.capture.tensorflow.session.TFDumpSession` to run."""
         super().__init__()
         self.session = session
         self.dump: Any = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from opscope.capture.tensorflow.stats import BACKEND
 from opscope.config import DumpConfig
+from opscope.config.env import env, foreign
 from opscope.errors import ConfigError
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 
@@ -33,8 +34,8 @@ def manifest(cfg: DumpConfig, level: str, manifest_level: str) -> dict[str, Any]
         "command": list(sys.argv),
         "config": config,
         "device": "cpu" if not tf.config.list_logical_devices("GPU") else "gpu",
-        "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-        "run_id": os.environ.get("OPSCOPE_RUN_ID"),
+        "world_size": int(foreign("WORLD_SIZE", "1") or 1),
+        "run_id": env("RUN_ID"),
         "hash_algorithm": HASH_ALGORITHM,
         "stats_backend": BACKEND,
         "level": manifest_level,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
 import threading
 from typing import Any
 
@@ -20,6 +19,7 @@ from opscope.capture.tensorflow.plan import SILENT, GraphPlan, OpPlan, Ref
 from opscope.capture.tensorflow.rows import StepRows, Value
 from opscope.capture.tensorflow.tracing import Tracer, static_shape
 from opscope.config import DumpConfig
+from opscope.config.env import foreign
 from opscope.errors import ConfigError, OpscopeError
 from opscope.storage.writer import DumpWriter
 
@@ -34,7 +34,7 @@ class TFDumpSession:
 
     def __init__(self, cfg: DumpConfig, level: str, model: Any = None) -> None:
         self.cfg, self.level, self.model = cfg, level, model
-        self.rank = int(os.environ.get("RANK", "0") or 0)
+        self.rank = int(foreign("RANK", "0") or 0)
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.started = self.stopped = False
         self.failure: BaseException | None = None
