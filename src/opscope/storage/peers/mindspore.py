@@ -20,6 +20,17 @@ are computed from the tensors (or read from ``statistic.csv``). Constant inputs 
 writes (a MatMul's transpose flags, a LayerNorm's epsilon) are inputs like any other.
 ``Parameter.*`` files (weights as left at the end of the iteration) are not read: every
 weight is already recorded where an op reads it.
+
+The modules doing the work, in the order data flows through them:
+
+- :mod:`.mindspore_files` — tensor file names, ``.npy`` read without unpickling, ``statistic.csv``;
+- :mod:`.mindspore_ir` — the kernel graph: each input's producer, weights, inferred shapes,
+  device dtypes, the user's source line;
+- :mod:`.mindspore_match` — which files are which op's (MindSpore renumbers some);
+- :mod:`.mindspore_places` — phase and module (MindSpore scopes reused cells and expanded
+  ops elsewhere);
+- :mod:`.mindspore_rows` — the records of one (rank, iteration), and the files not compared
+  (a dtype the kernel does not have, another op's shape, a device format).
 """
 
 from __future__ import annotations
