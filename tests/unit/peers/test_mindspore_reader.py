@@ -322,3 +322,19 @@ def test_two_graphs_numbered_on_from_each_other(tmp_path: Path) -> None:
     rows = builder.table().to_pylist()
     assert [(r["op"], r["node"], r["max"]) for r in rows] == [
         ("mindspore.MatMul", order[0], 0.0), ("mindspore.BiasAdd", order[1], 1.0)]
+
+
+def test_a_link_out_of_the_dump_is_not_read(tmp_path: Path) -> None:
+    dump = _copy(tmp_path)
+    secret = tmp_path / "secret.npy"
+    np.save(secret, np.arange(4, dtype=np.float32), allow_pickle=False)
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".output.0." in f.name)
+    victim.unlink()
+    victim.symlink_to(secret)
+    d = opscope.load(dump)
+    rows = [r for r in d.records(step=0).to_pylist() if r["module"] == "b0.fc1" and r["io"] == "output"
+            and r["op"] == "mindspore.MatMul"]
+    assert rows == []  # the op lost its output file: nothing is read through the link
+    with pytest.raises(DumpFormatError, match="not a file of"):
+        d.tensor(0, 0, "0", victim.name)

@@ -140,12 +140,20 @@ def _layout(path: Path) -> _Layout:
                     if len(below) > 2 and it.name != below[2]:
                         continue
                     layout.folders.setdefault((rank, int(it.name)), []).append((int(graph.name), it))
-                    layout.listing[it] = frozenset(f.name for f in it.iterdir() if f.is_file())
+                    layout.listing[it] = frozenset(f.name for f in it.iterdir() if _inside(f, rank_dir))
     if not layout.folders:
         raise DumpFormatError(f"{str(path)!r} looks like a MindSpore Data Dump but holds no iteration "
                               "folder (rank_N/<net>/<graph>/<iteration>/): the run dumped nothing, or "
                               "the dump config's 'iteration' selected none that ran")
     return layout
+
+
+def _inside(file: Path, rank_dir: Path) -> bool:
+    """A regular file of the dump: a link to a file outside its rank folder is not read."""
+    try:
+        return file.is_file() and file.resolve().is_relative_to(rank_dir.resolve())
+    except OSError:
+        return False
 
 
 @register_format(TOOL, detect)
