@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from opscope.capture.tensorflow.keras import DumpCallback as _DumpCallback
     from opscope.capture.tensorflow.session import TFDumpSession
     from opscope.profile.tensorflow import TFProfileSession
+    from opscope.watch.tensorflow import TFWatch
 
 def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | Mapping | None = None,
          model: Any = None, **keys: Any) -> TFDumpSession:
@@ -48,6 +49,25 @@ def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | M
     return TFDumpSession(cfg, level, model)
 
 
+def watch(*, action: str = "raise", steps: Any = "all", model: Any = None) -> TFWatch:
+    """Find the first TensorFlow op whose output holds a NaN or Inf, with its layer, its
+    inputs' statistics and its chain (the seeds' overflow detection, for TensorFlow).
+
+    Use it like :func:`dump`: a context manager around a custom loop (``w.step()``), or
+    ``model.fit(callbacks=[w.callback()])``. ``stop()`` returns a :class:`~opscope.watch.events.WatchResult`.
+
+    Args:
+        action: ``raise`` (:class:`~opscope.errors.OverflowDetected` at the end of the step
+            that produced it), ``warn`` (print the report once per op) or ``record``.
+        steps: the steps watched (``"all"``, ``"0-3"``...).
+        model: the Keras model, to name parameters.
+    """
+    from opscope.report import renderer
+    from opscope.watch.tensorflow import TFWatch
+
+    return TFWatch(action, steps, model, report=renderer("OverflowEvent", "text"))
+
+
 def DumpCallback(path: str | os.PathLike | None = None, **keys: Any) -> _DumpCallback:  # noqa: N802 - a class to the user
     """A Keras callback that dumps ``fit``: ``model.fit(..., callbacks=[DumpCallback("dumps/run")])``.
 
@@ -72,4 +92,4 @@ def profile(output: str | os.PathLike | None = None, *, config: Any = None, **ke
     return make_session(output, config, html=renderer("ProfileData", "html"), **keys)
 
 
-__all__ = ["LEVELS", "DumpCallback", "dump", "profile", "resolve"]
+__all__ = ["LEVELS", "DumpCallback", "dump", "profile", "resolve", "watch"]

@@ -146,3 +146,24 @@ def test_zero_code_opscope_run_on_a_keras_program(tmp_path):
     assert dump.status == "complete" and dump.steps() == [1] and dump.manifest["level"] == "tf-op"
     df = dump.records().to_pandas()
     assert {"forward", "backward", "optimizer"} == set(df.phase) and "ff0a/kernel" in set(df.param)
+
+
+def test_watch_names_the_first_nan_op_its_layer_and_inputs(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TRAIN.parent)!r})
+        import tf_train, opscope.tensorflow as otf
+        from opscope.errors import OverflowDetected
+        args = tf_train.argparse.Namespace(policy=None, fault=None, nan=True, jit=False)
+        model = tf_train.build(args)
+        w = otf.watch(action="raise")
+        try:
+            model.fit(*tf_train.data(), batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[w.callback()])
+        except OverflowDetected as exc:
+            e = exc.event
+            print("HIT", e.op, e.module, e.phase, e.step, e.kind, [i.nan for i in e.inputs])
+            print(exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
+    assert "HIT tf.SelectV2 ff0b forward 1 nan [0, 1, 0]" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "first NaN/Inf" in proc.stdout and "from tf.GreaterEqual in ff0b" in proc.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from opscope.capture.steps import StepClock
@@ -32,8 +33,12 @@ XLA_NOTE = ("jit_compile=True: the ops inside XLA-compiled function(s) {names} w
 class TFDumpSession:
     """A running (or ready) TensorFlow dump. See :func:`opscope.tensorflow.dump`."""
 
-    def __init__(self, cfg: DumpConfig, level: str, model: Any = None) -> None:
+    def __init__(self, cfg: DumpConfig, level: str, model: Any = None,
+                 on_rows: Callable[[list[list[Any]]], None] | None = None, write: bool = True) -> None:
+        """``on_rows(rows)`` sees each batch of records before it is written (the TensorFlow
+        watch); with ``write=False`` nothing is written and :meth:`stop` returns None."""
         self.cfg, self.level, self.model = cfg, level, model
+        self.on_rows, self.write = on_rows, write
         self.rank = int(foreign("RANK", "0") or 0)
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.started = self.stopped = False
@@ -63,15 +68,21 @@ class TFDumpSession:
         if not self.active:
             return self
         check_strategy(self.model)
+        if not self.write:
+            self._install()
+            return self
         self.writer = DumpWriter(self.cfg.path, self.rank, manifest(self.cfg, self.level, LEVELS[self.level]),
                                  queue_limit=int(self.cfg.queue_limit_mb * (1 << 20)),
                                  shard_bytes=int(self.cfg.shard_mb * (1 << 20)), overwrite=self.cfg.overwrite)
         self.writer.open()
+        self._install()
+        return self
+
+    def _install(self) -> None:
         self.watch_model(self.model)
         self.ctx.install()
         self.tracer.install()
         atexit.register(self._atexit)
-        return self
 
     def callback(self) -> Any:
         """This dump as a Keras callback for ``model.fit(callbacks=[...])``."""
@@ -151,6 +162,11 @@ class TFDumpSession:
                 self.clock.optimizer_step()
 
     def _write(self, rows: list[list[Any]]) -> None:
+        if rows and self.on_rows is not None:
+            try:
+                self.on_rows(rows)
+            except Exception as exc:  # the watch's verdict: raised on the user's thread
+                self.failure = self.failure or exc
         if rows and self.writer is not None:
             self._steps_written.add(self.clock.step)
             self._guard(self.writer.add_rows, self.clock.step, rows)
