@@ -104,7 +104,8 @@ class TFWatch:
             kind=kind, op=row[COL["op"]], module=row[COL["module"]], phase=row[COL["phase"]], step=row[_STEP],
             rank=row[COL["rank"]], level="tf-op", dtype=row[COL["dtype"]], shape=row[COL["shape"]],
             nan=stats[_NAN], inf=stats[_INF], min=stats[0], max=stats[1], fwd_op=row[COL["fwd_op"]],
-            node=row[COL["node"]] if row[COL["phase"]] == "backward" else None, inputs=[self._summary(r) for r in inputs], chain=self._chain(row))
+            node=row[COL["node"]] if row[COL["phase"]] == "backward" else None,
+            inputs=[self._summary(r) for r in inputs], chain=self._chain(row))
 
     def _summary(self, row: list[Any]) -> TensorSummary:
         s = row[STATS]
