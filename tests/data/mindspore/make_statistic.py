@@ -23,7 +23,8 @@ import numpy as np
 from opscope.storage.peers.mindspore_files import parse_name
 
 HERE = Path(__file__).resolve().parent
-HEADER = "Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,Max Value,Min Value,L2Norm Value"
+HEADER = ("Op Type,Op Name,Task ID,Stream ID,Timestamp,IO,Slot,Data Size,Data Type,Shape,"
+          "Max Value,Min Value,L2Norm Value")
 
 
 def convert(case: str) -> None:
