@@ -40,7 +40,7 @@ def test_same_run_twice_is_identical(tmp_path: Path) -> None:
 
 
 def test_float16_against_float32_is_within_tolerance(tmp_path: Path) -> None:
-    rc, summary, _ = _compare(tmp_path, "fp16", "reference", workers="2")  # tensors read in worker processes
+    rc, summary, _ = _compare(tmp_path, "fp16", "reference")
     assert (rc, summary["verdict"], summary["culprits"]) == (0, "within_tolerance", [])
     counts = summary["counts"]
     assert counts["failed"] == 0 and counts["passed"] > 150  # float16 rounding, judged as such
@@ -97,3 +97,14 @@ def test_convert_to_opscope_keeps_the_verdicts(tmp_path: Path) -> None:
     assert result.verdict == direct.verdict == "diverged"
     assert (result.first_divergence.module, result.first_divergence.op) == (
         direct.first_divergence.module, direct.first_divergence.op) == ("b1.norm2", "mindspore.LayerNorm")
+
+
+def test_worker_processes_reopen_the_dump(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opscope.compare import measure
+
+    monkeypatch.setattr(measure, "POOL_MIN_BYTES", 0)  # a pool even for these small dumps
+    pooled = opscope.compare(DATA / "fault", DATA / "reference", workers=2)
+    inline = opscope.compare(DATA / "fault", DATA / "reference", workers=1)
+    assert pooled.counts == inline.counts and pooled.bytes_compared == inline.bytes_compared > 0
+    assert (pooled.first_divergence.module, pooled.first_divergence.slot) == ("b1.norm2", 5)
+
