@@ -138,9 +138,9 @@ def memory(n: int, root: str) -> None:
         for i in range(n):
             m.step(loss=train_step(model, opt, *batch(i)))
         held = tracemalloc.get_traced_memory()[0] - base
-        rows = len(m.writer.rows) if m.writer is not None else 0
+        rows = sum(4 * len(k) for _, blocks, _ in m.writer.held for k, _ in blocks) if m.writer is not None else 0
         if m.writer is not None:
-            m.writer.flush()  # the rows go to Parquet; what stays is the monitor's own state
+            m.writer.flush(wait=True)  # the rows go to Parquet; what stays is the monitor's own state
         gc.collect()
         kept = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()

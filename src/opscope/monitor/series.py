@@ -9,8 +9,8 @@ Layout (docs/monitor.md)::
     PATH/report.html                  rank 0's report (other ranks: PATH/rank<R>/report.html)
 
 Rows are one per step x tensor x statistic. Every ``chunk`` steps the rows held in memory
-go to a new Parquet file, written under a temporary name and renamed when complete, then
-``index.json`` is replaced the same way: a crash loses at most the steps since the last
+go to a new Parquet file (on a background thread), written under a temporary name and
+renamed when complete, then ``index.json`` is replaced the same way: a crash loses at most the steps since the last
 chunk, and every file on disk is whole. File names hold step numbers only, never a
 tensor's name.
 """
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from opscope.errors import DumpExistsError, DumpFormatError
+from opscope.errors import DumpExistsError, DumpFormatError, DumpWriteError
 from opscope.monitor.events import STATS, MonitorData, MonitorEvent, RankSeries
 
 FORMAT = "opscope-monitor/1"
@@ -51,7 +52,7 @@ class SeriesWriter:
             old.unlink()
         (self.dir / "events.jsonl").write_text("", encoding="utf-8")
         self.rank, self.chunk = rank, chunk
-        import pyarrow.parquet  # noqa: F401  (imported now: its first import costs seconds, not to be paid mid-run)
+        _warm_pyarrow()
         self.held: list[tuple[int, list[Block], dict[tuple[str, str], float]]] = []
         self.chunks: list[str] = []
         self.order: dict[str, int] = {}
@@ -60,7 +61,9 @@ class SeriesWriter:
         self.last_step = -1
         if rank == 0 or not (self.root / "monitor.json").exists():
             _replace_json(self.root / "monitor.json", {"format": FORMAT, "config": config})
-        self._index("running")
+        self._writing: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self._index("running", {}, 0)
 
     def add(self, step: int, blocks: list[Block], scalars: dict[tuple[str, str], float]) -> None:
         """One finished step: blocks of tensors (their keys and ``[n, 4]`` statistics, in
@@ -72,41 +75,72 @@ class SeriesWriter:
         self.last_step = step
         if self.steps_held >= self.chunk:
             self.flush()
+        elif self.error is not None:
+            self.wait()
 
     def event(self, event: MonitorEvent) -> None:
         """Append one event to ``events.jsonl`` (flushed at once)."""
         with open(self.dir / "events.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(event.to_json(), allow_nan=False) + "\n")
 
-    def flush(self) -> None:
-        """Write the rows held as one Parquet chunk, then the index."""
-        if not self.held:
-            return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def flush(self, wait: bool = False) -> None:
+        """Write the rows held as one Parquet chunk, then the index, on a background thread
+        (the training thread only hands the steps over); ``wait`` for it to finish."""
+        self.wait()
+        if self.held:
+            held, name = self.held, f"series-{self.first_step:09d}.parquet"
+            self.held, self.first_step, self.steps_held = [], None, 0
+            order, steps = dict(self.order), self.last_step + 1
+            self._writing = threading.Thread(target=self._write, args=(held, name, order, steps),
+                                             name="opscope-monitor-writer", daemon=True)
+            self._writing.start()
+        if wait:
+            self.wait()
 
-        columns = _columns(self.held)
-        table = pa.table({"step": pa.array(columns[0], pa.int64()),
-                          "kind": pa.array(columns[1], pa.string()).dictionary_encode(),
-                          "name": pa.array(columns[2], pa.string()),
-                          "stat": pa.array(columns[3], pa.string()).dictionary_encode(),
-                          "value": pa.array(columns[4], pa.float64())})
-        name = f"series-{self.first_step:09d}.parquet"
-        tmp = self.dir / (name + ".tmp")
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.dir / name)
-        self.chunks.append(name)
-        self.held, self.first_step, self.steps_held = [], None, 0
-        self._index("running")
+    def wait(self) -> None:
+        """Wait for the chunk being written; raise its error, if it failed."""
+        if self._writing is not None:
+            self._writing.join()
+            self._writing = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise DumpWriteError(f"monitor: could not write {self.dir}: {error}") from error
+
+    def _write(self, held: list[Any], name: str, order: dict[str, int], steps: int) -> None:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            columns = _columns(held)
+            table = pa.table({"step": pa.array(columns[0], pa.int64()),
+                              "kind": pa.array(columns[1].tolist(), pa.string()).dictionary_encode(),
+                              "name": pa.array(columns[2].tolist(), pa.string()),
+                              "stat": pa.array(columns[3].tolist(), pa.string()).dictionary_encode(),
+                              "value": pa.array(columns[4], pa.float64())})
+            tmp = self.dir / (name + ".tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, self.dir / name)
+            self.chunks.append(name)
+            self._index("running", order, steps)
+        except Exception as exc:  # a full disk, a removed folder: raised on the training thread
+            self.error = exc
 
     def close(self, status: str) -> None:
-        self.flush()
-        self._index(status)
+        self.flush(wait=True)
+        self._index(status, self.order, self.last_step + 1)
 
-    def _index(self, status: str) -> None:
+    def _index(self, status: str, order: dict[str, int], steps: int) -> None:
         _replace_json(self.dir / "index.json", {"format": FORMAT, "rank": self.rank, "status": status,
-                                                "chunks": self.chunks, "order": self.order,
-                                                "steps": self.last_step + 1})
+                                                "chunks": list(self.chunks), "order": order, "steps": steps})
+
+
+def _warm_pyarrow() -> None:
+    """Import pyarrow's Parquet writer and convert one array now: pyarrow's first conversion
+    imports pandas (about a second), which is not to be paid at the first chunk, mid-run."""
+    import pyarrow as pa
+    import pyarrow.parquet  # noqa: F401
+
+    pa.array([0.0], pa.float64())
 
 
 def _columns(held: list[Any]) -> tuple[np.ndarray, ...]:

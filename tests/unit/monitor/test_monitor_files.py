@@ -12,7 +12,7 @@ import pytest
 
 import opscope
 from opscope.config import monitor_config
-from opscope.errors import ConfigError, DumpExistsError, DumpFormatError
+from opscope.errors import ConfigError, DumpExistsError, DumpFormatError, DumpWriteError
 from opscope.monitor.series import SeriesWriter, read
 
 
@@ -38,7 +38,7 @@ def test_a_config_file_section_and_aliases(tmp_path):
 
 def test_a_crash_leaves_every_written_chunk_readable(tmp_path):
     script = f"""
-import os, torch, opscope
+import os, time, torch, opscope
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -47,6 +47,7 @@ for i in range(13):
     loss = model(torch.randn(16, 4)).pow(2).mean()
     loss.backward(); opt.step(); opt.zero_grad()
     m.step(loss=loss)
+time.sleep(0.5)  # a chunk is written on a background thread: let the one begun at step 10 end
 os._exit(3)  # killed: no stop(), no atexit
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -63,6 +64,7 @@ def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
     writer = SeriesWriter(str(tmp_path), 0, 2, {}, overwrite=False)
     writer.add(0, [], {("loss", "loss"): 1.0})
     writer.add(1, [], {("loss", "loss"): 1.5})
+    writer.wait()  # the chunk of steps 0-1 is written on a background thread
     (tmp_path / "rank0" / "series-000000002.parquet.tmp").write_bytes(b"PAR1 half a file")
     with open(tmp_path / "rank0" / "events.jsonl", "a") as f:
         f.write('{"step": 3, "rank": 0, "depar')
@@ -110,3 +112,13 @@ def test_every_nth_step_and_ranks(tmp_path):
     assert steps == [0, 3, 6] and m.result().ranks[0].values[("lr", "lr", "value")][0] == [0, 3, 6]
     off = _train(tmp_path / "off", ranks=[1])  # this process is rank 0
     assert not (tmp_path / "off").exists() and not off.result().ranks
+
+
+def test_a_chunk_that_cannot_be_written_is_an_error_on_the_training_thread(tmp_path):
+    import shutil
+
+    writer = SeriesWriter(str(tmp_path), 0, 1, {}, overwrite=False)
+    shutil.rmtree(tmp_path / "rank0")  # the folder is gone (a cleaned scratch disk)
+    writer.add(0, [], {("loss", "loss"): 1.0})
+    with pytest.raises(DumpWriteError, match="monitor: could not write .*rank0"):
+        writer.close("complete")
