@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,20 @@ def test_report_draws_offline_in_headless_chromium(runs, tmp_path):
     assert "Uncaught" not in done.stderr
     assert f"step {K} (rank 0): out.weight (grad) moved first" in dom
     assert dom.count("&lt;/script&gt;&lt;script&gt;") >= 2  # the heat map's row names, as text
+
+
+def test_show_needs_no_torch(runs):
+    script = f"""
+import sys
+class NoTorch:
+    def find_spec(self, name, *args):
+        if name.split(".")[0] == "torch":
+            raise ImportError("no torch here")
+sys.meta_path.insert(0, NoTorch())
+from opscope.cli.main import main
+code = main(["monitor", "show", {str(runs["fault"])!r}])
+sys.exit(code + 10 * ("torch" in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "out.weight (grad)" in done.stdout
