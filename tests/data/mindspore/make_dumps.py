@@ -48,14 +48,15 @@ CASES = ("reference", "rerun", "fault", "fp16", "inserted")
 BATCH, DIM, HIDDEN, CLASSES, STEPS = 4, 8, 16, 3, 2
 
 
-def run_case(case: str, out: Path) -> None:
-    """Train two steps of the case's net with MindSpore's Data Dump writing into ``out``."""
+def run_case(case: str, out: Path, input_output: int = 0) -> None:
+    """Train two steps of the case's net with MindSpore's Data Dump writing into ``out``
+    (``input_output``: the dump config's, 0 inputs and outputs, 1 inputs only, 2 outputs only)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     iterations = "all" if case in ("reference", "rerun") else "0"
     config = {"common_dump_settings": {"dump_mode": 0, "path": str(out), "net_name": "Net",
-                                       "iteration": iterations, "saved_data": "tensor", "input_output": 0,
+                                       "iteration": iterations, "saved_data": "tensor", "input_output": input_output,
                                        "kernels": [], "support_device": [0]},
               "e2e_dump_settings": {"enable": True, "trans_flag": True}}
     config_path = out.parent / f".{case}_dump_config.json"

@@ -338,3 +338,23 @@ def test_a_link_out_of_the_dump_is_not_read(tmp_path: Path) -> None:
     assert rows == []  # the op lost its output file: nothing is read through the link
     with pytest.raises(DumpFormatError, match="not a file of"):
         d.tensor(0, 0, "0", victim.name)
+
+
+def test_outputs_only_dump_reads_inputs_from_their_producers(tmp_path: Path) -> None:
+    """``"input_output": 2`` writes outputs only (made here by deleting the input files of
+    real dumps): each input is its producer's output, so the fault still has one culprit."""
+    dumps = {}
+    for case in ("fault", "reference"):
+        dumps[case] = _copy(tmp_path, case)
+        for f in (dumps[case] / ITERATION).iterdir():
+            if ".input." in f.name:
+                f.unlink()
+    rows = _rows(dumps["fault"])
+    mul = [r for r in rows if r["module"] == "b0.fc1" and r["op"] == "mindspore.BiasAdd" and r["io"] == "input"]
+    producer = next(r for r in rows if r["id"] == mul[0]["producer"])
+    assert producer["op"] == "mindspore.MatMul" and mul[0]["hash"] == producer["hash"]
+    assert mul[0]["note"] == "not in the dump: the output of its producer"
+    result = opscope.compare(dumps["fault"], dumps["reference"], workers=1)
+    assert len(result.culprits) == 1
+    first = result.first_divergence
+    assert (first.kind, first.module, first.op, first.io) == ("culprit", "b1.norm2", "mindspore.LayerNorm", "output")

@@ -36,6 +36,7 @@ from opscope.storage.peers.mindspore_places import (
 _MAX_UNDUMPED = 8  # undumped ops read through between a kernel and the one it reads
 _GRAPH_SEQ = 1_000_000  # seq offset of each further graph of one iteration
 _STEP_START_IDS = 1 << 40  # ids of the rows added for an in-place update's input (never a file's)
+_UNDUMPED_INPUT_IDS = 1 << 41  # ids of the rows added for an input the dump did not write
 _UPDATED = 100  # slot offset of an optimizer's in-place updated parameter, recorded as an output
 _COLUMNS = [name for name, _ in SCHEMA_FIELDS]
 
@@ -102,8 +103,29 @@ class RowBuilder:
             self.rows.append(row)
             if row["io"] == "output" and row["slot"] >= _UPDATED:
                 self._add_step_start(row)
+        self._undumped_inputs(full, seq, sources, by_slot)
         if phase == "optimizer":
             self._drop_in_place_outputs(full, seq)
+
+    def _undumped_inputs(self, full: str, seq: int, sources: list[Source],
+                         by_slot: dict[tuple[str, int], TensorFile | StatisticRow]) -> None:
+        """Inputs the dump did not write (``"input_output": 2``, outputs only) but whose producer
+        it did: the same tensor, so a record carrying the producer's statistics and data. Without
+        them every op would be judged with no inputs, and each one after a divergence blamed."""
+        head = next((r for r in reversed(self.rows) if r["seq"] == seq), None)
+        if head is None:
+            return
+        for slot, source in enumerate(sources):
+            producer = self.outputs.get((source.name, source.slot)) if source.kind == "kernel" else None
+            if ("input", slot) in by_slot or producer is None:
+                continue
+            made = next(r for r in reversed(self.rows) if r["id"] == producer)
+            row = {**{k: head[k] for k in ("rank", "step", "seq", "phase", "module", "op", "call", "node",
+                                            "fwd_op", "source")},
+                   **{k: made.get(k) for k in ("dtype", "shape", "numel", "data", "key", *STAT_NAMES)},
+                   "id": len(self.rows) + _UNDUMPED_INPUT_IDS, "io": "input", "slot": slot, "producer": producer,
+                   "note": "not in the dump: the output of its producer"}
+            self.rows.append(row)
 
     def _add_step_start(self, updated: dict[str, Any]) -> None:
         """The input an in-place update read: the parameter as the step began, which is what its
