@@ -22,7 +22,8 @@ from collections.abc import Mapping
 __all__ = ["BUILT_IN", "register_vocabulary", "torch_base", "vocabulary"]
 
 # namespace -> module holding its vocabulary (``VOCABULARY``), imported when first needed
-BUILT_IN: dict[str, str] = {"mindspore": "opscope.compare.opnames.mindspore"}
+BUILT_IN: dict[str, str] = {"mindspore": "opscope.compare.opnames.mindspore",
+                             "tf": "opscope.compare.opnames.tensorflow"}
 
 _VOCABULARIES: dict[str, Mapping[str, str]] = {}
 
