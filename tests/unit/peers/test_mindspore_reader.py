@@ -358,3 +358,27 @@ def test_outputs_only_dump_reads_inputs_from_their_producers(tmp_path: Path) -> 
     assert len(result.culprits) == 1
     first = result.first_divergence
     assert (first.kind, first.module, first.op, first.io) == ("culprit", "b1.norm2", "mindspore.LayerNorm", "output")
+
+
+def test_bfloat16_file_holding_float32_values(tmp_path: Path) -> None:
+    """A file named BFloat16 may hold the bits (uint16) or float32 values: both read as values.
+    (The IR is removed: it says this MatMul is float32 on the device, and the reader would
+    rightly refuse a file named otherwise.)"""
+    dump = _copy(tmp_path)
+    shutil.rmtree(dump / "rank_0" / "graphs")
+    victim = next(f for f in (dump / ITERATION).iterdir() if "b0-Block_fc1-Dense_MatMul-op0" in f.name
+                  and ".output.0." in f.name)
+    values = np.load(victim, allow_pickle=False)
+    bits = (values.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bfloat16
+    for name, stored in (("bits", bits), ("values", values)):
+        renamed = victim.with_name(victim.name.replace(".Float32.", ".BFloat16."))
+        for f in (victim, renamed):
+            f.unlink(missing_ok=True)
+        np.save(renamed, stored, allow_pickle=False)
+        d = opscope.load(dump)
+        row = next(r for r in d.records(step=0).to_pylist() if r["module"] == "b0.fc1" and r["io"] == "output"
+                   and r["op"] == "mindspore.MatMul")
+        expected = (bits.astype(np.uint32) << 16).view(np.float32) if name == "bits" else values
+        assert row["dtype"] == "bfloat16"
+        np.testing.assert_array_equal(d.row_tensor(row), expected)
+        assert row["max"] == pytest.approx(float(expected.max()))

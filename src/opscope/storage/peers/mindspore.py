@@ -265,4 +265,6 @@ def _open_tensor(layout: _Layout, rank: int, step: int, data: str, key: str) -> 
     parsed = parse_name(key)
     arr = load_array(folder / key)
     dtype = parsed.dtype if parsed is not None else str(arr.dtype)
+    if dtype == "bfloat16" and arr.dtype != np.uint16:  # written as float32 values, not bf16 bits
+        dtype = arr.dtype.name
     return dtype, arr
