@@ -155,7 +155,8 @@ class PhaseMarks:
                 self.notes.append(XLA_NOTE)
             return None
         tf = self.tf
-        with tf.control_dependencies([t for t in after or () if _is_graph_tensor(tf, t)]):
+        waits = [_probe(tf, t) for t in after or () if _is_graph_tensor(tf, t)]
+        with tf.control_dependencies([w for w in waits if w is not None]):
             stamp = tf.timestamp()
         self.slots[SLOT[slot]].assign(stamp)
         return stamp
@@ -303,6 +304,18 @@ def _flat_tensors(tf: Any, structure: Any) -> list[Any]:
         if isinstance(item, tf.Operation) or (isinstance(item, tf.Tensor) and _is_graph_tensor(tf, item)):
             out.append(item)
     return out
+
+
+def _probe(tf: Any, value: Any) -> Any:
+    """What a mark waits for, for a tensor: its first element, read by a small op. A control
+    edge straight from the op that made ``value`` would stop Grappler from fusing that op
+    with its producers (MatMul + BiasAdd), and a fused op rounds differently in bfloat16:
+    the numbers would change. An operation (the optimizer's updates) is waited for as is."""
+    if isinstance(value, tf.Operation):
+        return value
+    if value.dtype in (tf.resource, tf.variant):  # an iterator's or optional's handle: no math to fuse
+        return value.op
+    return tf.reshape(value, [-1])[:1]
 
 
 def _identity(tf: Any, value: Any) -> Any:
