@@ -45,7 +45,7 @@ class PeerDump(Dump):
         return f"{type(self).__name__}({str(self.path)!r}, tool={self.manifest.get('tool')!r}, ranks={self.ranks})"
 
     @property
-    def rank_status(self) -> dict[int, dict[str, Any]]:  # type: ignore[override]
+    def rank_status(self) -> dict[int, dict[str, Any]]:
         return {r: {"status": "complete"} for r in sorted({r for r, _ in self._partitions})}
 
     def steps(self, rank: int | None = None) -> list[int]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
 
 def backend_for(cfg: DumpConfig) -> Any:
     """The native module when this dump can use it, else None."""
-    if os.environ.get("OPSCOPE_DUMP_BACKEND", "native").lower() == "python":
+    if (env("DUMP_BACKEND") or "native").lower() == "python":
         return None
     if (env("STATS_BACKEND", "auto") or "auto").lower() != "auto":  # an engine of the Python path asked for
         return None
@@ -93,6 +92,7 @@ class NativeRecorder(Recorder):
         if self.probing:  # what a tensor step would store, said before the window opens
             self.probing = False
             table = Columns(self.native.take_columns(), self.rank, self.step).table()
+            assert self.plan is not None  # probing is planned by the tensor plan
             self.plan.estimate_from(self.step, table_rows(table), self.wants_data)
             self._reset()
             return
@@ -167,6 +167,7 @@ class NativeAtenLevel(Level):
         super().__init__(session)
         self.native = backend
         recorder = session.recorder
+        assert isinstance(recorder, NativeRecorder)  # the session pairs this level with the native recorder
         writer = recorder.writer
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
                         recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
@@ -175,7 +176,8 @@ class NativeAtenLevel(Level):
         session.modules.on_indexed = self._index
 
     def _index(self, root: torch.nn.Module) -> None:
-        pairs = [(p, strip_wrapped(name)) for name, p in root.named_parameters(remove_duplicate=False)]
+        pairs: list[tuple[torch.Tensor, str]] = [
+            (p, strip_wrapped(name)) for name, p in root.named_parameters(remove_duplicate=False)]
         pairs += [(b, strip_wrapped(name)) for name, b in root.named_buffers(remove_duplicate=False)]
         self.native.set_params(pairs)
 
