@@ -32,6 +32,7 @@ from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
 from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
 from opscope.monitor.hooks import ModelHooks, named_inputs
+from opscope.monitor.judge import Judge
 from opscope.monitor.stats import Pending, scalar_stats
 
 log = logging.getLogger("opscope.monitor")
@@ -66,6 +67,7 @@ class MonitorSession:
         self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output)
         self.events: list[MonitorEvent] = []
         self.writer: series.SeriesWriter | None = None
+        self.judge: Judge | None = None
         self.order: dict[Key, int] = {}
         self.on = True
         self._handles: list[Any] = []
@@ -93,6 +95,7 @@ class MonitorSession:
             return self
         self.writer = series.SeriesWriter(self.cfg.path, self.rank, self.cfg.chunk, self.cfg.to_json(),
                                           self.cfg.overwrite)
+        self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None)
         try:
             self.hooks.install(self.model)
             if self.optimizer is not None:
@@ -154,7 +157,11 @@ class MonitorSession:
                 h.remove()
             self._handles = []
             if self.writer is not None:
-                self.writer.close(status)
+                try:
+                    if self.judge is not None:
+                        self.judge.close()
+                finally:
+                    self.writer.close(status)
                 self._write_report()
 
     def _write_report(self) -> None:
@@ -277,21 +284,11 @@ class MonitorSession:
         blocks, self._blocks = self._blocks, []
         scalars, self._scalars = self._scalars, {}
         causes, self._causes = self._causes, []
-        keys = tuple(k for block_keys, _ in blocks for k in block_keys) + tuple(scalars)
-        stats = np.concatenate([v for _, v in blocks]) if blocks else np.zeros((0, 4))
-        raw = np.concatenate([stats[:, 0], np.fromiter(scalars.values(), np.float64, len(scalars))])
-        bad = np.concatenate([stats[:, 2] + stats[:, 3], np.zeros(len(scalars))])
-        assert self.writer is not None
-        event = self.detector.update(step, self.rank, keys, raw, bad, self.order)
+        order = None
         if len(self.order) != self._order_written:
-            self._order_written = len(self.order)
-            self.writer.order = {f"{kind}\t{name}": position for (kind, name), position in self.order.items()}
-        self.writer.add(step, blocks, scalars)
-        if causes:
-            event = event or MonitorEvent(step=step, rank=self.rank)
-            event.departures = sorted(causes + event.departures, key=lambda d: (d.order, -d.z))
-        if event is not None:
-            self._emit(event)
+            self._order_written, order = len(self.order), dict(self.order)
+        assert self.judge is not None
+        self.judge.submit(step, blocks, scalars, causes, order)
 
     def _emit(self, event: MonitorEvent) -> None:
         self.events.append(event)

@@ -88,9 +88,8 @@ def _native(t: torch.Tensor) -> bool:
 
 def _native_stats(t: torch.Tensor) -> list[float]:
     assert _fastats is not None  # _native() said so
-    t = t.detach()
-    if not t.is_contiguous():
-        t = t.contiguous()
+    if not t.is_contiguous():  # (data_ptr needs no detach: nothing here is recorded by autograd)
+        t = t.detach().contiguous()
     n = t.numel()
     if n == 0:
         return [0.0, 0.0, 0.0, 0.0]
