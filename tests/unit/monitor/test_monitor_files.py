@@ -122,3 +122,20 @@ def test_a_chunk_that_cannot_be_written_is_an_error_on_the_training_thread(tmp_p
     writer.add(0, [], {("loss", "loss"): 1.0})
     with pytest.raises(DumpWriteError, match="monitor: could not write .*rank0"):
         writer.close("complete")
+
+
+def test_a_write_failing_mid_run_reaches_the_training_loop(tmp_path):
+    import shutil
+
+    import torch
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(DumpWriteError, match="could not write"), opscope.monitor(tmp_path / "m", chunk=1) as m:
+        for i in range(6):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            m.step()
+            if i == 1:
+                shutil.rmtree(tmp_path / "m" / "rank0")
