@@ -1,11 +1,13 @@
 """Overhead of opscope.profile against the bare training loop, in one invocation.
 
-Prints, for a small MLP and a 2-layer transformer (d=128, 4 heads, seq 64, batch 8, AdamW):
+Prints opscope's fixed cost per step in microseconds (on a tiny step, where it is almost
+all of the difference), split into its parts, and the ratio it makes on 0.5, 3 and 10 ms
+steps; then, for a small MLP and a 2-layer transformer (d=128, 4 heads, seq 64, batch 8, AdamW):
 the ratio of step time with the training trace on against the bare loop (rounds
 interleaved, medians), and the task trace's own cost as opscope reports it (profiled
 steps against unprofiled steps of the same run) with its trace size per step.
 
-    python benchmarks/bench_profile.py [--rounds 15] [--steps 30]
+    python benchmarks/bench_profile.py [--rounds 15] [--steps 30] [--fixed-only]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,7 +48,8 @@ def transformer_case() -> tuple[nn.Module, Callable[[], torch.utils.data.DataLoa
     return TinyTransformer(), lambda: torch.utils.data.DataLoader(data, batch_size=8)
 
 
-def run_steps(model: nn.Module, opt: torch.optim.Optimizer, loader: torch.utils.data.DataLoader, steps: int, session=None) -> list[float]:
+def run_steps(model: nn.Module, opt: torch.optim.Optimizer, loader: torch.utils.data.DataLoader, steps: int,
+              session=None) -> list[float]:
     """Seconds of each of ``steps`` training steps, after one untimed step.
 
     The untimed step is where a session finds the model and hooks its parameters, once
@@ -91,22 +95,92 @@ def overhead(name: str, case: Callable, rounds: int, steps: int, tmp: Path) -> N
     per_step = statistics.median(flat_bare) * 1e3
     print(
         f"{name:12s} bare {per_step:7.3f} ms/step   training trace on / bare = {ratio:.3f}x   "
-        f"(median step of {len(flat_bare)} each way, {rounds} interleaved rounds; per-round ratios IQR {lo:.3f}-{hi:.3f})"
+        f"(median step of {len(flat_bare)} each way, {rounds} interleaved rounds; per-round ratios IQR "
+        f"{lo:.3f}-{hi:.3f})"
     )
-    with opscope.profile(tmp / f"{name}-task", overwrite=True, task_trace=True, steps=f"{steps // 2}-{steps // 2 + 3}") as p:
+    with opscope.profile(tmp / f"{name}-task", overwrite=True, task_trace=True,
+                         steps=f"{steps // 2}-{steps // 2 + 3}") as p:
         run_steps(model, opt, make_loader(), steps, p)
     task = p.result.summary["task_trace"]
-    print(f"{'':12s} task trace (reported by opscope): {task['ratio']:.2f}x on profiled steps, {task['trace_mb_per_step']:.3f} MB of trace JSON per step, export {task['export_ms_per_step']:.1f} ms per step (outside the step)")
+    print(f"{'':12s} task trace (reported by opscope): {task['ratio']:.2f}x on profiled steps, "
+          f"{task['trace_mb_per_step']:.3f} MB of trace JSON per step, export {task['export_ms_per_step']:.1f} ms per "
+          "step (outside the step)")
+
+
+def tiny_steps(steps: int, make_session: Callable[[], object] | None) -> float:
+    """Median CPU seconds of this thread per step of a tiny loop (Linear(8, 8), SGD, a
+    DataLoader of 8 rows, the demo's order: forward, backward, step, zero_grad, p.step()):
+    almost all of a profiled step's extra time here is opscope's fixed cost per step. CPU
+    time, not wall time: it leaves out the time the thread waited for a CPU, which on a
+    loaded machine is larger than the cost measured."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8 * (steps + 1), 8)), batch_size=8)
+    session = make_session() if make_session is not None else None
+    if session is not None:
+        session.start()
+    times = []
+    t0 = time.thread_time()
+    for (x,) in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if session is not None:
+            session.step()
+        t1 = time.thread_time()
+        times.append(t1 - t0)
+        t0 = t1
+    if session is not None:
+        session.stop()
+    return statistics.median(times[1:])
+
+
+def fixed_cost(rounds: int, steps: int, tmp: Path) -> None:
+    """opscope's fixed cost per step in microseconds, and how much of it the run-queue wait
+    reads are (the rest: phase timers, the step boundary and its row)."""
+    from opscope.profile import calibration
+
+    real_open = calibration.SchedWait.open
+
+    def session(name: str, **keys: object) -> Callable[[], object]:
+        return lambda: opscope.profile(tmp / name, overwrite=True, warmup=0, **keys)
+
+    def no_schedstat() -> object:
+        calibration.SchedWait.open = staticmethod(lambda: None)  # type: ignore[method-assign]
+        return opscope.profile(tmp / "nosched", overwrite=True, warmup=0)
+
+    variants = {"bare": None, "full": session("full"), "no schedstat": no_schedstat}
+    best: dict[str, float] = {}
+    for r in range(rounds):
+        for name in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                best[name] = min(best.get(name, 1e9), tiny_steps(steps, variants[name]))
+            calibration.SchedWait.open = real_open
+    us = {k: v * 1e6 for k, v in best.items()}
+    cost = us["full"] - us["bare"]
+    print(f"fixed cost   bare tiny step {us['bare']:.1f} us CPU; training trace adds {cost:.1f} us CPU per step "
+          f"(best of {rounds} rounds x {steps} steps, median step per round, this thread's CPU time)")
+    sched = us["full"] - us["no schedstat"]
+    print(f"{'':12s} of which: run-queue wait reads {sched:.1f} us, phase timers, step boundary and row "
+          f"{us['no schedstat'] - us['bare']:.1f} us")
+    for step_ms in (0.5, 3.0, 10.0):
+        print(f"{'':12s} on a {step_ms:g} ms step that is {1 + cost / (step_ms * 1e3):.3f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--fixed-only", action="store_true", help="only the fixed cost per step")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch.set_num_threads(1), CPU")
     with tempfile.TemporaryDirectory() as tmp:
+        fixed_cost(max(args.rounds // 3, 4), 300, Path(tmp))
+        if args.fixed_only:
+            return
         overhead("small MLP", mlp_case, args.rounds, args.steps, Path(tmp))
         overhead("transformer", transformer_case, args.rounds, args.steps, Path(tmp))
 

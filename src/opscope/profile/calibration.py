@@ -6,7 +6,7 @@ Two measurements, both on the thread that runs the training loop:
 * **sched wait** (Linux): the time the thread was ready to run but waiting for a CPU,
   read from ``/proc/thread-self/schedstat`` (``run_delay``) at every step boundary and
   stored per step (``sched_wait_ns``); on the host clock also at the phase timers' marks
-  (at most one read per :data:`GAP_NS`), which splits it by phase (``<phase>_wait_ns``).
+  (at most one read per :func:`read_gap_ns`), which splits it by phase (``<phase>_wait_ns``).
   On a shared machine this is where most of a busier machine's cost goes: the thread is
   preempted, or wakes from a sleep and queues behind other processes.
 * **calibration**: a fixed CPU workload in two parts, a pure-Python loop and small float32
@@ -38,7 +38,8 @@ PY_LOOP = 20_000
 MM_SIZE, MM_REPEAT = 48, 40
 WORKLOAD = f"python loop of {PY_LOOP} + {MM_REPEAT} float32 matmuls {MM_SIZE}x{MM_SIZE}"
 SCHEDSTAT = "/proc/thread-self/schedstat"
-GAP_NS = 20_000  # phase timer marks closer than this to the last read reuse it
+GAP_NS = 20_000  # phase timer marks closer than this to the last read reuse it (at least)
+READS_SHARE = 40  # ... and closer than this many times one read's cost: reads take <= 2.5%
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533
 MACHINE_MIN = 0.03  # a speed difference under 3% is left to the floors of the diff
@@ -77,23 +78,37 @@ class SchedWait:
             self.fd = -1
 
 
+def read_gap_ns(sched: SchedWait, reads: int = 15) -> int:
+    """The least time between two wait reads at phase marks: :data:`READS_SHARE` times the
+    median cost of one read here, and at least :data:`GAP_NS`."""
+    costs = []
+    for _ in range(reads):
+        start = time.perf_counter_ns()
+        sched.read()
+        costs.append(time.perf_counter_ns() - start)
+    return max(GAP_NS, READS_SHARE * sorted(costs)[len(costs) // 2])
+
+
 class WaitTimeline:
     """The run-queue wait sampled at clock marks, to split a step's wait by phase.
 
-    A mark within :data:`GAP_NS` of the last read reuses it, so the wait at any mark is
-    known to within that (the wait cannot grow faster than the clock) and the reads cost at
-    most ~5% of the time between marks, only where marks come that close.
+    A mark within ``gap_ns`` of the last read reuses it, so the wait at any mark is known
+    to within that (the wait cannot grow faster than the clock) and the reads cost at most
+    1/``READS_SHARE`` of the time between marks. ``gap_ns`` (:func:`read_gap_ns`) follows
+    what a read costs on this machine: ~1 us on a quiet one, 6 us on a loaded VM, where a
+    fixed 20 us gap made the reads 90 us of a 200 us step.
     """
 
-    def __init__(self, sched: SchedWait, mark: Callable[[], int]) -> None:
+    def __init__(self, sched: SchedWait, mark: Callable[[], int], gap_ns: int = GAP_NS) -> None:
         self._read, self._mark = sched.read, mark
+        self.gap_ns = gap_ns
         self.samples: list[tuple[int, int]] = []  # (clock ns, cumulative wait ns), one append each
-        self._last = -GAP_NS
+        self._last = -gap_ns
 
     def mark(self) -> int:
         """The wrapped clock's mark, sampling the wait when the last read is old enough."""
         now = self._mark()
-        if now - self._last >= GAP_NS:
+        if now - self._last >= self.gap_ns:
             self._last = now
             self.samples.append((now, self._read()))
         return now

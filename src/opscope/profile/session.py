@@ -19,9 +19,9 @@ from opscope.config import ProfileConfig
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
 from opscope.profile.breakdown import breakdown
-from opscope.profile.calibration import Calibration, SchedWait, WaitTimeline
+from opscope.profile.calibration import Calibration, SchedWait, WaitTimeline, read_gap_ns
 from opscope.profile.chrome_trace import TID_COMM, TID_PHASES, TID_STEPS, TraceWriter, span
-from opscope.profile.model import PRIORITY, ProfileResult, RawStep, StepRow
+from opscope.profile.model import PHASES, PRIORITY, ProfileResult, RawStep, StepRow
 
 _active: ProfileSession | None = None
 MAX_SPAN_STEPS = 10_000  # steps drawn as spans in trace.json.gz; the rest are in steps.parquet
@@ -91,7 +91,7 @@ class ProfileSession:
 
         self.clock = pick_clock(self.config.clock)
         if self.sched is not None and isinstance(self.clock, HostClock):
-            self.timeline = WaitTimeline(self.sched, self.clock.mark)
+            self.timeline = WaitTimeline(self.sched, self.clock.mark, read_gap_ns(self.sched))
             self.clock.mark = self.timeline.mark  # before the timers take it: wait per phase
         self.origin = time.perf_counter_ns()
         self.trace = TraceWriter(self.folder / "trace.json.gz", self.rank)
@@ -163,17 +163,19 @@ class ProfileSession:
         return self.result
 
     # ------------------------------------------------------------------ steps
-    def _begin(self, step: int) -> None:
+    def _begin(self, step: int, wait: int | None = None) -> None:
+        """Open ``step``; ``wait``: the run-queue wait just read at the boundary, if any."""
         traced = self.task is not None and step in self.config.steps
         if traced:
             self.task.begin()
-        wait = self.sched.read() if self.sched is not None else 0
+        if wait is None or traced:  # the task trace's start took time since
+            wait = self.sched.read() if self.sched is not None else 0
         self._raw = RawStep(step=step, start=self.clock.mark(), task_trace=traced, wait_start=wait)
 
     def _boundary(self, finished: int, following: int) -> None:
         end = self.clock.mark()
-        self._close(end, complete=True)
-        self._begin(following)
+        wait = self._close(end, complete=True)
+        self._begin(following, wait)  # one read ends a step and begins the next
         missing = self.timers.unresolved_points() if finished == 0 else []
         if missing:
             raise ConfigError(
@@ -187,11 +189,16 @@ class ProfileSession:
             raise ProfileError("opscope internal error: the profile has no step being timed")
         return self._raw
 
-    def _close(self, end: Any, complete: bool) -> None:
+    def _close(self, end: Any, complete: bool) -> int | None:
+        """Close the current step at ``end``; returns the run-queue wait read for it, for the
+        next step to begin with (None after a task-traced step: its export ran since)."""
         raw = self._current()
+        exported = raw.task_trace
         raw.end, raw.complete = end, complete
+        wait = None
         if self.sched is not None:
-            raw.wait_ns = self.sched.read() - raw.wait_start
+            wait = self.sched.read()
+            raw.wait_ns = wait - raw.wait_start
         raw.intervals = self.timers.take(end)
         if raw.task_trace or raw.step in self.config.steps:
             host = self._host_intervals(raw)
@@ -206,6 +213,7 @@ class ProfileSession:
                 self._spans.append((raw.step, raw.complete, self.clock.host(raw.start), self.clock.host(raw.end), host))
         self._pending.append(raw)
         self._resolve(keep_last=self.clock.is_device)
+        return None if exported else wait
 
     def _finish_last(self, error: BaseException | None) -> None:
         end = self.clock.mark()
@@ -239,7 +247,8 @@ class ProfileSession:
         row = StepRow(self.rank, raw.step, start - self.origin, end - start, phases, comm_total, overlap,
                       raw.task_trace, raw.complete, raw.wait_ns)
         if self.timeline is not None and not self.clock.is_device:
-            row.phase_waits = self.timeline.phases(start, end, intervals)
+            # A step that never waited for a CPU (the usual one on a quiet machine) needs no split.
+            row.phase_waits = self.timeline.phases(start, end, intervals) if raw.wait_ns else dict.fromkeys(PHASES, 0)
             self.timeline.trim(end)
         return row
 
