@@ -82,13 +82,38 @@ class StepRows:
         self.next_id += 1
         return row
 
+    def template(self, plan: GraphPlan) -> _Template:
+        template = plan.__dict__.get("rows_template")
+        if template is None:
+            template = plan.__dict__["rows_template"] = _Template(self, plan)
+        return template
+
+    def graph_table(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> Any:
+        """The rows of one graph run as an Arrow table (no Python list per row), or None when
+        a value could not be measured or a view needs its own data (then use :meth:`graph_rows`)."""
+        measured = values + constants
+        if any(v is None for v in measured) or self.cfg.data == "tensor":
+            return None
+        template = self.template(plan)
+        if template.columns is None:
+            from opscope.capture.tensorflow.columns import GraphColumns
+
+            template.columns = GraphColumns(template.entries, COL, template.ids, template.ops, len(values))
+        import numpy as np
+
+        offsets = np.array([self.calls[k] for k in template.keys] or [0], dtype=np.int64)
+        table = template.columns.table(measured, self.next_id, self.step, self.seq, offsets)
+        for key, count in zip(template.keys, template.counts):
+            self.calls[key] += count
+        self.next_id += template.ids
+        self.seq += template.ops
+        return table
+
     def graph_rows(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> list[list[Any]]:
         """Rows of one run of a traced graph, in the order its ops were created. The rows'
         fixed columns are laid out once per graph (:class:`_Template`); a run fills in ids,
         step, order and the measured values."""
-        template = plan.__dict__.get("rows_template")
-        if template is None:
-            template = plan.__dict__["rows_template"] = _Template(self, plan)
+        template = self.template(plan)
         base, step, seq = self.next_id, self.step, self.seq
         calls = self.calls
         offsets = [calls[k] for k in template.keys]
@@ -110,8 +135,8 @@ class StepRows:
             row[_PRODUCER] = None if producer is None else base + producer
             row[_VIEW] = view
             rows.append(row)
-        for key, count in zip(template.keys, template.counts):
-            calls[key] += count
+        for call_key, count in zip(template.keys, template.counts):
+            calls[call_key] += count
         self.next_id += template.ids
         self.seq += template.ops
         return rows
@@ -157,6 +182,7 @@ class _Template:
                     self._add(base, "output", slot, ref, None, local, seq, key, call)
                 local += 1
         self.ids, self.ops = local, ops
+        self.columns: Any = None  # the Arrow layout of the same rows (columns.GraphColumns), built on first use
 
     def _add(self, base: list[Any], io: str, slot: int, ref: Ref, producer: int | None, local: int, seq: int,
              key: int, call: int) -> None:

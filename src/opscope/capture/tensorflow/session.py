@@ -171,6 +171,11 @@ class TFDumpSession:
             self._steps_written.add(self.clock.step)
             self._guard(self.writer.add_rows, self.clock.step, rows)
 
+    def _write_table(self, table: Any) -> None:
+        if table.num_rows and self.writer is not None:
+            self._steps_written.add(self.clock.step)
+            self._guard(self.writer.add_table, self.clock.step, table)
+
     def _guard(self, fn: Any, *args: Any) -> Any:
         try:
             return fn(*args)
@@ -220,7 +225,11 @@ class TFDumpSession:
                 constants = plan.__dict__.get("measured")
                 if constants is None or self.cfg.data == "tensor":  # tensors: each step's shards hold them
                     constants = plan.__dict__["measured"] = [self._value(c) for c in plan.constants]
-                self._write(self.rows.graph_rows(plan, values, constants))
+                table = self.rows.graph_table(plan, values, constants) if self.on_rows is None else None
+                if table is not None:
+                    self._write_table(table)
+                else:
+                    self._write(self.rows.graph_rows(plan, values, constants))
             if plan.steps:
                 self.clock.optimizer_step()
 

@@ -1,0 +1,65 @@
+"""One graph run's records as Arrow columns, without a Python object per row.
+
+The fixed columns of a graph's rows (phase, module, op, io, slot, parameter, node...) are
+Arrow arrays built once (:class:`GraphColumns`); a run gathers each row's measured value
+(``take`` by value index) and numbers the rows. The writer gets the finished table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from opscope.model.records import STAT_NAMES
+from opscope.storage.format import SCHEMA
+
+_STATIC = ("rank", "phase", "module", "op", "io", "slot", "arg", "device", "param", "fwd_op", "node",
+           "args", "source", "note")
+_TYPES = {f.name: f.type for f in SCHEMA}
+
+
+class GraphColumns:
+    """The fixed part of a graph's rows, from its row template's entries."""
+
+    def __init__(self, entries: list[tuple[Any, ...]], columns: dict[str, int], ids: int, ops: int,
+                 n_values: int) -> None:
+        statics = [e[0] for e in entries]
+        self.static = {name: pa.array([row[columns[name]] for row in statics], type=_TYPES[name])
+                       for name in _STATIC}
+        # constants (index -2 - k) come after the run's values
+        self.value = np.array([e[1] if e[1] >= 0 else n_values + (-2 - e[1]) for e in entries], dtype=np.int64)
+        self.producer = np.array([-1 if e[2] is None else e[2] for e in entries], dtype=np.int64)
+        self.local_id = np.array([e[3] for e in entries], dtype=np.int64)
+        self.seq = np.array([e[4] for e in entries], dtype=np.int64)
+        self.key = np.array([e[5] for e in entries], dtype=np.int64)
+        self.call = np.array([e[6] for e in entries], dtype=np.int64)
+        self.shape = [e[7] for e in entries]
+        self.ids, self.ops = ids, ops
+
+    def table(self, values: list[Any], base: int, step: int, seq0: int, offsets: np.ndarray) -> pa.Table:
+        """The run's table; ``values`` are the measured values then the constants (none None)."""
+        take = pa.array(self.value)
+        cols: dict[str, Any] = dict(self.static)
+        n = len(self.value)
+        cols["id"] = pa.array(base + self.local_id, type=pa.int64())
+        cols["step"] = pa.array(np.full(n, step, dtype=np.int32))
+        cols["seq"] = pa.array(seq0 + self.seq, type=pa.int64())
+        cols["call"] = pa.array((self.call + offsets[self.key]).astype(np.int32))
+        producer = base + self.producer
+        cols["producer"] = pa.array(producer, mask=self.producer < 0, type=pa.int64())
+        cols["dtype"] = pa.array([v[0] for v in values], type=pa.string()).take(take)
+        cols["numel"] = pa.array([v[2] for v in values], type=pa.int64()).take(take)
+        value_shapes = [v[1] for v in values]
+        cols["shape"] = pa.array([own if own is not None else value_shapes[i]
+                                  for own, i in zip(self.shape, self.value.tolist())], type=_TYPES["shape"])
+        for k, name in enumerate(STAT_NAMES):
+            raw = [v[3][k] for v in values]
+            if name == "hash":
+                raw = [None if h is None else h & 0xFFFFFFFFFFFFFFFF for h in raw]
+            cols[name] = pa.array(raw, type=_TYPES[name]).take(take)
+        cols["data"] = pa.array([v[4] for v in values], type=pa.string()).take(take)
+        cols["key"] = pa.array([v[5] for v in values], type=pa.string()).take(take)
+        cols["view"] = pa.nulls(n, type=pa.string())
+        return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
