@@ -46,7 +46,7 @@ def train(path, model, opt, data, before_step=None, autocast: bool = False, **ke
             opt.step()
             opt.zero_grad()
             m.step(loss=loss)
-    return m.result()
+    return m.result
 
 
 def scale_gradient_entering(module: nn.Module, factor: float):
@@ -103,7 +103,7 @@ def test_a_corrupted_batch_at_step_k_names_the_input(tmp_path):
             opt.step()
             opt.zero_grad()
             m.step(loss=loss)
-    result = m.result()
+    result = m.result
     first = result.events[0]
     assert (first.step, first.first.kind, first.first.name) == (K, "input", "arg0")
     assert len(result.events) == 1 or result.events[1].step > K
@@ -130,7 +130,7 @@ def test_adam_eps_too_small_for_float16_names_exp_avg_sq_of_the_layer_it_broke(t
             m.step(loss=loss)
             if not torch.isfinite(loss):
                 break
-    first = m.result().events[0]
+    first = m.result.events[0]
     assert first.step == K
     assert first.first.kind == "exp_avg_sq" and first.first.name in ("2.weight", "2.bias"), first.first
     assert "eps=1e-08 is 0 in float16" in first.first.reason
@@ -169,7 +169,7 @@ def test_a_hugging_face_gpt2_with_a_scaled_gradient_in_its_second_block(tmp_path
             opt.step()
             opt.zero_grad()
             m.step(loss=loss)
-    result = m.result()
+    result = m.result
     first = result.events[0]
     assert first.step == K
     assert first.first.kind == "grad" and first.first.name.startswith("transformer.h.1.mlp.c_proj."), first.first

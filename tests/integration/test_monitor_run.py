@@ -43,3 +43,30 @@ def test_opscope_run_with_a_monitor_section(tmp_path, run_cli):
     assert rank.values[("momentum_buffer", "2.weight", "norm")][0] == list(range(24))
     assert rank.values[("lr", "lr", "value")][1] == [0.05] * 24
     assert (tmp_path / "mon" / "report.html").stat().st_size > 1000
+
+
+def test_an_event_triggers_the_watch_flight_recorder(tmp_path):
+    import torch
+    from torch import nn
+
+    import opscope
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = [(torch.randn(32, 16), torch.randint(0, 4, (32,))) for _ in range(8)]
+    with opscope.watch(action="record", path=str(tmp_path / "flight"), history=2) as w, \
+            opscope.monitor(tmp_path / "mon", flight=w) as m:
+        for i in range(24):
+            x, y = data[i % 8]
+            loss = nn.functional.cross_entropy(model(x * (1e3 if i == 18 else 1)), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            w.step(loss=loss)
+            m.step(loss=loss)
+    assert [(e.step, e.first.label) for e in m.result.events] == [(18, "arg0 (input)")]
+    assert w.result.dumps == [str(tmp_path / "flight")]
+    flight = json.loads((tmp_path / "flight" / "manifest.json").read_text())["flight_recorder"]
+    assert (flight["trigger"], flight["step"], flight["history_steps"]) == ("monitor: arg0 (input) moved", 18, [17, 18])
+    assert opscope.load(tmp_path / "flight").steps() == [17, 18, 19]  # and the step after, in full

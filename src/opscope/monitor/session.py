@@ -127,10 +127,12 @@ class MonitorSession:
     def stop(self) -> MonitorData:
         """End the last step, write the rest and the report; returns what was recorded."""
         self._finish("complete")
-        return self.result()
+        return self.result
 
+    @property
     def result(self) -> MonitorData:
-        """The data written so far, read back (``bool(result)`` is False when something moved)."""
+        """The data written so far, read back from the folder (after ``stop()`` or the ``with``
+        block, all of it): ``bool(m.result)`` is True when nothing moved (as ``w.result``)."""
         if self.writer is None:
             return MonitorData(path=self.cfg.path, config=self.cfg.to_json(), ranks={})
         return series.read(self.cfg.path)

@@ -108,10 +108,10 @@ def _train(path, steps: int = 7, **keys):
 
 def test_every_nth_step_and_ranks(tmp_path):
     m = _train(tmp_path / "m", every=3)
-    steps, _ = m.result().ranks[0].values[("grad", "1.weight", "norm")]
-    assert steps == [0, 3, 6] and m.result().ranks[0].values[("lr", "lr", "value")][0] == [0, 3, 6]
+    steps, _ = m.result.ranks[0].values[("grad", "1.weight", "norm")]
+    assert steps == [0, 3, 6] and m.result.ranks[0].values[("lr", "lr", "value")][0] == [0, 3, 6]
     off = _train(tmp_path / "off", ranks=[1])  # this process is rank 0
-    assert not (tmp_path / "off").exists() and not off.result().ranks
+    assert not (tmp_path / "off").exists() and not off.result.ranks
 
 
 def test_a_chunk_that_cannot_be_written_is_an_error_on_the_training_thread(tmp_path):
@@ -137,5 +137,5 @@ def test_a_write_failing_mid_run_reaches_the_training_loop(tmp_path):
             opt.step()
             opt.zero_grad()
             m.step()
-            if i == 1:
-                shutil.rmtree(tmp_path / "m" / "rank0")
+            while i == 1 and (tmp_path / "m" / "rank0").exists():  # the writer thread may be adding a file
+                shutil.rmtree(tmp_path / "m" / "rank0", ignore_errors=True)
