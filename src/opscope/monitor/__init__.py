@@ -5,6 +5,7 @@ The package, beside ``watch`` and ``profile`` and below ``report``:
 - :mod:`~opscope.monitor.session` — :class:`MonitorSession`: hooks, steps, events;
 - :mod:`~opscope.monitor.hooks` — the model's inputs, chosen modules' outputs, gradients' order;
 - :mod:`~opscope.monitor.stats` — norm, max |x|, NaN/Inf counts of many tensors at once;
+- :mod:`~opscope.monitor.judge` — each finished step judged and written, off the training thread;
 - :mod:`~opscope.monitor.detect` — the robust band (median/MAD) every series is judged by;
 - :mod:`~opscope.monitor.diagnose` — why a weight turned non-finite (Adam's eps in float16);
 - :mod:`~opscope.monitor.series` — the Parquet time series on disk, and its reader;

@@ -5,7 +5,8 @@ made, the activations' gradients as backward makes them, the weights' gradients 
 ``optimizer.step()``, the learning rate, the optimizer's state and the weights after it,
 and the loss given to ``m.step(loss=...)``. Each tensor gives its L2 norm, max |x| and NaN
 and Inf counts (:mod:`~opscope.monitor.stats`: one native pass per tensor on the CPU,
-batched torch ops on a device, read once per step). The rows go to a Parquet time series
+batched torch ops on a device, read once per step). A background thread
+(:mod:`~opscope.monitor.judge`) then hands the rows to a Parquet time series
 (:mod:`~opscope.monitor.series`) and the norms to the detector
 (:mod:`~opscope.monitor.detect`); a step where something left its band is an event naming
 the earliest tensor of the step that moved, handed to the session's ``report`` callable for
