@@ -39,6 +39,7 @@ from opscope.monitor.stats import Pending, scalar_stats
 log = logging.getLogger("opscope.monitor")
 Key = tuple[str, str]
 _STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
+_TRANSIENT = ("input", "activation", "activation_grad")
 
 
 class MonitorSession:
@@ -190,7 +191,8 @@ class MonitorSession:
             return
         keys = tuple(self._place(kind, n, None if positions is None else positions[i])
                      for i, (n, _) in enumerate(named))
-        self._pending.append((keys, Pending([t for _, t in named])))
+        # activations are not kept alive past their own use (backward frees them)
+        self._pending.append((keys, Pending([t for _, t in named], keep=kind not in _TRANSIENT)))
 
     def _scalar(self, key: Key, value: float) -> None:
         self._place(*key)

@@ -38,16 +38,20 @@ class Pending:
     """The statistics of a list of tensors, possibly still on a device.
 
     ``values()`` returns one ``[norm, max, nan, inf]`` per tensor (floats), reading the
-    device results once. Until then the tensors are kept, so that the counts of a tensor
-    with a non-finite norm can be taken (the session calls ``values()`` before it lets
-    the step go on past the tensors' lifetime).
+    device results once. Until then the tensors read on a device are kept when ``keep``,
+    so that the counts of a tensor with a non-finite norm can be taken (the session reads
+    gradients, state and weights in the optimizer step, while they are alive anyway). With
+    ``keep=False`` (activations, which backward would otherwise free) nothing is kept and
+    the counts of such a tensor are unknown (NaN); the CPU kernel counts at once either way.
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], keep: bool = True) -> None:
         self.tensors = list(tensors)
         self.host: list[list[float] | None] = [None] * len(self.tensors)
         self.device: list[tuple[list[int], torch.Tensor]] = []
         self._issue()
+        if not keep or not self.device:
+            self.tensors = []
 
     def _issue(self) -> None:
         groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
@@ -72,8 +76,8 @@ class Pending:
             for i, (norm, mx) in zip(indices, pair.cpu().tolist(), strict=True):
                 nan = inf = 0.0
                 if not math.isfinite(norm):
-                    nan, inf = _counts(self.tensors[i])
-                    mx = math.nan if nan else mx
+                    nan, inf = _counts(self.tensors[i]) if self.tensors else (math.nan, math.nan)
+                    mx = math.nan if nan or not self.tensors else mx
                 self.host[i] = [norm, mx, nan, inf]
         self.device = []
         self.tensors = []

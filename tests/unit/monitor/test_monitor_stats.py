@@ -37,3 +37,19 @@ def test_norm_max_and_counts(native, monkeypatch):
     assert math.isnan(got[3][0]) and list(got[3][2:]) == [1, 2]
     assert got[4][0] == math.inf and list(got[4][2:]) == [0, 1]
     assert all(torch.equal(x, y) or (x.isnan() == y.isnan()).all() for x, y in zip(ts, before, strict=True))
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch-ops"])
+def test_activations_are_not_kept_alive(native, monkeypatch):
+    import weakref
+
+    monkeypatch.setattr(stats, "NATIVE", native)
+    t = torch.randn(100)
+    t[5] = math.nan
+    gone = weakref.ref(t)
+    pending = Pending([t], keep=False)
+    del t
+    assert gone() is None  # freed before the statistics are read
+    norm, mx, nan, inf = pending.values()[0]
+    assert math.isnan(norm) and math.isnan(mx)
+    assert (nan, inf) == (1, 0) if native else math.isnan(nan)  # the CPU kernel counts at once
