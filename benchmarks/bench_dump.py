@@ -76,6 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=6, help="interleaved runs per side (even: both orders)")
+    parser.add_argument("--no-peers", action="store_true", help="skip msprobe even when it is installed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     # tensor dumps from step 0 say once that their size is measured while written: not news here
@@ -96,7 +97,8 @@ def main() -> None:
                 r = ours[(name, label)] = ratio(task, args.steps, keys, root, args.rounds)
                 print(f"{name:12s} {label:58s} {r:5.2f}x")
         _tensor_throughput(root, args.steps)
-        _msprobe(root, args.steps, ours)
+        if not args.no_peers:
+            _msprobe(root, args.steps, ours)
 
 
 def _tensor_throughput(root: str, n: int) -> None:
