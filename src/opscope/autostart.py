@@ -303,9 +303,25 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
 def _tensorflow_session(name: str, cfg: Any, path: str) -> Any:
     if not cfg.enable:
         return None
+    if name == "profile":
+        return _tensorflow_profile(cfg)
     from opscope.capture.tensorflow.autostart import make_session
 
     return make_session(name, cfg, path)
+
+
+def _tensorflow_profile(cfg: Any) -> Any:
+    """The TensorFlow profile (steps found from fit's train function and custom loops'
+    tf.function calls), unless one runs or the script holds its own."""
+    from opscope.profile import tensorflow as tf_profile
+
+    main = sys.modules.get("__main__")
+    own = main is not None and any(isinstance(v, tf_profile.TFProfileSession) for v in vars(main).values())
+    if tf_profile._active is not None or own:
+        return None
+    from opscope.report import renderer
+
+    return tf_profile.TFProfileSession(cfg, html=renderer("ProfileData", "html"))
 
 
 def _watch_session(path: str) -> Any:
