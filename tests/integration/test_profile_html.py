@@ -60,7 +60,7 @@ def test_report_draws_hovers_and_escapes_in_headless_chromium(tmp_path) -> None:
     assert "uPlot" in text and "Permission is hereby granted" not in text  # library inlined, license shipped apart
     dom, body, log = chromium(page, "#hover", tmp_path / "ud")
     assert attr(body, "data-chart") == "ok" and "data-error" not in body, body
-    assert "data-pwned" not in body
+    assert 'data-pwned="1"' not in body
     assert attr(body, "data-charts") == "3"  # step time, phases per step, phases per rank
     sizes = [tuple(map(int, s.split("x"))) for s in attr(body, "data-canvas").split()]
     assert len(sizes) == 3 and all(w >= 400 and h >= 200 for w, h in sizes), sizes

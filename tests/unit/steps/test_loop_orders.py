@@ -66,7 +66,8 @@ def test_dump_puts_each_iteration_in_its_own_step(tmp_path, order) -> None:
 
 
 @pytest.mark.parametrize("order", ["zero_grad_last_pstep", "accumulate_3", "accumulate_3_pstep"])
-def test_watch_counts_the_same_steps(order) -> None:
+def test_watch_counts_the_same_steps(order, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # where a flight-recorder dump would go
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         session = opscope.watch()

@@ -31,7 +31,8 @@ def test_dump_stop_returns_the_same_result(tmp_path) -> None:
     assert d.stop() is d.result
 
 
-def test_watch_result_is_an_attribute_that_is_false_when_a_nan_was_found() -> None:
+def test_watch_result_is_an_attribute_that_is_false_when_a_nan_was_found(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the flight recorder writes opscope-overflow/ here
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with opscope.watch() as w:
@@ -42,7 +43,8 @@ def test_watch_result_is_an_attribute_that_is_false_when_a_nan_was_found() -> No
     assert not bad.result and bad.result.events
 
 
-def test_watch_result_call_still_works_with_a_deprecation_warning() -> None:
+def test_watch_result_call_still_works_with_a_deprecation_warning(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         with opscope.watch() as w:
