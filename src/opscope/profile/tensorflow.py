@@ -22,6 +22,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,6 +37,8 @@ from opscope.profile.calibration import Calibration, SchedWait
 from opscope.profile.chrome_trace import TID_PHASES, TID_STEPS, TraceWriter, span
 from opscope.profile.model import PRIORITY, ProfileResult, StepRow
 from opscope.profile.session import MAX_SPAN_STEPS, ProfileWarning
+from opscope.profile.tensorflow_marks import READ_EVERY, PhaseMarks
+from opscope.profile.tensorflow_phases import pair_marks
 
 _active: TFProfileSession | None = None
 NO_MARKS = (
@@ -77,6 +80,7 @@ class TFProfileSession(keras.callbacks.Callback):
         self.calibration: Calibration | None = None
         self.sched: SchedWait | None = None
         self._rows: list[StepRow] = []
+        self._pending: list[_Pending] = []
         self._spans: list[tuple[int, bool, int, int, dict[str, list[tuple[int, int]]]]] = []
         self._by_callback = False
         self._batch_seen = False
@@ -132,8 +136,6 @@ class TFProfileSession(keras.callbacks.Callback):
         return self
 
     def _install(self) -> None:
-        from opscope.profile.tensorflow_marks import PhaseMarks
-
         cfg = self.config
         self.steps = StepClock(on_boundary=self._boundary)
         self.timers = PhaseMarks(
@@ -239,51 +241,54 @@ class TFProfileSession(keras.callbacks.Callback):
             )
 
     def _close(self, end: int, complete: bool) -> None:
-        offset = time.time_ns() - time.perf_counter_ns()
-        intervals = self.timers.take(self._start, end, offset)
-        self._marked = self._marked or any(intervals[p] for p in ("forward", "backward", "optimizer"))
-        traced = self._traced
-        if traced:
-            if complete:
-                self.task.end(self._step, intervals)
-            else:
-                self.task.abort()
-                traced = False
+        """End the current step; its row is made when the graph marks are next read."""
+        traced = self._traced and complete
+        if self._traced and not complete:
+            self.task.abort()
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
-        phases, _, _ = breakdown(self._start, end, intervals)
-        self._rows.append(
-            StepRow(
-                self.rank,
-                self._step,
-                self._start - self.origin,
-                end - self._start,
-                phases,
-                0,
-                0,
-                traced,
-                complete,
-                wait,
+        host = self.timers.take_host(self._start, end)
+        self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait))
+        if traced or len(self._pending) >= READ_EVERY:
+            intervals = self._resolve()
+            if traced:
+                self.task.end(self._step, intervals)
+
+    def _resolve(self) -> dict[str, list[tuple[int, int]]]:
+        """Read the graph marks once and turn every pending step into its row; returns the
+        last step's phase intervals."""
+        marks = self.timers.graph_marks(time.time_ns() - time.perf_counter_ns())
+        intervals: dict[str, list[tuple[int, int]]] = {}
+        for p in self._pending:
+            intervals = phases_in(p.start, p.end, marks + p.host)
+            self._marked = self._marked or any(intervals[k] for k in ("forward", "backward", "optimizer"))
+            phases, _, _ = breakdown(p.start, p.end, intervals)
+            row = StepRow(
+                self.rank, p.step, p.start - self.origin, p.end - p.start, phases, 0, 0, p.traced, p.complete, p.wait
             )
-        )
-        if (traced or self._step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
-            self._spans.append((self._step, complete, self._start, end, intervals))
+            self._rows.append(row)
+            if (p.traced or p.step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
+                self._spans.append((p.step, p.complete, p.start, p.end, intervals))
+        self._pending.clear()
+        return intervals
 
     def _finish_last(self, error: BaseException | None) -> None:
         end = time.perf_counter_ns()
         if error is None and self._step > 0 and self._idle(end):
-            self.timers.take(self._start, end, 0)
+            self.timers.take_host(self._start, end)
             if self.task is not None:
                 self.task.abort()
-            return
-        self._close(end, complete=error is None)
+        else:
+            self._close(end, complete=error is None)
+        self._resolve()
 
     def _idle(self, end: int) -> bool:
         """A trailing piece after the last boundary with no step work in it is not a step."""
         if not self.config.training_trace:
             return self.steps.manual
-        offset = time.time_ns() - time.perf_counter_ns()
-        marks = self.timers.peek(self._start, end, offset)
-        return not any(marks[p] for p in ("forward", "backward", "optimizer"))
+        marks = self.timers.graph_marks(time.time_ns() - time.perf_counter_ns())
+        marks += [(t, s) for s, t in self.timers.host]
+        intervals = phases_in(self._start, end, marks)
+        return not any(intervals[p] for p in ("forward", "backward", "optimizer"))
 
     # ------------------------------------------------------------------ output
     @property
@@ -305,6 +310,26 @@ class TFProfileSession(keras.callbacks.Callback):
                         span(phase, rank, TID_PHASES, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step})
                     )
         self._spans.clear()
+
+
+@dataclass
+class _Pending:
+    """A finished step waiting for the next read of the graph marks."""
+
+    step: int
+    start: int
+    end: int
+    host: list[tuple[int, int]]  # eager marks (ns, slot)
+    traced: bool
+    complete: bool
+    wait: int
+
+
+def phases_in(start: int, end: int, marks: list[tuple[int, int]]) -> dict[str, list[tuple[int, int]]]:
+    """Phase intervals of the step ``[start, end]`` from marks ``(ns, slot)`` of any steps:
+    those inside it (to the graph clock's microsecond) are paired."""
+    inside = sorted((min(max(t, start), end), s) for t, s in marks if start - 2_000 <= t <= end + 2_000)
+    return pair_marks(inside, end)
 
 
 def make_session(

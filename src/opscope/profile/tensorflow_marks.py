@@ -31,8 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from opscope.profile.tensorflow_phases import SLOT, SLOTS, pair_marks
+from opscope.profile.tensorflow_phases import SLOT, SLOTS
 
+ROWS = 128  # graph marks kept between two reads: one row per optimizer step
+READ_EVERY = 32  # steps between reads of the marks (and at a task-traced step and at the end)
 XLA_NOTE = (
     "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
     "(a timestamp cannot run inside an XLA cluster), so that time is counted as other; "
@@ -71,9 +73,16 @@ class PhaseMarks:
         self.bp_variables: set[int] = set()  # ids of the bp_point layer's variables
         self.host: list[tuple[int, int]] = []  # (slot, perf_counter_ns) from eager code
         with tf.device("/CPU:0"):
-            self.slots = tf.Variable(tf.zeros([len(SLOTS)], tf.float64), trainable=False, name="opscope_profile_marks")
+            # One row per optimizer step (the row advances after each update), ROWS of them:
+            # read once every READ_EVERY steps, not after each (an eager read waits for
+            # TensorFlow's inter-op threads, 0.1-0.2 ms a step with one of them).
+            self.slots = tf.Variable(
+                tf.zeros([ROWS, len(SLOTS)], tf.float64), trainable=False, name="opscope_profile_marks"
+            )
+            self.cursor = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="opscope_profile_row")
         self._on_poll, self._on_opt = on_poll, on_optimizer_step
         self._depth = 0
+        self._rows: dict[int, Any] = {}  # graph id -> its row tensor
         self._opt_depth = 0
         self._patches: list[tuple[Any, str, Any, Any]] = []
         self.active = False
@@ -113,26 +122,28 @@ class PhaseMarks:
         self._patches.append((owner, name, original, wrapper))
 
     # ------------------------------------------------------------------ reading a step
-    def take(self, start: int, end: int, offset_ns: int) -> dict[str, list[tuple[int, int]]]:
-        """Phase intervals of the step ``[start, end]`` (perf_counter ns).
+    def take_host(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The eager marks ``(ns, slot)`` of the step ``[start, end]``; all eager marks are dropped."""
+        marks = [(t, s) for s, t in self.host if start <= t <= end]
+        self.host.clear()
+        return marks
+
+    def graph_marks(self, offset_ns: int) -> list[tuple[int, int]]:
+        """Every graph mark still in the buffer as ``(host ns, slot)``: one read of the
+        variable (the caller reads at most every :data:`READ_EVERY` steps).
 
         Args:
             offset_ns: ``time.time_ns() - time.perf_counter_ns()``, to bring graph
                 timestamps (Unix seconds) onto the host clock.
         """
-        out = self.peek(start, end, offset_ns)
-        self.host.clear()
+        if not self.detailed:
+            return []
+        out = []
+        for row in self.slots.numpy().tolist():
+            for slot, seconds in enumerate(row):
+                if seconds:
+                    out.append((round(seconds * 1e9) - offset_ns, slot))
         return out
-
-    def peek(self, start: int, end: int, offset_ns: int) -> dict[str, list[tuple[int, int]]]:
-        """Like :meth:`take`, but the eager marks stay for the next call."""
-        marks = [(t, s) for s, t in self.host if start <= t <= end]
-        if self.detailed:
-            for slot, seconds in enumerate(self.slots.numpy().tolist()):
-                t = round(seconds * 1e9) - offset_ns
-                if start - 2_000 <= t <= end + 2_000:  # written in this step (us resolution)
-                    marks.append((min(max(t, start), end), slot))
-        return pair_marks(sorted(marks), end)
 
     def unresolved_points(self) -> list[str]:
         """fp_point / bp_point names that matched no Keras layer called so far."""
@@ -155,11 +166,23 @@ class PhaseMarks:
                 self.notes.append(XLA_NOTE)
             return None
         tf = self.tf
-        waits = [_probe(tf, t) for t in after or () if _is_graph_tensor(tf, t)]
-        with tf.control_dependencies([w for w in waits if w is not None]):
+        with tf.control_dependencies(_probe(tf, [t for t in after or () if _is_graph_tensor(tf, t)])):
             stamp = tf.timestamp()
-        self.slots[SLOT[slot]].assign(stamp)
+        index = tf.reshape(tf.stack([self._row(), tf.constant(SLOT[slot], tf.int64)]), [1, 2])
+        self.slots.scatter_nd_update(index, tf.reshape(stamp, [1]))
+        if slot == "optimizer_end":
+            self.cursor.assign_add(1)
         return stamp
+
+    def _row(self) -> Any:
+        """This step's row of the marks, read once per graph (reads of the row counter are
+        ordered before its increment by TensorFlow's automatic control dependencies)."""
+        graph = _default_graph()
+        row = self._rows.get(id(graph))
+        if row is None or row.graph is not graph:
+            row = self.cursor.read_value() % ROWS
+            self._rows[id(graph)] = row
+        return row
 
     def _gate(self, stamp: Any, structure: Any) -> Any:
         """``structure`` with every tensor passed through an identity that waits for ``stamp``."""
@@ -282,7 +305,7 @@ class PhaseMarks:
             if graph is not None:
                 marks.step_functions.add(_outermost_graph(graph).name)
                 if marks.detailed:
-                    marks._mark("optimizer_end", graph.get_operations()[first:])
+                    marks._mark("optimizer_end", [op for op in graph.get_operations()[first:] if op._is_stateful])
             else:
                 if marks.detailed:
                     marks._mark("optimizer_end")
@@ -306,16 +329,16 @@ def _flat_tensors(tf: Any, structure: Any) -> list[Any]:
     return out
 
 
-def _probe(tf: Any, value: Any) -> Any:
-    """What a mark waits for, for a tensor: its first element, read by a small op. A control
-    edge straight from the op that made ``value`` would stop Grappler from fusing that op
-    with its producers (MatMul + BiasAdd), and a fused op rounds differently in bfloat16:
-    the numbers would change. An operation (the optimizer's updates) is waited for as is."""
-    if isinstance(value, tf.Operation):
-        return value
-    if value.dtype in (tf.resource, tf.variant):  # an iterator's or optional's handle: no math to fuse
-        return value.op
-    return tf.reshape(value, [-1])[:1]
+def _probe(tf: Any, values: list[Any]) -> list[Any]:
+    """What a mark waits for: operations (the optimizer's updates) as they are, tensors
+    through one IdentityN that reads them all. A control edge straight from the op that made
+    a tensor would stop Grappler from fusing that op with its producers (MatMul + BiasAdd),
+    and a fused op rounds differently in bfloat16: the numbers would change."""
+    ops = [v for v in values if isinstance(v, tf.Operation)]
+    tensors = [v for v in values if not isinstance(v, tf.Operation)]
+    if tensors:
+        ops.append(tf.raw_ops.IdentityN(input=tensors)[0].op)
+    return ops
 
 
 def _identity(tf: Any, value: Any) -> Any:
