@@ -33,7 +33,7 @@ from typing import Any
 
 from opscope.profile.tensorflow_phases import SLOT, SLOTS
 
-ROWS = 128  # graph marks kept between two reads: one row per optimizer step
+ROWS = 128  # graph marks kept between two reads: one row per run of a graph that marks
 READ_EVERY = 32  # steps between reads of the marks (and at a task-traced step and at the end)
 XLA_NOTE = (
     "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
@@ -73,7 +73,7 @@ class PhaseMarks:
         self.bp_variables: set[int] = set()  # ids of the bp_point layer's variables
         self.host: list[tuple[int, int]] = []  # (slot, perf_counter_ns) from eager code
         with tf.device("/CPU:0"):
-            # One row per optimizer step (the row advances after each update), ROWS of them:
+            # One row per run of a marking graph (fit: two per step), ROWS of them:
             # read once every READ_EVERY steps, not after each (an eager read waits for
             # TensorFlow's inter-op threads, 0.1-0.2 ms a step with one of them).
             self.slots = tf.Variable(
@@ -82,6 +82,10 @@ class PhaseMarks:
             self.cursor = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="opscope_profile_row")
         self._on_poll, self._on_opt = on_poll, on_optimizer_step
         self._depth = 0
+        # Hold the step back until the data-end mark ran: needed before an XLA-compiled step
+        # (one op, which the executor ran first: 8 ms of false data wait), and it cost ~8%
+        # of a Keras fit step otherwise, so only there (the Keras callback sets it).
+        self.gate_data = False
         self._rows: dict[int, Any] = {}  # graph id -> its row tensor
         self._opt_depth = 0
         self._patches: list[tuple[Any, str, Any, Any]] = []
@@ -170,17 +174,15 @@ class PhaseMarks:
             stamp = tf.timestamp()
         index = tf.reshape(tf.stack([self._row(), tf.constant(SLOT[slot], tf.int64)]), [1, 2])
         self.slots.scatter_nd_update(index, tf.reshape(stamp, [1]))
-        if slot == "optimizer_end":
-            self.cursor.assign_add(1)
         return stamp
 
     def _row(self) -> Any:
-        """This step's row of the marks, read once per graph (reads of the row counter are
-        ordered before its increment by TensorFlow's automatic control dependencies)."""
+        """The row this run of the current graph writes its marks to: each run of a graph
+        that marks takes the next row once (at its first mark), whatever the graph holds."""
         graph = _default_graph()
         row = self._rows.get(id(graph))
         if row is None or row.graph is not graph:
-            row = self.cursor.read_value() % ROWS
+            row = (self.cursor.assign_add(1, read_value=True) - 1) % ROWS
             self._rows[id(graph)] = row
         return row
 
@@ -224,9 +226,9 @@ class PhaseMarks:
                 with marks.tf.control_dependencies([stamp]):
                     out = original(iterator, *args, **kwargs)
             stamp = marks._mark("data_end", _flat_tensors(marks.tf, out))
-            if stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
-                return out  # an Optional (steps_per_execution > 1): its consumers are not held back
-            with marks.tf.control_dependencies([stamp]):  # else the step may start before the mark runs
+            if not marks.gate_data or stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
+                return out  # (an Optional, with steps_per_execution > 1, is never held back)
+            with marks.tf.control_dependencies([stamp]):  # else an XLA step may run before the mark
                 return marks.tf.nest.map_structure(lambda t: _identity(marks.tf, t), out, expand_composites=True)
 
         return next_element
