@@ -23,6 +23,7 @@ from opscope.config.dump import (
     MODES,
     PHASE_CODES,
     PHASES,
+    TF_LEVELS,
     DumpConfig,
     dump_config,
 )
@@ -51,7 +52,7 @@ from opscope.config.watch import WATCH_ACTIONS, WatchConfig, watch_config
 
 __all__ = [
     "ASCEND_ONLY_PROFILE_KEYS", "DATA", "DUMP_ALIASES", "FOREIGN", "LEVELS", "MODES", "OPTIONS", "PHASES",
-    "PHASE_CODES", "PROFILE_ALIASES", "SECTIONS", "WATCH_ACTIONS", "DumpConfig", "Filter", "ProfileConfig",
+    "PHASE_CODES", "PROFILE_ALIASES", "SECTIONS", "TF_LEVELS", "WATCH_ACTIONS", "DumpConfig", "Filter", "ProfileConfig",
     "MonitorConfig", "StepSelection", "TARGETS", "WatchConfig", "build", "dump_config", "env", "foreign", "load",
     "load_file", "parse_bool",
     "parse_choice", "parse_number", "parse_optional_str", "parse_path", "parse_ranks", "parse_steps",

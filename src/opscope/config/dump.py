@@ -25,7 +25,10 @@ PHASES = ("forward", "backward", "optimizer")
 # The phases' codes in the native observers (enum Phase in capture/torch/native/_c/observer.h).
 PHASE_CODES = {phase: code for code, phase in enumerate(PHASES)}
 MODES = ("input", "output", "all")
-LEVELS = ("module", "api", "aten")
+LEVELS = ("module", "api", "aten")  # PyTorch's
+# TensorFlow's levels (opscope.tensorflow.dump): a config file may name them too, so that
+# `opscope run` and OPSCOPE_CONFIG accept a TensorFlow script's dump section as it is.
+TF_LEVELS = ("op", "layer")
 DATA = ("statistics", "tensor")
 
 
@@ -85,7 +88,7 @@ _DUMP_PARSERS = {
     "steps": StepSelection,
     "ranks": parse_ranks,
     "mode": lambda v: parse_choice("mode", v, MODES),
-    "level": lambda v: parse_choice("level", v, LEVELS),
+    "level": lambda v: parse_choice("level", v, LEVELS + TF_LEVELS),
     "data": lambda v: parse_choice("data", v, DATA),
     "scope": lambda v: Filter.parse("scope", v),
     "ops": lambda v: Filter.parse("ops", v),

@@ -23,7 +23,7 @@ from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
 from opscope.capture.torch.optimizers import has_optimizer
 from opscope.capture.torch.recorder import Recorder
-from opscope.config import DumpConfig, dump_config, env, foreign
+from opscope.config import TF_LEVELS, DumpConfig, dump_config, env, foreign
 from opscope.errors import ConfigError, OpscopeError
 from opscope.storage import format as fmt
 from opscope.storage.writer import DumpWriter
@@ -64,6 +64,9 @@ class DumpSession:
     def __init__(self, cfg: DumpConfig, open_writer: Callable[[], Any] | None = None) -> None:
         """``open_writer`` gives where rows and tensors go when the session starts (the watch's
         flight recorder hands a ring buffer); by default a :class:`DumpWriter` at ``cfg.path``."""
+        if cfg.level in TF_LEVELS:
+            raise ConfigError(f"level: {cfg.level!r} is a TensorFlow level (opscope.tensorflow.dump); for PyTorch "
+                              "give aten (every op), api (torch functions) or module")
         self.cfg = cfg
         self.open_writer = open_writer or self._open_dump_writer
         self.rank = current_rank()
