@@ -24,7 +24,9 @@ def arm_tensorflow(first_use: Callable[[], list[tuple[str, Any]]]) -> None:
     def patched_call(function: Any, *args: Any, **kwargs: Any) -> Any:
         pf.Function.__call__ = call
         first_use()
-        return call(function, *args, **kwargs)
+        # through the class again: a session started just now may have wrapped __call__ (the
+        # TensorFlow profile counts a custom loop's steps there), and this call is its first
+        return pf.Function.__call__(function, *args, **kwargs)
 
     pf.Function.__call__ = patched_call
 
