@@ -3,7 +3,8 @@
 One subprocess, pinned to CPU 0, trains a small model (~8 ms of matmuls and 6 ms of sleep
 per step; the sleep keeps process-to-process noise in the matmuls under the floors): once
 on a quiet machine (A), then the same code while four busy-looping processes are pinned to
-the same CPU, then a model with twice the compute under the same load. The busier machine
+the same CPU, then a model with four times the compute under the same load (so its slowdown stands
+well clear of what a noisy calibration under that load can take as the machine's). The busier machine
 makes B's steps about twice as slow: ``diff`` must not call the same code slower, must say
 the machine was, and must still flag the real slowdown. The last tests build profiles from
 plain rows to check the calibration speed ratio, which this machine cannot be made to
@@ -75,7 +76,7 @@ TRAIN = textwrap.dedent(
     run(root + "/warm")  # the first profile of a process pays one-off costs
     run(root + "/base")
     run(root + "/busy", hogs=4)
-    run(root + "/busy_wide", hidden=1024, hogs=4)
+    run(root + "/busy_wide", hidden=2048, hogs=4)
     '''
 )
 
