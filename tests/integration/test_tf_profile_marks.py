@@ -4,8 +4,9 @@ intervals, and reading TensorFlow profiler names and nesting."""
 from __future__ import annotations
 
 from opscope.profile.breakdown import breakdown
+from opscope.profile.task_trace import phase_at, self_times
 from opscope.profile.tensorflow_phases import SLOT, pair_marks
-from opscope.profile.tensorflow_trace import _CALL_PREFIX, _nest, phase_at
+from opscope.profile.tensorflow_trace import _CALL_PREFIX
 
 
 def marks(*pairs: tuple[int, str]) -> list[tuple[int, int]]:
@@ -72,7 +73,7 @@ def test_profiler_names_lose_their_function_call_prefixes_only() -> None:
 
 def test_self_time_subtracts_nested_events_on_one_thread() -> None:
     items = [[0, 100, "outer", 0], [10, 40, "inner", 0], [50, 60, "inner2", 0], [120, 130, "next", 0]]
-    _nest(items)
+    self_times(items)
     assert [it[3] for it in items] == [40, 0, 0, 0]
     assert phase_at(15, {"backward": [(10, 20)], "forward": [(0, 30)]}) == "backward"
     assert phase_at(40, {"backward": [(10, 20)]}) == "other"

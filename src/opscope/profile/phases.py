@@ -97,16 +97,10 @@ class PhaseTimers:
         while self._handles:
             handle = self._handles.pop()
             handle.remove()
-        while self._patches:
-            owner, name, original, wrapper = self._patches.pop()
-            if owner.__dict__.get(name) is wrapper:
-                setattr(owner, name, original)
+        unpatch(self._patches)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name]
-        wrapper = make(original)
-        setattr(owner, name, wrapper)
-        self._patches.append((owner, name, original, wrapper))
+        patch(self._patches, owner, name, make)
 
     # ------------------------------------------------------------------ per-step data
     def take(self, end: Any) -> dict[str, list[Any]]:
@@ -257,3 +251,22 @@ def _lookup(named: dict[str, Any], path: str) -> Any:
         if candidate in named:
             return named[candidate]
     return None
+
+
+Patch = tuple[Any, str, Any, Any]  # (owner, attribute name, original, wrapper)
+
+
+def patch(patches: list[Patch], owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    """Replace ``owner.name`` by ``make(original)`` and remember how to undo it in ``patches``."""
+    original = owner.__dict__[name]
+    wrapper = make(original)
+    setattr(owner, name, wrapper)
+    patches.append((owner, name, original, wrapper))
+
+
+def unpatch(patches: list[Patch]) -> None:
+    """Undo ``patches``, newest first; an attribute someone else replaced since is left alone."""
+    while patches:
+        owner, name, original, wrapper = patches.pop()
+        if owner.__dict__.get(name) is wrapper:
+            setattr(owner, name, original)

@@ -102,12 +102,12 @@ class TaskTrace:
             self._write_kernel(kernel)
         totals: dict[tuple[str, str, str], list[float]] = {}
         for tid, items in cpu.items():
-            _self_times(items)
+            self_times(items)
             self.writer.name_thread(self.rank, TID_CPU_BASE + tid, f"CPU thread {tid}", TID_CPU_BASE + tid)
             for start, end, event, child_ns, device_us in items:
                 shapes = str(event.shapes()) if self.record_shapes else ""
                 self._write_cpu(event, start, end, tid, shapes)
-                key = (_phase_at((start + end) // 2, phases), event.name(), shapes)
+                key = (phase_at((start + end) // 2, phases), event.name(), shapes)
                 acc = totals.setdefault(key, [0, 0.0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += (end - start) / 1000.0
@@ -166,7 +166,7 @@ def kineto_quiet() -> Iterator[None]:
                 os.write(2, b"".join(kept))
 
 
-def _self_times(items: list[list[Any]]) -> None:
+def self_times(items: list[list[Any]]) -> None:
     """Fill each item's child time (index 3) from nesting on one thread."""
     items.sort(key=lambda it: (it[0], -(it[1] - it[0])))
     stack: list[list[Any]] = []
@@ -178,7 +178,7 @@ def _self_times(items: list[list[Any]]) -> None:
         stack.append(item)
 
 
-def _phase_at(t: int, phases: Mapping[str, Sequence[Interval]]) -> str:
+def phase_at(t: int, phases: Mapping[str, Sequence[Interval]]) -> str:
     """The phase that owns instant ``t`` (same priority as the breakdown)."""
     for phase in PRIORITY:
         for lo, hi in phases.get(phase, ()):

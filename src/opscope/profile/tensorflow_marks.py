@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from opscope.profile.phases import patch, unpatch
 from opscope.profile.tensorflow_phases import SLOT, SLOTS
 
 ROWS = 128  # graph marks kept between two reads: one row per run of a graph that marks
@@ -114,16 +115,10 @@ class PhaseMarks:
     def remove(self) -> None:
         """Undo every patch; safe to call twice."""
         self.active = False
-        while self._patches:
-            owner, name, original, wrapper = self._patches.pop()
-            if owner.__dict__.get(name) is wrapper:
-                setattr(owner, name, original)
+        unpatch(self._patches)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name]
-        wrapper = make(original)
-        setattr(owner, name, wrapper)
-        self._patches.append((owner, name, original, wrapper))
+        patch(self._patches, owner, name, make)
 
     # ------------------------------------------------------------------ reading a step
     def take_host(self, start: int, end: int) -> list[tuple[int, int]]:

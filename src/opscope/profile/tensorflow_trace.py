@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from opscope.profile.chrome_trace import TID_STREAM_BASE, TraceWriter, span
-from opscope.profile.model import PRIORITY, Interval, OpRow
-from opscope.profile.task_trace import TID_CPU_BASE
+from opscope.profile.model import Interval, OpRow
+from opscope.profile.task_trace import TID_CPU_BASE, phase_at, self_times
 
 NOISE = frozenset(
     {
@@ -124,7 +124,7 @@ class TFTaskTrace:
         totals: dict[tuple[str, str], list[float]] = {}
         for plane, line, items in _lines(space, offset):
             tid = self._tid(plane.name, line)
-            _nest(items)
+            self_times(items)
             for start, end, name, child in items:
                 record = span(name, self.rank, tid, (start - self.origin_ns) / 1000, (end - start) / 1000)
                 record["cat"] = "tf_op" if ":" in name else "tf"
@@ -195,27 +195,6 @@ def _start_time(space: Any) -> int:
                 first = min((ln.timestamp_ns for p in space.planes for ln in p.lines), default=0)
                 return int(value) if first < value // 2 else 0
     return 0
-
-
-def _nest(items: list[list[Any]]) -> None:
-    """Fill each item's child time (index 3) from nesting on one thread."""
-    items.sort(key=lambda it: (it[0], -(it[1] - it[0])))
-    stack: list[list[Any]] = []
-    for item in items:
-        while stack and stack[-1][1] <= item[0]:
-            stack.pop()
-        if stack:
-            stack[-1][3] += item[1] - item[0]
-        stack.append(item)
-
-
-def phase_at(t: int, phases: Mapping[str, Sequence[Interval]]) -> str:
-    """The phase that owns instant ``t`` (same priority as the breakdown)."""
-    for phase in PRIORITY:
-        for lo, hi in phases.get(phase, ()):
-            if lo <= t < hi:
-                return phase
-    return "other"
 
 
 def _is_function_call(plane: Any, line: Any, name: str) -> bool:
