@@ -111,7 +111,6 @@ def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: s
     """Read and measure every job, in a pool when worth it; returns problems met."""
     todo = list(jobs)
     total = sum(j.nbytes for j in todo)
-    problems: list[str] = []
     done = 0
     batches = _batches(todo, workers * 4 if workers > 1 else 1)
     results: list[tuple[Job, dict[str, Any] | str]]
@@ -133,6 +132,16 @@ def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: s
             done += sum(j.nbytes for j in b)
             if progress:
                 progress(done, total)
+    return apply_results(results, jobs, pairs)
+
+
+Outcome = tuple[Job, "dict[str, Any] | str"]
+
+
+def apply_results(results: list[Outcome], jobs: dict[Job, list[int]], pairs: list[Pair]) -> list[str]:
+    """Write measured metrics into their pairs (any executor's results: local, pool or cluster);
+    a tensor that could not be read falls back to statistics and its problem is returned."""
+    problems: list[str] = []
     for job, outcome in results:
         for index in jobs[job]:
             pair = pairs[index]
