@@ -38,6 +38,8 @@ class Call:
     doc: dict[str, Any]
     tensors: dict[int, torch.Tensor | None] = field(default_factory=dict)
     recorded: dict[int, torch.Tensor] = field(default_factory=dict)
+    # re-runs a call that is not an aten op (API calls, MindSpore kernels): golden -> outputs
+    runner: Callable[[bool], dict[int, torch.Tensor]] | None = None
 
     @property
     def device(self) -> str:
@@ -60,9 +62,23 @@ def resolve_op(name: str) -> Any:
 
 
 def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
-    """Read one call's rows and tensors; raises ReplayError when it cannot be replayed."""
-    head = next((r for r in rows if r.get("io") == "output"), rows[0])
+    """Read one call's rows and tensors; raises ReplayError when it cannot be replayed.
+
+    aten ops run as recorded; API-level calls and MindSpore kernels are rebuilt by
+    :mod:`opscope.replay.api_calls`."""
+    head = head_of(rows)
     name = str(head.get("op") or "")
+    if name.startswith("mindspore."):
+        from opscope.replay.api_calls import load_mindspore_call
+
+        return load_mindspore_call(dump, rows, side)
+    if (dump.manifest or {}).get("level") == "module":
+        raise ReplayError(f"not replayable: {name} is a module-level record (a whole module's call); replay "
+                          "re-runs operators: dump with level=\"api\" or \"aten\" (msprobe: level L1 or mix)")
+    if not is_aten(name):
+        from opscope.replay.api_calls import load_api_call
+
+        return load_api_call(dump, rows, side)
     reason = not_replayable(name)
     if reason:
         raise ReplayError(f"{name} {reason}")
@@ -92,28 +108,68 @@ def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     return call
 
 
+def head_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row that names a call: its first output row (else its first row)."""
+    return next((r for r in rows if r.get("io") == "output"), rows[0])
+
+
+def is_aten(name: str) -> bool:
+    """``ns.op.overload`` of a dispatcher op, not an API name (``torch.linalg.norm``)."""
+    parts = name.split(".")
+    return len(parts) == 3 and parts[0] not in ("torch", "Tensor")
+
+
+def read_rows(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
+    """A call's input tensors and recorded outputs, for calls rebuilt without a schema."""
+    head = head_of(rows)
+    name = str(head.get("op") or "")
+    by_slot = lambda r: r.get("slot") or 0  # noqa: E731
+    inputs = sorted((r for r in rows if r.get("io") in INPUT_IO), key=by_slot)
+    outputs = sorted((r for r in rows if r.get("io") == "output"), key=by_slot)
+    call = Call(side, name, None, head, inputs, outputs, {})
+    missing = [f"{r.get('arg') or r.get('io')} {r.get('slot')}" for r in inputs if not (r.get("data") and r.get("key"))]
+    if missing:
+        raise ReplayError(_missing_message(dump, name, side, missing))
+    for row in inputs:
+        call.tensors[row["id"]] = _read(dump, row)
+    for row in outputs:
+        if row.get("data") and row.get("key"):
+            call.recorded[row.get("slot") or 0] = _read(dump, row)
+    if not call.recorded:
+        raise ReplayError(f"{name} has no full output tensor in the {side} dump: nothing to check a replay against")
+    return call
+
+
 def run(call: Call, golden: bool) -> dict[int, torch.Tensor]:
     """Run the call on CPU: in float64 (``golden``) or in its recorded dtypes.
 
     Returns its output tensors by output slot (the numbering of the recorded output rows).
     """
+    runner = call.runner
+    if runner is not None:
+        return _on_cpu(call, golden, lambda: runner(golden))
     args, kwargs = _arguments(call, golden)
     fn: Callable[..., Any] = RULES.get(call.name, call.op)
     with _random_state(call, kwargs):
-        try:
-            out = fn(*args, **kwargs)
-        except NotImplementedError as exc:
-            raise ReplayError(_no_cpu_kernel(call, exc)) from None
-        except RuntimeError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if "Could not run" in first or "no kernel" in first.lower():
-                raise ReplayError(_no_cpu_kernel(call, exc)) from None
-            what = "in float64" if golden else "in its recorded dtypes"
-            raise ReplayError(f"{call.name} failed when re-run on CPU {what} ({first}); "
-                              "register a replay rule (opscope.replay.register_replay) for it") from None
+        out = _on_cpu(call, golden, lambda: fn(*args, **kwargs))
     if out is None:  # in-place ops returning nothing (_foreach_*_): their written arguments are the outputs
         return dict(enumerate(_written_tensors(call.op, args, kwargs)))
     return {slot: t for slot, _, t in flat_outputs(out)}
+
+
+def _on_cpu(call: Call, golden: bool, thunk: Callable[[], Any]) -> Any:
+    """``thunk()``, with torch's failures as ReplayErrors that say what to do."""
+    try:
+        return thunk()
+    except NotImplementedError as exc:
+        raise ReplayError(_no_cpu_kernel(call, exc)) from None
+    except (RuntimeError, ValueError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "Could not run" in first or "no kernel" in first.lower():
+            raise ReplayError(_no_cpu_kernel(call, exc)) from None
+        what = "in float64" if golden else "in its recorded dtypes"
+        raise ReplayError(f"{call.name} failed when re-run on CPU {what} ({first}); "
+                          "register a replay rule (opscope.replay.register_replay) for it") from None
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -222,7 +278,7 @@ def _written_tensors(op: Any, args: list[Any], kwargs: dict[str, Any]) -> list[t
 
 # -- random ops ----------------------------------------------------------------------------
 def is_random(op: Any) -> bool:
-    return torch.Tag.nondeterministic_seeded in op.tags
+    return op is not None and torch.Tag.nondeterministic_seeded in op.tags
 
 
 @contextlib.contextmanager
@@ -275,6 +331,9 @@ def _missing_message(dump: Any, name: str, side: str, missing: list[str]) -> str
     stats_only = cfg.get("data", "statistics") == "statistics"
     what = (f"{dump.path} is a statistics-only dump" if stats_only and not cfg.get("suspects")
             else f"the {side} dump holds no full tensor for {', '.join(missing[:4])}")
+    if (((dump.manifest or {}).get("tool") or {}).get("name") or "opscope") != "opscope":  # another tool's dump
+        hint = dump.manifest.get("tensor_hint") if stats_only else None
+        return f"cannot replay {name}: {what}; replay needs the op's full inputs{f' ({hint})' if hint else ''}"
     return (f"cannot replay {name}: {what}; replay needs the op's full inputs. Two-pass workflow: "
             "`opscope compare TARGET REFERENCE -o OUT`, then dump both runs again with "
             "suspects=\"OUT\" (full tensors only for the culprits and the ops that made their inputs, "
