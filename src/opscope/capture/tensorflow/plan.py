@@ -45,6 +45,7 @@ class OpPlan:
     inputs: list[Ref]
     outputs: list[Ref]
     note: str | None = None
+    args: str | None = None  # JSON: a layer's settings compare needs (activation, data_format)
 
 
 @dataclass

@@ -78,7 +78,7 @@ class StepRows:
                       module=op.module, op=op_name, call=call, io=io, slot=slot, arg=ref.arg,
                       dtype=dtype, shape=shape, device=self.device, numel=numel, stats=stats,
                       data=data, key=key, producer=producer, param=ref.param, fwd_op=op.fwd_op,
-                      node=op.node, note=op.note if op.note in ("view",) else None, view=view)
+                      node=op.node, note=op.note if op.note in ("view",) else None, view=view, args=op.args)
         self.next_id += 1
         return row
 
@@ -166,7 +166,8 @@ class _Template:
             self.counts[key] += 1
             ops += 1
             base = new_row(rank=owner.rank, phase=op.phase, module=op.module, op=op_name, device=owner.device,
-                           fwd_op=op.fwd_op, node=op.node, note=op.note if op.note == "view" else None)
+                           fwd_op=op.fwd_op, node=op.node, note=op.note if op.note == "view" else None,
+                           args=op.args)
             for slot, ref in enumerate(op.inputs):
                 if ref.value == -1 or mode == "output":
                     continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -313,7 +314,8 @@ class TFDumpSession:
 
         ins = [t for t in tf.nest.flatten((args, kwargs)) if tf.is_tensor(t)]
         outs = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
-        op = OpPlan(type(layer).__name__, path or layer.name, path, "forward", None, [], [], note="layer")
+        op = OpPlan(type(layer).__name__, path or layer.name, path, "forward", None, [], [], note="layer",
+                    args=layer_args(layer))
         self._plan_or_record(op, ins, outs)
 
     def _apply(self, optimizer: Any, grads: Any, variables: Any) -> None:
@@ -351,6 +353,20 @@ class TFDumpSession:
             op.outputs.append(Ref(plan.value(t, _is_numeric(t)), None, shape=static_shape(t)))
             plan.made_by.setdefault(t.name, (len(plan.ops), slot))
         plan.ops.append(op)
+
+
+def layer_args(layer: Any) -> str | None:
+    """The settings of a Keras layer that a comparison with a PyTorch port needs, as JSON:
+    the activation it applies to its output (Dense, Conv) and its ``data_format``."""
+    out: dict[str, str] = {}
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", None)
+    if isinstance(name, str) and name != "linear":
+        out["activation"] = name
+    data_format = getattr(layer, "data_format", None)
+    if isinstance(data_format, str):
+        out["data_format"] = data_format
+    return json.dumps(out, sort_keys=True) if out else None
 
 
 def _is_numeric(t: Any) -> bool:

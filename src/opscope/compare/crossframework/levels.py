@@ -18,8 +18,12 @@ def dump_level(dump: Any) -> str | None:
 
 def is_cross(t_level: str | None, r_level: str | None) -> bool:
     """True when a side is a dump of a framework with an op table (an ONNX Runtime dump):
-    align with :func:`~opscope.compare.crossframework.align_partition`."""
-    return table_for(t_level) is not None or table_for(r_level) is not None
+    align with :func:`~opscope.compare.crossframework.align_partition`. Two layer-level dumps
+    of one framework (Keras against Keras) pair by layer path, as two torch module dumps do."""
+    table = table_for(t_level) or table_for(r_level)
+    if table is not None and table.layers and t_level == r_level:
+        return False
+    return table is not None
 
 
 def manifest_warnings(dump: Any, side: str) -> list[str]:

@@ -27,10 +27,11 @@ another tool (msprobe, MindSpore) needs a reader that turns it into opscope reco
 
 from __future__ import annotations
 
+from opscope.compare.crossframework.tables.keras import KERAS
 from opscope.compare.crossframework.tables.onnx import ONNX
 from opscope.compare.crossframework.tables.table import OpTable
 
-BUILT_IN: tuple[OpTable, ...] = (ONNX,)
+BUILT_IN: tuple[OpTable, ...] = (ONNX, KERAS)
 
 _TABLES: dict[str, OpTable] = {t.framework: t for t in BUILT_IN}
 

@@ -31,6 +31,7 @@ class OpTable:
     activation_attrs: tuple[str, ...] = ()       # attributes naming an activation fused into the op
     name: str = ""                               # in messages: "ONNX" (default: the level)
     runtime: str = ""                            # in messages: "ONNX Runtime" (default: "the runtime")
+    layers: bool = False                         # its ops are layers (module level): match them by layer
     fold_targets: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
