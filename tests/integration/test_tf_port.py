@@ -50,6 +50,8 @@ def test_a_right_port_is_within_tolerance_paired_by_order_and_kind(ports):
     assert all(g["status"] == "passed" for g in grads.values())
     # the kernel after Flatten: Keras' rows are H, W, C, torch's columns C, H, W
     assert "[6, 6, 4, 16] transposed [3, 2, 0, 1]" in grads["fc1.weight"]["note"]
+    weights = {r["param"]: r for r in rows if r["io"] == "param"}
+    assert set(weights) == set(grads) and all(w["status"] == "identical" for w in weights.values())
 
 
 def test_the_mapping_file_pairs_by_name_with_keras_as_target(ports, tmp_path):
@@ -72,7 +74,13 @@ def test_a_wrong_activation_in_the_port_is_named_at_its_layer(ports):
 
 
 def test_a_transposed_weight_in_the_port_is_named_at_its_layer(ports):
+    """A square kernel copied without its transpose: same statistics, so full tensors show it,
+    as the weight that differs at the start of step 0 (a root), then the layer's output."""
     result = opscope.compare(ports / "keras", ports / "transpose", mapping=MAPPING, workers=1)
     first = result.first_divergence
     assert result.verdict == "diverged" and first is not None
-    assert (first.module, first.op, first.phase, first.step) == ("dense_2", "Dense", "forward", 0), first
+    assert (first.kind, first.module, first.io, first.phase, first.step) == ("root", "dense_2", "param", "forward", 0)
+    assert first.param.endswith("dense_2/kernel"), first
+    dense_2 = {r["io"]: r["status"] for r in table(result) if r["step"] == 0 and r["module"] == "dense_2"
+               and r["phase"] == "forward" and r["io"] in ("input", "output")}
+    assert dense_2 == {"input": "passed", "output": "failed"}, dense_2

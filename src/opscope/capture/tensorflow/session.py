@@ -259,11 +259,12 @@ class TFDumpSession:
             params = self.__dict__["_param_reads"] = {}
         return params
 
-    def _record_eager(self, op: OpPlan, inputs: list[Any], outputs: list[Any]) -> None:
+    def _record_eager(self, op: OpPlan, inputs: list[Any], outputs: list[Any],
+                      params: list[str | None] | None = None) -> None:
         ins, outs = [], []
-        for t in inputs:
+        for i, t in enumerate(inputs):
             known = self._eager.get(id(t))
-            param = self._params.get(id(t))
+            param = (t, params[i]) if params and params[i] else self._params.get(id(t))
             ref = Ref(0, None, param[1] if param else None, io="grad" if op.note == "grad" else None)
             ins.append((ref, self._measure(t) if _is_numeric(t) else None, known[1] if known else None))
         for t in outputs:
@@ -316,7 +317,14 @@ class TFDumpSession:
         outs = [t for t in tf.nest.flatten(outputs) if tf.is_tensor(t)]
         op = OpPlan(type(layer).__name__, path or layer.name, path, "forward", None, [], [], note="layer",
                     args=layer_args(layer))
-        self._plan_or_record(op, ins, outs)
+        names: list[str | None] = [None] * len(ins)
+        plan = None if tf.executing_eagerly() else self.tracer.current()
+        if tf.executing_eagerly() or (plan is not None and not plan.xla):
+            # the layer's own weights, read as its params (a sublayer's are the sublayer's)
+            for v in getattr(layer, "_trainable_variables", None) or []:
+                ins.append(tf.convert_to_tensor(getattr(v, "value", v)))
+                names.append(str(getattr(v, "path", None) or v.name))
+        self._plan_or_record(op, ins, outs, params=names)
 
     def _apply(self, optimizer: Any, grads: Any, variables: Any) -> None:
         import tensorflow as tf
@@ -332,14 +340,16 @@ class TFDumpSession:
         pairs = [(g, n) for g, n in zip(grads, names) if g is not None and tf.is_tensor(g)]
         self._plan_or_record(op, [g for g, _ in pairs], [], params=[n for _, n in pairs])
 
-    def _plan_or_record(self, op: OpPlan, ins: list[Any], outs: list[Any], params: list[str] | None = None) -> None:
+    def _plan_or_record(self, op: OpPlan, ins: list[Any], outs: list[Any],
+                        params: list[str | None] | None = None) -> None:
+        """``params``: the variable each input is (None: not one), for layer weights and gradients."""
         import tensorflow as tf
 
         if tf.executing_eagerly():
             with self._lock:
                 self.clock.poll()
                 if self.selected:
-                    self._record_eager(op, ins, outs)
+                    self._record_eager(op, ins, outs, params)
             return
         plan = self.tracer.current()
         if plan is None or plan.xla:
@@ -347,7 +357,7 @@ class TFDumpSession:
         for i, t in enumerate(ins):
             ref = self.tracer._ref(plan, t)
             ref.io = "grad" if op.note == "grad" else None
-            ref.param = params[i] if params else ref.param
+            ref.param = params[i] if params and params[i] else ref.param
             op.inputs.append(ref)
         for slot, t in enumerate(outs):
             op.outputs.append(Ref(plan.value(t, _is_numeric(t)), None, shape=static_shape(t)))

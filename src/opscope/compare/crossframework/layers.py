@@ -103,10 +103,25 @@ class _LayerMatcher:
             p_outs = run[-1].outputs()
             if slot < len(p_outs) and p_outs[slot].get("numel") == f_row.get("numel"):
                 self._add(f, run, f_row, p_outs[slot], note)
+        self._params(f, run)
         if len(run) > 1:
             self.claims.notes[(self.torch.name, run[0].seq)] = (
                 f"{run[0].op} {run[0].module}: no Keras layer of its own ({f.op} {f.module} applies "
                 f"{layer_args(f).get('activation')} inside; its output is paired with {run[-1].op} {run[-1].module}'s)")
+
+    def _params(self, f: OpCall, run: list[OpCall]) -> None:
+        """The Keras layer's weights against the torch module's parameters (``kernel`` / ``weight``)."""
+        ins = [row for row in f.inputs() if row.get("io") == "input"]
+        free = [row for row in run[0].inputs() if row.get("io") == "param"]
+        for f_row in (row for row in f.inputs() if row.get("io") == "param" and row.get("param")):
+            own = PARAM_NAMES.get(str(f_row.get("orig_param") or f_row["param"]).rsplit("/", 1)[-1])
+            p_row = next((p for p in free if str(p.get("param") or "").rsplit(".", 1)[-1] == own
+                          and p.get("numel") == f_row.get("numel")), None)
+            if p_row is not None:
+                free.remove(p_row)
+                if ins:
+                    f_row["layer_input"] = ins[0]["id"]  # the layout of a kernel's input axis (layouts.py)
+                self._add(f, run, f_row, p_row, f"{f_row['param']} against {p_row['param']}")
 
     def _note(self, f: OpCall, run: list[OpCall]) -> str:
         if len(run) == 1:

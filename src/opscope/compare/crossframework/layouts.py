@@ -40,10 +40,11 @@ def apply_layouts(pairs: list[Pair], foreign: Side) -> None:
         f_row, p_row = (pair.t, pair.r) if target_is_foreign else (pair.r, pair.t)
         if not f_row.get("data") or not p_row.get("data") or f_row.get("view"):
             continue
-        source_of = f_row.get("layer_input") if f_row.get("io") == "grad" else f_row["id"]
+        source_of = f_row.get("layer_input") if f_row.get("io") in ("grad", "param") else f_row["id"]
         perm, source = _permutation(f_row, p_row, layout.get(source_of) if source_of is not None else None)
         if perm is not None:
             f_row["view"] = json.dumps(_geometry(source, perm))
+            f_row["hash"] = None  # the hash is of the stored order: equal hashes prove nothing now
             pair.note = "; ".join(n for n in (pair.note, f"Keras tensor read as {_axes(source, perm)}") if n)
 
 
@@ -90,7 +91,7 @@ def _permutation(f_row: dict[str, Any], p_row: dict[str, Any],
                  source: list[int] | None) -> tuple[list[int] | None, list[int]]:
     """The axes to read the Keras row with (None: as it is) and the shape they apply to."""
     shape, other = list(f_row.get("shape") or []), list(p_row.get("shape") or [])
-    if f_row.get("io") == "grad":
+    if f_row.get("io") in ("grad", "param"):
         return _kernel(f_row, shape, other, source)
     cl = None if len(shape) < 3 else [0, len(shape) - 1, *range(1, len(shape) - 1)]
     if source is None:  # the shapes decide
