@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install opscope with the CPU build of torch.
 # TORCH_SPEC overrides the torch requirement (e.g. TORCH_SPEC="torch==2.5.1" for a CUDA box).
-# EXTRAS picks optional dependencies (default: none; the test script asks for test,onnx,xlsx,peers).
+# EXTRAS picks optional dependencies (default: none; the test script asks for test,onnx,xlsx,peers,dask).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

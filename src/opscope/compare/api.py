@@ -31,7 +31,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
             workers: int | None = None, progress: Callable[[int, int], None] | None = None,
             precision: str | None = None, noise: NoiseModel | None = None,
             ranks: list[int] | None = None, steps: list[int] | None = None, replay: int = 0,
-            then: Sequence[ResultPass] = ()) -> CompareResult:
+            then: Sequence[ResultPass] = (), scheduler: Any = None) -> CompareResult:
     """Compare two dumps and name the operator where they start to differ.
 
     Args:
@@ -49,6 +49,10 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
             It is the result pass registered as ``"replay"`` (:mod:`opscope.compare.passes`).
         then: more passes over the finished result (:data:`~opscope.compare.passes.ResultPass`),
             run in order after ``replay``.
+        scheduler: measure on a Dask cluster instead of local processes: a
+            ``dask.distributed.Client``, a scheduler address (``tcp://host:8786``) or a
+            ``--scheduler-file`` JSON; the workers must see both dumps at the same paths
+            (:mod:`opscope.compare.distributed`, needs ``opscope[dask]``).
 
     Returns:
         A :class:`~opscope.compare.result.CompareResult`.
@@ -74,7 +78,14 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         pairs += _align(t_dump, r_dump, rank, step, names, problems)
     jobs = measure.plan(pairs, noise, trust_hashes=measure.hashes_comparable(t_dump.manifest, r_dump.manifest))
     n_workers = max(1, int(workers or measure.default_workers()))
-    problems += measure.run(jobs, pairs, str(t_dump.path), str(r_dump.path), workers=n_workers, progress=progress)
+    if scheduler is not None:
+        from opscope.compare import distributed
+
+        problems += distributed.run(jobs, pairs, str(t_dump.path), str(r_dump.path), scheduler=scheduler,
+                                    progress=progress)
+    else:
+        problems += measure.run(jobs, pairs, str(t_dump.path), str(r_dump.path), workers=n_workers,
+                                progress=progress)
     from opscope.compare.verdict import run_passes
 
     state = run_passes(pairs, noise)
