@@ -155,7 +155,9 @@ class _ApiMode(TorchFunctionMode):
         module, phase = s.modules.path, s.phase
         call = None
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
-            inputs = [(i, None, t) for i, t in enumerate(tensors_of((args, kwargs)))]
+            inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
+            if kwargs:  # a keyword's tensors are named by it (replay rebuilds the call from the names)
+                inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
             call = s.recorder.record_inputs(name, module, phase, inputs, args=args_of(args, kwargs),
                                             source=s.source() if s.cfg.source else None)
         if name.endswith("_") or "out" in kwargs:
@@ -170,6 +172,10 @@ class _ApiMode(TorchFunctionMode):
             if "backward" in s.cfg.phases:
                 _hook_backward(s, name, module, out)
         return out
+
+
+def _keyword_tensors(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    return [(k, t) for k, v in kwargs.items() for t in tensors_of(v)]
 
 
 def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
