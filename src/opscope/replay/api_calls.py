@@ -40,6 +40,7 @@ _FORMATS: dict[str, Any] = {str(v): v for v in vars(torch).values()
 _DEVICE = re.compile(r"^(cpu|cuda|npu|xpu|mps|hpu|mlu|meta)(:\d+)?$")
 _SIZE = re.compile(r"^torch\.Size\((\[[-\d, ]*\])\)$")
 _SLICE = re.compile(r"^slice\(([-\w]+), ([-\w]+), ([-\w]+)\)$")
+_NUMBERS = re.compile(r"^[(\[][-+\d., eE]*[)\]]$")  # a tuple or list of numbers written as text
 
 
 def load_api_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
@@ -122,8 +123,8 @@ def decode(value: Any, golden: bool) -> Any:
     if value == "Ellipsis":
         return Ellipsis
     size = _SIZE.match(value)
-    if size:
-        return list(ast.literal_eval(size.group(1)))
+    if size or _NUMBERS.match(value):
+        return list(ast.literal_eval(size.group(1) if size else value))
     part = _SLICE.match(value)
     if part:
         return slice(*(None if p == "None" else _int(p, value) for p in part.groups()))
@@ -140,8 +141,6 @@ def place(name: str, values: dict[int, Any], tensors: list[Any]) -> list[Any]:
     if len(tensors) < len(holes):
         raise ReplayError(f"cannot replay {name}: its record holds {len(tensors)} tensor(s) for {len(holes)} "
                           "tensor argument(s): its arguments cannot be rebuilt")
-    if len(holes) == 1 and len(tensors) > 1:  # f(x, [a, b], n): the one free position held a list
-        values[holes[0]], tensors, holes = list(tensors), [], []
     for i in holes:
         values[i] = tensors.pop(0)
     for t in tensors:

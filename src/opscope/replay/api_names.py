@@ -34,7 +34,7 @@ roll rot90 round rsqrt rsub select sgn sigmoid sign signbit sin sinc sinh softma
 squeeze stack std sub subtract sum swapaxes swapdims t take take_along_dim tan tanh tensordot tile topk
 trace transpose tril triu true_divide trunc unbind unflatten unsqueeze var vstack hstack dstack where
 xlogy zeros_like ones_like full_like log_softmax relu cdist cosine_similarity layer_norm group_norm
-native_layer_norm embedding conv1d conv2d conv3d
+native_layer_norm embedding conv1d conv2d conv3d zeros ones full arange linspace eye
 """
 
 # torch.<name>
@@ -105,8 +105,9 @@ def why_not(name: str) -> str | None:
         return (f"{name} is random: it draws from a generator whose state an API-level dump does not record, "
                 "so its numbers cannot be drawn again (dump with level=\"aten\" to replay random ops)")
     if in_place(func):
-        return (f"{name} writes its input in place: the dump may hold that input after the write, so the call "
-                "cannot be re-run from it; replay the out-of-place call that made the value instead")
+        return (f"{name} writes into its input in place: whether a dump holds that input as it was before or "
+                "after the write depends on the tool (msprobe saves tensors on a thread), so replay does not "
+                "re-run in-place calls; the out-of-place calls around it replay")
     allowed, _ = NAMESPACES[prefix]
     if func not in allowed:
         return (f"{name} is not on replay's allow-list of pure math functions (opscope/replay/api_names.py; "
