@@ -27,7 +27,7 @@ IO_MEANING = {
 }
 IO_ORDER = {"param": 0, "grad": 1, "output": 2}
 COLUMNS = ["rank", "step", "seq", "phase", "op", "call", "io", "param", "dtype", "shape",
-           "min", "max", "mean", "norm", "nan", "inf", "hash", "data", "key"]
+           "min", "max", "mean", "norm", "nan", "inf", "hash", "data", "key", "view"]
 TENSOR_DISTANCES = 20  # differences whose distance is measured on full tensors (when dumped)
 
 
@@ -267,17 +267,24 @@ def _stats_distance(a: Any, b: Any) -> dict[str, Any]:
 
 
 def _tensor_distance(dump: Any, a: Any, b: Any) -> dict[str, Any]:
-    import numpy as np
+    """The distance of rank b's tensor from rank a's, read block by block by compare's engine
+    (:class:`opscope.compare.stream.PairStream`: memory stays the same whatever the tensor's size)."""
+    from opscope.compare.stream import PairStream
+    from opscope.errors import DumpFormatError
 
+    stream = PairStream(dump, dump)
     try:
-        x = np.asarray(dump.row_tensor(a.to_dict()), dtype=np.float64).ravel()
-        y = np.asarray(dump.row_tensor(b.to_dict()), dtype=np.float64).ravel()
-    except Exception:  # an unreadable shard: the norms still tell something
+        s = stream.pair(_side(b), _side(a), rel_floor=1e-300, rtol=math.inf)
+    except (DumpFormatError, OSError, ValueError):  # an unreadable shard: the norms still tell something
         return {}
-    delta = np.abs(x - y)
-    scale = float(np.linalg.norm(x))
-    return {"max_abs_diff": float(np.nanmax(delta)) if delta.size else 0.0,
-            "rel_l2": float(np.linalg.norm(x - y)) / scale if scale > 0 else float(np.linalg.norm(x - y))}
+    finally:
+        stream.close()
+    return {"max_abs_diff": s.max_abs, "rel_l2": s.diff_norm / s.ref_norm if s.ref_norm > 0 else s.diff_norm}
+
+
+def _side(row: Any) -> tuple[int, int, str, str, str | None]:
+    view = row.get("view")
+    return int(row["rank"]), int(row.step), str(row.data), str(row.key), view if isinstance(view, str) else None
 
 
 def _has_tensor(row: Any) -> bool:

@@ -1,9 +1,10 @@
 """Measuring aligned pairs: from hashes, from full tensors (in a process pool), or from
 statistics only.
 
-Tensor reads are grouped into batches of about equal bytes and spread over a process pool
-(every core), each worker opening the two dumps itself and memory-mapping one tensor pair
-at a time, so memory stays at a few times the largest tensor whatever the dump's size.
+Tensor reads are cut into batches of about equal bytes, each a run of tensors in the order
+they were written, and spread over a process pool (every core); each worker opens the two
+dumps itself and streams one tensor pair at a time through two small buffers
+(:mod:`opscope.compare.stream`), so memory stays the same whatever the dump's size.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
 
-if TYPE_CHECKING:
-    import numpy as np
-
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
+BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
+MAX_BATCHES = 512
 Progress = Callable[[int, int], None]
 
 
@@ -112,7 +112,7 @@ def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: s
     todo = list(jobs)
     total = sum(j.nbytes for j in todo)
     done = 0
-    batches = _batches(todo, workers * 4 if workers > 1 else 1)
+    batches = _batches(todo, min(MAX_BATCHES, max(workers * 4, total // BATCH_BYTES)) if workers > 1 else 1)
     results: list[tuple[Job, dict[str, Any] | str]]
     if workers > 1 and total >= POOL_MIN_BYTES and len(batches) > 1:
         results = []
@@ -156,16 +156,21 @@ def apply_results(results: list[Outcome], jobs: dict[Job, list[int]], pairs: lis
 
 
 def _batches(jobs: list[Job], count: int) -> list[list[Job]]:
-    """Greedy split into ``count`` batches of about equal bytes, keeping a partition together."""
-    if count <= 1 or len(jobs) <= 1:
-        return [jobs] if jobs else []
-    bins: list[list[Job]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for job in sorted(jobs, key=lambda j: -j.nbytes):
-        k = loads.index(min(loads))
-        bins[k].append(job)
-        loads[k] += job.nbytes + 4096
-    return [b for b in bins if b]
+    """Runs of jobs in file order (:func:`file_order`) of about equal bytes, ``count`` at most:
+    each batch then reads its shards front to back."""
+    ordered = sorted(jobs, key=file_order)
+    if count <= 1 or len(ordered) <= 1:
+        return [ordered] if ordered else []
+    share = sum(j.nbytes + 4096 for j in ordered) / count
+    batches: list[list[Job]] = [[]]
+    load = 0.0
+    for job in ordered:
+        if load >= share and len(batches) < count:
+            batches.append([])
+            load = 0.0
+        batches[-1].append(job)
+        load += job.nbytes + 4096
+    return batches
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
@@ -178,37 +183,44 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 
 def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[Job, dict[str, Any] | str]]:
-    """Measure a batch of jobs in this process (a pool worker or the caller)."""
+    """Measure a batch of jobs in this process (a pool worker, a cluster's worker or the
+    caller), streaming each pair block by block in file order (:mod:`opscope.compare.stream`);
+    a pair that cannot be read gives its problem as a sentence instead of metrics."""
+    from opscope.compare.stream import PairStream
     from opscope.errors import DumpFormatError
     from opscope.storage.reader import load
 
     t_dump, r_dump = load(target), load(reference)  # load: a peer dump (msprobe, MindSpore) too
+    stream = PairStream(t_dump, r_dump)
     out: list[tuple[Job, dict[str, Any] | str]] = []
     blas = _OpenBlas.find()
     previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
-    a: np.ndarray | None = None  # the two arrays of a job, memory maps of the shards
-    b: np.ndarray | None = None
-    for job in sorted(batch, key=lambda j: (j.rank, j.step, j.t_ref[:2])):
-        try:
-            a = t_dump.tensor(job.rank, job.step, *job.t_ref[:2], view=job.t_ref[2])
-            b = r_dump.tensor(job.rank, job.step, *job.r_ref[:2], view=job.r_ref[2])
-            if a.size != b.size:
-                raise DumpFormatError(f"tensor sizes differ on disk ({a.size} vs {b.size})")
-            s = M.accumulate(a, b, rel_floor=job.rel_floor, rtol=job.rtol)
-            if job.same_dtype and s.bit_exact is None:
-                s.bit_exact = s.sum_sq_diff == 0 and not s.nan_mismatch and not s.inf_mismatch
-            elif s.bit_exact is None:
-                s.bit_exact = False
-            out.append((job, M.finish(s)))
-        except (DumpFormatError, OSError, ValueError) as exc:
-            out.append((job, f"rank {job.rank} step {job.step} {job.t_ref[0]}/{job.r_ref[0]}: {exc}"))
-        a = b = None  # release the memory maps before the shards close
-    for dump in (t_dump, r_dump):
-        with contextlib.suppress(BufferError):
-            dump.close()
-    if blas and previous:
-        blas.set_threads(previous)
+    try:
+        for job in sorted(batch, key=file_order):
+            try:
+                s = stream.measure(job)
+                if job.same_dtype and s.bit_exact is None:
+                    s.bit_exact = s.sum_sq_diff == 0 and not s.nan_mismatch and not s.inf_mismatch
+                elif s.bit_exact is None:
+                    s.bit_exact = False
+                out.append((job, M.finish(s)))
+            except (DumpFormatError, OSError, ValueError) as exc:
+                out.append((job, f"rank {job.rank} step {job.step} {job.t_ref[0]}/{job.r_ref[0]}: {exc}"))
+    finally:
+        stream.close()
+        for dump in (t_dump, r_dump):
+            with contextlib.suppress(BufferError):
+                dump.close()
+        if blas and previous:
+            blas.set_threads(previous)
     return out
+
+
+def file_order(job: Job) -> tuple[Any, ...]:
+    """Jobs in the order their target tensors were written (keys are ``r<record id>``), so a
+    batch reads each shard front to back."""
+    data, key = job.t_ref[0], job.t_ref[1]
+    return job.rank, job.step, data, len(key), key
 
 
 class _OpenBlas:

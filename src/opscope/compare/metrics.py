@@ -182,9 +182,12 @@ def finish(s: PairSums) -> dict[str, Any]:
 
 
 # -- the chunked pass --------------------------------------------------------------------
+BLOCK = 1 << 18  # elements per block handed to the C kernel (or to numpy's chunked pass)
+
+
 def accumulate(target: np.ndarray, reference: np.ndarray, *, rel_floor: float,
                rtol: float) -> PairSums:
-    """One float64 pass over two same-size arrays, :data:`CHUNK` elements at a time.
+    """One float64 pass over two same-size arrays, block by block (:class:`Accumulator`).
 
     Args:
         target, reference: arrays of equal element count (any real dtype; flattened).
@@ -193,12 +196,69 @@ def accumulate(target: np.ndarray, reference: np.ndarray, *, rel_floor: float,
     """
     a = target.reshape(-1)
     b = reference.reshape(-1)
+    acc = Accumulator(rel_floor=rel_floor, rtol=rtol)
+    for start in range(0, a.size, BLOCK):
+        acc.add(a[start:start + BLOCK], b[start:start + BLOCK])
+    return acc.result()
+
+
+class Accumulator:
+    """The sums of one pair, built block by block (equal-size flat block pairs, in any order).
+
+    The C kernel (:mod:`opscope.compare.kernel`) takes a block when it can and no per-chunk
+    metric is registered; its sums are kept as they come and added up once, in
+    :meth:`result`. Other blocks, and one holding NaN or Inf, take numpy's chunked pass (the
+    masked one for NaN/Inf: mismatches counted, finite pairs measured).
+    """
+
+    def __init__(self, *, rel_floor: float, rtol: float) -> None:
+        self.rel_floor, self.rtol = rel_floor, rtol
+        self.chunked = [m for m in METRICS.values() if m.per_chunk]
+        self._sums = PairSums(n=0)
+        self._native: list[tuple[float, ...]] = []
+        self._native_n = 0
+
+    def add(self, a: np.ndarray, b: np.ndarray, a_dtype: str | None = None, b_dtype: str | None = None) -> None:
+        """Add one block pair. ``a_dtype``/``b_dtype`` name the opscope dtype of a block read
+        as stored (bfloat16 and float8 as their bits); None: the array's own dtype."""
+        from opscope.compare import kernel
+
+        native = None if self.chunked else kernel.sums(a, a_dtype or a.dtype.name, b, b_dtype or b.dtype.name,
+                                                       self.rel_floor, self.rtol)
+        if native is not None and math.isfinite(native[0]) and math.isfinite(native[3]):
+            self._native.append(native)
+            self._native_n += a.size
+            return
+        _merge(self._sums, _numpy_block(_widen(a, a_dtype), _widen(b, b_dtype), self.rel_floor, self.rtol,
+                                        self.chunked))
+
+    def result(self) -> PairSums:
+        """The pair's sums so far."""
+        if self._native:
+            cols = list(zip(*self._native, strict=True))
+            _merge(self._sums, PairSums(
+                n=self._native_n, sum_sq_diff=sum(cols[0]), sum_abs_diff=sum(cols[1]), max_abs=max(cols[2]),
+                dot=sum(cols[3]), sum_sq_target=sum(cols[4]), sum_sq_reference=sum(cols[5]), max_rel=max(cols[6]),
+                sum_rel=sum(cols[7]), sum_sq_elem_rel=sum(cols[8]), out_of_tolerance=int(sum(cols[9]))))
+            self._native, self._native_n = [], 0
+        return self._sums
+
+
+def _widen(arr: np.ndarray, dtype: str | None) -> np.ndarray:
+    if dtype is None or (dtype != "bfloat16" and not dtype.startswith("float8")):
+        return arr
+    from opscope.storage.safetensors_io import widen
+
+    return widen(arr, dtype)
+
+
+def _numpy_block(a: np.ndarray, b: np.ndarray, rel_floor: float, rtol: float, chunked: list[Metric]) -> PairSums:
     s = PairSums(n=a.size)
-    chunked = [m for m in METRICS.values() if m.per_chunk]
     buf = _Buffers(min(CHUNK, max(a.size, 1)))
-    for start in range(0, a.size, CHUNK):
-        stop = min(start + CHUNK, a.size)
-        _chunk(a[start:stop], b[start:stop], s, buf, rel_floor, rtol, chunked)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf: measured again on the masked path
+        for start in range(0, a.size, CHUNK):
+            stop = min(start + CHUNK, a.size)
+            _chunk(a[start:stop], b[start:stop], s, buf, rel_floor, rtol, chunked)
     if not (math.isfinite(s.sum_sq_diff) and math.isfinite(s.dot)) or s.nan_mismatch or s.inf_mismatch:
         s = _accumulate_masked(a, b, rel_floor=rel_floor, rtol=rtol)
     return s
@@ -267,7 +327,7 @@ def _accumulate_masked(a: np.ndarray, b: np.ndarray, *, rel_floor: float, rtol: 
 def _merge(s: PairSums, part: PairSums) -> None:
     s.n += part.n
     for name in ("sum_sq_diff", "sum_abs_diff", "dot", "sum_sq_target", "sum_sq_reference",
-                 "sum_rel", "out_of_tolerance", "sum_sq_elem_rel"):
+                 "sum_rel", "out_of_tolerance", "sum_sq_elem_rel", "nan_mismatch", "inf_mismatch"):
         setattr(s, name, getattr(s, name) + getattr(part, name))
     s.max_abs = max(s.max_abs, part.max_abs)
     s.max_rel = max(s.max_rel, part.max_rel)

@@ -69,7 +69,8 @@ class CompareResult:
         verdict: "identical", "within_tolerance" or "diverged".
         first_divergence: the first culprit in execution order (forward, backward,
             optimizer), or None.
-        first_divergence_by_rank: the same per rank.
+        first_divergence_by_rank: the same per rank (rank and step of each rank's earliest
+            divergence; ranks that did not diverge are absent).
         culprits: every culprit and root, ranked (earliest step first, then most out of
             proportion first).
         counts: pairs, identical, passed, failed, skipped, unpaired_target, unpaired_reference.
@@ -98,6 +99,16 @@ class CompareResult:
         return self.verdict != "diverged"
 
     @property
+    def ranks(self) -> list[int]:
+        """The ranks compared (rank N of the target against rank N of the reference)."""
+        return _distinct(self.pairs_table, "rank")
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps compared."""
+        return _distinct(self.pairs_table, "step")
+
+    @property
     def pairs(self) -> Any:
         """The pairs as a pandas DataFrame (pandas installed), else the Arrow table."""
         try:
@@ -115,6 +126,8 @@ class CompareResult:
             "verdict": self.verdict,
             "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
             "first_divergence_by_rank": {str(k): v.to_dict() for k, v in self.first_divergence_by_rank.items()},
+            "ranks": self.ranks,
+            "steps": self.steps,
             "culprits": [c.to_dict() for c in self.culprits],
             "counts": dict(self.counts),
             "statistics_only": self.statistics_only,
@@ -127,6 +140,12 @@ class CompareResult:
 
     def to_json(self) -> str:
         return json.dumps(self.to_summary(), indent=1, allow_nan=False)
+
+
+def _distinct(table: pa.Table, column: str) -> list[int]:
+    if column not in table.column_names:
+        return []
+    return sorted({int(v) for v in table.column(column).to_pylist() if v is not None})
 
 
 def json_safe(value: Any) -> Any:

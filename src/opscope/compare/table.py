@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from opscope.compare.align import Pair
@@ -88,8 +89,31 @@ def pairs_table(pairs: list[Pair]) -> pa.Table:
             values = [None if v is not None and math.isnan(v) else v for v in values]
         else:
             values = [get(p) for p in pairs]
-        arrays[name] = pa.array(values, type=kind)
+        arrays[name] = _array(values, kind)
     for name in METRICS:
         values = [_float(p.metrics.get(name)) if p.metrics else None for p in pairs]
-        arrays[name] = pa.array([None if v is not None and math.isnan(v) else v for v in values], type=_F64)
-    return pa.table(arrays)
+        arrays[name] = _array([None if v is not None and math.isnan(v) else v for v in values], _F64)
+    return pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
+
+
+def _array(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """An Arrow column from Python values (None: null), built from its buffers: ``pa.array``
+    imports pandas (~0.3 s, most of a small compare) to ask whether its input is a pandas object."""
+    n = len(values)
+    valid = np.fromiter((v is not None for v in values), dtype=bool, count=n)
+    nulls = n - int(np.count_nonzero(valid))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    if kind == _STR:
+        encoded = [b"" if v is None else str(v).encode() for v in values]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])
+        if offsets[-1] >= 1 << 31:  # beyond 32-bit offsets: Arrow's converter makes the chunks
+            return pa.array(values, type=kind)
+        return pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(offsets.astype(np.int32)),
+                                               pa.py_buffer(b"".join(encoded))], null_count=nulls)
+    if kind == _BOOL:
+        bits = np.fromiter((bool(v) for v in values), dtype=bool, count=n)
+        return pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(np.packbits(bits, bitorder="little"))],
+                                     null_count=nulls)
+    data = np.fromiter((0 if v is None else v for v in values), dtype=np.float64 if kind == _F64 else np.int64, count=n)
+    return pa.Array.from_buffers(kind, n, [bitmap, pa.py_buffer(data)], null_count=nulls)

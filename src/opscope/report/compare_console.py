@@ -42,6 +42,9 @@ def renderables(result: CompareResult) -> list[Any]:
         out.append(_first(first))
     if result.culprits:
         out.append(_culprits(result.culprits[:TOP], len(result.culprits)))
+    ranks = result.ranks
+    if len(ranks) > 1:
+        out.append(_ranks(result, ranks))
     out.append(_counts(result))
     if result.weaker:
         out.append(Text(f"note: {result.weaker}", style="yellow"))
@@ -98,6 +101,37 @@ def _culprits(findings: list[Finding], total: int) -> Any:
                  f.phase, _fmt(f.metrics.get("error")), _fmt(f.score)]
         table.add_row(*cells, *((_replay_text(f.replay, short=True) if f.replay else "-",) if replayed else ()))
     return table
+
+
+def _ranks(result: CompareResult, ranks: list[int]) -> Any:
+    """Which ranks diverged first: each rank's earliest divergence, earliest first."""
+    from rich.text import Text
+
+    from opscope.compare.blame import execution_order
+
+    firsts = sorted(result.first_divergence_by_rank.values(), key=execution_order)
+    text = Text("ranks ", style="bold")
+    text.append(f"{len(ranks)} compared ({_span(ranks)}), steps {_span(result.steps)}: ")
+    if not firsts:
+        return text.append("none diverged")
+    text.append(f"{len(firsts)} diverged", style="red")
+    text.append(", earliest first:")
+    for f in firsts[:TOP]:
+        text.append(f"\n  rank {f.rank} at step {f.step}: {f.phase}, {f.op}" + (f" ({f.module})" if f.module else ""))
+    if len(firsts) > TOP:
+        text.append(f"\n  and {len(firsts) - TOP} more (summary.json: first_divergence_by_rank)")
+    return text
+
+
+def _span(values: list[int]) -> str:
+    """``0-3, 8`` for 0, 1, 2, 3, 8."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _replay_text(replay: dict[str, Any], short: bool = False) -> str:

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from opscope.errors import DumpFormatError
 from opscope.storage import format as fmt
-from opscope.storage.safetensors_io import ShardReader
+from opscope.storage.safetensors_io import ShardReader, TensorExtent
 
 
 def load(path: str | os.PathLike) -> Dump:
@@ -139,12 +139,13 @@ class Dump:
         import pyarrow.parquet as pq
 
         tables = []
-        for r, s in self.partitions():
-            if (rank is not None and r != rank) or (step is not None and s != step):
-                continue
+        parts = [(rank, step)] if rank is not None and step is not None else [
+            (r, s) for r, s in self.partitions() if (rank is None or r == rank) and (step is None or s == step)]
+        for r, s in parts:
             for f in sorted(fmt.step_dir(self.path, r, s).glob("records-*.parquet")):
                 try:
-                    tables.append(pq.read_table(f, columns=columns))
+                    with pq.ParquetFile(f) as index:  # not read_table: it imports pyarrow.dataset (~0.25 s)
+                        tables.append(index.read(columns=columns))
                 except Exception as exc:  # pyarrow raises several types for corrupt files
                     msg = f"skipped {f.relative_to(self.path)}: unreadable ({type(exc).__name__}: {exc})"
                     if msg not in self.problems:
@@ -152,7 +153,12 @@ class Dump:
         if not tables:
             schema = fmt.SCHEMA if columns is None else pa.schema([fmt.SCHEMA.field(c) for c in columns])
             return schema.empty_table()
-        return pa.concat_tables(tables, promote_options="default")
+        table = pa.concat_tables(tables, promote_options="default")
+        for name in columns or ():
+            if name not in table.column_names:  # an index written before the column was (format 1.0: view)
+                column = fmt.SCHEMA.field(name)
+                table = table.append_column(column, pa.nulls(table.num_rows, column.type))
+        return table.select(columns) if columns else table
 
     # -- tensors ---------------------------------------------------------------------
     def tensor(self, rank: int, step: int, data: str | None, key: str | None, raw: bool = False,
@@ -164,6 +170,26 @@ class Dump:
         Raises:
             DumpFormatError: the record has no tensor (statistics-only dump) or its shard is unreadable.
         """
+        shard, key = self._shard(rank, step, data, key)
+        dtype, arr = shard.raw(key)
+        if not raw:
+            from opscope.storage.safetensors_io import widen
+
+            arr = widen(arr, dtype)
+        return place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
+
+    def tensor_extent(self, rank: int, step: int, data: str | None, key: str | None) -> TensorExtent | None:
+        """Where a record's tensor lies in its shard, to read it piece by piece (compare
+        streams tensors so); None where the tensor is not stored as one run of bytes in a
+        file of this dump (a peer dump's tensors are decoded by its reader).
+
+        Raises:
+            DumpFormatError: as :meth:`tensor`.
+        """
+        shard, key = self._shard(rank, step, data, key)
+        return shard.extent(key)
+
+    def _shard(self, rank: int, step: int, data: str | None, key: str | None) -> tuple[ShardReader, str]:
         if not data or not key:
             raise DumpFormatError("this record holds statistics only; dump with data=\"tensor\" "
                                   "(or tensor_ops) to keep full tensors")
@@ -173,12 +199,7 @@ class Dump:
         shard = self._shards.get(str(path))
         if shard is None:
             shard = self._shards[str(path)] = ShardReader(path)
-        dtype, arr = shard.raw(key)
-        if not raw:
-            from opscope.storage.safetensors_io import widen
-
-            arr = widen(arr, dtype)
-        return place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
+        return shard, key
 
     def row_tensor(self, row: dict[str, Any], raw: bool = False) -> np.ndarray:
         """The full tensor of a record given as a dict (e.g. one row of ``records().to_pylist()``).

@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -110,6 +110,17 @@ def _write_file(path: str, views: list[memoryview], size: int, flags: int) -> No
         os.close(fd)
 
 
+class TensorExtent(NamedTuple):
+    """A tensor's bytes in a shard: ``nbytes`` from byte ``start`` of the file at ``path``,
+    little-endian ``dtype`` (an opscope dtype name; bfloat16 and float8 as their bits)."""
+
+    path: str
+    start: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
 class ShardReader:
     """Random access to the tensors of one safetensors file, memory-mapped."""
 
@@ -133,8 +144,8 @@ class ShardReader:
     def keys(self) -> list[str]:
         return list(self.header)
 
-    def raw(self, key: str) -> tuple[str, np.ndarray]:
-        """The stored array (bfloat16 kept as uint16 bits) and its opscope dtype name."""
+    def extent(self, key: str) -> TensorExtent:
+        """Where the tensor ``key`` lies in the file, checked against the file's size."""
         try:
             meta = self.header[key]
         except KeyError:
@@ -144,11 +155,17 @@ class ShardReader:
             raise DumpFormatError(f"tensor {key!r} in {str(self.path)!r} is cut off: the shard is truncated")
         if self._map is None:  # an empty file has no header: opening it failed already
             raise DumpFormatError(f"tensor shard {str(self.path)!r} is empty")
-        dtype = _BY_ST[meta["dtype"]]
-        numpy_dtype = DTYPES[dtype][1]
-        arr = np.frombuffer(self._map, dtype=numpy_dtype, count=(end - start) // np.dtype(numpy_dtype).itemsize,
-                            offset=self._base + start)
-        return dtype, arr.reshape(meta["shape"])
+        return TensorExtent(str(self.path), self._base + start, end - start, _BY_ST[meta["dtype"]],
+                            tuple(meta["shape"]))
+
+    def raw(self, key: str) -> tuple[str, np.ndarray]:
+        """The stored array (bfloat16 kept as uint16 bits) and its opscope dtype name."""
+        where = self.extent(key)
+        numpy_dtype = DTYPES[where.dtype][1]
+        assert self._map is not None  # extent() refused an empty file
+        arr = np.frombuffer(self._map, dtype=numpy_dtype, count=where.nbytes // np.dtype(numpy_dtype).itemsize,
+                            offset=where.start)
+        return where.dtype, arr.reshape(where.shape)
 
     def array(self, key: str) -> np.ndarray:
         """The tensor as numpy; bfloat16 and float8 are widened to float32 exactly."""

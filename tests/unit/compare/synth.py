@@ -46,8 +46,11 @@ class Run:
 
     def __init__(self, path: str | Path, *, data: str = "tensor", rank: int = 0,
                  status: str = "complete", hash_algorithm: str = ALGORITHM,
-                 hasher: Callable[[np.ndarray], int] = content_hash) -> None:
-        self.writer = DumpWriter(path, rank, {"tool": "synth", "hash_algorithm": hash_algorithm}, overwrite=True)
+                 hasher: Callable[[np.ndarray], int] = content_hash, run_id: str | None = None) -> None:
+        # with a run_id, the ranks of one dump are written one after the other (without, each
+        # replaces the dump, as a new run does)
+        manifest = {"tool": "synth", "hash_algorithm": hash_algorithm, **({"run_id": run_id} if run_id else {})}
+        self.writer = DumpWriter(path, rank, manifest, overwrite=run_id is None)
         self.writer.open()
         self.data, self.rank, self.status, self.hasher = data, rank, status, hasher
         self.step, self.next_id, self.seq = 0, 0, 0

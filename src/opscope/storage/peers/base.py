@@ -77,3 +77,7 @@ class PeerDump(Dump):
 
             arr = widen(arr, dtype)
         return place_view(arr, json.loads(view)) if isinstance(view, str) and view else arr
+
+    def tensor_extent(self, rank: int, step: int, data: str | None, key: str | None) -> None:
+        """None: a peer's tensors are decoded by its reader, never read in place."""
+        return None

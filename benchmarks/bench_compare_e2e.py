@@ -1,0 +1,195 @@
+"""End-to-end compare as a user runs it: ``opscope compare TARGET REFERENCE -o OUT``.
+
+    python benchmarks/bench_compare_e2e.py [--keep DIR] [--huge] [--repeat 3] [--workers N]
+
+Creates its dumps with opscope's own dump of a wide MLP (3 x Linear(2048, 2048) + ReLU,
+batch 512, data="tensor", float32): a one-step pair (~0.6 GB, both sides) and an 8-step
+pair (~4.8 GB); the target's input differs from the reference's by 1e-6 noise, so no
+tensor is skipped as bit-identical except those the noise cannot reach. Then runs the CLI
+in a subprocess, warm page cache, and prints per pair: wall time, end-to-end MB/s (both
+dumps' bytes over the wall time), peak RSS of the compare process and of its pool workers,
+and the verdict; then the start-up of ``opscope compare --help`` against a bare Python.
+
+``--huge`` also writes a synthetic float32 pair of ~12 GB (holding both would need more than
+10 GB; opscope's writer, not a model run) in a temporary folder, compares it, prints the
+same figures and deletes it. Targets (issue #14): >= 1 GB/s on the small pair, >= 2 GB/s on
+the large one, peak RSS <= 1 GB whatever the size, ``compare --help`` < 0.1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DUMP_MLP = """
+import sys, torch, opscope
+width, depth, batch, steps, out, noise = 2048, 3, 512, int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+torch.manual_seed(0)
+torch.set_num_threads(1)
+layers = []
+for _ in range(depth):
+    layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+model = torch.nn.Sequential(*layers)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+xs = [torch.randn(batch, width, generator=torch.Generator().manual_seed(s)) for s in range(steps)]
+xs = [x + noise * torch.randn(batch, width, generator=torch.Generator().manual_seed(99 + s)) if noise else x
+      for s, x in enumerate(xs)]
+with opscope.dump(out, data="tensor", steps=list(range(steps)), overwrite=True):
+    for x in xs:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+# The compare CLI in-process, reporting its own peak RSS and its pool workers' (KB on Linux).
+CLI_RSS = """
+import json, resource, sys
+from opscope.cli.main import main
+rc = main(sys.argv[1:])
+peak = {"compare": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "workers": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
+print("RSS " + json.dumps(peak), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def opscope_cmd() -> list[str]:
+    """The console script next to this Python (what a user types), else ``python -m opscope``."""
+    script = Path(sys.executable).with_name("opscope")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "opscope"]
+
+
+def mlp_pair(root: Path, steps: int) -> tuple[Path, Path]:
+    """Target and reference dumps of ``steps`` steps of the wide MLP (kept when present)."""
+    pair = []
+    for side, noise in (("target", "1e-6"), ("reference", "0")):
+        path = root / f"mlp{steps}-{side}"
+        if not (path / "manifest.json").is_file():
+            subprocess.run([sys.executable, "-W", "ignore", "-c", DUMP_MLP, str(steps), str(path), noise], check=True,
+                           capture_output=True, timeout=3600)
+        pair.append(path)
+    return pair[0], pair[1]
+
+
+def huge_pair(root: Path, gb: float) -> tuple[Path, Path]:
+    """A synthetic float32 pair of ``gb`` GB in all (64 MB tensors, 2 ranks x 2 steps)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_compare import write_dump
+
+    mb = int(gb * 1000 / 2)
+    write_dump(root / "huge-reference", mb, 64, 0.0)
+    write_dump(root / "huge-target", mb, 64, 1e-4, seed=1)
+    return root / "huge-target", root / "huge-reference"
+
+
+def size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def compare_cli(target: Path, reference: Path, out: Path, extra: list[str]) -> tuple[float, str, int]:
+    """One run as the user runs it: wall seconds, verdict line, exit code."""
+    start = time.perf_counter()
+    proc = subprocess.run([*opscope_cmd(), "compare", str(target), str(reference), "-o", str(out), "-q", *extra],
+                          capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - start
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"opscope compare failed ({proc.returncode}): {proc.stderr[-800:]}")
+    return wall, proc.stdout.strip(), proc.returncode
+
+
+def peak_rss(target: Path, reference: Path, out: Path, extra: list[str]) -> dict[str, int]:
+    """Peak RSS (MB) of the compare process and of the largest pool worker, from getrusage."""
+    proc = subprocess.run([sys.executable, "-c", CLI_RSS, "compare", str(target), str(reference), "-o", str(out),
+                           "-q", *extra], capture_output=True, text=True, timeout=3600)
+    line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("RSS ")), None)
+    if line is None:
+        raise RuntimeError(f"no RSS line from the compare: {proc.stderr[-800:]}")
+    return {k: v // 1024 for k, v in json.loads(line[4:]).items()}
+
+
+def measure_pair(name: str, target: Path, reference: Path, root: Path, repeat: int, extra: list[str]) -> dict:
+    nbytes = size(target) + size(reference)
+    compare_cli(target, reference, root / "out", extra)  # warms the page cache
+    walls, verdict = [], ""
+    for _ in range(repeat):
+        wall, verdict, _ = compare_cli(target, reference, root / "out", extra)
+        walls.append(wall)
+    rss = peak_rss(target, reference, root / "out", extra)
+    best = min(walls)
+    row = {"pair": name, "gb": nbytes / 1e9, "wall_s": best, "mb_s": nbytes / 1e6 / best, "rss": rss,
+           "verdict": verdict, "walls": walls}
+    print(f"{name}: {nbytes / 1e9:.2f} GB (both dumps) in {best:.2f} s (best of {repeat}: "
+          f"{', '.join(f'{w:.2f}' for w in walls)}) = {row['mb_s']:.0f} MB/s end to end; peak RSS "
+          f"{rss['compare']} MB compare process, {rss['workers']} MB largest pool worker; verdict: {verdict}",
+          flush=True)
+    return row
+
+
+def help_time(repeat: int = 7) -> tuple[float, float]:
+    """Best wall time of ``opscope compare --help`` and of a bare ``python -c pass``."""
+    def best(cmd: list[str]) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            subprocess.run(cmd, capture_output=True, check=True)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best([*opscope_cmd(), "compare", "--help"]), best([sys.executable, "-c", "pass"])
+
+
+# ---- slot: local vs Dask (issue #14 item 3, added by the Dask work) ----------------------
+def dask_vs_local(target: Path, reference: Path, local: dict, root: Path) -> None:
+    """Local vs 2-worker Dask time on the ~5 GB pair, with the verdicts compared.
+
+    ``local`` is the local row of :func:`measure_pair` for this pair (wall_s, verdict, ...).
+    """
+    print("dask: not measured (the Dask row goes here: opscope compare --scheduler on a 2-worker cluster)")
+# ---- end of slot ---------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", default=None, help="create (or reuse) the MLP dumps here and keep them")
+    parser.add_argument("--huge", action="store_true", help="also compare a ~12 GB synthetic pair (deleted after)")
+    parser.add_argument("--huge-gb", type=float, default=12.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=None, help="--workers for the CLI (default: its own)")
+    parser.add_argument("--no-dask", action="store_true", help="skip the local vs Dask row")
+    args = parser.parse_args()
+    extra = ["--workers", str(args.workers)] if args.workers else []
+    root = Path(args.keep or tempfile.mkdtemp(prefix="opscope-e2e-"))
+    root.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"{cores} cores; load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    try:
+        small = mlp_pair(root, 1)
+        large = mlp_pair(root, 8)
+        measure_pair("1-step MLP pair", *small, root, args.repeat, extra)
+        local = measure_pair("8-step MLP pair", *large, root, args.repeat, extra)
+        if not args.no_dask:
+            dask_vs_local(*large, local, root)
+        if args.huge:
+            huge_root = Path(tempfile.mkdtemp(prefix="opscope-e2e-huge-"))
+            try:
+                measure_pair("synthetic huge pair", *huge_pair(huge_root, args.huge_gb), huge_root, 1, extra)
+            finally:
+                shutil.rmtree(huge_root, ignore_errors=True)
+        compare_help, bare = help_time()
+        print(f"opscope compare --help: {compare_help:.3f} s (a bare python -c pass: {bare:.3f} s; target < 0.1 s)")
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

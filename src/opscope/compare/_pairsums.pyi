@@ -1,0 +1,7 @@
+# Types of the optional C extension built from _c/pairsums.c (see opscope.compare.kernel).
+
+SIMD: int
+
+def sums(a: int, a_code: int, b: int, b_code: int, n: int, rel_floor: float, rtol: float, /) -> tuple[
+    float, float, float, float, float, float, float, float, float, int]: ...
+def set_simd(on: bool, /) -> bool: ...
