@@ -29,7 +29,7 @@ import torch
 
 from opscope.errors import ReplayError
 from opscope.replay import api_names, mindspore_ops
-from opscope.replay.calls import INPUT_IO, Call, read_rows, to_golden
+from opscope.replay.calls import INPUT_IO, Call, head_of, read_rows, to_golden
 from opscope.replay.rules import RULES
 
 # functions whose first argument is a list of tensors
@@ -45,13 +45,14 @@ _NUMBERS = re.compile(r"^[(\[][-+\d., eE]*[)\]]$")  # a tuple or list of numbers
 
 def load_api_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """One API-level call with its tensors read; ``runner`` re-runs it (golden or native)."""
-    call = read_rows(dump, rows, side)
-    name = call.name
-    if call.head.get("phase") == "backward" or any(r.get("io") == "grad" for r in rows):
+    head = head_of(rows)
+    name = str(head.get("op") or "")
+    if head.get("phase") == "backward" or any(r.get("io") == "grad" for r in rows):
         raise ReplayError(f"not replayable: {name} backward: an API-level dump records a backward call's "
-                          "gradients only, not the forward inputs it also reads (a linear's weight); "
+                          "gradients only, not the forward tensors it also reads (a linear's weight); "
                           "replay its forward call, or dump with level=\"aten\"")
-    fn = RULES.get(name) or api_names.resolve_api(name)
+    fn = RULES.get(name) or api_names.resolve_api(name)  # refused before anything is read
+    call = read_rows(dump, rows, side)
     text = next((r.get("args") for r in rows if r.get("args")), None)
     pairs, keywords = parse_args(text, name)
     call.runner = lambda golden: _run_api(call, fn, pairs, keywords, golden)
