@@ -19,6 +19,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mapping", help="YAML or JSON file renaming the target's modules/ops/params (docs/compare.md)")
     p.add_argument("--xlsx", action="store_true", help="also write pairs.xlsx (needs xlsxwriter)")
     p.add_argument("--workers", type=int, default=None, help="processes reading tensors (default: every core)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="measure on a Dask cluster: its scheduler's address (tcp://host:8786) or --scheduler-file "
+                        "JSON; every worker must see both dumps at the same path (needs opscope[dask]; "
+                        "docs/compare.md)")
     p.add_argument("--precision", default=None, help="precision the target ran in when dtypes do not say (e.g. tf32)")
     p.add_argument("--steps", default=None, help="compare only these steps, e.g. 0,5,10")
     p.add_argument("--ranks", default=None, help="compare only these ranks, e.g. 0,7")
@@ -39,7 +43,7 @@ def main(argv: list[str]) -> int:
         result = compare(args.target, args.reference, mapping=args.mapping, workers=args.workers,
                          progress=progress, precision=args.precision,
                          steps=_ints(args.steps, "--steps"), ranks=_ints(args.ranks, "--ranks"),
-                         replay=max(0, args.replay))
+                         replay=max(0, args.replay), scheduler=args.scheduler)
     finally:
         stop()
     if args.out:
