@@ -93,11 +93,11 @@ def _as_real(t: torch.Tensor) -> torch.Tensor:
 def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     """Statistics of a CPU tensor in one C pass (torch fallback for other dtypes)."""
     t = _as_real(t)
+    if not t.is_contiguous():  # before either path: torch's own reductions sum a strided view in
+        t = t.contiguous()  # another order (float64's std differed from its copy's in the last bit)
     code = CODES.get(t.dtype)
     if _fastats is None or code is None or (code == 2 and not F16_FAST):  # scalar C float16 is slow
         return materialize_one(device_stats(t))
-    if not t.is_contiguous():
-        t = t.contiguous()
     n = t.numel()
     mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(t.data_ptr(), n, code)
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
