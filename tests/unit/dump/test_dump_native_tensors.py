@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -340,3 +341,23 @@ def test_a_file_system_that_refuses_direct_writes_gets_ordinary_ones(tmp_path, m
     chunk[: len(data)] = data
     safetensors_io.write_chunks(tmp_path / "shard", [chunk], len(data))
     assert refused and (tmp_path / "shard").read_bytes() == data and not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_chunk_pool_is_returned_between_tensor_steps(tmp_path, monkeypatch, backend):
+    """Between two tensor windows the chunks of the pool (full tensors' memory) go back to the
+    system; between two tensor steps of one window they are kept for the next."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    model, opt, batch = small_transformer()
+    held = []
+    with opscope.dump(tmp_path / "d", level="aten", data="tensor", steps="0|1|3") as d:
+        for i in range(4):
+            train_step(model, opt, *batch(i))
+            d.step()
+            deadline = time.monotonic() + 10
+            while (d.writer._queue or d.writer._pending) and time.monotonic() < deadline:
+                time.sleep(0.01)  # the writer writes the step's shards and lets go of their chunks
+            time.sleep(0.05)
+            held.append(backend.pool_bytes())  # (bytes of chunks allocated, idle in the pool)
+    assert held[0][1] > 0 and held[0][0] == held[0][1]  # step 1 is a tensor step: kept for it
+    assert held[1] == held[2] == held[3] == (0, 0)  # steps 2 and 4 are not captured: returned
+    assert {s for _, s in opscope.load(tmp_path / "d").partitions()} == {0, 1, 3}

@@ -324,6 +324,9 @@ class Recorder:
         self.step = step
         self.probing = probe
 
+    def idle(self) -> None:
+        """No step is captured until the next :meth:`begin_step` (memory held for capture may go)."""
+
     def drain(self) -> None:
         """Wait for pending statistics (before tensors are changed behind the dispatcher)."""
         if self.worker is not None:

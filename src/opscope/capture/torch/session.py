@@ -263,6 +263,7 @@ class DumpSession:
         else:
             self.capturing = False
             self._started_level().deactivate()
+            self.recorder.idle()
 
     def _probe_due(self, step: int) -> bool:
         """Measure the step just before a tensor window opens, to say its size beforehand

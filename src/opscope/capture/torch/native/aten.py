@@ -88,6 +88,10 @@ class NativeRecorder(Recorder):
         tensors = plan is not None and plan.stopped is None
         self.native.begin_step(step, tensors, probe, -1 if plan is None else plan.budget())
 
+    def idle(self) -> None:
+        """Between captured steps the native chunk pool of full tensors returns its memory."""
+        self.native.idle()
+
     def end_step(self) -> None:
         if self.probing:  # what a tensor step would store, said before the window opens
             self.probing = False

@@ -196,7 +196,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
   g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = g_route_slow = false, g_stop = Stop();
   {  // the pool keeps what the writer may hold at once: its queue and a shard being filled
     std::lock_guard<std::mutex> plock(pool_mu);
-    g_pool_keep = static_cast<size_t>((std::max(queue_bytes, 0LL) + g_shard_bytes) / CHUNK + 2);
+    g_pool_size = static_cast<size_t>((std::max(queue_bytes, 0LL) + g_shard_bytes) / CHUNK + 2);
   }
   std::lock_guard<std::recursive_mutex> lock(mu);
   N_VIEW = intern("view"), N_ALIAS = intern("alias");
@@ -271,7 +271,21 @@ PyObject* py_begin_step(PyObject*, PyObject* a) {
   clear_step();
   g_step = step, g_want = want, g_probe = probe, g_budget = budget, g_stored = g_stored_n = 0;
   t_pending = Pending{};
+  pool_keep(want && !probe);
   Py_RETURN_NONE;
+}
+
+// idle(): no step is captured until the next begin_step: the chunk pool returns its memory
+// (also each chunk the writer lets go of from now on)
+PyObject* py_idle(PyObject*, PyObject*) {
+  pool_keep(false);
+  Py_RETURN_NONE;
+}
+
+// pool_bytes() -> (bytes of chunks allocated, bytes of them idle in the pool)
+PyObject* py_pool_bytes(PyObject*, PyObject*) {
+  std::lock_guard<std::mutex> lock(pool_mu);
+  return Py_BuildValue("LL", static_cast<long long>(g_chunks_live * CHUNK), static_cast<long long>(pool.size() * CHUNK));
 }
 
 PyObject* py_meta_skipped(PyObject*, PyObject*) { return PyLong_FromLongLong(g_meta); }
@@ -376,6 +390,8 @@ PyMethodDef methods[] = {
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
+    {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
+    {"pool_bytes", py_pool_bytes, METH_NOARGS, "pool_bytes(): (bytes of tensor chunks allocated, idle in the pool)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_opscope_dump", "opscope.dump native observer", -1, methods};

@@ -13,7 +13,23 @@
 constexpr size_t CHUNK = size_t(8) << 20, ALIGN = 4096;
 std::mutex pool_mu;
 std::vector<char*> pool;  // free chunks, their pages touched already (a fresh page costs a fault)
-size_t g_pool_keep = 0;   // chunks the pool may keep: what the writer may hold at once (0: none)
+size_t g_pool_size = 0;   // chunks the pool may keep during tensor steps: what the writer may hold at once
+size_t g_pool_keep = 0;   // chunks it may keep now: g_pool_size in a tensor step, else 0 (returned)
+int64_t g_chunks_live = 0;  // chunks allocated and not freed (in a shard, the writer's queue or the pool)
+
+// A chunk's memory straight from the kernel (mmap), 2 MB aligned: freed, it goes back to the
+// system at once (malloc would keep chunks this size in its heap after the first free).
+constexpr size_t HUGE = size_t(2) << 20;
+char* chunk_map() {
+  void* p = mmap(nullptr, CHUNK + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  uintptr_t start = reinterpret_cast<uintptr_t>(p), at = (start + HUGE - 1) / HUGE * HUGE;
+  if (at > start) munmap(p, at - start);
+  if (at + CHUNK < start + CHUNK + HUGE) munmap(reinterpret_cast<void*>(at + CHUNK), start + HUGE - at);
+  return reinterpret_cast<char*>(at);
+}
+
+void chunk_unmap(char* p) { munmap(p, CHUNK); }
 
 char* chunk_new() {
   {
@@ -24,30 +40,41 @@ char* chunk_new() {
       return p;
     }
   }
-  void* p = nullptr;
-  if (posix_memalign(&p, size_t(2) << 20, CHUNK) != 0) throw std::bad_alloc();
+  char* p = chunk_map();
+  {
+    std::lock_guard<std::mutex> lock(pool_mu);
+    ++g_chunks_live;
+  }
 #ifdef MADV_HUGEPAGE
   madvise(p, CHUNK, MADV_HUGEPAGE);  // a fault per 2 MB instead of per 4 kB, where the kernel allows
 #endif
-  return static_cast<char*>(p);
+  return p;
 }
 
 void chunk_release(char* p) {
-  {
-    std::lock_guard<std::mutex> lock(pool_mu);
-    if (pool.size() < g_pool_keep) {
-      pool.push_back(p);
-      return;
-    }
+  std::lock_guard<std::mutex> lock(pool_mu);
+  if (pool.size() < g_pool_keep) {
+    pool.push_back(p);
+    return;
   }
-  std::free(p);
+  --g_chunks_live;
+  chunk_unmap(p);
+}
+
+// The pool keeps its chunks (on: a tensor step runs) or returns them to the system now, and
+// each chunk the writer lets go of later (off: between tensor steps, nothing idle is held).
+void pool_keep(bool on) {
+  std::lock_guard<std::mutex> lock(pool_mu);
+  g_pool_keep = on ? g_pool_size : 0;
+  while (pool.size() > g_pool_keep) {
+    chunk_unmap(pool.back());
+    pool.pop_back();
+    --g_chunks_live;
+  }
 }
 
 void pool_clear() {
-  std::lock_guard<std::mutex> lock(pool_mu);
-  g_pool_keep = 0;
-  for (char* p : pool) std::free(p);
-  pool.clear();
+  pool_keep(false);
 }
 
 struct ChunkObject {  // one chunk of a shard's file, owned by Python once handed over
