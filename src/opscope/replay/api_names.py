@@ -87,10 +87,14 @@ def split_name(name: str) -> tuple[str, str] | None:
     return None
 
 
+_IN_PLACE_OPERATORS = frozenset(f"__i{op}__" for op in "add sub mul truediv div floordiv mod pow matmul and or xor "
+                                                         "lshift rshift".split()) | {"__setitem__"}
+
+
 def in_place(func: str) -> bool:
     """``add_``, ``__iadd__``, ``__setitem__``: the call writes the tensor it reads first."""
     if func.startswith("__") and func.endswith("__"):
-        return func == "__setitem__" or (func.startswith("__i") and func not in ("__invert__", "__index__"))
+        return func in _IN_PLACE_OPERATORS
     return func.endswith("_")
 
 
