@@ -54,8 +54,9 @@ CLI_RSS = """
 import json, resource, sys
 from opscope.cli.main import main
 rc = main(sys.argv[1:])
-peak = {"compare": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "workers": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}
+me, pool = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+peak = {"compare": me.ru_maxrss, "workers": pool.ru_maxrss,
+        "cpu_s": me.ru_utime + me.ru_stime + pool.ru_utime + pool.ru_stime}
 print("RSS " + json.dumps(peak), file=sys.stderr)
 sys.exit(rc)
 """
@@ -95,24 +96,31 @@ def size(path: Path) -> int:
 
 
 def compare_cli(target: Path, reference: Path, out: Path, extra: list[str]) -> tuple[float, str, int]:
-    """One run as the user runs it: wall seconds, verdict line, exit code."""
+    """One run as the user runs it (the full terminal report, the files): wall seconds, the
+    verdict with the first divergence (from the report), exit code."""
     start = time.perf_counter()
-    proc = subprocess.run([*opscope_cmd(), "compare", str(target), str(reference), "-o", str(out), "-q", *extra],
+    proc = subprocess.run([*opscope_cmd(), "compare", str(target), str(reference), "-o", str(out), *extra],
                           capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"opscope compare failed ({proc.returncode}): {proc.stderr[-800:]}")
-    return wall, proc.stdout.strip(), proc.returncode
+    summary = json.loads((out / "summary.json").read_text())
+    first = summary.get("first_divergence") or {}
+    verdict = summary["verdict"] + (f" at {first.get('module')} {first.get('op')} step {first.get('step')} "
+                                    f"rank {first.get('rank')}" if first else "")
+    return wall, verdict, proc.returncode
 
 
-def peak_rss(target: Path, reference: Path, out: Path, extra: list[str]) -> dict[str, int]:
-    """Peak RSS (MB) of the compare process and of the largest pool worker, from getrusage."""
+def peak_rss(target: Path, reference: Path, out: Path, extra: list[str]) -> dict[str, float]:
+    """Peak RSS (MB) of the compare process and of the largest pool worker, and the CPU
+    seconds of both (user + system: what the compare costs whatever else loads the machine)."""
     proc = subprocess.run([sys.executable, "-c", CLI_RSS, "compare", str(target), str(reference), "-o", str(out),
-                           "-q", *extra], capture_output=True, text=True, timeout=3600)
+                           *extra], capture_output=True, text=True, timeout=3600)
     line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("RSS ")), None)
     if line is None:
         raise RuntimeError(f"no RSS line from the compare: {proc.stderr[-800:]}")
-    return {k: v // 1024 for k, v in json.loads(line[4:]).items()}
+    peak = json.loads(line[4:])
+    return {"compare": peak["compare"] // 1024, "workers": peak["workers"] // 1024, "cpu_s": peak["cpu_s"]}
 
 
 def measure_pair(name: str, target: Path, reference: Path, root: Path, repeat: int, extra: list[str]) -> dict:
@@ -128,7 +136,8 @@ def measure_pair(name: str, target: Path, reference: Path, root: Path, repeat: i
            "verdict": verdict, "walls": walls}
     print(f"{name}: {nbytes / 1e9:.2f} GB (both dumps) in {best:.2f} s (best of {repeat}: "
           f"{', '.join(f'{w:.2f}' for w in walls)}) = {row['mb_s']:.0f} MB/s end to end; peak RSS "
-          f"{rss['compare']} MB compare process, {rss['workers']} MB largest pool worker; verdict: {verdict}",
+          f"{rss['compare']} MB compare process, {rss['workers']} MB largest pool worker; CPU {rss['cpu_s']:.2f} s "
+          f"in all ({nbytes / 1e6 / rss['cpu_s']:.0f} MB per CPU-second); verdict: {verdict}",
           flush=True)
     return row
 

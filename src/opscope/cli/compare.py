@@ -18,14 +18,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", help="write summary.json, pairs.parquet, pairs.csv and report.html here")
     p.add_argument("--mapping", help="YAML or JSON file renaming the target's modules/ops/params (docs/compare.md)")
     p.add_argument("--xlsx", action="store_true", help="also write pairs.xlsx (needs xlsxwriter)")
-    p.add_argument("--workers", type=int, default=None, help="processes reading tensors (default: every core)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes measuring tensors, each streaming its share shard by shard (default: every core)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="measure on a Dask cluster: its scheduler's address (tcp://host:8786) or --scheduler-file "
                         "JSON; every worker must see both dumps at the same path (needs opscope[dask]; "
                         "docs/compare.md)")
     p.add_argument("--precision", default=None, help="precision the target ran in when dtypes do not say (e.g. tf32)")
-    p.add_argument("--steps", default=None, help="compare only these steps, e.g. 0,5,10")
-    p.add_argument("--ranks", default=None, help="compare only these ranks, e.g. 0,7")
+    p.add_argument("--steps", default=None, help="compare only these steps, e.g. 0,5,10 (default: every step in both)")
+    p.add_argument("--ranks", default=None, help="compare only these ranks, e.g. 0,7; rank N of the target is "
+                                                 "paired with rank N of the reference (default: every rank in both)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
     p.add_argument("--replay", type=int, default=0, metavar="N",
                    help="re-run the top N culprits in float64 on each side's own inputs and say which side "
@@ -46,18 +48,18 @@ def main(argv: list[str]) -> int:
                          replay=max(0, args.replay), scheduler=args.scheduler)
     finally:
         stop()
+    if args.quiet:  # the verdict first; the files after it
+        first = result.first_divergence
+        print(f"{result.verdict}" + (f": {first.where}" if first else ""), flush=True)
+    else:
+        from opscope.report import render
+
+        print(render(result, "text", color=sys.stdout.isatty()), end="", flush=True)
     if args.out:
         from opscope.report.compare_files import write_all
 
         write_all(result, args.out, xlsx=args.xlsx)
-    if args.quiet:
-        first = result.first_divergence
-        print(f"{result.verdict}" + (f": {first.where}" if first else ""))
-    else:
-        from opscope.report import render
-
-        print(render(result, "text", color=sys.stdout.isatty()), end="")
-        if args.out:
+        if not args.quiet:
             print(f"files: {args.out}/summary.json, pairs.parquet, pairs.csv, report.html"
                   + (", pairs.xlsx" if args.xlsx else ""))
     return 1 if result.verdict == "diverged" else 0
