@@ -305,6 +305,8 @@ def _tensorflow_session(name: str, cfg: Any, path: str) -> Any:
         return None
     if name == "profile":
         return _tensorflow_profile(cfg)
+    if name == "overflow":
+        return _tensorflow_watch(cfg)
     from opscope.capture.tensorflow.autostart import make_session
 
     return make_session(name, cfg, path)
@@ -322,6 +324,13 @@ def _tensorflow_profile(cfg: Any) -> Any:
     from opscope.report import renderer
 
     return tf_profile.TFProfileSession(cfg, html=renderer("ProfileData", "html"))
+
+
+def _tensorflow_watch(cfg: Any) -> Any:
+    from opscope.report import renderer
+    from opscope.watch.tensorflow import from_config
+
+    return from_config(cfg, renderer("OverflowEvent", "text"))
 
 
 def _watch_session(path: str) -> Any:

@@ -167,3 +167,16 @@ def test_watch_names_the_first_nan_op_its_layer_and_inputs(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=ENV)
     assert "HIT tf.SelectV2 ff0b forward 1 nan [0, 1, 0]" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "first NaN/Inf" in proc.stdout and "from tf.GreaterEqual in ff0b" in proc.stdout
+
+
+def test_zero_code_overflow_watch_on_a_keras_program(tmp_path):
+    """opscope run with an overflow section on a script that never mentions opscope: the first
+    NaN op, its layer, step and inputs, as opscope.tensorflow.watch reports them."""
+    config = tmp_path / "cfg.json"
+    config.write_text(json.dumps({"overflow": {"action": "raise"}}))
+    proc = subprocess.run([sys.executable, "-m", "opscope", "run", "-c", str(config), "--", sys.executable,
+                           str(TRAIN), "-", "--nan"], capture_output=True, text=True, timeout=300, env=ENV,
+                          cwd=tmp_path)
+    assert proc.returncode != 0 and "OverflowDetected" in proc.stderr, proc.stderr[-3000:]
+    assert "NaN in tf.SelectV2 (module ff0b, forward, step 1" in proc.stderr, proc.stderr[-3000:]
+    assert "from tf.GreaterEqual in ff0b" in proc.stderr and "first NaN/Inf" in proc.stderr

@@ -26,6 +26,8 @@ from opscope.watch.events import ChainLink, OverflowEvent, TensorSummary, WatchR
 _ID, _IO, _SEQ, _STEP, _PRODUCER = COL["id"], COL["io"], COL["seq"], COL["step"], COL["producer"]
 _NAN, _INF = 6, 7  # positions in the statistics tuple
 ACTIONS = ("raise", "warn", "record")
+# overflow-section keys the PyTorch watch has and this one does not
+TORCH_ONLY = ("limit", "path", "loss_spike", "time_spike")
 
 
 class TFWatch:
@@ -63,6 +65,10 @@ class TFWatch:
     def callback(self) -> Any:
         """This watch as a Keras callback (``model.fit(callbacks=[w.callback()])``)."""
         return self.session.callback()
+
+    @property
+    def stopped(self) -> bool:
+        return bool(self.session.stopped)
 
     def stop(self) -> WatchResult:
         self.session.stop()
@@ -124,6 +130,19 @@ class TFWatch:
         stats = row[STATS]
         return [ChainLink(op=row[COL["op"]], module=row[COL["module"]], phase=row[COL["phase"]],
                           reason="first NaN/Inf", min=stats[0], max=stats[1], fwd_op=row[COL["fwd_op"]])]
+
+
+def from_config(cfg: Any, report: Callable[[OverflowEvent], str]) -> TFWatch | None:
+    """The watch the ``overflow`` section starts in a TensorFlow program (``opscope run``,
+    ``$OPSCOPE_CONFIG``): its ``action`` and ``steps``; None when the script holds its own."""
+    main = sys.modules.get("__main__")
+    if main is not None and any(isinstance(v, TFWatch) for v in vars(main).values()):
+        return None
+    unused = [k for k in TORCH_ONLY if getattr(cfg, k, None) is not None]
+    if unused:
+        print(f"opscope: overflow keys {', '.join(unused)} are for PyTorch programs; "
+              "a TensorFlow program's watch uses action and steps", file=sys.stderr)
+    return TFWatch(cfg.action, cfg.steps.spec, report=report)
 
 
 def _abnormal(row: list[Any]) -> bool:

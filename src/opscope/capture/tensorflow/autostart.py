@@ -32,7 +32,8 @@ def arm_tensorflow(first_use: Callable[[], list[tuple[str, Any]]]) -> None:
 
 
 def arm_keras(first_use: Callable[[], list[tuple[str, Any]]]) -> None:
-    """After ``import keras``: ``Model.fit`` starts the sessions and adds the dump's callback."""
+    """After ``import keras``: ``Model.fit`` starts the sessions and adds the callbacks of the
+    dump and of the overflow watch."""
     import keras
 
     own = keras.Model.__dict__.get("fit")  # fit is usually inherited (the backend's trainer)
@@ -44,7 +45,8 @@ def arm_keras(first_use: Callable[[], list[tuple[str, Any]]]) -> None:
         else:
             keras.Model.fit = own
         sessions = first_use()
-        dumps = [s for name, s in sessions if name == "dump" and hasattr(s, "callback") and not s.stopped]
+        dumps = [s for name, s in sessions if name in ("dump", "overflow") and hasattr(s, "callback")
+                 and not s.stopped]
         if dumps:
             kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *(s.callback() for s in dumps)]
         return fit(model, *args, **kwargs)
