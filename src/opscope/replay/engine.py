@@ -189,6 +189,11 @@ def judge(sides: dict[str, SideReplay], errors: dict[str, str], ref: CallRef) ->
         if side.status == "wrong":
             return f"{side.side}_wrong", _wrong_reason(side, sides, others)
         return "not_replayable", f"{_describe(side)}; {others}"
+    ops = {s.op for s in sides.values()}
+    if all(s.status == "ok" for s in sides.values()) and len(ops) > 1:
+        return "both_within", (f"{_join(sides)}: each side's op is right for its own inputs, but the sides ran "
+                               f"different ops ({sides['target'].op} on the target, {sides['reference'].op} on "
+                               "the reference): the difference comes from that choice, not from a kernel")
     if all(s.status == "ok" for s in sides.values()):
         return "both_within", (f"{_join(sides)}: the op is right for its inputs on "
                                f"{'both sides' if len(sides) == 2 else 'the only side it ran on'}; "
