@@ -62,6 +62,19 @@ setup(
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,
-        )
+        ),
+        Extension(  # compare's one-pass kernel over a block of a tensor pair (opscope.compare.kernel)
+            "opscope.compare._pairsums",
+            sources=["src/opscope/compare/_c/pairsums.c"],
+            extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99"],
+            optional=True,
+        ),
+        Extension(  # the monitor's batched norms (src/opscope/monitor/_c/monstats.c)
+            "opscope.monitor._monstats",
+            sources=["src/opscope/monitor/_c/monstats.c"],
+            extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11", "-pthread"],
+            extra_link_args=["-pthread"],
+            optional=True,
+        ),
     ]
 )

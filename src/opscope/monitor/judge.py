@@ -2,15 +2,20 @@
 
 The training thread reads a step's statistics (the passes over the tensors must see them
 alive) and hands them over; a background thread runs the detector, keeps the rows for the
-Parquet writer and reports events. A flight recorder has to be triggered at the step's
-end, so with one the work stays on the training thread. A failure there (a full disk) is
-raised on the training thread at the next step or at stop.
+Parquet writer and reports events. Steps are handed over in groups (``HANDOFF`` steps, what
+``LATENCY`` seconds gathered, or the rest of a Parquet chunk): waking the thread costs the training thread a
+handover of the GIL each time, which per step was a third of the monitor's cost on a
+small model; an event is then reported up to that many steps (or seconds) after its step.
+A flight recorder has to be triggered at the step's end, so with one the work stays on the
+training thread. A failure there (a full disk) is raised on the training thread at a later
+step or at stop.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +24,9 @@ import numpy as np
 from opscope.monitor.detect import BandDetector, Key
 from opscope.monitor.events import Departure, MonitorEvent
 from opscope.monitor.series import Block, SeriesWriter
+
+HANDOFF = 16  # steps handed to the background thread at once
+LATENCY = 0.5  # seconds: or fewer steps, when they took that long
 
 
 class Judge:
@@ -29,8 +37,11 @@ class Judge:
         self.detector, self.writer, self.rank, self.emit = detector, writer, rank, emit
         self.order: dict[Key, int] = {}
         self.error: BaseException | None = None
-        self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(maxsize=8)  # a slow disk holds training
+        self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(maxsize=4)  # a slow disk holds training
         self._thread: threading.Thread | None = None
+        self._held: list[tuple[Any, ...]] = []
+        self._since = time.monotonic()
+        self._count = 0
         if threaded:
             self._thread = threading.Thread(target=self._run, name="opscope-monitor-judge", daemon=True)
             self._thread.start()
@@ -38,23 +49,36 @@ class Judge:
     def submit(self, step: int, blocks: list[Block], scalars: dict[Key, float], causes: list[Departure],
                order: dict[Key, int] | None) -> None:
         """Hand over one step (``order``: the series' places, when they changed)."""
-        self.check()
         item = (step, blocks, scalars, causes, order)
         if self._thread is None:
+            self.check()
             self.judge(*item)
-        else:
-            self._queue.put(item)
+            return
+        self._held.append(item)
+        self._count += 1
+        # also at each chunk's last step, so that a crash loses no more than the steps since the last chunk
+        chunk_done = self._count % self.writer.chunk == 0
+        if len(self._held) >= HANDOFF or chunk_done or time.monotonic() - self._since > LATENCY:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        self.check()
+        held, self._held = self._held, []
+        self._since = time.monotonic()
+        if held:
+            self._queue.put(held)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            items = self._queue.get()
+            if items is None:
                 return
-            if self.error is None:
-                try:
-                    self.judge(*item)
-                except BaseException as exc:  # raised on the training thread by check()
-                    self.error = exc
+            for item in items:
+                if self.error is None:
+                    try:
+                        self.judge(*item)
+                    except BaseException as exc:  # raised on the training thread by check()
+                        self.error = exc
 
     def judge(self, step: int, blocks: list[Block], scalars: dict[Key, float], causes: list[Departure],
               order: dict[Key, int] | None) -> None:
@@ -83,6 +107,9 @@ class Judge:
     def close(self) -> None:
         """Judge what is still queued; then raise what failed."""
         if self._thread is not None:
+            held, self._held = self._held, []
+            if held:
+                self._queue.put(held)
             self._queue.put(None)
             self._thread.join()
             self._thread = None

@@ -81,6 +81,7 @@ class MonitorSession:
         self._causes: list[Departure] = []
         self._order_written = 0
         self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
+        self._grad_layout: dict[tuple[int, tuple[bool, ...]], tuple[tuple[Key, ...], list[int]]] = {}
 
     @property
     def step_index(self) -> int:
@@ -194,6 +195,22 @@ class MonitorSession:
         # activations are not kept alive past their own use (backward frees them)
         self._pending.append((keys, Pending([t for _, t in named], keep=kind not in _TRANSIENT)))
 
+    def _track_grads(self, optimizer: torch.optim.Optimizer) -> None:
+        """The gradients of ``optimizer``'s parameters, reduced on the batched kernel's native
+        thread while ``optimizer.step()`` runs (it only reads them); read in the post-hook.
+        Their keys are made once per set of present gradients."""
+        items = self._param_items(optimizer)
+        grads = [p.grad for _, p, _ in items]
+        present = (id(items), tuple(g is not None for g in grads))
+        layout = self._grad_layout.get(present)
+        if layout is None:
+            chosen = [i for i, g in enumerate(grads) if g is not None and g.numel()]
+            keys = tuple(self._place("grad", items[i][0], items[i][2]) for i in chosen)
+            layout = self._grad_layout[present] = (keys, chosen)
+        keys, chosen = layout
+        if chosen:
+            self._pending.append((keys, Pending([grads[i] for i in chosen], background=True)))  # type: ignore[misc]
+
     def _scalar(self, key: Key, value: float) -> None:
         self._place(*key)
         self._scalars[key] = value
@@ -246,19 +263,27 @@ class MonitorSession:
             for gi, group in enumerate(optimizer.param_groups):
                 self._scalar(("lr", "lr" if gi == 0 else f"lr.group{gi}"), scalar_stats(group["lr"]))
         if "grads" in self.targets:
-            items = [(n, p.grad, pos) for n, p, pos in self._param_items(optimizer) if p.grad is not None]
-            self._track("grad", [(n, g) for n, g, _ in items], [pos for _, _, pos in items])
+            self._track_grads(optimizer)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.on:
             items = self._param_items(optimizer)
+            keys: list[Key] = []
+            tensors: list[torch.Tensor] = []
             if "optimizer" in self.targets:
                 for kind in _STATE_KINDS:
-                    state = [(n, optimizer.state[p].get(kind), pos) for n, p, pos in items if p in optimizer.state]
-                    state = [(n, t, pos) for n, t, pos in state if isinstance(t, torch.Tensor) and t.dim()]
-                    self._track(kind, [(n, t) for n, t, _ in state], [pos for _, _, pos in state])
+                    for n, p, pos in items:
+                        t = optimizer.state[p].get(kind) if p in optimizer.state else None
+                        if isinstance(t, torch.Tensor) and t.dim() and t.numel():
+                            keys.append(self._place(kind, n, pos))
+                            tensors.append(t)
             if "weights" in self.targets:
-                self._track("weight", [(n, p) for n, p, _ in items], [pos for _, _, pos in items])
+                for n, p, pos in items:
+                    if p.numel():
+                        keys.append(self._place("weight", n, pos))
+                        tensors.append(p)
+            if tensors:  # state and weights: one batch
+                self._pending.append((tuple(keys), Pending(tensors)))
             self._read()  # gradients and state are alive now; one read for the step
             self._causes += adam_eps_departures(optimizer, items, self._blocks, self.order)
         self.clock.optimizer_step()

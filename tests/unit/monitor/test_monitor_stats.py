@@ -1,9 +1,10 @@
-"""The two statistics engines agree, NaN/Inf are counted on both, and nothing read is changed."""
+"""The statistics engines agree, NaN/Inf are counted on each, and nothing read is changed."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,16 +21,26 @@ def tensors() -> list[torch.Tensor]:
     d[3], d[10], d[11] = math.nan, math.inf, -math.inf
     e = torch.randn(50).half()
     e[0] = math.inf
-    return [a, b, c, d, e]
+    f = torch.randn(5000, dtype=torch.float64) * 1e3
+    g = torch.randn(4097).half()  # more than a block, a tail
+    return [a, b, c, d, e, f, g]
 
 
-@pytest.mark.parametrize("native", [True, False], ids=["native", "torch-ops"])
-def test_norm_max_and_counts(native, monkeypatch):
+ENGINES = {"batched": (True, True), "per-tensor": (True, False), "torch-ops": (False, False)}
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["now", "background"])
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_norm_max_and_counts(engine, background, monkeypatch):
+    native, batched = ENGINES[engine]
+    if batched and not stats.BATCHED:
+        pytest.skip("the batched kernel is not built here")
     monkeypatch.setattr(stats, "NATIVE", native)
+    monkeypatch.setattr(stats, "BATCHED", batched)
     ts = tensors()
     before = [t.clone() for t in ts]
-    got = Pending(ts).values()
-    for t, (norm, mx, nan, inf) in zip(ts[:3], got[:3], strict=True):
+    got = Pending(ts, background=background).values()
+    for t, (norm, mx, nan, inf) in zip(ts[:3] + ts[5:], np.concatenate([got[:3], got[5:]]), strict=True):
         ref = t.double()
         assert norm == pytest.approx(float(ref.norm()), rel=1e-5)
         assert mx == pytest.approx(float(ref.abs().max()), rel=1e-6)
@@ -37,6 +48,15 @@ def test_norm_max_and_counts(native, monkeypatch):
     assert math.isnan(got[3][0]) and list(got[3][2:]) == [1, 2]
     assert got[4][0] == math.inf and list(got[4][2:]) == [0, 1]
     assert all(torch.equal(x, y) or (x.isnan() == y.isnan()).all() for x, y in zip(ts, before, strict=True))
+
+
+def test_the_batched_kernel_sums_squares_that_overflow_float32_in_double():
+    if not stats.BATCHED:
+        pytest.skip("the batched kernel is not built here")
+    big = torch.full((3000,), 3e25)  # finite, its squares are not in float32 (the other engines say inf)
+    norm, mx, nan, inf = Pending([big, big[::2]]).values()[0]
+    assert norm == pytest.approx(3e25 * math.sqrt(3000), rel=1e-6) and mx == pytest.approx(3e25)
+    assert (nan, inf) == (0, 0)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "torch-ops"])

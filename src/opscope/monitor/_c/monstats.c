@@ -1,0 +1,313 @@
+/* The monitor's statistics of many CPU tensors in one call: L2 norm, max |x|, NaN and Inf
+ * counts of each (nothing else: no min, sum, zero count or hash, which the dump's kernel
+ * also computes), written into a caller's float64 [n, 4] buffer.
+ *
+ * norms(meta, out)  reduces every tensor now (the GIL released);
+ * start(meta, out)  hands the same work to the monitor's own native thread and returns at
+ *                   once (both buffers are held until join);
+ * join()            waits for it, without the GIL.
+ * meta is a C-contiguous int64 [n, 3] buffer (numpy array): address, element count and
+ * dtype code of each tensor (as the dump's kernel: 0 float32, 1 float64, 2 float16,
+ * 3 bfloat16; another code gives NaN statistics); out a float64 [n, 4] one. One batch is
+ * in flight at a time (start waits for the previous one).
+ *
+ * The caller keeps every tensor alive and unwritten until join() returns. NaN makes the
+ * norm and max NaN, an Inf (without NaN) makes them Inf, as torch's reductions do.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3 };
+#define BLOCK 2048 /* float lanes hold the squares of a block, then a double the blocks */
+#define LANES 16
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__clang__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
+typedef struct {
+    double sumsq, amax;
+    uint64_t nan, inf;
+} mstat_t;
+
+static inline float bf16_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float16 without F16C (the portable path; F16C converts a block at a time, below) */
+static inline float f16_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else if (e) u = s | ((e + 112) << 23) | (m << 13);
+    else {
+        float f = (float)m * 5.9604644775390625e-08f; /* subnormal: m * 2^-24 */
+        return s ? -f : f;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float f32_f32(float x) { return x; }
+
+/* Finite values' squares and max |x| in float lanes per block; NaN/Inf counted apart. A
+ * block whose float sum of squares overflows (|x| > 1.8e19) is summed again in double. */
+#define FLOAT_KERNEL(NAME, CTYPE, TOF)                                                        \
+    static void NAME(const CTYPE *x, Py_ssize_t n, mstat_t *r) CLONES;                        \
+    static void NAME(const CTYPE *x, Py_ssize_t n, mstat_t *r) {                              \
+        for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {                                        \
+            Py_ssize_t m = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;                            \
+            const CTYPE *xb = x + b0;                                                         \
+            float q[LANES] = {0}, mx[LANES] = {0};                                            \
+            int32_t cn[LANES] = {0}, ci[LANES] = {0};                                         \
+            for (; i + LANES <= m; i += LANES)                                                \
+                for (int l = 0; l < LANES; l++) {                                             \
+                    float v = TOF(xb[i + l]), a = fabsf(v);                                   \
+                    cn[l] += v != v;                                                          \
+                    ci[l] += a == INFINITY;                                                   \
+                    float f = a <= FLT_MAX ? a : 0.0f;                                        \
+                    q[l] += f * f;                                                            \
+                    mx[l] = mx[l] > f ? mx[l] : f;                                            \
+                }                                                                             \
+            for (; i < m; i++) {                                                              \
+                float v = TOF(xb[i]), a = fabsf(v);                                           \
+                cn[0] += v != v;                                                              \
+                ci[0] += a == INFINITY;                                                       \
+                float f = a <= FLT_MAX ? a : 0.0f;                                            \
+                q[0] += f * f;                                                                \
+                mx[0] = mx[0] > f ? mx[0] : f;                                                \
+            }                                                                                 \
+            double s = 0;                                                                     \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                s += q[l];                                                                    \
+                r->amax = r->amax > mx[l] ? r->amax : mx[l];                                  \
+                r->nan += (uint64_t)cn[l];                                                    \
+                r->inf += (uint64_t)ci[l];                                                    \
+            }                                                                                 \
+            if (!isfinite(s)) {                                                               \
+                s = 0;                                                                        \
+                for (i = 0; i < m; i++) {                                                     \
+                    double a = fabs((double)TOF(xb[i]));                                      \
+                    if (a <= DBL_MAX) s += a * a;                                             \
+                }                                                                             \
+            }                                                                                 \
+            r->sumsq += s;                                                                    \
+        }                                                                                     \
+    }
+
+FLOAT_KERNEL(k_f32, float, f32_f32)
+FLOAT_KERNEL(k_f16_portable, uint16_t, f16_f32)
+FLOAT_KERNEL(k_bf16, uint16_t, bf16_f32)
+
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#include <immintrin.h>
+/* float16 through F16C: each block converted to float32 (in cache), then the float32 loop */
+__attribute__((target("avx2,f16c"))) static void k_f16_f16c(const uint16_t *x, Py_ssize_t n, mstat_t *r) {
+    float t[BLOCK];
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {
+        Py_ssize_t m = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;
+        for (; i + 8 <= m; i += 8)
+            _mm256_storeu_ps(t + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + b0 + i))));
+        for (; i < m; i++) t[i] = f16_f32(x[b0 + i]);
+        k_f32(t, m, r);
+    }
+}
+static void k_f16(const uint16_t *x, Py_ssize_t n, mstat_t *r) {
+    static int f16c = -1;
+    if (f16c < 0) f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    if (f16c) k_f16_f16c(x, n, r);
+    else k_f16_portable(x, n, r);
+}
+#else
+#define k_f16 k_f16_portable
+#endif
+
+static void k_f64(const double *x, Py_ssize_t n, mstat_t *r) CLONES;
+static void k_f64(const double *x, Py_ssize_t n, mstat_t *r) {
+    double q[8] = {0}, mx[8] = {0};
+    int64_t cn[8] = {0}, ci[8] = {0};
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            double v = x[i + l], a = fabs(v);
+            cn[l] += v != v;
+            ci[l] += a == INFINITY;
+            double f = a <= DBL_MAX ? a : 0.0;
+            q[l] += f * f;
+            mx[l] = mx[l] > f ? mx[l] : f;
+        }
+    for (; i < n; i++) {
+        double v = x[i], a = fabs(v);
+        cn[0] += v != v;
+        ci[0] += a == INFINITY;
+        double f = a <= DBL_MAX ? a : 0.0;
+        q[0] += f * f;
+        mx[0] = mx[0] > f ? mx[0] : f;
+    }
+    for (int l = 0; l < 8; l++) {
+        r->sumsq += q[l];
+        r->amax = r->amax > mx[l] ? r->amax : mx[l];
+        r->nan += (uint64_t)cn[l];
+        r->inf += (uint64_t)ci[l];
+    }
+}
+
+/* out[4 * i ...] = norm, max |x|, NaN count, Inf count of tensor i. */
+static void run_batch(const int64_t *meta, double *out, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        mstat_t r = {0, 0, 0, 0};
+        const void *p = (const void *)(uintptr_t)meta[3 * i];
+        Py_ssize_t len = (Py_ssize_t)meta[3 * i + 1];
+        int known = 1;
+        if (len > 0) switch (meta[3 * i + 2]) {
+            case F32: k_f32((const float *)p, len, &r); break;
+            case F64: k_f64((const double *)p, len, &r); break;
+            case F16: k_f16((const uint16_t *)p, len, &r); break;
+            case BF16: k_bf16((const uint16_t *)p, len, &r); break;
+            default: known = 0; break;
+        }
+        double *o = out + 4 * i;
+        if (!known) o[0] = o[1] = o[2] = o[3] = NAN;
+        else if (r.nan) o[0] = o[1] = NAN;
+        else if (r.inf) o[0] = o[1] = INFINITY;
+        else { o[0] = sqrt(r.sumsq); o[1] = r.amax; }
+        if (known) {
+            o[2] = (double)r.nan;
+            o[3] = (double)r.inf;
+        }
+    }
+}
+
+#define NBUF 2
+typedef struct {
+    Py_buffer b[NBUF];
+    Py_ssize_t n;
+} batch_t;
+
+static void release(batch_t *batch) {
+    for (int k = 0; k < NBUF; k++) PyBuffer_Release(&batch->b[k]);
+}
+
+/* Take meta (int64 [n, 3]) and out (float64 [n, 4], writable) into `batch`. */
+static int take_buffers(PyObject *args, batch_t *batch) {
+    PyObject *meta, *out;
+    if (!PyArg_ParseTuple(args, "OO", &meta, &out)) return -1;
+    if (PyObject_GetBuffer(meta, &batch->b[0], PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(out, &batch->b[1], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&batch->b[0]);
+        return -1;
+    }
+    batch->n = batch->b[0].len / 24;
+    if (batch->b[0].len != 24 * batch->n || batch->b[1].len != 32 * batch->n) {
+        release(batch);
+        PyErr_SetString(PyExc_ValueError, "norms: meta must be int64 [n, 3] and out float64 [n, 4]");
+        return -1;
+    }
+    return 0;
+}
+
+static void run_buffers(batch_t *batch) {
+    run_batch(batch->b[0].buf, batch->b[1].buf, batch->n);
+}
+
+static PyObject *norms(PyObject *self, PyObject *args) {
+    batch_t batch;
+    if (take_buffers(args, &batch) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    run_buffers(&batch);
+    Py_END_ALLOW_THREADS
+    release(&batch);
+    Py_RETURN_NONE;
+}
+
+/* The monitor's own worker: one batch at a time, never touching Python objects. */
+static struct {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started, busy, held;
+    batch_t batch;
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void *worker_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&W.mu);
+    for (;;) {
+        while (!W.busy) pthread_cond_wait(&W.cv, &W.mu);
+        pthread_mutex_unlock(&W.mu);
+        run_buffers(&W.batch);
+        pthread_mutex_lock(&W.mu);
+        W.busy = 0;
+        pthread_cond_broadcast(&W.cv);
+    }
+    return NULL;
+}
+
+static void wait_idle(void) {
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&W.mu);
+    while (W.busy) pthread_cond_wait(&W.cv, &W.mu);
+    pthread_mutex_unlock(&W.mu);
+    Py_END_ALLOW_THREADS
+    if (W.held) {
+        release(&W.batch);
+        W.held = 0;
+    }
+}
+
+static PyObject *join(PyObject *self, PyObject *unused) {
+    wait_idle();
+    Py_RETURN_NONE;
+}
+
+static PyObject *start(PyObject *self, PyObject *args) {
+    batch_t batch;
+    wait_idle();
+    if (take_buffers(args, &batch) < 0) return NULL;
+    pthread_mutex_lock(&W.mu);
+    if (!W.started) {
+        if (pthread_create(&W.thread, NULL, worker_main, NULL) != 0) {
+            pthread_mutex_unlock(&W.mu);
+            release(&batch);
+            PyErr_SetString(PyExc_RuntimeError, "cannot start the monitor's statistics thread");
+            return NULL;
+        }
+        pthread_detach(W.thread);
+        W.started = 1;
+    }
+    W.batch = batch;
+    W.held = 1;
+    W.busy = 1;
+    pthread_cond_signal(&W.cv);
+    pthread_mutex_unlock(&W.mu);
+    Py_RETURN_NONE;
+}
+
+/* A forked child has no worker thread (and no batch in flight): start afresh there. */
+static void child_after_fork(void) {
+    pthread_mutex_init(&W.mu, NULL);
+    pthread_cond_init(&W.cv, NULL);
+    W.started = W.busy = W.held = 0;
+}
+
+static PyMethodDef METHODS[] = {
+    {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta[i]: address, numel, dtype code)"},
+    {"start", start, METH_VARARGS, "start(meta, out): the same on the monitor's thread; join() waits"},
+    {"join", join, METH_NOARGS, "join(): wait for the batch given to start()"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_monstats", NULL, -1, METHODS};
+
+PyMODINIT_FUNC PyInit__monstats(void) {
+    pthread_atfork(NULL, NULL, child_after_fork);
+    return PyModule_Create(&MODULE);
+}
