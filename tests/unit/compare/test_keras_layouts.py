@@ -76,3 +76,15 @@ def test_keras_variables_get_their_torch_names_through_the_matched_layer():
     assert torch_param("tfm/attn0/query/kernel", owners) == "q_proj.weight"
     assert torch_param("net/dense_9/kernel", owners) is None
     assert torch_param("net/dense_1/counter", owners) is None
+
+
+def test_an_einsum_kernel_moves_its_output_axes_first():
+    rng = np.random.default_rng(1)
+    query, out = rng.standard_normal((8, 2, 4)), rng.standard_normal((2, 4, 8))  # (d, heads, head_dim), back
+    grads = [row(0, 0, "", "Adam.apply", "grad", [8, 2, 4], param="attn/query/kernel"),
+             row(1, 0, "", "Adam.apply", "grad", [2, 4, 8], param="attn/out/kernel")]
+    side = Side.build("reference", "tf-layer", grads, KERAS)
+    pairs = [Pair({"shape": [8, 8], "data": "x"}, side.by_id[i], "aligned") for i in (0, 1)]
+    apply_layouts(pairs, side)
+    assert np.array_equal(place_view(query, json.loads(pairs[0].r["view"])).reshape(8, 8), query.reshape(8, 8).T)
+    assert np.array_equal(place_view(out, json.loads(pairs[1].r["view"])).reshape(8, 8), out.reshape(8, 8).T)

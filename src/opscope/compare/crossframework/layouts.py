@@ -104,17 +104,23 @@ def _permutation(f_row: dict[str, Any], p_row: dict[str, Any],
 
 def _kernel(f_row: dict[str, Any], shape: list[int], other: list[int],
             source: list[int] | None) -> tuple[list[int] | None, list[int]]:
-    """A kernel's gradient: ``(in, out)`` -> ``(out, in)``, ``(kh, kw, in, out)`` -> ``(out, in, kh, kw)``;
-    a Dense kernel whose input is a flattened channels-last tensor ``[N, H, W, C]`` has its
-    rows in ``H, W, C`` order: read as ``(H, W, C, out)`` -> ``(out, C, H, W)``."""
-    if not str(f_row.get("orig_param") or f_row.get("param") or "").endswith("kernel") or len(shape) < 2:
+    """A kernel (or its gradient) in torch's layout: ``(in, out)`` -> ``(out, in)``,
+    ``(kh, kw, in, out)`` -> ``(out, in, kh, kw)``; a Dense kernel whose input is a flattened
+    channels-last ``[N, H, W, C]`` has its rows in ``H, W, C`` order: read as ``(H, W, C, out)``
+    -> ``(out, C, H, W)``; an ``EinsumDense`` kernel against a 2-D weight moves its output axes
+    first (``(d, heads, head_dim)`` -> ``(heads, head_dim, d)``)."""
+    if not str(f_row.get("orig_param") or f_row.get("param") or "").endswith("kernel") or len(shape) < 2 \
+            or _numel(shape) != _numel(other):
         return None, shape
     if len(shape) == 2 and source is not None and len(source) >= 3 and _numel(source[1:]) == shape[0]:
         shape = [*source[1:], shape[1]]
+    elif len(shape) != len(other):
+        cut = next((k for k in range(1, len(shape)) if len(other) == 2 and _numel(shape[:k]) == other[1]
+                    and _numel(shape[k:]) == other[0]), None)
+        return (None, shape) if cut is None else ([*range(cut, len(shape)), *range(cut)], shape)
     rank = len(shape)
     perm = [1, 0] if rank == 2 else [rank - 1, rank - 2, *range(rank - 2)]
-    return (perm, shape) if _numel([shape[k] for k in perm]) == _numel(other) and \
-        ([shape[k] for k in perm] == other or rank > len(other)) else (None, shape)
+    return (perm, shape) if [shape[k] for k in perm] == other or rank > len(other) else (None, shape)
 
 
 def _numel(shape: list[int]) -> int:

@@ -18,11 +18,12 @@ def dump_level(dump: Any) -> str | None:
 
 def is_cross(t_level: str | None, r_level: str | None) -> bool:
     """True when a side is a dump of a framework with an op table (an ONNX Runtime dump):
-    align with :func:`~opscope.compare.crossframework.align_partition`. Two layer-level dumps
-    of one framework (Keras against Keras) pair by layer path, as two torch module dumps do."""
+    align with :func:`~opscope.compare.crossframework.align_partition`. A layer-level dump
+    (Keras) goes there against a torch module dump only: two Keras dumps pair by layer path,
+    as two torch module dumps do, and against op-level dumps they name things differently."""
     table = table_for(t_level) or table_for(r_level)
-    if table is not None and table.layers and t_level == r_level:
-        return False
+    if table is not None and table.layers:  # layers pair with torch modules only
+        return (r_level if table_for(t_level) is table else t_level) == "module"
     return table is not None
 
 
