@@ -28,6 +28,10 @@ from opscope.storage.safetensors_io import write_chunks, write_shard
 from opscope.storage.table import rows_to_table
 
 _STOP = object()
+STATUS_EVERY = 1.0  # seconds between rank.json updates while the dump runs (and at its end)
+WAKE_BYTES = 1 << 20  # a queued item this large wakes the writer thread; smaller ones wait for its next round
+WAKE_EVERY = 0.05  # seconds: the writer thread's round when nothing large wakes it
+COMPRESS_ROWS = 1024  # index files of fewer rows are written uncompressed
 # step -> (open shard's name, its (key, dtype, shape, buffer) chunks)
 OpenShards = dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]]
 
@@ -63,6 +67,7 @@ class DumpWriter:
         self._thread: threading.Thread | None = None
         self._shard: dict[int, tuple[int, int]] = {}  # step -> (index, bytes) on the caller side
         self._rows_index: dict[int, int] = {}
+        self._status_at = 0.0  # when rank.json was last written (writer thread)
 
     # -- caller side -------------------------------------------------------------------
     def open(self) -> None:
@@ -136,14 +141,19 @@ class DumpWriter:
             raise self.error
 
     def _put(self, item: tuple[Any, ...], nbytes: int) -> None:
+        """Queue ``item``. Small items (a step's rows, its end) do not wake the writer thread,
+        which takes them on its next round (:data:`WAKE_EVERY`): one hand-over of the GIL per
+        round instead of one per item, which a training step of a millisecond would feel."""
         self.check()
         with self._cond:
             while self._pending and self._pending + nbytes > self.queue_limit and self.error is None:
+                self._cond.notify_all()
                 self._cond.wait(0.5)
             self.check()
             self._pending += nbytes
             self._queue.append((*item, nbytes))
-            self._cond.notify_all()
+            if nbytes >= WAKE_BYTES or self._pending + WAKE_BYTES > self.queue_limit:
+                self._cond.notify_all()
 
     # -- writer thread -----------------------------------------------------------------
     def _loop(self) -> None:
@@ -151,7 +161,7 @@ class DumpWriter:
         while True:
             with self._cond:
                 while not self._queue:
-                    self._cond.wait()
+                    self._cond.wait(WAKE_EVERY)
                 item = self._queue.popleft()
             if item[0] is _STOP:
                 if self.error is None:
@@ -202,14 +212,19 @@ class DumpWriter:
             else:
                 table = rows.table() if hasattr(rows, "table") else rows_to_table(rows)
             tmp = directory / f"{name}.tmp"
-            pq.write_table(table, tmp, compression="zstd")
+            # zstd sets up a compressor per column and file: for a small step's rows it costs more
+            # than it saves (a millisecond a file for a few hundred rows; they take a few kB)
+            pq.write_table(table, tmp, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none")
             os.replace(tmp, directory / name)
             self.records += table.num_rows
         elif kind == "end_step":
             self._close_shards(open_shards, step)
             if step not in self.steps:
                 self.steps.append(step)
-            self._write_status("running")
+            now = time.monotonic()
+            if now - self._status_at >= STATUS_EVERY:  # the step directories say which steps are complete
+                self._status_at = now
+                self._write_status("running")
 
     def _close_shards(self, open_shards: OpenShards, step: int | None) -> None:
         for s in [step] if step is not None else list(open_shards):
