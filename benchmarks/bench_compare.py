@@ -37,7 +37,8 @@ def write_dump(path: Path, total_mb: int, tensor_mb: int, noise: float, seed: in
     base = np.random.default_rng(42).standard_normal(n).astype(np.float32)
     written = 0
     for rank in (0, 1):
-        writer = DumpWriter(path, rank, {"tool": "bench"}, overwrite=True)
+        # one run id for both ranks: without it, overwrite=True takes rank 1 for a new run and removes rank 0
+        writer = DumpWriter(path, rank, {"tool": "bench", "run_id": f"bench-{path.name}"}, overwrite=True)
         writer.open()
         for step in (0, 1):
             rows = []

@@ -81,14 +81,46 @@ def mlp_pair(root: Path, steps: int) -> tuple[Path, Path]:
 
 
 def huge_pair(root: Path, gb: float) -> tuple[Path, Path]:
-    """A synthetic float32 pair of ``gb`` GB in all (64 MB tensors, 2 ranks x 2 steps)."""
-    sys.path.insert(0, str(Path(__file__).parent))
-    from bench_compare import write_dump
+    """A synthetic float32 pair of ``gb`` GB in all: 64 MB tensors over 2 ranks x 2 steps,
+    the target the reference plus 1e-4 noise (drawn once, scaled per tensor: generating is
+    not what is measured)."""
+    import numpy as np
 
-    mb = int(gb * 1000 / 2)
-    write_dump(root / "huge-reference", mb, 64, 0.0)
-    write_dump(root / "huge-target", mb, 64, 1e-4, seed=1)
+    n = 16 << 20  # elements of 64 MB
+    per_partition = max(1, int(gb * 1e9 / 2 / (n * 4) / 4 + 0.5))
+    base = np.random.default_rng(42).standard_normal(n).astype(np.float32)
+    noise = (1e-4 * np.random.default_rng(7).standard_normal(n)).astype(np.float32)
+    for side, jitter in (("reference", 0.0), ("target", 1.0)):
+        write_synthetic(root / f"huge-{side}", base, noise * np.float32(jitter), per_partition)
     return root / "huge-target", root / "huge-reference"
+
+
+def write_synthetic(path: Path, base: object, noise: object, per_partition: int) -> None:
+    import numpy as np
+
+    from opscope.model.records import new_row
+    from opscope.storage.writer import DumpWriter
+
+    assert isinstance(base, np.ndarray) and isinstance(noise, np.ndarray)
+    for rank in (0, 1):
+        writer = DumpWriter(path, rank, {"tool": "bench", "run_id": f"huge-{path.name}"}, overwrite=True)
+        writer.open()
+        for step in (0, 1):
+            rows = []
+            for i in range(per_partition):
+                scale = np.float32(1 + (rank * 1000 + step * 100 + i) * 1e-3)
+                value = base * scale + noise * scale
+                data = writer.add_tensor(step, f"r{i}", "float32", [value.size], value, value.nbytes)
+                row = new_row(id=i, rank=rank, step=step, seq=i, phase="forward", module=f"layer{i}",
+                              op="aten.mm.default", call=0, io="output", slot=0, dtype="float32", shape=[value.size],
+                              numel=value.size, data=data, key=f"r{i}")
+                row[-1] = (float(value.min()), float(value.max()), float(value.mean()), float(value.std()),
+                           float(np.linalg.norm(value)), float(np.abs(value).max()), 0, 0, 0, None)
+                rows.append(row)
+                writer.check()
+            writer.add_rows(step, rows)
+            writer.end_step(step)
+        writer.close()
 
 
 def size(path: Path) -> int:
@@ -182,8 +214,11 @@ def main() -> None:
     try:
         small = mlp_pair(root, 1)
         large = mlp_pair(root, 8)
-        measure_pair("1-step MLP pair", *small, root, args.repeat, extra)
+        one = measure_pair("1-step MLP pair", *small, root, args.repeat, extra)
         local = measure_pair("8-step MLP pair", *large, root, args.repeat, extra)
+        cpu = local["rss"]["cpu_s"] / one["rss"]["cpu_s"]
+        print(f"scaling: {local['gb'] / one['gb']:.1f}x the bytes took {cpu:.1f}x the CPU seconds and "
+              f"{local['wall_s'] / one['wall_s']:.1f}x the wall time")
         if not args.no_dask:
             dask_vs_local(*large, local, root)
         if args.huge:
