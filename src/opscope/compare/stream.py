@@ -98,7 +98,7 @@ class PairStream:
         fd = self._open(path)
         done = 0
         while done < nbytes:  # a read may return less than asked
-            got = os.preadv(fd, [out.data[done:]], offset + done)
+            got = _read_into(fd, out, done, offset + done)
             if got <= 0:
                 raise DumpFormatError(f"tensor shard {path!r} ends before its tensor does: it is truncated")
             done += got
@@ -110,7 +110,8 @@ class PairStream:
         if fd is None:
             if len(self._files) >= MAX_OPEN:
                 self.close()
-            fd = self._files[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+            fd = self._files[path] = os.open(path, flags)
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
         return fd
@@ -129,6 +130,16 @@ class PairStream:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+def _read_into(fd: int, out: np.ndarray, start: int, offset: int) -> int:
+    """Read from byte ``offset`` of the file into ``out[start:]``; returns the bytes read."""
+    if hasattr(os, "preadv"):  # Linux, BSD, macOS 11+: straight into the buffer
+        return os.preadv(fd, [out.data[start:]], offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # elsewhere (Windows): one copy more
+    chunk = os.read(fd, out.size - start)
+    out[start:start + len(chunk)] = np.frombuffer(chunk, np.uint8)
+    return len(chunk)
 
 
 def _spans(t: TensorExtent | None, r: TensorExtent | None, t_view: str | None,
