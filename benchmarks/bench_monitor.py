@@ -3,14 +3,14 @@
 Prints, for the reference transformer step (2 layers, d=128, 4 heads, seq 64, batch 8,
 AdamW; benchmarks/bench_dump.py), the ratio of a monitored step to the bare step for
 weight gradients every step (target <= 1.01x), plus the optimizer state (<= 1.03x), plus
-the activations and their gradients of every block (<= 1.10x); runs interleaved (bare then
-monitored, monitored then bare, ...) and the median of each taken, once in wall time and
-once in the training thread's CPU time (``time.thread_time``: everything the monitor does
-runs on that thread), and from the inside: the time spent in the monitor's own hooks per
-step over the monitored step (the least noisy of the three on a busy machine). Then what the statistics
-of the gradients cost per step with each engine (the native one-pass kernel and batched
-torch ops), and the monitor's memory beyond the model: the rows it holds between chunks
-and the detector's windows (traced with tracemalloc), against the parameters' size.
+the activations and their gradients of every block (<= 1.10x), each with its target and
+the spread of the per-round ratios. Runs alternate (bare then monitored, monitored then
+bare, ...); every step is timed in wall time and in the training thread's CPU time
+(``time.thread_time``, which the load of a busy machine disturbs less); the ratio is the
+median monitored step over the median bare step of all rounds. Then where the monitor's
+time goes per step (its hooks on the training thread, the judge thread, the Parquet
+writer), what the gradients' statistics cost with each engine, and the memory the monitor
+holds beyond the rows it has not written yet: per series and against the parameters' size.
 
     python benchmarks/bench_monitor.py [--steps 30] [--rounds 6]
 """
@@ -26,151 +26,205 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from timing import interleaved_ratio
 
 import opscope
 from opscope.demo.models import train_step, transformer_task
 from opscope.monitor import stats
 
 CASES = [
-    ("weight gradients, loss, lr (target <= 1.01x)", {"targets": ["grads", "loss", "lr"]}),
-    ("+ optimizer state (target <= 1.03x)", {"targets": ["grads", "loss", "lr", "optimizer"]}),
-    ("+ activations and their gradients of every block (target <= 1.10x)",
+    ("weight gradients, loss, lr", 1.01, {"targets": ["grads", "loss", "lr"]}),
+    ("+ optimizer state", 1.03, {"targets": ["grads", "loss", "lr", "optimizer"]}),
+    ("+ activations and their gradients of every block", 1.10,
      {"targets": ["grads", "loss", "lr", "optimizer", "activations", "activation_grads"],
       "modules": ["layers.0", "layers.1"]}),
 ]
+Times = tuple[list[float], list[float]]  # wall, CPU time of each step
 
 
-BARE: list[float] = []
-CLOCK = time.perf_counter  # or time.thread_time: the training thread's CPU time, which a busy machine disturbs less
-
-
-def _time_steps(n: int, keys: dict | None, root: str, each: Callable[[], None] | None = None) -> list[float]:
+def _run(n: int, keys: dict | None, root: str, each: Callable[[], None] | None = None) -> Times:
+    """``n`` steps of a fresh model, bare (``keys`` None) or monitored; each step's times."""
     model, opt, batch = transformer_task()
-    times = []
-    if keys is None:
+    wall: list[float] = []
+    cpu: list[float] = []
+    m = None
+    if keys is not None:
+        path = os.path.join(root, "monitor")
+        shutil.rmtree(path, ignore_errors=True)
+        m = opscope.monitor(path, model=model, optimizer=opt, report=False, **keys).start()
+    try:
         for i in range(n):
-            t0 = CLOCK()
-            train_step(model, opt, *batch(i))
-            times.append(CLOCK() - t0)
-        if CLOCK is time.perf_counter:
-            BARE.extend(times[2:])
-        return times
-    path = os.path.join(root, "monitor")
-    shutil.rmtree(path, ignore_errors=True)
-    with opscope.monitor(path, model=model, optimizer=opt, report=False, **keys) as m:
-        for i in range(n):
-            t0 = CLOCK()
+            t0, c0 = time.perf_counter(), time.thread_time()
             loss = train_step(model, opt, *batch(i))
-            m.step(loss=loss)
-            times.append(CLOCK() - t0)
+            if m is not None:
+                m.step(loss=loss)
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
             if each is not None:
                 each()
-    return times
+    finally:
+        if m is not None:
+            m.stop()
+    return wall, cpu
 
 
-def self_time(n: int, root: str) -> None:
-    """Time spent inside the monitor's own hooks per step, against the bare step: the same
-    overhead measured from the inside, which the load of a busy machine inflates on both
-    sides alike (both are wall times of the same thread)."""
+def ratios(keys: dict, steps: int, rounds: int, root: str, warmup: int = 3) -> dict[str, tuple[float, float, float]]:
+    """Per clock: (median monitored / median bare over all rounds, lowest and highest round)."""
+    bare: Times = ([], [])
+    case: Times = ([], [])
+    per_round: list[tuple[float, float]] = []
+    for r in range(rounds):
+        order = (None, keys) if r % 2 == 0 else (keys, None)
+        got = {id(k): _run(steps, k, root) for k in order}
+        b, c = got[id(None)], got[id(keys)]
+        for side, run in ((bare, b), (case, c)):
+            side[0].extend(run[0][warmup:])
+            side[1].extend(run[1][warmup:])
+        per_round.append(tuple(statistics.median(c[k][warmup:]) / statistics.median(b[k][warmup:])  # type: ignore[misc]
+                               for k in (0, 1)))
+    out = {}
+    for k, clock in enumerate(("wall", "cpu")):
+        each = [p[k] for p in per_round]
+        out[clock] = (statistics.median(case[k]) / statistics.median(bare[k]), min(each), max(each))
+    out["bare_ms"] = (statistics.median(bare[0]) * 1e3, statistics.median(bare[1]) * 1e3, 0.0)
+    return out
+
+
+def where_time_goes(steps: int, root: str) -> None:
+    """CPU time per step in the monitor's hooks (training thread), in the judge thread
+    (detector and rows) and in the Parquet writer's thread, against the monitored step."""
+    from opscope.monitor import judge, series
     from opscope.monitor.session import MonitorSession
 
-    names = ("_optimizer_pre", "_optimizer_post", "_boundary", "_root_call", "_output", "_activation_grad")
-    originals = {name: getattr(MonitorSession, name) for name in names}
-    spent = [0.0]  # CPU time of this thread in the hooks (a descheduled thread is not charged)
+    spent: dict[str, float] = {}
+    patched: list[tuple[Any, str, Any]] = []
 
-    def timed(fn):
-        def wrapper(*args, **kwargs):
+    def timed(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             t0 = time.thread_time()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[0] += time.thread_time() - t0
-        return wrapper
+                spent[label] = spent.get(label, 0.0) + time.thread_time() - t0
+        patched.append((owner, name, fn))
+        setattr(owner, name, wrapper)
 
-    for name, fn in originals.items():
-        setattr(MonitorSession, name, timed(fn))
+    hooks = {"_optimizer_pre": "optimizer pre-hook (gradients handed to the kernel, lr)",
+             "_optimizer_post": "optimizer post-hook (gradients read back; state, weights)",
+             "_boundary": "step end (rows handed over)", "_root_call": "model call (inputs)",
+             "_output": "module outputs (activations)", "_activation_grad": "activations' gradients"}
+    for name, label in hooks.items():
+        timed(MonitorSession, name, label)
+    timed(judge.Judge, "judge", "judge thread: detector, rows kept (off the training thread)")
+    timed(series.SeriesWriter, "_write", "writer thread: Parquet chunks (off the training thread)")
     try:
-        _time_steps(12, CASES[-1][1], root)  # once: imports and first calls out of the way
-        for label, keys in CASES:
-            marks: list[float] = []
-            spent[0] = 0.0
-            steps = _time_steps(n, keys, root, lambda marks=marks: marks.append(spent[0]))
-            inside = statistics.median(b - a for a, b in zip(marks[2:], marks[3:], strict=False))
-            step = statistics.median(steps[3:])
-            print(f"transformer  self {label:70s} {1 + inside / (step - inside):5.3f}x "
-                  f"({inside * 1e3:.2f} ms of {step * 1e3:.1f} ms per step)")
+        _run(8, CASES[-1][2], root)  # imports and first calls out of the way
+        for label, _, keys in CASES:
+            spent.clear()
+            wall, _ = _run(steps, keys, root)
+            step = statistics.median(wall)
+            print(f"  {label}: monitored step {step * 1e3:.1f} ms (wall); CPU time per step:")
+            for what, total in spent.items():
+                per = total / steps
+                print(f"    {what:72s} {per * 1e3:7.3f} ms  {per / step:6.2%}")
     finally:
-        for name, fn in originals.items():
-            setattr(MonitorSession, name, fn)
+        for owner, name, fn in reversed(patched):
+            setattr(owner, name, fn)
 
 
-def engines(repeat: int = 50) -> None:
+def engines(repeat: int = 200) -> None:
     """Per-step cost of the gradients' statistics with each engine, on the reference model's gradients."""
     model, opt, batch = transformer_task()
     train_step(model, opt, *batch(0))
     grads = [torch.randn_like(p) for p in model.parameters()]
-    for native in (True, False):
-        stats.NATIVE = native
-        times = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            stats.Pending(grads).values()
-            times.append(time.perf_counter() - t0)
-        label = "native one-pass kernel" if native else "batched torch ops (_foreach_norm, _foreach_max(abs))"
-        print(f"statistics of {len(grads)} gradients ({sum(g.numel() for g in grads)} values), {label}: "
-              f"{statistics.median(times) * 1e3:.3f} ms per step")
-    stats.NATIVE = True
+    choices = [("batched native kernel, one call (monitor/_c/monstats.c)", True, True, False),
+               ("batched native kernel on its thread: the training thread's part", True, True, True),
+               ("the dump's native kernel, one call per tensor", True, False, False),
+               ("batched torch ops (_foreach_norm, _foreach_max(abs))", False, False, False)]
+    saved = stats.NATIVE, stats.BATCHED
+    try:
+        for label, native, batched, background in choices:
+            if batched and not saved[1]:
+                print(f"  {label}: not built here")
+                continue
+            stats.NATIVE, stats.BATCHED = native, batched
+            times = []
+            for _ in range(repeat):
+                t0 = time.thread_time()
+                pending = stats.Pending(grads, background=background)
+                if background:
+                    times.append(time.thread_time() - t0)
+                    pending.values()
+                else:
+                    pending.values()
+                    times.append(time.thread_time() - t0)
+            print(f"  {label:66s} {statistics.median(times) * 1e3:.3f} ms per step")
+    finally:
+        stats.NATIVE, stats.BATCHED = saved
+    print(f"  ({len(grads)} gradients, {sum(g.numel() for g in grads)} values)")
 
 
 def memory(n: int, root: str) -> None:
+    """What the monitor holds beyond the rows it has not written (tracemalloc sees Python's
+    and numpy's allocations; the native kernel allocates nothing but its thread's stack)."""
     model, opt, batch = transformer_task()
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    keys = dict(CASES[-1][1])
     for i in range(3):  # warm: imports, the first step's allocations
         train_step(model, opt, *batch(i))
-    path = os.path.join(root, "memory")
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    with opscope.monitor(path, model=model, optimizer=opt, report=False, chunk=n + 1, **keys) as m:
-        for i in range(n):
-            m.step(loss=train_step(model, opt, *batch(i)))
-        held = tracemalloc.get_traced_memory()[0] - base
-        rows = sum(4 * len(k) for _, blocks, _ in m.writer.held for k, _ in blocks) if m.writer is not None else 0
-        if m.writer is not None:
-            m.writer.flush(wait=True)  # the rows go to Parquet; what stays is the monitor's own state
+    for label, _, keys in CASES:
+        path = os.path.join(root, "memory")
+        shutil.rmtree(path, ignore_errors=True)
         gc.collect()
-        kept = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    print(f"memory: {held / 2**10:.0f} KiB after {n} steps with {rows} rows in memory ({(held - kept) / n / 2**10:.1f} "
-          f"KiB of rows per step, written every `chunk` steps); beyond the rows {kept / 2**10:.0f} KiB = "
-          f"{kept / params:.2%} of the parameters' {params / 2**20:.2f} MiB (the detector's windows: "
-          f"{len(m.detector.keys)} series x {m.cfg.window} steps)")
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        with opscope.monitor(path, model=model, optimizer=opt, report=False, chunk=n + 1, **keys) as m:
+            for i in range(n):
+                m.step(loss=train_step(model, opt, *batch(i)))
+            assert m.judge is not None and m.writer is not None
+            m.judge.close()  # the steps handed over; the rows are in the writer's memory
+            held = tracemalloc.get_traced_memory()[0] - base
+            m.writer.flush(wait=True)  # the rows go to Parquet; what stays is the monitor's own state
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - base
+            series_n = len(m.detector.keys)
+            m.judge = None  # closed above
+        tracemalloc.stop()
+        print(f"  {label}: {series_n} series; rows in memory until written {(held - kept) / n / 2**10:.1f} KiB "
+              f"per step; beyond them {kept / 2**10:.0f} KiB = {kept / max(series_n, 1):.0f} B per series = "
+              f"{kept / params:.2%} of the parameters' {params / 2**20:.2f} MiB (target <= 1%: "
+              f"{'met' if kept <= 0.01 * params else 'not met'}; met for models whose tensors average "
+              f"over {kept / max(series_n, 1) * 100 / 2**10:.0f} KiB)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=6, help="interleaved runs per side (even: both orders)")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating runs per side (even: both orders)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, "
-          f"order alternating; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+          f"order alternating; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"batched kernel {'built' if stats.BATCHED else 'NOT built'}")
     with tempfile.TemporaryDirectory() as root:
-        global CLOCK
-        for clock, what in ((time.perf_counter, "wall"), (time.thread_time, "cpu ")):
-            CLOCK = clock
-            for label, keys in CASES:
-                r = interleaved_ratio(lambda: _time_steps(args.steps, None, root),
-                                      lambda keys=keys: _time_steps(args.steps, keys, root), args.rounds)
-                print(f"transformer  {what} {label:70s} {r:5.3f}x")
-        print(f"bare step: median {statistics.median(BARE) * 1e3:.1f} ms")
-        CLOCK = time.thread_time
-        self_time(args.steps, root)
+        _run(8, CASES[-1][2], root)  # imports and first calls out of the way
+        for label, target, keys in CASES:
+            r = ratios(keys, args.steps, args.rounds, root)
+            verdict = "met" if r["cpu"][0] <= target else "NOT met"
+            print(f"transformer  {label:50s} target <= {target:.2f}x  wall {r['wall'][0]:.3f}x "
+                  f"(rounds {r['wall'][1]:.3f}-{r['wall'][2]:.3f})  cpu {r['cpu'][0]:.3f}x "
+                  f"(rounds {r['cpu'][1]:.3f}-{r['cpu'][2]:.3f})  {verdict} in CPU time; "
+                  f"bare step {r['bare_ms'][0]:.1f} ms wall, {r['bare_ms'][1]:.1f} ms cpu")
+        print("where the time goes (CPU time of each thread, per step):")
+        where_time_goes(args.steps, root)
+        print("the gradients' statistics, per step, by engine (CPU time of the calling thread):")
         engines()
+        print(f"memory after {args.steps} steps:")
         memory(args.steps, root)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

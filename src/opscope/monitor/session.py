@@ -81,7 +81,8 @@ class MonitorSession:
         self._causes: list[Departure] = []
         self._order_written = 0
         self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
-        self._grad_layout: dict[tuple[int, tuple[bool, ...]], tuple[tuple[Key, ...], list[int]]] = {}
+        # (items, which gradients are present: None for all) -> their keys, and which (None: all)
+        self._grad_layout: dict[tuple[int, tuple[bool, ...] | None], tuple[tuple[Key, ...], list[int] | None]] = {}
 
     @property
     def step_index(self) -> int:
@@ -201,15 +202,17 @@ class MonitorSession:
         Their keys are made once per set of present gradients."""
         items = self._param_items(optimizer)
         grads = [p.grad for _, p, _ in items]
-        present = (id(items), tuple(g is not None for g in grads))
+        found = [g for g in grads if g is not None]
+        present = (id(items), None if len(found) == len(grads) else tuple(g is not None for g in grads))
         layout = self._grad_layout.get(present)
         if layout is None:
-            chosen = [i for i, g in enumerate(grads) if g is not None and g.numel()]
-            keys = tuple(self._place("grad", items[i][0], items[i][2]) for i in chosen)
-            layout = self._grad_layout[present] = (keys, chosen)
+            which = [i for i, g in enumerate(grads) if g is not None and g.numel()]
+            keys = tuple(self._place("grad", items[i][0], items[i][2]) for i in which)
+            layout = self._grad_layout[present] = (keys, which if len(which) < len(grads) else None)
         keys, chosen = layout
-        if chosen:
-            self._pending.append((keys, Pending([grads[i] for i in chosen], background=True)))  # type: ignore[misc]
+        if keys:
+            tensors = found if chosen is None else [grads[i] for i in chosen]
+            self._pending.append((keys, Pending(tensors, background=True)))  # type: ignore[arg-type]
 
     def _scalar(self, key: Key, value: float) -> None:
         self._place(*key)

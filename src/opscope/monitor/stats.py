@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from itertools import chain
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -42,8 +41,8 @@ NATIVE = (env("STATS_BACKEND") or "auto").lower() != "torch"
 
 
 class _Batched(Protocol):
-    """``monitor/_c/monstats.c``: ``meta`` int64 ``[n, 3]`` (address, numel, dtype code), ``out``
-    float64 ``[n, 4]``."""
+    """``monitor/_c/monstats.c``: ``meta`` int64 ``[3n]`` (n addresses, n element counts, n dtype
+    codes), ``out`` float64 ``[n, 4]``."""
 
     def norms(self, meta: np.ndarray, out: np.ndarray, /) -> None: ...
     def start(self, meta: np.ndarray, out: np.ndarray, /) -> None: ...
@@ -122,7 +121,7 @@ class Pending:
             if isinstance(batch[0], slice):  # all of them (the usual case): no copy
                 self.tensors = []
                 return batch[1]
-            for i, row in zip(batch[0].tolist(), batch[1].tolist(), strict=True):
+            for i, row in zip(batch[0], batch[1].tolist(), strict=True):
                 self.host[i] = row
         for indices, pair in self.device:
             for i, (norm, mx) in zip(indices, pair.cpu().tolist(), strict=True):
@@ -143,23 +142,24 @@ class Pending:
         the call returns, or once :func:`join` returns with ``background``)."""
         assert _monstats is not None  # BATCHED said so
         codes = _BATCH_CODES
-        try:
-            meta = np.fromiter(chain.from_iterable([
-                (t.data_ptr(), t.numel(), codes.get(t.dtype, -1) if t.is_cpu and t.is_contiguous() else -1)
-                for t in self.tensors]), np.int64, 3 * len(self.tensors)).reshape(-1, 3)
+        tensors = self.tensors
+        kinds = [codes.get(t.dtype, -1) if t.is_cpu and t.is_contiguous() else -1 for t in tensors]
+        chosen: Any = slice(None)
+        rest: list[int] = []
+        if -1 in kinds:  # not for the kernel: the others, one by one
+            rest = [i for i, k in enumerate(kinds) if k < 0]
+            chosen = [i for i, k in enumerate(kinds) if k >= 0]
+            tensors, kinds = [tensors[i] for i in chosen], [kinds[i] for i in chosen]
+            if not tensors:
+                return rest
+        try:  # plain lists, one conversion: numpy calls per step cost more than the loop here
+            meta = np.array([*[t.data_ptr() for t in tensors], *[t.numel() for t in tensors], *kinds], np.int64)
         except RuntimeError:  # a tensor without storage (meta, fake): not for the kernel
             return range(len(self.tensors))
-        chosen: Any = slice(None)
-        rest: Sequence[int] = []
-        if (meta[:, 2] < 0).any():
-            chosen, rest = np.flatnonzero(meta[:, 2] >= 0), np.flatnonzero(meta[:, 2] < 0).tolist()
-            meta = np.ascontiguousarray(meta[chosen])
-        if not len(meta):
-            return rest
-        out = np.empty((len(meta), 4), dtype=np.float64)
+        out = np.empty((len(tensors), 4), dtype=np.float64)
         if background:
             join()  # one batch in flight
-            _INFLIGHT.extend(self.tensors)
+            _INFLIGHT.extend(tensors)
             _monstats.start(meta, out)
         else:
             _monstats.norms(meta, out)

@@ -6,10 +6,10 @@
  * start(meta, out)  hands the same work to the monitor's own native thread and returns at
  *                   once (both buffers are held until join);
  * join()            waits for it, without the GIL.
- * meta is a C-contiguous int64 [n, 3] buffer (numpy array): address, element count and
- * dtype code of each tensor (as the dump's kernel: 0 float32, 1 float64, 2 float16,
- * 3 bfloat16; another code gives NaN statistics); out a float64 [n, 4] one. One batch is
- * in flight at a time (start waits for the previous one).
+ * meta is a C-contiguous int64 [3n] buffer (numpy array): the n tensors' addresses, then
+ * their element counts, then their dtype codes (as the dump's kernel: 0 float32,
+ * 1 float64, 2 float16, 3 bfloat16; another code gives NaN statistics); out a float64
+ * [n, 4] one. One batch is in flight at a time (start waits for the previous one).
  *
  * The caller keeps every tensor alive and unwritten until join() returns. NaN makes the
  * norm and max NaN, an Inf (without NaN) makes them Inf, as torch's reductions do.
@@ -164,10 +164,10 @@ static void k_f64(const double *x, Py_ssize_t n, mstat_t *r) {
 static void run_batch(const int64_t *meta, double *out, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         mstat_t r = {0, 0, 0, 0};
-        const void *p = (const void *)(uintptr_t)meta[3 * i];
-        Py_ssize_t len = (Py_ssize_t)meta[3 * i + 1];
+        const void *p = (const void *)(uintptr_t)meta[i];
+        Py_ssize_t len = (Py_ssize_t)meta[n + i];
         int known = 1;
-        if (len > 0) switch (meta[3 * i + 2]) {
+        if (len > 0) switch (meta[2 * n + i]) {
             case F32: k_f32((const float *)p, len, &r); break;
             case F64: k_f64((const double *)p, len, &r); break;
             case F16: k_f16((const uint16_t *)p, len, &r); break;
@@ -196,7 +196,7 @@ static void release(batch_t *batch) {
     for (int k = 0; k < NBUF; k++) PyBuffer_Release(&batch->b[k]);
 }
 
-/* Take meta (int64 [n, 3]) and out (float64 [n, 4], writable) into `batch`. */
+/* Take meta (int64 [3n]) and out (float64 [n, 4], writable) into `batch`. */
 static int take_buffers(PyObject *args, batch_t *batch) {
     PyObject *meta, *out;
     if (!PyArg_ParseTuple(args, "OO", &meta, &out)) return -1;
@@ -208,7 +208,7 @@ static int take_buffers(PyObject *args, batch_t *batch) {
     batch->n = batch->b[0].len / 24;
     if (batch->b[0].len != 24 * batch->n || batch->b[1].len != 32 * batch->n) {
         release(batch);
-        PyErr_SetString(PyExc_ValueError, "norms: meta must be int64 [n, 3] and out float64 [n, 4]");
+        PyErr_SetString(PyExc_ValueError, "norms: meta must be int64 [3n] and out float64 [n, 4]");
         return -1;
     }
     return 0;
@@ -299,7 +299,7 @@ static void child_after_fork(void) {
 }
 
 static PyMethodDef METHODS[] = {
-    {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta[i]: address, numel, dtype code)"},
+    {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta: n addresses, n numels, n dtype codes)"},
     {"start", start, METH_VARARGS, "start(meta, out): the same on the monitor's thread; join() waits"},
     {"join", join, METH_NOARGS, "join(): wait for the batch given to start()"},
     {NULL, NULL, 0, NULL},
