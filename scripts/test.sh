@@ -3,7 +3,7 @@
 # for the HTML report tests, lint and type-check, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=${EXTRAS:-test,onnx,xlsx,peers,dask} bash scripts/install.sh
+EXTRAS=${EXTRAS:-test,onnx,xlsx,peers,dask,integrations} bash scripts/install.sh
 # TensorFlow for the TF tests (tests/integration/test_tf_*.py), pinned like torch: the CPU build
 # (~80 s, beside torch in one venv). opscope[tensorflow] asks for "tensorflow>=2.16" for users.
 .venv/bin/python -m pip install -q "${TF_SPEC:-tensorflow-cpu==2.21.0}"

@@ -24,6 +24,7 @@ LAYERS = {
     "replay": 4,
     "report": 5,
     "": 6, "tensorflow": 6,  # the public API (opscope/__init__.py, opscope.tensorflow) wires the layers
+    "integrations": 6,  # training frameworks' callbacks driving the public API's sessions
     "cli": 7, "autostart": 7, "__main__": 7,
 }
 

@@ -1,4 +1,5 @@
-"""Step boundaries, shared by dump, profile and watch. Pure logic: no torch here.
+"""Step boundaries, shared by dump, profile, watch and monitor. Pure logic: torch is asked
+only whether an optimizer holds a module (:func:`torch_has_optimizer`), when it is loaded.
 
 A step ends at the user's ``step()``; when the user never calls it, at each
 ``optimizer.step()``; with no optimizer, at each call of the outermost module that began
@@ -21,6 +22,7 @@ same iteration never ends it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +33,8 @@ class StepClock:
     Args:
         on_boundary: called as ``on_boundary(finished_step, next_step)`` at each boundary.
         has_optimizer: ``has_optimizer(module)`` says whether an optimizer holds the
-            module's parameters (then a forward never ends a step on its own); None: no.
+            module's parameters (then a forward never ends a step on its own); None: asks
+            torch's optimizers when torch is loaded (:func:`torch_has_optimizer`).
     """
 
     def __init__(
@@ -48,7 +51,7 @@ class StepClock:
         self._resolved_by_event = False
         self._step_root: int | None = None
         self._trained: bool | None = None
-        self._has_optimizer = has_optimizer
+        self._has_optimizer = has_optimizer if has_optimizer is not None else torch_has_optimizer
         self._on_boundary = on_boundary
 
     def user_step(self) -> None:
@@ -95,7 +98,7 @@ class StepClock:
 
     def _trained_by_optimizer(self, module: Any) -> bool:
         if self._trained is None:
-            self._trained = bool(self._has_optimizer is not None and self._has_optimizer(module))
+            self._trained = bool(self._has_optimizer(module))
         return self._trained
 
     def _advance(self) -> None:
@@ -104,3 +107,14 @@ class StepClock:
         self._outer_calls = 0
         if self._on_boundary is not None:
             self._on_boundary(finished, self.step)
+
+
+def torch_has_optimizer(module: Any) -> bool:
+    """Whether a torch optimizer holds ``module``'s parameters (``module`` None, unknown to
+    the caller: whether any torch optimizer was made); False when torch was never imported
+    (a TensorFlow or ONNX session) or ``module`` is not a torch module."""
+    if "torch" not in sys.modules:
+        return False
+    from opscope.capture.torch import optimizers
+
+    return optimizers.optimizer_made() if module is None else optimizers.has_optimizer(module)

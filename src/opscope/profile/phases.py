@@ -56,6 +56,7 @@ class PhaseTimers:
         self._in_backward = 0
         self._opt_depth = 0
         self._opt_open: Any = None
+        self._opt_paused = False  # a closure inside optimizer.step() runs forward/backward
         self._fwd_open: Any = None
         self._last_outer_end: Any = None
         self._acc_host = -1
@@ -140,8 +141,23 @@ class PhaseTimers:
         if id(module) not in self._seen:
             self._discover(module)
         self._on_outer(module)
-        if self.detailed and self._fwd_open is None and not (self.fp_point and self._found.get(self.fp_point)):
-            self._fwd_open = self.mark()
+        if not self.detailed:
+            return
+        now = None
+        if self._opt_open is not None and self._opt_depth:
+            now = self._pause_optimizer()
+        if self._fwd_open is None and not (self.fp_point and self._found.get(self.fp_point)):
+            self._fwd_open = now if now is not None else self.mark()
+
+    def _pause_optimizer(self) -> Any:
+        """The model runs inside ``optimizer.step(closure)`` (Lightning, LBFGS): the optimizer's
+        interval ends here and resumes when the closure's backward ends, so the closure's
+        forward and backward are timed as such, not as optimizer."""
+        now = self.mark()
+        self.intervals["optimizer"].append((self._opt_open, now))
+        self._opt_open = None
+        self._opt_paused = True
+        return now
 
     def _module_post(self, module: Any, args: Any, output: Any) -> None:
         if self._depth > 0:
@@ -167,9 +183,12 @@ class PhaseTimers:
         self._opt_depth = max(0, self._opt_depth - 1)
         if self._opt_depth:
             return
+        if self._opt_open is None and self._opt_paused:  # a closure without backward
+            self._opt_open = self._last_outer_end
         if self._opt_open is not None:
             self.intervals["optimizer"].append((self._opt_open, self.mark()))
             self._opt_open = None
+        self._opt_paused = False
         self._on_opt()
 
     # ------------------------------------------------------------------ wrappers
@@ -207,10 +226,12 @@ class PhaseTimers:
                 return original(*args, **kwargs)
             finally:
                 timers._in_backward -= 1
-                end = timers.mark()
+                end = done = timers.mark()
                 if timers._acc_host >= start_host:
                     end = timers._acc_token
                 timers.intervals["backward"].append((start, end))
+                if timers._opt_paused and timers._opt_depth:
+                    timers._opt_open = done  # the rest of optimizer.step() after its closure
 
         return backward
 

@@ -11,7 +11,7 @@ import gc
 from typing import Any
 
 
-def _optimizer_made() -> bool:
+def optimizer_made() -> bool:
     """Any optimizer class instantiated in this process (``Optimizer.__init__`` marks its
     class's ``step`` as ``hooked``): a free check that spares the heap scan when none was."""
     import torch
@@ -29,7 +29,7 @@ def has_optimizer(module: Any) -> bool:
     """True when a parameter group of a live optimizer holds one of ``module``'s trainable
     parameters (its ``"params"`` list refers to the parameter)."""
     parameters = getattr(module, "parameters", None)
-    if parameters is None or not _optimizer_made():
+    if parameters is None or not optimizer_made():
         return False
     first = next((p for p in parameters() if p.requires_grad), None)
     if first is None:
