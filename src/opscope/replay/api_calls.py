@@ -55,6 +55,7 @@ def load_api_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     call = read_rows(dump, rows, side)
     text = next((r.get("args") for r in rows if r.get("args")), None)
     pairs, keywords = parse_args(text, name)
+    call.doc = {"args": [[i, v] for i, v in sorted(pairs.items())], "kwargs": keywords}
     call.runner = lambda golden: _run_api(call, fn, pairs, keywords, golden)
     return call
 

@@ -115,7 +115,16 @@ def replay_side(dump: Any, rows: list[dict[str, Any]], side: str, noise: NoiseMo
     return SideReplay(side=side, seq=int(head["seq"]), op=call.name, module=str(head.get("module") or ""),
                       dtype=worst["dtype"], error=worst["error"], units=worst["units"],
                       allowed_units=worst["allowed_units"], status=status, native_units=worst["native_units"],
-                      reproduced=reproduced, outputs=outputs)
+                      reproduced=reproduced, outputs=outputs, args=_arguments_text(call.doc))
+
+
+def _arguments_text(doc: dict[str, Any]) -> dict[str, str]:
+    """The recorded non-tensor arguments by position or keyword, each as comparable text
+    (a dtype, tuple or device written as text reads the same as its value)."""
+    from opscope.replay.api_calls import decode
+
+    named = {str(pos): value for pos, value in doc.get("args") or []} | dict(doc.get("kwargs") or {})
+    return {key: repr(decode(value, golden=False)) for key, value in named.items()}
 
 
 def _measure(slot: int, recorded: torch.Tensor, expected: torch.Tensor, native: torch.Tensor | None,
@@ -194,6 +203,10 @@ def judge(sides: dict[str, SideReplay], errors: dict[str, str], ref: CallRef) ->
         return "both_within", (f"{_join(sides)}: each side's op is right for its own inputs, but the sides ran "
                                f"different ops ({sides['target'].op} on the target, {sides['reference'].op} on "
                                "the reference): the difference comes from that choice, not from a kernel")
+    differ = _argument_difference(sides)
+    if all(s.status == "ok" for s in sides.values()) and differ:
+        return "both_within", (f"{_join(sides)}: each side's op is right for its own inputs, but the sides "
+                               f"passed different arguments ({differ}): the difference comes from them")
     if all(s.status == "ok" for s in sides.values()):
         return "both_within", (f"{_join(sides)}: the op is right for its inputs on "
                                f"{'both sides' if len(sides) == 2 else 'the only side it ran on'}; "
@@ -203,6 +216,17 @@ def judge(sides: dict[str, SideReplay], errors: dict[str, str], ref: CallRef) ->
                             "precision: both implementations differ from torch's")
     return "both_off", (f"{_join(sides)}: far from float64, but no further than torch's CPU kernel in the "
                         f"same precision: the op is ill-conditioned here{_suffix(others)}")
+
+
+def _argument_difference(sides: dict[str, SideReplay]) -> str:
+    """``approximate: 'tanh' on the target, 'none' on the reference``, for arguments that differ."""
+    if len(sides) != 2:
+        return ""
+    t, r = sides["target"].args, sides["reference"].args
+    keys = [k for k in dict.fromkeys([*t, *r]) if t.get(k) != r.get(k)]
+    name = lambda k: f"argument {k}" if k.isdigit() else k  # noqa: E731
+    return "; ".join(f"{name(k)}: {t.get(k, '(not given)')} on the target, {r.get(k, '(not given)')} on the "
+                     "reference" for k in keys[:3])
 
 
 def _describe(s: SideReplay) -> str:

@@ -49,6 +49,8 @@ class SideReplay:
     reproduced: bool | None = None
     outputs: list[dict[str, Any]] = field(default_factory=list)
     note: str = ""
+    # the call's non-tensor arguments as recorded, by position ("0") or keyword, as text
+    args: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -134,17 +134,24 @@ def test_api_level_calls_replay_or_say_why(api_dumps: tuple[Path, Path], api_res
     assert all("in place" in v for v in verdicts["optimizer Tensor.add_"])
 
 
-def test_different_ops_on_the_two_sides_are_named() -> None:
-    """A paired call that ran another op on each side (MindSpore's GeLU swapped for a ReLU):
-    each is right for its inputs, and the reason says the ops differ, not that inputs did."""
+def test_different_ops_or_arguments_on_the_two_sides_are_named() -> None:
+    """A paired call that ran another op on each side (MindSpore's GeLU swapped for a ReLU), or
+    the same op with another argument: each is right for its inputs, and the reason names what
+    differs, not the inputs."""
     from opscope.replay.engine import judge
     from opscope.replay.result import SideReplay
 
     sides = {side: SideReplay(side=side, seq=1, op=op, module="b1.act", dtype="float32", error=0.0, units=0.3,
                               allowed_units=16.0, status="ok")
              for side, op in (("target", "mindspore.ReLU"), ("reference", "mindspore.GeLU"))}
-    verdict, reason = judge(sides, {}, CallRef(id="0:0:1", rank=0, step=0, seqs={"target": 1, "reference": 1}))
+    ref = CallRef(id="0:0:1", rank=0, step=0, seqs={"target": 1, "reference": 1})
+    verdict, reason = judge(sides, {}, ref)
     assert verdict == "both_within" and "ran different ops (mindspore.ReLU on the target" in reason
+    for side in sides.values():  # msprobe's GELU fault: the same op, another approximate= argument
+        side.op = "torch.nn.functional.gelu"
+    sides["target"].args, sides["reference"].args = {"approximate": "'tanh'"}, {"approximate": "'none'"}
+    verdict, reason = judge(sides, {}, ref)
+    assert "passed different arguments (approximate: 'tanh' on the target, 'none' on the reference)" in reason
 
 
 MALICIOUS = ["torch.load", "torch.save", "torch.nn.functional.__import__", "Tensor.__reduce_ex__",
