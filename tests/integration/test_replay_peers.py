@@ -85,3 +85,21 @@ def test_malicious_names_run_nothing(dumps: tuple[Path, Path], tmp_path: Path, n
     out = replay_call(dump, dump, CallRef(id="", rank=0, step=0, seqs={"target": seq, "reference": seq}))
     assert out.verdict == "not_replayable" and "allow-list" in out.reason, out.reason
     assert called == []  # refused before any tensor was read or any function called
+
+
+def test_msprobe_fault_against_an_opscope_api_reference(dumps: tuple[Path, Path], tmp_path: Path) -> None:
+    """Cross-tool: the msprobe dump with the faulty linear against opscope's level="api" tensor
+    dump of the same model and input; both sides replay, each from its own tool's record."""
+    sys.path.insert(0, str(RUNS.parent))
+    import replay_peer_runs
+
+    torch.manual_seed(0)
+    net = replay_peer_runs.Net()
+    x = torch.randn(8, 16)
+    with opscope.dump(tmp_path / "ops", level="api", data="tensor", overwrite=True) as d:
+        net(x).sum().backward()
+        d.step()
+    result = opscope.compare(dumps[0], tmp_path / "ops", workers=1, replay=1)
+    first = result.first_divergence
+    assert first.op == "torch.nn.functional.linear" and first.replay["verdict"] == "target_wrong"
+    assert first.replay["reference"]["status"] == "ok" and first.replay["reference"]["reproduced"]
