@@ -17,8 +17,10 @@ STATS = ("norm", "max", "nan", "inf")
 
 # Where each kind of series is made in a step, earliest first (config.TARGETS' order).
 # Gradients of activations and of parameters share a class: backward interleaves them, and
-# their positions come from one counter (the order backward made them in).
-KIND_ORDER = {"input": 0, "activation": 1, "loss": 2, "activation_grad": 4, "grad": 4, "lr": 5,
+# their positions come from one counter (the order backward made them in). Under DDP a rank's
+# own gradients (grad_local) take their parameter's place and the all-reduced ones (grad)
+# come after all of them (the session adds an offset to their places).
+KIND_ORDER = {"input": 0, "activation": 1, "loss": 2, "activation_grad": 4, "grad_local": 4, "grad": 4, "lr": 5,
               "exp_avg": 6, "exp_avg_sq": 6, "momentum_buffer": 6, "state": 6, "weight": 7}
 
 

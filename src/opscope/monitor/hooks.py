@@ -42,12 +42,14 @@ class ModelHooks:
         modules: which modules' outputs to follow (empty: every leaf module); None: none.
         on_root_call: ``(args, kwargs)`` before each call of a root model.
         on_output: ``(path, output tensor)`` after a chosen module's call.
+        on_adopt: ``(root)`` once for each root model hooked (given or found).
     """
 
     def __init__(self, modules: Filter | None, on_root_call: Callable[[tuple[Any, ...], dict[str, Any]], None],
-                 on_output: Callable[[str, torch.Tensor], None]) -> None:
+                 on_output: Callable[[str, torch.Tensor], None],
+                 on_adopt: Callable[[torch.nn.Module], None] | None = None) -> None:
         self.modules = modules
-        self.on_root_call, self.on_output = on_root_call, on_output
+        self.on_root_call, self.on_output, self.on_adopt = on_root_call, on_output, on_adopt
         self.roots: list[weakref.ref[torch.nn.Module]] = []
         self.param_names: dict[int, str] = {}
         self.grad_order: dict[int, int] = {}
@@ -102,6 +104,8 @@ class ModelHooks:
         for p in root.parameters():
             if p.requires_grad:
                 self._order_hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+        if self.on_adopt is not None:
+            self.on_adopt(root)
 
     def _chosen(self, name: str, module: torch.nn.Module) -> bool:
         assert self.modules is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from opscope.capture.steps import StepClock
 from opscope.capture.torch.dist import current_rank
 from opscope.config import MonitorConfig
 from opscope.errors import ConfigError
-from opscope.monitor import series
+from opscope.monitor import ddp, series
 from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
 from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
@@ -66,7 +67,7 @@ class MonitorSession:
         self.clock = StepClock(self._boundary)
         self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup)
         follow = self.targets & {"activations", "activation_grads"}
-        self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output)
+        self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output, self._adopted)
         self.events: list[MonitorEvent] = []
         self.writer: series.SeriesWriter | None = None
         self.judge: Judge | None = None
@@ -82,6 +83,7 @@ class MonitorSession:
         self._order_written = 0
         self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
         # (items, which gradients are present: None for all) -> their keys, and which (None: all)
+        self._reduced = 0  # under DDP: added to the gradients' places (after every rank's own, in the step)
         self._grad_layout: dict[tuple[int, tuple[bool, ...] | None], tuple[tuple[Key, ...], list[int] | None]] = {}
 
     @property
@@ -207,7 +209,7 @@ class MonitorSession:
         layout = self._grad_layout.get(present)
         if layout is None:
             which = [i for i, g in enumerate(grads) if g is not None and g.numel()]
-            keys = tuple(self._place("grad", items[i][0], items[i][2]) for i in which)
+            keys = tuple(self._place("grad", items[i][0], items[i][2] + self._reduced) for i in which)
             layout = self._grad_layout[present] = (keys, which if len(which) < len(grads) else None)
         keys, chosen = layout
         if keys:
@@ -238,6 +240,25 @@ class MonitorSession:
     def _activation_grad(self, name: str, g: torch.Tensor) -> None:
         key = ("activation_grad", name)
         self._track("activation_grad", [(name, g)], None if key in self.order else [self.hooks.tick()])
+
+    def _adopted(self, root: torch.nn.Module) -> None:
+        if "grads" in self.targets and ddp.is_ddp(root):
+            me = weakref.ref(self)
+
+            def on_bucket(params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+                session = me()
+                if session is not None and session.started and session.on:
+                    session._local_grads(params, grads)
+            if ddp.install(root, on_bucket):
+                self._reduced = 500_000
+
+    def _local_grads(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """A DDP bucket's gradients as this rank's backward made them, before the all-reduce."""
+        chosen = [i for i, g in enumerate(grads) if g.numel()]
+        keys = tuple(self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
+                                 self.hooks.grad_order.get(id(params[i])) or self.hooks.tick()) for i in chosen)
+        if keys:
+            self._blocks.append((keys, Pending([grads[i] for i in chosen]).values()))
 
     def _param_items(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor, int]]:
         """(name, parameter, position in backward order) of every parameter of ``optimizer``;
