@@ -62,13 +62,14 @@ def load_api_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
 
 def load_mindspore_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """One MindSpore kernel with its inputs read; ``runner`` computes it with the table."""
-    call = read_rows(dump, rows, side)
-    op_type = call.name.removeprefix("mindspore.")
-    kernel = RULES.get(call.name)
+    name = str(head_of(rows).get("op") or "")
+    op_type = name.removeprefix("mindspore.")
+    kernel = RULES.get(name)
     if kernel is None:
         reason = mindspore_ops.why_not(op_type)
         if reason:
-            raise ReplayError(f"not replayable: {reason}")
+            raise ReplayError(f"not replayable: {reason}")  # before anything is read
+    call = read_rows(dump, rows, side)
     slots = [r.get("slot") or 0 for r in call.inputs]
     if slots != list(range(len(slots))):
         raise ReplayError(f"cannot replay {call.name}: the {side} dump holds inputs {slots}, not every input "
