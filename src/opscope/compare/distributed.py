@@ -4,16 +4,17 @@ Alignment, the noise model and the verdict stay in the calling process. Only the
 reads move: the jobs of :func:`opscope.compare.measure.plan` are cut into batches of about
 equal bytes (several per worker thread, so a slow or lost worker holds up little), and each
 batch is one task, :func:`opscope.compare.measure.measure_batch`, the function the local pool
-runs. A task opens both dumps by path on its worker, memory-maps one tensor pair at a time and
-returns a small dict of metrics per pair: tensors never travel through the scheduler, so the
-workers must see the dumps at the same path as this process (a shared file system).
+runs. A task opens both dumps by path on its worker, streams its tensor pairs from the shards
+and returns a small dict of metrics per pair: tensors never travel through the scheduler, so
+the workers must see the dumps at the same path as this process (a shared file system).
 
-The gathered outcomes are written into the pairs by :func:`opscope.compare.measure.apply_results`,
-in the plan's order, so the verdict, the pairs table and the reports are those of a local run.
-A task whose worker dies is run again by the scheduler (up to Dask's
-``distributed.scheduler.allowed-failures``, 3 by default); one that raises is retried
-:data:`RETRIES` times. A batch that still fails is not dropped: each of its pairs falls back to
-statistics and its shards are named in the problems, as for a shard the local run cannot read.
+The gathered outcomes are written into the pairs by :func:`opscope.compare.measure.apply_results`
+in the order a local run measures them (:func:`~opscope.compare.measure.file_order`), so the
+verdict, the pairs table and the reports are those of a local run. A task whose worker dies
+is run again by the scheduler (up to Dask's ``distributed.scheduler.allowed-failures``, 3 by
+default); one that raises is retried :data:`RETRIES` times. A batch that still fails is not
+dropped: each of its pairs falls back to statistics and its shards are named in the problems,
+as for a shard the local run cannot read.
 """
 
 from __future__ import annotations
@@ -69,8 +70,7 @@ def run(jobs: dict[measure.Job, list[int]], pairs: list[Pair], target: str, refe
         total = sum(job.nbytes for job in todo)
         batches = measure._batches(todo, min(MAX_TASKS, max(threads * BATCHES_PER_THREAD, total // TASK_BYTES)))
         results = _gather(client, *paths, batches, progress)
-    order = {job: i for i, job in enumerate(todo)}  # the plan's order, whatever order tasks finished in
-    results.sort(key=lambda outcome: order[outcome[0]])
+    results.sort(key=lambda outcome: measure.file_order(outcome[0]))  # a local run's order, not the tasks'
     return measure.apply_results(results, jobs, pairs)
 
 
@@ -102,6 +102,9 @@ def connect(scheduler: Scheduler) -> Iterator[Client]:
 
 def _open(client_class: type[Client], where: str) -> Client:
     start = "start one with `dask scheduler` (it prints its address) and `dask worker ADDRESS` on each node"
+    if not where.strip():  # Dask would start a cluster of its own in this process
+        raise ClusterError(f"--scheduler needs the scheduler's address (tcp://HOST:8786) or its scheduler file; "
+                           f"{start}")
     if "://" not in where and (where.endswith(".json") or os.path.isfile(where)):
         if not os.path.isfile(where):  # Dask would wait for the file to appear
             raise ClusterError(f"scheduler file {where!r} does not exist: start the scheduler with "

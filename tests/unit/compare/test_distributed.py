@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +31,8 @@ def cluster(scheduler_file):
     """Two worker processes of one thread each, started once for this module; the scheduler
     writes its address into ``scheduler_file`` as `dask scheduler --scheduler-file` does."""
     with (LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=None,
-                       scheduler_kwargs={"scheduler_file": str(scheduler_file)}) as local,
+                       scheduler_kwargs={"scheduler_file": str(scheduler_file)},
+                       local_directory=str(scheduler_file.parent)) as local,
           Client(local, set_as_default=False) as client):
         yield client
 
@@ -70,6 +72,9 @@ def test_cli_on_cluster_writes_the_files_of_a_local_run(dumps, cluster, run_cli,
     assert summaries[0]["verdict"] == "diverged" and summaries[0]["counts"]["failed"] > 0
     local_csv, dask_csv = ((tmp_path / side / "pairs.csv").read_bytes() for side in ("local", "dask"))
     assert dask_csv == local_csv and local_csv.count(b"\n") > 30
+    local_html, dask_html = (re.sub(r'"(elapsed_s|workers)":[0-9.]+', "", (tmp_path / side / "report.html").read_text())
+                             for side in ("local", "dask"))  # the report embeds the summary
+    assert dask_html == local_html
 
 
 def test_progress_follows_the_tasks(dumps, cluster):
@@ -154,9 +159,11 @@ def test_unreachable_scheduler_names_the_address(dumps):
     assert f"tcp://127.0.0.1:{port}" in str(info.value) and "dask scheduler" in str(info.value)
 
 
-def test_missing_scheduler_file_says_how_to_write_one(dumps, tmp_path):
+def test_no_scheduler_file_or_address_says_what_to_give(dumps, tmp_path):
     with pytest.raises(ClusterError, match="dask scheduler --scheduler-file .*nowhere.json"):
         compare(*dumps, scheduler=str(tmp_path / "nowhere.json"))
+    with pytest.raises(ClusterError, match="needs the scheduler's address"):
+        compare(*dumps, scheduler="")  # not a cluster of Dask's own making in this process
 
 
 def test_without_distributed_says_what_to_install(dumps, monkeypatch):
@@ -178,7 +185,7 @@ def test_a_worker_that_does_not_see_the_dumps(dumps, cluster, scheduler_file):
     hidden = dumps[0].parent
     dask_cli = Path(sys.executable).with_name("dask")
     command = f"mount -t tmpfs none {hidden} && exec {dask_cli} worker --scheduler-file {scheduler_file} " \
-              "--nthreads 1 --no-dashboard --death-timeout 60"
+              f"--nthreads 1 --no-dashboard --death-timeout 60 --local-directory {scheduler_file.parent}"
     worker = subprocess.Popen(["unshare", "-m", "sh", "-c", command],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
