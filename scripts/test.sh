@@ -3,7 +3,7 @@
 # for the HTML report tests, lint and type-check, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-EXTRAS=${EXTRAS:-test,onnx,xlsx,peers,dask,integrations} bash scripts/install.sh
+EXTRAS=${EXTRAS:-test,onnx,xlsx,peers,dask,integrations,tensorboard} bash scripts/install.sh
 # TensorFlow for the TF tests (tests/integration/test_tf_*.py), pinned like torch: the CPU build
 # (~80 s, beside torch in one venv). opscope[tensorflow] asks for "tensorflow>=2.16" for users.
 .venv/bin/python -m pip install -q "${TF_SPEC:-tensorflow-cpu==2.21.0}"
@@ -17,4 +17,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 .venv/bin/ruff check src tests benchmarks
 .venv/bin/mypy  # the package, as configured in pyproject.toml's [tool.mypy]
-exec .venv/bin/python -m pytest "$@"
+# The tests in parallel, one file per worker (module fixtures are built once), up to 4 workers
+# (each holds torch and TensorFlow); PYTEST_WORKERS=0 runs them in this process.
+WORKERS=${PYTEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadfile "$@"

@@ -40,6 +40,7 @@ class MonitorConfig:
     report: bool = True
     overwrite: bool = False
     enable: bool = True
+    tensorboard: bool | str = False  # True: PATH/tensorboard; a path: that folder (one run per rank)
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -84,6 +85,8 @@ _MONITOR_PARSERS = {
     "report": lambda v: parse_bool("report", v),
     "overwrite": lambda v: parse_bool("overwrite", v),
     "enable": lambda v: parse_bool("enable", v),
+    "tensorboard": lambda v: parse_path("tensorboard", v) if isinstance(v, (str, os.PathLike))
+    and str(v).lower() not in ("true", "false", "1", "0", "yes", "no") else parse_bool("tensorboard", v),
 }
 _MONITOR_ALIASES = {"output": "path", "dump_path": "path", "interval": "every", "module_patterns": "modules"}
 
@@ -101,3 +104,10 @@ def monitor_config(config: str | os.PathLike | Mapping | None = None, **kwargs: 
         raise ConfigError(f"monitor: warmup {cfg.warmup} must be below window {cfg.window} (the steps a band needs "
                           "before it judges, out of the steps it holds)")
     return cfg
+
+
+def tensorboard_dir(cfg: MonitorConfig) -> str | None:
+    """Where the TensorBoard scalars go (``PATH/tensorboard`` for ``true``), or None."""
+    if isinstance(cfg.tensorboard, str):
+        return cfg.tensorboard
+    return os.path.join(cfg.path, "tensorboard") if cfg.tensorboard else None

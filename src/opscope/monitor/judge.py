@@ -24,6 +24,7 @@ import numpy as np
 from opscope.monitor.detect import BandDetector, Key
 from opscope.monitor.events import Departure, MonitorEvent
 from opscope.monitor.series import Block, SeriesWriter
+from opscope.monitor.tensorboard import ScalarWriter
 
 HANDOFF = 16  # steps handed to the background thread at once
 LATENCY = 0.5  # seconds: or fewer steps, when they took that long
@@ -33,8 +34,9 @@ class Judge:
     """Runs :meth:`judge` for every step handed to :meth:`submit`, in order."""
 
     def __init__(self, detector: BandDetector, writer: SeriesWriter, rank: int,
-                 emit: Callable[[MonitorEvent], None], threaded: bool) -> None:
+                 emit: Callable[[MonitorEvent], None], threaded: bool, tensorboard: ScalarWriter | None = None) -> None:
         self.detector, self.writer, self.rank, self.emit = detector, writer, rank, emit
+        self.tensorboard = tensorboard
         self.order: dict[Key, int] = {}
         self.error: BaseException | None = None
         self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(maxsize=4)  # a slow disk holds training
@@ -92,6 +94,8 @@ class Judge:
         bad = np.concatenate([stats[:, 2] + stats[:, 3], np.zeros(len(scalars))])
         event = self.detector.update(step, self.rank, keys, raw, bad, self.order)
         self.writer.add(step, blocks, scalars)
+        if self.tensorboard is not None:
+            self.tensorboard.add(step, blocks, scalars)
         if causes:
             event = event or MonitorEvent(step=step, rank=self.rank)
             event.departures = sorted(causes + event.departures, key=lambda d: (d.order, -d.z))
@@ -113,4 +117,6 @@ class Judge:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         self.check()

@@ -28,6 +28,7 @@ import torch
 from opscope.capture.steps import StepClock
 from opscope.capture.torch.dist import current_rank
 from opscope.config import MonitorConfig
+from opscope.config.monitor import tensorboard_dir
 from opscope.errors import ConfigError
 from opscope.monitor import ddp, series
 from opscope.monitor.detect import BandDetector
@@ -36,6 +37,7 @@ from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEv
 from opscope.monitor.hooks import ModelHooks, named_inputs
 from opscope.monitor.judge import Judge
 from opscope.monitor.stats import Pending, scalar_stats
+from opscope.monitor.tensorboard import ScalarWriter
 
 log = logging.getLogger("opscope.monitor")
 Key = tuple[str, str]
@@ -99,9 +101,12 @@ class MonitorSession:
         self.started = True
         if not self.active:
             return self
+        tb_dir = tensorboard_dir(self.cfg)  # first: without the tensorboard package, an error and no folder
+        tensorboard = None if tb_dir is None else ScalarWriter(tb_dir, self.rank)
         self.writer = series.SeriesWriter(self.cfg.path, self.rank, self.cfg.chunk, self.cfg.to_json(),
                                           self.cfg.overwrite)
-        self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None)
+        self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None,
+                           tensorboard=tensorboard)
         try:
             self.hooks.install(self.model)
             if self.optimizer is not None:
