@@ -136,10 +136,29 @@ def _transpose(inputs: Sequence[Tensor], out: Outputs) -> Tensor:
 
 
 def _sparse_ce(inputs: Sequence[Tensor], out: Outputs) -> Tensor:
-    """SparseSoftmaxCrossEntropyWithLogits (logits, labels), forward: the mean loss."""
-    if out.shapes and len(out.shapes[0]) != 0:
-        raise ValueError("the gradient form (is_grad) of SparseSoftmaxCrossEntropyWithLogits")
-    return F.cross_entropy(inputs[0], inputs[1].long())
+    """SparseSoftmaxCrossEntropyWithLogits (logits, labels): the mean loss, or (``is_grad``,
+    an output shaped like the logits) its gradient with respect to the logits."""
+    logits, labels = inputs[0], inputs[1].long()
+    if out.shapes and list(out.shapes[0]) == list(logits.shape):
+        onehot = F.one_hot(labels, logits.shape[-1]).to(logits.dtype)
+        return (torch.softmax(logits, dim=-1) - onehot) / logits.shape[0]
+    return F.cross_entropy(logits, labels)
+
+
+def _bias_add_grad(inputs: Sequence[Tensor], _: Outputs) -> Tensor:
+    """BiasAddGrad (dy, data_format): dy summed over every axis but the channel axis."""
+    dy = inputs[0]
+    fmt = _ints(inputs[1])[0] if len(inputs) > 1 and inputs[1].numel() else 0
+    channel = dy.dim() - 1 if fmt == 1 or dy.dim() <= 2 else 1
+    return dy.sum(dim=[a for a in range(dy.dim()) if a != channel])
+
+
+def _gelu_grad(inputs: Sequence[Tensor], _: Outputs) -> Tensor:
+    """GeLUGrad (dy, x, y): dy times the derivative of GeLU's tanh form at x."""
+    dy, x = inputs[0], inputs[1].detach().requires_grad_(True)
+    with torch.enable_grad():
+        (dx,) = torch.autograd.grad(F.gelu(x, approximate="tanh"), x, dy)
+    return dx
 
 
 _REDUCERS: dict[str, Callable[..., Tensor]] = {
@@ -170,6 +189,13 @@ OPS: dict[str, Kernel] = {
     "Squeeze": lambda inputs, out: inputs[0].reshape(out.shapes[0]),
     "Transpose": _transpose,
     "SparseSoftmaxCrossEntropyWithLogits": _sparse_ce,
+    "BiasAddGrad": _bias_add_grad, "GeLUGrad": _gelu_grad,
+}
+
+# op types whose result depends on an attribute MindSpore keeps out of the dump (IR only)
+ATTRIBUTES_NOT_DUMPED = {
+    "LayerNormGrad": "depends on its epsilon, a kernel attribute the dump does not write (the forward "
+                     "LayerNorm's epsilon input is not linked to it): not replayable",
 }
 
 # op types that update their inputs in place: MindSpore dumps the inputs after the update
@@ -180,6 +206,8 @@ def why_not(op_type: str) -> str | None:
     """Why a MindSpore op type is not replayed, or None when the table has it."""
     if op_type in OPS:
         return None
+    if op_type in ATTRIBUTES_NOT_DUMPED:
+        return f"mindspore.{op_type} {ATTRIBUTES_NOT_DUMPED[op_type]}"
     if op_type in UPDATES:
         return (f"mindspore.{op_type} updates its inputs in place and MindSpore dumps them after the "
                 "update: the values it read are gone")
