@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from opscope.errors import ReplayError
 from opscope.replay.rules import RULES, not_replayable
 
 INPUT_IO = ("input", "param")
+_OP_PART = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass
@@ -53,12 +55,18 @@ def resolve_op(name: str) -> Any:
         raise ReplayError(f"{name!r} is not an aten-level record (level=\"aten\" dumps name ops as "
                           "aten.<name>.<overload>); replay re-runs dispatcher ops only: dump with level=\"aten\"")
     ns, op_name, overload = parts
+    if not all(_OP_PART.match(p) and not p.startswith("__") for p in parts):
+        raise ReplayError(f"not replayable: {name!r} is not an operator name (namespace.op.overload, "
+                          "identifiers without a leading double underscore)")
     try:
-        return getattr(getattr(getattr(torch.ops, ns), op_name), overload)
+        found = getattr(getattr(getattr(torch.ops, ns), op_name), overload)
     except (AttributeError, RuntimeError):
         raise ReplayError(f"operator {name} is not registered in this process: import the library that "
                           "defines it first (opscope replay --import MODULE, or torch.ops.load_library(...) "
                           "before opscope.replay)") from None
+    if not isinstance(found, torch._ops.OpOverload):
+        raise ReplayError(f"not replayable: {name!r} names no dispatcher operator overload")
+    return found
 
 
 def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:

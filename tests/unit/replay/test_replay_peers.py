@@ -176,3 +176,13 @@ def test_names_off_the_allow_list_are_never_looked_up(monkeypatch: pytest.Monkey
             api_names.resolve_api(name)
     assert looked_up == []
     assert api_names.resolve_api("torch.matmul") is torch.matmul and looked_up == ["matmul"]
+
+
+@pytest.mark.parametrize("name", ["__dict__.get.__call__", "aten.mm.__call__", "aten.mm.overloads",
+                                  "builtins.eval.default"])
+def test_aten_names_resolve_to_dispatcher_operators_only(name: str) -> None:
+    from opscope.replay.calls import resolve_op
+
+    with pytest.raises(ReplayError):
+        resolve_op(name)
+    assert resolve_op("aten._to_copy.default") is torch.ops.aten._to_copy.default
