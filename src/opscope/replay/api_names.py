@@ -110,7 +110,8 @@ def why_not(name: str) -> str | None:
                 "so its numbers cannot be drawn again (dump with level=\"aten\" to replay random ops)")
     if in_place(func):
         return (f"{name} writes into its input in place: whether a dump holds that input as it was before or "
-                "after the write depends on the tool (msprobe saves tensors on a thread), so replay does not "
+                "after the write depends on the tool and its version (msprobe hashes inputs on a thread; opscope's "
+                "api level recorded them after the write until recently), so replay does not "
                 "re-run in-place calls; the out-of-place calls around it replay")
     allowed, _ = NAMESPACES[prefix]
     if func not in allowed:
