@@ -22,9 +22,12 @@ TRAIN = textwrap.dedent(
         if i == 16:
             x = x * 1e4  # a corrupted batch
         loss = model(x).pow(2).mean()
+        if i == 20:
+            loss = loss * 100  # a loss scaled by mistake
         opt.zero_grad()
         loss.backward()
         opt.step()
+        print(f"loss {loss.item()!r}")
     """
 )
 
@@ -32,16 +35,20 @@ TRAIN = textwrap.dedent(
 def test_opscope_run_with_a_monitor_section(tmp_path, run_cli):
     (tmp_path / "train.py").write_text(TRAIN)
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({"monitor": {"path": "mon", "targets": ["inputs", "grads", "lr", "optimizer"]}}))
+    cfg.write_text(json.dumps({"monitor": {"path": "mon", "targets": ["inputs", "loss", "grads", "lr", "optimizer"]}}))
     done = run_cli("run", "-c", cfg, "--", sys.executable, "train.py", cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert "monitor (inputs, grads, lr, optimizer, every step) -> mon" in done.stderr
+    assert "monitor (inputs, loss, grads, lr, optimizer, every step) -> mon" in done.stderr
     assert "opscope.monitor: step 16 (rank 0): arg0 (input) moved first" in done.stderr
     data = read(tmp_path / "mon")
     rank = data.ranks[0]
     assert rank.status == "complete" and rank.steps == 24
     assert rank.values[("momentum_buffer", "2.weight", "norm")][0] == list(range(24))
     assert rank.values[("lr", "lr", "value")][1] == [0.05] * 24
+    # the loss, with no m.step(loss=...): the scalar backward was called on, each step
+    printed = [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("loss ")]
+    assert rank.values[("loss", "loss", "value")] == (list(range(24)), printed)
+    assert "opscope.monitor: step 20 (rank 0): loss moved first" in done.stderr
     assert (tmp_path / "mon" / "report.html").stat().st_size > 1000
 
 

@@ -31,6 +31,7 @@ from opscope.config import MonitorConfig
 from opscope.config.monitor import tensorboard_dir
 from opscope.errors import ConfigError
 from opscope.monitor import ddp, series
+from opscope.monitor import loss as loss_hook
 from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
 from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
@@ -79,6 +80,7 @@ class MonitorSession:
         self._pending: list[tuple[tuple[Key, ...], Pending]] = []
         self._blocks: list[tuple[tuple[Key, ...], np.ndarray]] = []  # read: keys, [n, 4] statistics
         self._scalars: dict[Key, float] = {}  # the loss and learning rates
+        self._losses: list[torch.Tensor] = []  # what backward started from this step (loss.py)
         self._calls: dict[str, int] = {}
         self._optimizer_seen = False
         self._causes: list[Departure] = []
@@ -108,6 +110,8 @@ class MonitorSession:
         self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None,
                            tensorboard=tensorboard)
         try:
+            if "loss" in self.targets:
+                loss_hook.listen(self._backward_loss)
             self.hooks.install(self.model)
             if self.optimizer is not None:
                 self._handles = [self.optimizer.register_step_pre_hook(self._optimizer_pre),
@@ -162,9 +166,10 @@ class MonitorSession:
         try:
             if status == "complete":
                 self.clock.poll()
-                if self._pending or self._blocks or self._scalars:  # a last step that no boundary ended
+                if self._pending or self._blocks or self._scalars or self._losses:  # a last step no boundary ended
                     self._end_step(self.clock.step)
         finally:
+            loss_hook.unlisten(self._backward_loss)
             self.hooks.remove()
             for h in self._handles:
                 h.remove()
@@ -338,7 +343,14 @@ class MonitorSession:
         self._calls = {}
         self.on = step % self.cfg.every == 0
 
+    def _backward_loss(self, value: torch.Tensor) -> None:
+        if self.on and self.started:
+            self._losses.append(value)
+
     def _end_step(self, step: int) -> None:
+        losses, self._losses = self._losses, []
+        if losses and ("loss", "loss") not in self._scalars:  # no m.step(loss=...): what backward started from
+            self._scalar(("loss", "loss"), sum(scalar_stats(v) for v in losses) / len(losses))
         self._read()
         blocks, self._blocks = self._blocks, []
         scalars, self._scalars = self._scalars, {}
