@@ -47,6 +47,9 @@ def load_api_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """One API-level call with its tensors read; ``runner`` re-runs it (golden or native)."""
     head = head_of(rows)
     name = str(head.get("op") or "")
+    if name == "parameters_grad":
+        raise ReplayError("not replayable: msprobe's parameters_grad entry lists the gradients a module's "
+                          "parameters received: it records no call")
     if head.get("phase") == "backward" or any(r.get("io") == "grad" for r in rows):
         raise ReplayError(f"not replayable: {name} backward: an API-level dump records a backward call's "
                           "gradients only, not the forward tensors it also reads (a linear's weight); "
