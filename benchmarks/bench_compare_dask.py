@@ -6,7 +6,7 @@ Uses the 8-step wide-MLP pair of ``bench_compare_e2e.py`` (created there, ~4.8 G
 starts a loopback cluster (a scheduler and 2 worker processes of 1 thread each, as
 ``dask scheduler`` / ``dask worker --nthreads 1`` would), and runs the CLI as a user does,
 locally (every core) and with ``--scheduler``, in alternation, page cache warm. Prints both
-wall times, their ratio, and whether the verdict lines, summary.json (less elapsed time and
+wall and CPU seconds, their ratio, and whether the verdict lines, summary.json (less elapsed time and
 worker count) and pairs.csv are equal. ``bench_compare_e2e.py`` calls :func:`dask_vs_local`
 for its Dask row.
 
@@ -20,10 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -41,13 +44,30 @@ def _same_files(a: Path, b: Path) -> bool:
     return summaries[0] == summaries[1] and (a / "pairs.csv").read_bytes() == (b / "pairs.csv").read_bytes()
 
 
+def _cpu(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(target: Path, reference: Path, out: Path, extra: list[str], client: Any) -> tuple[float, float, str]:
+    """One CLI run: wall seconds, CPU seconds (the CLI and its pool, plus the cluster's workers
+    when ``extra`` names one: their background work included), verdict line."""
+    workers = sum(client.run(_cpu, resource.RUSAGE_SELF).values()) if extra else 0.0
+    children = _cpu(resource.RUSAGE_CHILDREN)  # the CLI process and its pool, once reaped
+    wall, verdict, _ = compare_cli(target, reference, out, extra)
+    cpu = _cpu(resource.RUSAGE_CHILDREN) - children
+    if extra:
+        cpu += sum(client.run(_cpu, resource.RUSAGE_SELF).values()) - workers
+    return wall, cpu, verdict
+
+
 def dask_vs_local(target: Path, reference: Path, local: dict, root: Path, repeat: int = 2) -> dict:
     """Local vs 2-worker Dask time on one pair, with the verdicts compared; prints one line.
 
     The CLI runs alternate, local then Dask, ``repeat`` times (a load that changes meanwhile
-    then weighs on both); the best of each is reported. ``local`` is the local row of
-    ``bench_compare_e2e.measure_pair`` for this pair (its ``verdict``; its ``wall_s`` is printed
-    beside this run's own local figure).
+    then weighs on both); the best of each is reported, wall and CPU seconds. ``local`` is the
+    local row of ``bench_compare_e2e.measure_pair`` for this pair (its ``verdict``; its
+    ``wall_s`` is printed beside this run's own local figure).
     """
     from distributed import Client, LocalCluster
 
@@ -57,25 +77,26 @@ def dask_vs_local(target: Path, reference: Path, local: dict, root: Path, repeat
         extra = ["--scheduler", cluster.scheduler_address]
         client.wait_for_workers(2)
         compare_cli(target, reference, root / "out-dask", extra)  # warms the workers' imports and page cache
-        local_walls, dask_walls, verdicts = [], [], set()
+        runs: dict[str, list[tuple[float, float, str]]] = {"local": [], "dask": []}
         for _ in range(repeat):
-            wall, verdict, _ = compare_cli(target, reference, root / "out-local", [])
-            local_walls.append(wall)
-            verdicts.add(("local", verdict))
-            wall, verdict, _ = compare_cli(target, reference, root / "out-dask", extra)
-            dask_walls.append(wall)
-            verdicts.add(("dask", verdict))
-    best_local, best = min(local_walls), min(dask_walls)
+            runs["local"].append(_timed(target, reference, root / "out-local", [], client))
+            runs["dask"].append(_timed(target, reference, root / "out-dask", extra, client))
+        idle = sum(client.run(_cpu, resource.RUSAGE_SELF).values())
+        time.sleep(5)
+        idle = (sum(client.run(_cpu, resource.RUSAGE_SELF).values()) - idle) / 5
+    (best_local, local_cpu, _), (best, dask_cpu, verdict) = (min(runs[k]) for k in ("local", "dask"))
     nbytes = size(target) + size(reference)
-    equal = len({v for _, v in verdicts}) == 1 and verdict == local["verdict"]
+    equal = len({v for rows in runs.values() for _, _, v in rows} | {local["verdict"]}) == 1
     same = equal and _same_files(root / "out-local", root / "out-dask")
     print(f"dask, 2 workers x 1 thread on loopback: {best:.2f} s (best of {repeat}: "
-          f"{', '.join(f'{w:.2f}' for w in dask_walls)}) = {nbytes / 1e6 / best:.0f} MB/s; local in alternation "
-          f"{best_local:.2f} s ({', '.join(f'{w:.2f}' for w in local_walls)}; before: {local['wall_s']:.2f} s); "
-          f"dask/local = {best / best_local:.2f}x; verdicts {'equal' if equal else 'DIFFER'} ({verdict}); "
-          f"summary.json and pairs.csv {'equal' if same else 'DIFFER'}", flush=True)
-    return {"local_s": best_local, "dask_s": best, "local_walls": local_walls, "dask_walls": dask_walls,
-            "verdicts_equal": equal, "files_equal": same}
+          f"{', '.join(f'{w:.2f}' for w, _, _ in runs['dask'])}) = {nbytes / 1e6 / best:.0f} MB/s; local in "
+          f"alternation {best_local:.2f} s ({', '.join(f'{w:.2f}' for w, _, _ in runs['local'])}; before: "
+          f"{local['wall_s']:.2f} s); dask/local = {best / best_local:.2f}x; CPU s of those runs: local "
+          f"{local_cpu:.1f}, dask {dask_cpu:.1f} (its workers idle: {idle:.2f} CPU-s per s); verdicts "
+          f"{'equal' if equal else 'DIFFER'} ({verdict}); summary.json and pairs.csv {'equal' if same else 'DIFFER'}",
+          flush=True)
+    return {"local_s": best_local, "dask_s": best, "local_cpu_s": local_cpu, "dask_cpu_s": dask_cpu,
+            "runs": runs, "verdicts_equal": equal, "files_equal": same}
 
 
 def main() -> None:

@@ -197,8 +197,16 @@ def dask_vs_local(target: Path, reference: Path, local: dict, root: Path) -> Non
     """Local vs 2-worker Dask time on the ~5 GB pair, with the verdicts compared.
 
     ``local`` is the local row of :func:`measure_pair` for this pair (wall_s, verdict, ...).
+    The measurement is ``bench_compare_dask.dask_vs_local`` (a loopback cluster, needs opscope[dask]).
     """
-    print("dask: not measured (the Dask row goes here: opscope compare --scheduler on a 2-worker cluster)")
+    import importlib.util
+
+    if importlib.util.find_spec("distributed") is None:
+        print("dask: not measured (pip install 'opscope[dask]')")
+        return
+    from bench_compare_dask import dask_vs_local as measure  # this script's folder is on sys.path
+
+    measure(target, reference, local, root)
 # ---- end of slot ---------------------------------------------------------------------------
 
 
