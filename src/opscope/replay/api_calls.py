@@ -130,7 +130,7 @@ def decode(value: Any, golden: bool) -> Any:
         return Ellipsis
     size = _SIZE.match(value)
     if size or _NUMBERS.match(value):
-        return list(ast.literal_eval(size.group(1) if size else value))
+        return _number_list(size.group(1) if size else value)
     part = _SLICE.match(value)
     if part:
         return slice(*(None if p == "None" else _int(p, value) for p in part.groups()))
@@ -173,7 +173,7 @@ def _run_api(call: Call, fn: Callable[..., Any], pairs: dict[int, Any], keywords
     kwargs.update({k: v[0] if len(v) == 1 else v for k, v in by_keyword.items()})
     try:
         out = fn(*args, **kwargs)
-    except TypeError as exc:
+    except (TypeError, AttributeError, KeyError) as exc:
         raise ReplayError(f"cannot replay {call.name}: the call rebuilt from the dump was refused ({exc}); "
                           "its arguments could not be rebuilt") from None
     return dict(enumerate(tensors_of(out)))
@@ -188,6 +188,15 @@ def _tensor(call: Call, row: dict[str, Any], golden: bool) -> torch.Tensor:
 
 def _dtype(row: dict[str, Any]) -> torch.dtype:
     return _DTYPES.get(f"torch.{row.get('dtype')}", torch.float32)
+
+
+def _number_list(text: str) -> Any:
+    """``(0, 1)`` / ``[2, 3]`` as a list of numbers; other text stays text."""
+    try:
+        found = ast.literal_eval(text)  # literals only: nothing is evaluated
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    return list(found) if isinstance(found, (tuple, list)) else text
 
 
 def _int(text: str, whole: str) -> int:
