@@ -103,3 +103,22 @@ def test_msprobe_fault_against_an_opscope_api_reference(dumps: tuple[Path, Path]
     first = result.first_divergence
     assert first.op == "torch.nn.functional.linear" and first.replay["verdict"] == "target_wrong"
     assert first.replay["reference"]["status"] == "ok" and first.replay["reference"]["reproduced"]
+
+
+def test_poisoned_pt_is_not_unpickled_by_replay(dumps: tuple[Path, Path], tmp_path: Path) -> None:
+    """A .pt holding a pickle that runs code: replay reads it as the reader does (weights_only)
+    and says the side cannot be replayed; the code never runs."""
+    poisoned = tmp_path / "poisoned"
+    shutil.copytree(dumps[1], poisoned)
+    (victim,) = poisoned.glob("step0/*/dump_tensor_data/Functional.linear.1.forward.input.0.pt")
+    marker = tmp_path / "pwned"
+    code = ("import os, torch, sys\nclass Evil:\n    def __reduce__(self):\n"
+            f"        return (os.system, ('touch {marker}',))\ntorch.save(Evil(), sys.argv[1])\n")
+    subprocess.run([sys.executable, "-c", code, str(victim)], check=True, timeout=120)
+    dump = opscope.load(poisoned)
+    seq = next(r["seq"] for r in dump.records().to_pylist() if r["data"] == victim.name)
+    out = replay_call(dump, opscope.load(dumps[1]), CallRef(id="", rank=0, step=0,
+                                                             seqs={"target": seq, "reference": seq}))
+    assert out.verdict == "not_replayable" and "not a plain tensor file" in out.reason, out.reason
+    assert out.reference is not None and out.reference.status == "ok"  # the clean side still replays
+    assert not marker.exists()

@@ -319,7 +319,13 @@ def _random_state(call: Call, kwargs: dict[str, Any]) -> Iterator[None]:
 def _read(dump: Any, row: dict[str, Any]) -> torch.Tensor:
     import numpy as np
 
-    arr = np.ascontiguousarray(dump.row_tensor(row))
+    from opscope.errors import DumpFormatError
+
+    try:
+        arr = np.ascontiguousarray(dump.row_tensor(row))
+    except DumpFormatError as exc:  # a refused or missing tensor file: this side cannot be replayed
+        raise ReplayError(f"cannot replay {row.get('op')}: its {row.get('io')} {row.get('slot')} cannot be read "
+                          f"({exc})") from None
     t = torch.from_numpy(arr.copy())
     shape = list(row.get("shape") or [])
     if list(t.shape) != shape:
