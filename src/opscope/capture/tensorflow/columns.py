@@ -35,7 +35,10 @@ class GraphColumns:
         self.seq = np.array([e[4] for e in entries], dtype=np.int64)
         self.key = np.array([e[5] for e in entries], dtype=np.int64)
         self.call = np.array([e[6] for e in entries], dtype=np.int64)
-        self.shape = [e[7] for e in entries]
+        own = [e[7] for e in entries]  # a view's own shape (None: its value's)
+        self.own_shapes = [s for s in own if s is not None]
+        self.own_rows = np.array([i for i, s in enumerate(own) if s is not None], dtype=np.int64)
+        self._own: tuple[int, pa.Array, pa.Array] | None = None  # (values, own shapes, take index)
         self.ids, self.ops = ids, ops
 
     def table(self, values: list[Any], base: int, step: int, seq0: int, offsets: np.ndarray) -> pa.Table:
@@ -49,17 +52,27 @@ class GraphColumns:
         cols["call"] = pa.array((self.call + offsets[self.key]).astype(np.int32))
         producer = base + self.producer
         cols["producer"] = pa.array(producer, mask=self.producer < 0, type=pa.int64())
-        cols["dtype"] = pa.array([v[0] for v in values], type=pa.string()).take(take)
-        cols["numel"] = pa.array([v[2] for v in values], type=pa.int64()).take(take)
-        value_shapes = [v[1] for v in values]
-        cols["shape"] = pa.array([own if own is not None else value_shapes[i]
-                                  for own, i in zip(self.shape, self.value.tolist())], type=_TYPES["shape"])
-        for k, name in enumerate(STAT_NAMES):
-            raw = [v[3][k] for v in values]
+        dtypes, shapes, numels, stats, data, keys = zip(*values)  # one pass: a column per field
+        cols["dtype"] = pa.array(dtypes, type=pa.string()).take(take)
+        cols["numel"] = pa.array(numels, type=pa.int64()).take(take)
+        cols["shape"] = self._shapes(list(shapes), take)
+        for name, raw in zip(STAT_NAMES, zip(*stats)):
             if name == "hash":
-                raw = [None if h is None else h & 0xFFFFFFFFFFFFFFFF for h in raw]
+                raw = tuple(None if h is None else h & 0xFFFFFFFFFFFFFFFF for h in raw)
             cols[name] = pa.array(raw, type=_TYPES[name]).take(take)
-        cols["data"] = pa.array([v[4] for v in values], type=pa.string()).take(take)
-        cols["key"] = pa.array([v[5] for v in values], type=pa.string()).take(take)
+        cols["data"] = pa.array(data, type=pa.string()).take(take)
+        cols["key"] = pa.array(keys, type=pa.string()).take(take)
         cols["view"] = pa.nulls(n, type=pa.string())
         return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+    def _shapes(self, value_shapes: list[Any], take: pa.Array) -> pa.Array:
+        """Each row's shape: its value's, or its own where the row is a view of another shape
+        (those appended after the values, and taken by index)."""
+        measured = pa.array(value_shapes, type=_TYPES["shape"])
+        if not len(self.own_rows):
+            return measured.take(take)
+        if self._own is None or self._own[0] != len(value_shapes):  # built once per graph
+            index = self.value.copy()
+            index[self.own_rows] = len(value_shapes) + np.arange(len(self.own_rows))
+            self._own = (len(value_shapes), pa.array(self.own_shapes, type=_TYPES["shape"]), pa.array(index))
+        return pa.concat_arrays([measured, self._own[1]]).take(self._own[2])
