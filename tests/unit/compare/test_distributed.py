@@ -148,6 +148,25 @@ def test_a_shard_no_worker_can_read_is_named(dumps, cluster, tmp_path):
     assert not [r for r in rows if r["step"] != 1 and r["mode"] == "statistics"]
 
 
+def test_a_task_that_fails_on_every_try_names_its_shards(dumps, cluster, tmp_path):
+    """The target's manifest breaks after this process opened the dump: every task fails on its
+    workers (retried, then given up); its pairs fall back to statistics, each shard named."""
+    import shutil
+
+    from opscope.storage.reader import load
+
+    target = load(shutil.copytree(dumps[0], tmp_path / "target"))  # opened here, as compare does first
+    (target.path / "manifest.json").write_text("{ cut")
+    result = compare(target, dumps[1], scheduler=cluster)
+    rows = result.pairs_table.to_pylist()
+    assert not [r for r in rows if r["mode"] == "tensor"]
+    fallback = [r for r in rows if r["mode"] == "statistics"]
+    assert fallback and all("not measured on the Dask cluster" in r["note"] for r in fallback)
+    shards = {p.name for p in target.path.glob("rank0/step*/tensors-*.safetensors")}
+    named = {shard for shard in shards if any(shard in problem for problem in result.problems)}
+    assert named == shards and all("manifest.json" in p for p in result.problems if "Dask" in p)
+
+
 def test_unreachable_scheduler_names_the_address(dumps):
     import dask
 
