@@ -204,7 +204,7 @@ def test_a_worker_that_does_not_see_the_dumps(dumps, cluster, scheduler_file):
     hidden = dumps[0].parent
     dask_cli = Path(sys.executable).with_name("dask")
     command = f"mount -t tmpfs none {hidden} && exec {dask_cli} worker --scheduler-file {scheduler_file} " \
-              f"--nthreads 1 --no-dashboard --death-timeout 60 --local-directory {scheduler_file.parent}"
+              f"--nthreads 1 --no-nanny --no-dashboard --death-timeout 60 --local-directory {scheduler_file.parent}"
     worker = subprocess.Popen(["unshare", "-m", "sh", "-c", command],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
