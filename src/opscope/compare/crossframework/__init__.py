@@ -43,6 +43,10 @@ Modules, in the order data flows through them:
 - :mod:`~.matcher` — :class:`~.matcher.CallMatcher` fills :class:`~.matcher.Claims` with matched calls.
 - :mod:`~.pairing` — :class:`~.pairing.RowPairing` pairs the rows of the matched calls.
 - :mod:`~.aligner` — :func:`align_partition` drives the three.
+- :mod:`~.layers` and :mod:`~.layouts` — a layer-level dump (a Keras model, table
+  ``tables/keras.py``) against the module dump of its PyTorch port: layers matched by name
+  or by order and kind instead of the :class:`~.matcher.CallMatcher`, and the Keras tensors
+  read in torch's layout (channels-last activations, kernels).
 """
 
 from __future__ import annotations
