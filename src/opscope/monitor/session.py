@@ -1,11 +1,14 @@
 """``opscope.monitor``: training-state statistics every step, and which tensor moved first.
 
 Per monitored step (``every``): the model's inputs and chosen modules' outputs as they are
-made, the activations' gradients as backward makes them, the weights' gradients before
-``optimizer.step()``, the learning rate, the optimizer's state and the weights after it,
-and the loss given to ``m.step(loss=...)``. Each tensor gives its L2 norm, max |x| and NaN
-and Inf counts (:mod:`~opscope.monitor.stats`: one native pass per tensor on the CPU,
-batched torch ops on a device, read once per step). A background thread
+made, the activations' gradients as backward makes them (under DDP each rank's own
+weight gradients before the all-reduce: :mod:`~opscope.monitor.ddp`), the weights'
+gradients before ``optimizer.step()``, the learning rate, the optimizer's state and the
+weights after it, and the loss given to ``m.step(loss=...)`` (else the scalar backward
+started from: :mod:`~opscope.monitor.loss`). Each tensor gives its L2 norm, max |x| and NaN
+and Inf counts (:mod:`~opscope.monitor.stats`: one batched native call per kind on the CPU,
+the gradients on the kernel's own thread while ``optimizer.step()`` runs; batched torch
+ops on a device; read once per step). A background thread
 (:mod:`~opscope.monitor.judge`) then hands the rows to a Parquet time series
 (:mod:`~opscope.monitor.series`) and the norms to the detector
 (:mod:`~opscope.monitor.detect`); a step where something left its band is an event naming
