@@ -8,9 +8,10 @@ over steps), and by more than a relative floor (``min_change`` of A's median) an
 absolute floor (2% of A's median step time, at least 20 us). The band says the shift is
 not chance; the floors say it matters.
 
-Then the machine (:mod:`opscope.profile.calibration`): a change that passes is judged a
-second time with what the machine explains taken out, in the change's direction only, so
-the correction can hide a change but never make one:
+Then the machine (:mod:`opscope.profile.calibration`, read by
+:mod:`~opscope.profile.diff_machine`): a change that passes is judged a second time with
+what the machine explains taken out, in the change's direction only, so the correction can
+hide a change but never make one:
 
 * the run-queue wait (time ready to run but without a CPU) is subtracted: from both runs'
   values where it is known for that value (the step; a phase, when it was split by phase,
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opscope.profile.calibration import Speed, compatible, speed
+from opscope.profile.diff_machine import Machine, machine_headline, measure_machine, phase_waits
 from opscope.profile.model import PHASES, OpRow, StepRow
 from opscope.profile.summary import MS, steady_steps
 
@@ -76,34 +77,6 @@ class Change:
         if not self.flagged:
             return "same"
         return "slower" if self.delta_ms > 0 else "faster"
-
-
-@dataclass
-class Wait:
-    """Run-queue wait per steady step (ms) of A and B: time lost, measured, not estimated."""
-
-    a_mean: float
-    b_mean: float
-    a_median: float
-    b_median: float
-    significant: bool  # the mean differs by at least the absolute floor of the diff
-
-
-@dataclass
-class Machine:
-    """The machine during B against A: calibration speed ratio and per-step run-queue wait."""
-
-    speed: Speed | None = None
-    wait: Wait | None = None  # None = not measured in both profiles
-    why_not: str | None = None  # why the calibrations cannot be compared
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for ``--json``."""
-        return {
-            "speed": None if self.speed is None else asdict(self.speed),
-            "sched_wait": None if self.wait is None else asdict(self.wait),
-            "note": self.why_not,
-        }
 
 
 @dataclass
@@ -245,43 +218,6 @@ def _op_series(ops: Iterable[OpRow]) -> tuple[dict[tuple[str, str], dict[tuple[i
     return table, steps
 
 
-def measure_machine(a: Any, b: Any, rows_a: Sequence[StepRow], rows_b: Sequence[StepRow], floor: float) -> Machine:
-    """What the calibrations of A and B say; an empty :class:`Machine` when they cannot."""
-    blocks_a = list(getattr(a, "calibration", {}).values())
-    blocks_b = list(getattr(b, "calibration", {}).values())
-    why_not = compatible(blocks_a, blocks_b)
-    if why_not is not None:
-        return Machine(why_not=why_not)
-    wait = None
-    if all(block.get("sched_wait") for block in (*blocks_a, *blocks_b)) and rows_a and rows_b:
-        wa, wb = _waits(rows_a), _waits(rows_b)
-        means = statistics.fmean(wa), statistics.fmean(wb)
-        medians = statistics.median(wa), statistics.median(wb)
-        wait = Wait(round(means[0], 4), round(means[1], 4), round(medians[0], 4), round(medians[1], 4),
-                    abs(means[1] - means[0]) >= floor)
-    return Machine(speed(blocks_a, blocks_b), wait)
-
-
-def _waits(rows: Sequence[StepRow]) -> list[float]:
-    return [r.sched_wait_ns / MS for r in rows]
-
-
-def _phase_waits(rows_a: Sequence[StepRow], rows_b: Sequence[StepRow],
-                 phase: str, split: bool) -> tuple[tuple[list[float], list[float]], bool]:
-    """The waits to take out of a phase, and whether they are its own (exact) or the whole
-    step's (a bound: the phase's wait is not known, only the step's)."""
-    if phase == "step" or not split:
-        return (_waits(rows_a), _waits(rows_b)), phase == "step"
-    return ([_own_wait(r, phase) / MS for r in rows_a], [_own_wait(r, phase) / MS for r in rows_b]), True
-
-
-def _own_wait(row: StepRow, phase: str) -> int:
-    """A phase's own wait (ns); called only when every row has its waits split by phase."""
-    if row.phase_waits is None:
-        raise ValueError(f"step {row.step} of rank {row.rank} has no wait split by phase")
-    return row.phase_waits[phase]
-
-
 def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool = True) -> ProfileDiff:
     """Compare two loaded profiles (:class:`~opscope.profile.reader.ProfileData`);
     ``machine=False`` ignores their calibrations."""
@@ -296,7 +232,7 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     judge = _Judge(found, floor, k, min_change)
     split = all(r.phase_waits is not None for r in (*rows_a, *rows_b))
     phases = [judge(("phase", p, p), _phase_series(rows_a, p), _phase_series(rows_b, p),
-                    *_phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
+                    *phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
     ops: list[Change] = []
     no_op_moved: list[Change] = []
     if a.ops and b.ops:
@@ -391,28 +327,6 @@ def _explained_note(change: Change, no_op_moved: bool, ops: Sequence[Change], sp
         text += (f" by phase, but its operator {moved[0].name} changed beyond noise ({moved[0].delta_ms:+.3f} ms); the "
                  "step's comparison is exact")
     return text
-
-
-def machine_headline(machine: Machine | None) -> str | None:
-    """The line "the machine was slower during B: ..." when the calibrations say so, else ``None``."""
-    if machine is None:
-        return None
-    facts, signs = [], set()
-    if machine.speed is not None and machine.speed.significant:
-        ratio = machine.speed.ratio
-        signs.add(1 if ratio > 1 else -1)
-        facts.append(f"the calibration workload ran {abs(ratio - 1) * 100:.0f}% {'slower' if ratio > 1 else 'faster'} "
-                     f"(±{200 * machine.speed.sigma:.0f}%)")
-    wait = machine.wait
-    if wait is not None and wait.significant:
-        signs.add(1 if wait.b_mean > wait.a_mean else -1)
-        facts.append(f"the training thread waited for a CPU {wait.b_mean:.3f} ms per step (mean; A "
-                     f"{wait.a_mean:.3f} ms)")
-    if not facts:
-        return None
-    state = "slower" if signs == {1} else "faster" if signs == {-1} else "different"
-    return (f"the machine was {state} during B: {' and '.join(facts)}; changes within that are not "
-            "attributed to the code")
 
 
 def headlines(result: ProfileDiff) -> list[str]:
