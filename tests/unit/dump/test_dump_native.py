@@ -147,3 +147,23 @@ def test_without_a_compiler_the_python_mode_dumps_the_same(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "aten.mul.Tensor" in proc.stdout and "aten.sum.default" in proc.stdout
+
+
+def test_statistics_taken_off_the_training_thread_are_those_before_an_in_place_write(tmp_path, monkeypatch):
+    """The native worker thread measures an output while the step goes on; an op that writes it
+    in place right after waits for that measurement (else it would see the written values)."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    big, small = torch.ones(1 << 22), torch.ones(1 << 16)
+    with opscope.dump(tmp_path / "d", level="aten", ops=["aten.mul*", "aten.add_*"]) as d:
+        for k in range(8):
+            backlog = [big * 0.5 for _ in range(3)]  # 48 MB queued for the worker
+            y = small * float(k + 1)  # measured after the backlog...
+            y.add_(100.0)  # ...and written at once
+            del backlog
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    df = df[df.numel == 1 << 16]
+    muls = df[(df.op == "aten.mul.Tensor") & (df.io == "output")]
+    adds = df[(df.op == "aten.add_.Tensor") & (df.io == "input") & (df.slot == 0)]
+    assert sorted(muls["max"]) == [float(k + 1) for k in range(8)]  # the values before the write
+    assert sorted(adds["max"]) == sorted(muls["max"])  # the in-place op's input: the same

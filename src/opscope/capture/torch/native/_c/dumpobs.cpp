@@ -199,6 +199,8 @@ void on_error(const char* what) {
 
 #include "dumpobs_shards.h"
 
+#include "dumpobs_async.h"
+
 #include "dumpobs_measure.h"
 
 // ---- rows and data flow (the rules of Recorder) -----------------------------------------------
@@ -328,8 +330,10 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
 
 void rng_before(const OpKind& k);
 
-void forget_views_written(const OpKind& k) {  // its storages are about to be written in place
-  if (views.empty() || k.written.empty()) return;
+// Its storages are about to be written in place: views registered on them are forgotten, and
+// the statistics still to be taken of them are taken first.
+void forget_views_written(const OpKind& k) {
+  if (k.written.empty() || (views.empty() && g_async.last.empty())) return;
   for (int pos : k.written) {
     if (pos >= static_cast<int>(t_args.size())) continue;
     std::vector<at::Tensor> ts;
@@ -339,6 +343,7 @@ void forget_views_written(const OpKind& k) {  // its storages are about to be wr
       for (const at::Tensor& x : a.toTensorList()) ts.push_back(x);
     for (const auto& t : ts) {
       if (!t.defined()) continue;
+      wait_storage(t);
       auto it = views.find(storage_of(t));
       if (it == views.end()) continue;
       for (const Elems& g : it->second) geo.erase(g);

@@ -60,7 +60,9 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   Base base;
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
+      t_measure_here = writes_arg(k, arg);
       int64_t r = input_row(h, slot, arg, t);
+      t_measure_here = false;
       if (first < 0 && r >= 0) {
         first = r;
         if (h.place && k.view_outputs) base = base_of(t);

@@ -132,7 +132,10 @@ void append(const char* src, size_t n) {
   }
 }
 
-void drop_shard() {
+void async_finish();
+
+void drop_shard() {  // (a step cleared: its pending statistics are dropped too)
+  async_finish();
   for (char* p : g_shard.chunks) chunk_release(p);
   g_shard = OpenShard();
 }
@@ -170,6 +173,7 @@ PyObject* header_chunk() {
 // failed).
 void hook_failed(const char* hook);
 void flush_shard() {
+  async_finish();  // the worker's statistics into their rows first (at the step's end, before its rows are taken)
   if (!g_shard.count) return;
   size_t index = shard_names.size();
   shard_names.emplace_back(std::nullopt);
