@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from opscope.monitor.series import read
+from opscope.report import render
 
 K = 20
 STEPS = 28
@@ -82,3 +83,4 @@ def test_a_fault_in_one_ranks_backward_is_named_as_that_ranks_before_the_all_red
     first0 = r0.events[0]
     assert first0.step == K and first0.first.kind == "grad" and first0.first.name.startswith("module.2.")
     assert not any(d.kind == "grad_local" for e in r0.events for d in e.departures)
+    assert f"step {K}: own gradients moved before the all-reduce on rank 1 (module.2." in render(data, "text")

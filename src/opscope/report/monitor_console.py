@@ -38,6 +38,24 @@ def render_event(event: MonitorEvent) -> str:
     return f"opscope.monitor: step {event.step} (rank {event.rank}): {first.label} moved first: {_what(first)}{tail}"
 
 
+def _origins(data: MonitorData) -> list[str]:
+    """Under DDP: the steps where some ranks' own gradients (before the all-reduce) moved
+    first, while the other ranks' did not: the trouble came from those ranks."""
+    local: dict[int, list[tuple[int, str]]] = {}
+    for rank, r in sorted(data.ranks.items()):
+        for event in r.events:
+            own = [d for d in event.departures if d.kind == "grad_local"]
+            if own and event.first.kind == "grad_local":
+                local.setdefault(event.step, []).append((rank, own[0].name))
+    lines = []
+    for step, found in sorted(local.items()):
+        if len(found) < len(data.ranks):
+            names = ", ".join(f"rank {rank} ({name})" for rank, name in found)
+            lines.append(f"step {step}: own gradients moved before the all-reduce on {names} only: the trouble "
+                         f"came from {'that rank' if len(found) == 1 else 'those ranks'}")
+    return lines
+
+
 @register_renderer("MonitorData", "text")
 def render_data(data: MonitorData, top: int = 8) -> str:
     """The summary: what was followed, per rank, and each event with its earliest tensors."""
@@ -57,5 +75,6 @@ def render_data(data: MonitorData, top: int = 8) -> str:
                 lines.append(f"    ... {len(event.departures) - top} more")
     if not data.ranks:
         lines.append("no rank wrote anything (ranks/enable in the config?)")
+    lines += _origins(data)
     lines.append(f"targets: {targets or '?'}; report: {data.path}/report.html")
     return "\n".join(lines)
