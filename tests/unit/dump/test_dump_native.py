@@ -167,3 +167,21 @@ def test_statistics_taken_off_the_training_thread_are_those_before_an_in_place_w
     adds = df[(df.op == "aten.add_.Tensor") & (df.io == "input") & (df.slot == 0)]
     assert sorted(muls["max"]) == [float(k + 1) for k in range(8)]  # the values before the write
     assert sorted(adds["max"]) == sorted(muls["max"])  # the in-place op's input: the same
+
+
+def test_steps_not_selected_watch_no_module_call(tmp_path):
+    """With d.step() ending the steps, a step outside `steps` runs without opscope's global module
+    hooks (each module call would take torch's slower path); a captured step has them again."""
+    hooks = torch.nn.modules.module._global_forward_pre_hooks
+    before = len(hooks)
+    model, opt, batch = mlp_task(batch=8, d_in=16, hidden=16, depth=2)
+    seen = []
+    with opscope.dump(tmp_path / "d", steps="0|3") as d:
+        for i in range(5):
+            seen.append(len(hooks) - before)
+            train_step(model, opt, *batch(i))
+            d.step()
+    assert seen == [1, 0, 0, 1, 0] and len(hooks) == before
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    assert set(df.step) == {0, 3}
+    assert (df[df.step == 3].module == "layers.0").sum() == (df[df.step == 0].module == "layers.0").sum() > 0

@@ -83,6 +83,7 @@ class DumpSession:
         self._result: Dump | None = None
         self._level: levels.Level | None = None
         self._handles: list[Any] = []
+        self._modules_on = False  # the module hooks are installed
 
     @property
     def level(self) -> levels.Level | None:
@@ -124,7 +125,7 @@ class DumpSession:
             self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:
             self._level = levels.make(cfg.level, self)
-        self.modules.install()
+        self._watch_modules(True)
         self.compiled.poll()
         from torch.optim import optimizer as opt
         self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -212,7 +213,7 @@ class DumpSession:
         if self._level is not None:
             self._level.deactivate()
             self._level.remove()
-        self.modules.remove()
+        self._watch_modules(False)
         self.compiled.remove()
         for h in self._handles:
             h.remove()
@@ -257,6 +258,7 @@ class DumpSession:
         self.compiled.poll()  # torch.compile may have loaded dynamo since
         probe = step not in self.cfg.steps and self._probe_due(step)
         if step in self.cfg.steps or probe:
+            self._watch_modules(True)
             self.recorder.begin_step(step, probe=probe)
             self.capturing = True
             self._started_level().activate()
@@ -264,6 +266,18 @@ class DumpSession:
             self.capturing = False
             self._started_level().deactivate()
             self.recorder.idle()
+            if self.clock.manual and not self.modules.stack:
+                # steps end at d.step() only: until a captured step, module calls need no watching
+                # (global module hooks put every module call on torch's slower path)
+                self._watch_modules(False)
+
+    def _watch_modules(self, on: bool) -> None:
+        if on != self._modules_on:
+            self._modules_on = on
+            if on:
+                self.modules.install()
+            else:
+                self.modules.remove()
 
     def _probe_due(self, step: int) -> bool:
         """Measure the step just before a tensor window opens, to say its size beforehand
