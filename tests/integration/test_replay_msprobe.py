@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,9 +113,12 @@ def test_poisoned_pt_is_not_unpickled_by_replay(dumps: tuple[Path, Path], tmp_pa
     shutil.copytree(dumps[1], poisoned)
     (victim,) = poisoned.glob("step0/*/dump_tensor_data/Functional.linear.1.forward.input.0.pt")
     marker = tmp_path / "pwned"
-    code = ("import os, torch, sys\nclass Evil:\n    def __reduce__(self):\n"
-            f"        return (os.system, ('touch {marker}',))\ntorch.save(Evil(), sys.argv[1])\n")
-    subprocess.run([sys.executable, "-c", code, str(victim)], check=True, timeout=120)
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, tuple[str]]:
+            return (os.system, (f"touch {marker}",))  # runs when unpickled, not when saved
+
+    torch.save(Evil(), victim)
     dump = opscope.load(poisoned)
     seq = next(r["seq"] for r in dump.records().to_pylist() if r["data"] == victim.name)
     out = replay_call(dump, opscope.load(dumps[1]), CallRef(id="", rank=0, step=0,
