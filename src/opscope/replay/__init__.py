@@ -1,5 +1,7 @@
 """Replay: re-run an op in float64 on each side's own recorded inputs and say which side is
-wrong (docs/replay.md).
+wrong (docs/replay.md). Runs aten ops, API-level calls (opscope's ``level="api"``, msprobe
+tensor dumps) from an allow-list of pure math functions (:mod:`opscope.replay.api_names`),
+and MindSpore kernels through a table of torch equivalents (:mod:`opscope.replay.mindspore_ops`).
 
 - :func:`replay` — one op of two dumps (``"first"``, a culprit number, or ``rank:step:seq``).
 - :func:`replay_culprits` — the top culprits of a :class:`~opscope.compare.result.CompareResult`;
