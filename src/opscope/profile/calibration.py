@@ -38,8 +38,8 @@ PY_LOOP = 20_000
 MM_SIZE, MM_REPEAT = 48, 40
 WORKLOAD = f"python loop of {PY_LOOP} + {MM_REPEAT} float32 matmuls {MM_SIZE}x{MM_SIZE}"
 SCHEDSTAT = "/proc/thread-self/schedstat"
-GAP_NS = 20_000  # phase timer marks closer than this to the last read reuse it (at least)
-READS_SHARE = 40  # ... and closer than this many times one read's cost: reads take <= 2.5%
+GAP_NS = 50_000  # phase timer marks closer than this to the last read reuse it (at least)
+READS_SHARE = 200  # ... and closer than this many times one read's cost: reads take <= 0.5%
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533
 MACHINE_MIN = 0.03  # a speed difference under 3% is left to the floors of the diff
@@ -96,13 +96,15 @@ class WaitTimeline:
     to within that (the wait cannot grow faster than the clock) and the reads cost at most
     1/``READS_SHARE`` of the time between marks. ``gap_ns`` (:func:`read_gap_ns`) follows
     what a read costs on this machine: ~1 us on a quiet one, 6 us on a loaded VM, where a
-    fixed 20 us gap made the reads 90 us of a 200 us step.
+    fixed 20 us gap made the reads 90 us of a 200 us step (and 1/40 of a read's cost, 2.5%
+    of the time between marks, was still too much for a 1.03x goal: now 1/200).
     """
 
     def __init__(self, sched: SchedWait, mark: Callable[[], int], gap_ns: int = GAP_NS) -> None:
         self._read, self._mark = sched.read, mark
         self.gap_ns = gap_ns
-        self.samples: list[tuple[int, int]] = []  # (clock ns, cumulative wait ns), one append each
+        self.times: list[int] = []  # clock ns of each read, ascending
+        self.waits: list[int] = []  # cumulative wait ns read then (two lists: bisect runs in C)
         self._last = -gap_ns
 
     def mark(self) -> int:
@@ -110,30 +112,29 @@ class WaitTimeline:
         now = self._mark()
         if now - self._last >= self.gap_ns:
             self._last = now
-            self.samples.append((now, self._read()))
+            self.times.append(now)
+            self.waits.append(self._read())
         return now
 
     def at(self, t: int) -> int:
         """Cumulative wait (ns) at clock time ``t``: the last read at or before it."""
-        i = bisect.bisect_right(self.samples, t, key=_first) - 1
-        return self.samples[max(i, 0)][1] if self.samples else 0
+        if not self.times:
+            return 0
+        return self.waits[max(bisect.bisect_right(self.times, t) - 1, 0)]
 
     def phases(self, start: int, end: int, intervals: Mapping[str, Sequence[tuple[int, int]]]) -> dict[str, int]:
         """Wait (ns) per exclusive phase of the step ``[start, end]``: the same breakdown as
         the phase times, on the wait's timeline (the map from clock to wait only grows)."""
         at = self.at
         waits, _, _ = breakdown(at(start), at(end),
-                                {p: [(at(a), at(b)) for a, b in ivs] for p, ivs in intervals.items()})
+                                {p: [(at(a), at(b)) for a, b in ivs] for p, ivs in intervals.items() if ivs})
         return waits
 
     def trim(self, before: int) -> None:
         """Forget the reads older than the last one at or before ``before``."""
-        keep = max(bisect.bisect_right(self.samples, before, key=_first) - 1, 0)
-        del self.samples[:keep]
-
-
-def _first(sample: tuple[int, int]) -> int:
-    return sample[0]
+        keep = max(bisect.bisect_right(self.times, before) - 1, 0)
+        del self.times[:keep]
+        del self.waits[:keep]
 
 
 def _python_part() -> None:

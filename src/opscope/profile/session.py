@@ -25,6 +25,7 @@ from opscope.profile.model import PHASES, PRIORITY, ProfileResult, RawStep, Step
 
 _active: ProfileSession | None = None
 MAX_SPAN_STEPS = 10_000  # steps drawn as spans in trace.json.gz; the rest are in steps.parquet
+NARROW_AT = 2  # from this step on only the outermost modules seen are hooked (PhaseTimers.narrow)
 
 
 class ProfileWarning(UserWarning):
@@ -176,6 +177,8 @@ class ProfileSession:
         end = self.clock.mark()
         wait = self._close(end, complete=True)
         self._begin(following, wait)  # one read ends a step and begins the next
+        if following == NARROW_AT:
+            self.timers.narrow()
         missing = self.timers.unresolved_points() if finished == 0 else []
         if missing:
             raise ConfigError(
@@ -253,6 +256,8 @@ class ProfileSession:
         return row
 
     def _host_intervals(self, raw: RawStep) -> dict[str, list[tuple[int, int]]]:
+        if not self.clock.is_device:  # host marks already: nothing to convert, nothing changes them later
+            return raw.intervals
         host = self.clock.host
         return {p: [(host(a), host(b)) for a, b in ivs] for p, ivs in raw.intervals.items()}
 
