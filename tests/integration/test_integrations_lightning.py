@@ -64,7 +64,7 @@ def _fit(tmp_path, module, callbacks=()) -> None:
         trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
 
 
-def _per_step(module) -> list[int]:
+def _per_step() -> list[int]:
     return [i // MICRO for i in range(STEPS * MICRO)]
 
 
@@ -92,8 +92,8 @@ def test_dump_around_fit_names_optimizer_steps(tmp_path) -> None:
     module = _Tiny(session)
     with session:
         _fit(tmp_path, module)
-    assert [index for _, index, _ in module.forwards] == _per_step(module)
-    assert [global_step for _, _, global_step in module.forwards] == _per_step(module)
+    assert [index for _, index, _ in module.forwards] == _per_step()
+    assert [global_step for _, _, global_step in module.forwards] == _per_step()
     assert opscope.load(tmp_path / "d").steps() == [1, 2]
 
 
@@ -104,7 +104,7 @@ def test_callback_drives_dump_profile_and_monitor(tmp_path) -> None:
     module = _Tiny(dump)
     _fit(tmp_path, module, [OpscopeCallback(dump=dump, profile=profile, monitor=monitor)])
     assert dump.started is False and profile.state == "stopped"  # started and stopped by the callback
-    assert [index for _, index, _ in module.forwards] == _per_step(module)
+    assert [index for _, index, _ in module.forwards] == _per_step()
     assert opscope.load(tmp_path / "d").steps() == [2]
     rows = profile.result.steps
     assert [r.step for r in rows] == list(range(STEPS))

@@ -30,7 +30,7 @@ def test_hooks_narrow_to_the_outermost_module_and_last_parameters(tmp_path) -> N
     global_before = len(nn_module._global_forward_pre_hooks)
     seen = []
     with opscope.profile(tmp_path / "p") as p:
-        for i in range(5):
+        for _ in range(5):
             model(torch.randn(3, 4)).square().sum().backward()
             opt.step()
             opt.zero_grad()
