@@ -308,9 +308,11 @@ class MonitorSession:
             keys: list[Key] = []
             tensors: list[torch.Tensor] = []
             if "optimizer" in self.targets:
+                # one state lookup per parameter (a tensor's hash is a Python call)
+                states = [(n, pos, optimizer.state.get(p)) for n, p, pos in items]
                 for kind in _STATE_KINDS:
-                    for n, p, pos in items:
-                        t = optimizer.state[p].get(kind) if p in optimizer.state else None
+                    for n, pos, state in states:
+                        t = state.get(kind) if state else None
                         if isinstance(t, torch.Tensor) and t.dim() and t.numel():
                             keys.append(self._place(kind, n, pos))
                             tensors.append(t)
