@@ -169,14 +169,21 @@ def test_watch_names_the_first_nan_op_its_layer_and_inputs(tmp_path):
     assert "first NaN/Inf" in proc.stdout and "from tf.GreaterEqual in ff0b" in proc.stdout
 
 
-def test_zero_code_overflow_watch_on_a_keras_program(tmp_path):
-    """opscope run with an overflow section on a script that never mentions opscope: the first
-    NaN op, its layer, step and inputs, as opscope.tensorflow.watch reports them."""
+def test_zero_code_overflow_watch_on_a_keras_program_beside_a_dump(tmp_path):
+    """opscope run with an overflow and a dump section on a script that never mentions opscope:
+    the watch reports the first NaN op, its layer, step and inputs, as opscope.tensorflow.watch
+    does, and the dump beside it is written whole (two sessions trace the same graphs)."""
     config = tmp_path / "cfg.json"
-    config.write_text(json.dumps({"overflow": {"action": "raise"}}))
+    config.write_text(json.dumps({"overflow": {"action": "warn"},
+                                  "dump": {"dump_path": str(tmp_path / "d"), "dump_step": "1"}}))
     proc = subprocess.run([sys.executable, "-m", "opscope", "run", "-c", str(config), "--", sys.executable,
                            str(TRAIN), "-", "--nan"], capture_output=True, text=True, timeout=300, env=ENV,
                           cwd=tmp_path)
-    assert proc.returncode != 0 and "OverflowDetected" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NaN in tf.SelectV2 (module ff0b, forward, step 1" in proc.stderr, proc.stderr[-3000:]
     assert "from tf.GreaterEqual in ff0b" in proc.stderr and "first NaN/Inf" in proc.stderr
+    dump = opscope.load(tmp_path / "d")
+    assert dump.status == "complete" and dump.steps() == [1]
+    df = dump.records().to_pandas()
+    assert {"forward", "backward", "optimizer"} == set(df.phase) and df.nan.fillna(0).sum() > 0
+    assert not df.op.str.contains("EagerPyFunc").any()  # neither session records the other's host callback

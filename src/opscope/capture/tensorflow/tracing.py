@@ -160,7 +160,9 @@ class Tracer:
 
     # -- the op callback ---------------------------------------------------------------
     def _op_callback(self, op_type: str, inputs: Any, attrs: Any, outputs: Any,
-                     op_name: str | None = None, graph: Any = None) -> None:
+                     op_name: str | None = None, graph: Any = None) -> Any:
+        """Plan a graph op (or record an eager one); returns ``outputs`` unchanged, since TensorFlow
+        hands a callback's return value to the next callback (a second session, tfdbg2)."""
         if isinstance(op_type, bytes):  # eager ops name their type in bytes
             op_type = op_type.decode()
         if graph is None:
@@ -168,17 +170,17 @@ class Tracer:
                 self.host.function_ran(op_type, inputs, outputs)
             elif self.op_level:
                 self.host.eager_op(op_type, inputs, outputs, self.ctx)
-            return None
+            return outputs
         plan = self.current(graph)
         if plan is None:
-            return None
+            return outputs
         if self.ctx.phase == "optimizer":
             plan.steps = True
         if plan.xla or op_type == "EagerPyFunc" and (op_name or "").startswith("opscope_dump"):
-            return None
+            return outputs
         if self.op_level:
             self.plan_op(plan, op_type, str(op_name or op_type), list(inputs), list(outputs), attrs)
-        return None
+        return outputs
 
     def plan_op(self, plan: GraphPlan, op_type: str, node: str, inputs: list[Any], outputs: list[Any],
                 attrs: Any = None) -> None:
