@@ -111,16 +111,17 @@ class DumpSession:
             source = read_source(cfg, self.rank)
         self.writer = self.open_writer()
         backend = native_aten.backend_for(cfg)
-        if backend is not None:  # the aten or module level through the native dump module
+        if backend is not None:  # the aten, api or module level through the native dump module
             self.recorder = native_aten.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
         else:
             self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
         if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
             self.recorder.plan.before_start(source, self.recorder.selected)
         if backend is not None:
+            from opscope.capture.torch.native.api import NativeApiLevel
             from opscope.capture.torch.native.module import NativeModuleLevel
 
-            native_level = NativeModuleLevel if cfg.level == "module" else native_aten.NativeAtenLevel
+            native_level = {"module": NativeModuleLevel, "api": NativeApiLevel}.get(cfg.level, native_aten.NativeAtenLevel)
             self._level = native_level(self, backend)
             self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:

@@ -57,9 +57,9 @@ def backend_for(cfg: DumpConfig) -> Any:
         return None
     if (env("STATS_BACKEND", "auto") or "auto").lower() != "auto":  # an engine of the Python path asked for
         return None
-    if cfg.level == "api" or cfg.suspects or cfg.source:
+    if cfg.suspects or cfg.source:
         return None
-    if cfg.level == "module" and (cfg.data != "statistics" or cfg.tensor_ops):  # module-level tensors: Python
+    if cfg.level != "aten" and (cfg.data != "statistics" or cfg.tensor_ops):  # api and module tensors: Python
         return None
     return native.load("_opscope_dump")
 
@@ -162,6 +162,10 @@ class _Hooks:
 
     def error(self, message: str) -> None:
         self.session.internal_error(RuntimeError(message))
+
+    def backward_ran(self) -> None:
+        """A gradient hook of the API level ran: the session's phase turns to backward."""
+        self.session.backward_ran()
 
 
 class NativeAtenLevel(Level):

@@ -55,12 +55,14 @@ void resolve_links() {  // sources come first: one pass resolves chains
     // (not in a size probe: its views count as what they are, as Recorder counts them)
     if (!g_probe && s.view >= 0 && r.view < 0 && r.numel == s.numel && r.shape == s.shape) r.view = s.view;
     r.shard = s.shard, r.key = s.key;
+    // a note travels from the row linked to (an "alias" output, a meta tensor's), as Recorder
+    // passes it on: not from the end of the chain
+    if (s.note >= 0 && s.note != N_VIEW && r.note < 0) r.note = s.note;
     if (s.link >= 0) r.link = s.link;
     const Row& src = rows[r.link];
     r.stats = src.stats;
     std::memcpy(r.st, src.st, sizeof r.st);
     std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
-    if (src.note >= 0 && src.note != N_VIEW && r.note < 0) r.note = src.note;
   }
 }
 
@@ -371,6 +373,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
 }  // namespace
 
 #include "dumpobs_calls.h"
+#include "dumpobs_api.h"
 
 namespace {
 
@@ -389,6 +392,8 @@ PyMethodDef methods[] = {
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
+    {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args) -> token: an API call starts"},
+    {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
     {"pool_bytes", py_pool_bytes, METH_NOARGS, "pool_bytes(): (bytes of tensor chunks allocated, idle in the pool)"},

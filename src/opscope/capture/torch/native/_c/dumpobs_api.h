@@ -1,0 +1,141 @@
+// API-level calls recorded by the native dump (included by dumpobs_module.h): the Python
+// TorchFunctionMode of native/api.py hands each torch-function call's tensors to api_begin
+// (before the call runs: an in-place call changes its inputs) and api_end (after it), which
+// make the rows as Recorder.record_inputs / record_outputs do for the Python api level, measure
+// at once and keep the data flow in C++. Backward: a C++ post hook on the autograd node of each
+// output makes the row of the node's gradients (as levels._backward_recorder does) without
+// entering Python. Rows, call indices, links and notes are those of the Python path.
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/function.h>
+
+namespace {
+
+std::vector<Head> api_calls;  // calls begun and not ended (a stack: the token is the depth)
+int64_t g_api_step = -2;        // the step api_calls belong to
+// autograd nodes already hooked (levels.py marks node.metadata): a weak reference tells a node
+// still alive from a new one at a reused address
+std::unordered_map<const torch::autograd::Node*, c10::weak_intrusive_ptr<torch::autograd::Node>> api_nodes;
+bool g_api_told = false;  // Python was told that backward ran since the last forward call
+
+// Python's recorder registers an in-place output at the version after the call (torch bumps
+// it after a dispatch mode returns; at the API level it has moved already): the next use of
+// the tensor is measured anew. Kept so that both paths write the same rows.
+void api_bump(const at::Tensor& t) {
+  auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it != flow.end()) it->second.version += 1;
+  if (auto k = shared_key(t)) {
+    auto si = shared.find(*k);
+    if (si != shared.end()) si->second.version += 1;
+  }
+}
+
+// A new step: calls begun before it are not ended into it; nodes freed since are forgotten.
+void api_new_step() {
+  g_api_step = g_step;
+  api_calls.clear();
+  for (auto it = api_nodes.begin(); it != api_nodes.end();) it = it->second.expired() ? api_nodes.erase(it) : ++it;
+}
+
+void api_backward_ran() {  // the session's phase turns to backward (DumpSession.backward_ran)
+  if (g_api_told) return;
+  g_api_told = true;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* r = PyObject_CallMethod(g_hooks, "backward_ran", nullptr);
+  if (!r) hook_failed("backward_ran");
+  Py_XDECREF(r);
+  PyGILState_Release(gil);
+}
+
+// The gradients at one hooked node: grad_outputs as inputs, grad_inputs as outputs.
+struct ApiGradHook : torch::autograd::FunctionPostHook {
+  int64_t install;
+  int op, mod, node;
+  ApiGradHook(int64_t i, int o, int m, int n) : install(i), op(o), mod(m), node(n) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
+                                            const torch::autograd::variable_list& grad_outputs) override {
+    std::lock_guard<std::recursive_mutex> lock(mu);
+    if (install != g_installs || !g_hooks) return grad_inputs;
+    try {
+      api_backward_ran();
+      if (!g_on || !selected(mod, op, BACKWARD)) return grad_inputs;
+      static const int a_out = intern("grad_output"), a_in = intern("grad_input");
+      Head h{g_seq++, calls[std::make_tuple(mod, static_cast<int>(BACKWARD), op)]++, BACKWARD, mod, op, op, node, -1};
+      set_data(h);
+      if (g_inputs)
+        for (size_t i = 0; i < grad_outputs.size(); ++i)
+          if (grad_outputs[i].defined()) input_row(h, static_cast<int>(i), a_out, grad_outputs[i]);
+      if (g_outputs)
+        for (size_t i = 0; i < grad_inputs.size(); ++i)
+          if (grad_inputs[i].defined()) {
+            output_row(h, static_cast<int>(i), grad_inputs[i], -1, false, nullptr);
+            rows.back().arg = a_in;
+          }
+    } catch (const std::exception& e) {
+      g_on = false;
+      on_error(e.what());
+    }
+    return grad_inputs;
+  }
+};
+
+void api_hook_node(const Head& h, const at::Tensor& t) {
+  if (!t.requires_grad()) return;
+  const auto& node = t.grad_fn();
+  if (!node) return;
+  auto it = api_nodes.find(node.get());
+  if (it != api_nodes.end() && !it->second.expired()) return;
+  api_nodes.insert_or_assign(node.get(), c10::weak_intrusive_ptr<torch::autograd::Node>(node));
+  node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name())));
+}
+
+// api_begin(op, module, phase, inputs, args) -> token: the call's head and its input rows.
+// inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or None.
+PyObject* py_api_begin(PyObject*, PyObject* a) {
+  const char *op, *module;
+  int phase;
+  PyObject *ins, *args;
+  if (!PyArg_ParseTuple(a, "ssiOO", &op, &module, &phase, &ins, &args)) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (g_api_step != g_step) api_new_step();
+  if (phase == FORWARD) g_api_told = false;
+  int op_name = intern(op), mod = *module ? intern(module) : -1;
+  int64_t call = calls[std::make_tuple(mod, phase, op_name)]++;
+  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
+  set_data(h);
+  if (PyUnicode_Check(args)) {
+    Py_ssize_t n;
+    const char* s = PyUnicode_AsUTF8AndSize(args, &n);
+    if (!s) return nullptr;
+    args_json.emplace_back(s, static_cast<size_t>(n));
+    h.args = static_cast<int>(args_json.size()) - 1;
+  }
+  if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) { input_row(h, slot, arg, t); }))
+    return nullptr;
+  api_calls.push_back(h);
+  return PyLong_FromSsize_t(static_cast<Py_ssize_t>(api_calls.size()) - 1);
+}
+
+// api_end(token, outputs, mutated, grads): the call's output rows (mutated: written in place);
+// grads: hook the autograd node of each output that requires grad, for its backward row.
+PyObject* py_api_end(PyObject*, PyObject* a) {
+  Py_ssize_t token;
+  PyObject* outs;
+  int mutated, grads;
+  if (!PyArg_ParseTuple(a, "nOpp", &token, &outs, &mutated, &grads)) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (g_api_step != g_step || token < 0 || static_cast<size_t>(token) >= api_calls.size())
+    Py_RETURN_NONE;  // begun in an earlier step
+  const Head h = api_calls[token];
+  api_calls.resize(token);  // and any call above it that raised before its end
+  bool ok = each_call_item(outs, [&](int slot, int, const at::Tensor& t) {
+    if (g_outputs) {
+      output_row(h, slot, t, -1, mutated, nullptr);
+      if (mutated) api_bump(t);
+    }
+    if (grads) api_hook_node(h, t);
+  });
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
+}  // namespace

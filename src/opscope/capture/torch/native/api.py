@@ -1,0 +1,146 @@
+"""The API level of a statistics dump, run natively: a thin ``TorchFunctionMode`` finds each
+torch-function call's name, module and phase and its tensors, and hands them to the native
+dump module before the call runs (``api_begin``) and after it (``api_end``,
+``_c/dumpobs_api.h``), which makes the rows, measures the tensors with the statistics kernel
+at once and keeps the data flow in C++. The autograd node of each output that requires grad
+gets a C++ post hook, which makes the row of that node's gradients in backward without
+entering Python. The step's rows leave C++ as columns, as at the aten and module levels.
+
+The rows are those of :class:`~opscope.capture.torch.levels.ApiLevel` (the Python path,
+used with ``data="tensor"``, ``tensor_ops``, ``suspects`` or ``source``, without a C++
+compiler, or with ``OPSCOPE_DUMP_BACKEND=python``), checked equal column by column in the
+tests. What the Python path spends per call and the native one does not: building each row
+as a Python list, handing every new tensor to the statistics thread and collecting its
+result, and turning the rows into Arrow on the writer thread (which takes the GIL from the
+training thread); see docs/dump.md, "Where the time goes".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from opscope.capture.torch.dispatch import args_of
+from opscope.capture.torch.levels import _NAMES, _keyword_tensors, _ModeLevel, api_name
+from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.native.aten import NativeAtenLevel
+from opscope.config import PHASE_CODES
+from opscope.errors import OpscopeError
+
+if TYPE_CHECKING:
+    from opscope.capture.torch.host import CaptureHost
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def args_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The ``args`` JSON of a call, as the writer encodes :func:`args_of` for the Python path.
+    The same arguments recur every step (the optimizer's coefficients): their text is kept."""
+    call_args = args_of(args, kwargs)
+    if call_args is None:
+        return None
+    pairs, kw = call_args
+    key = _key(pairs, kw)
+    text = _TEXTS.get(key) if key is not None else None
+    if text is None:
+        text = json.dumps({"args": [list(p) for p in pairs], "kwargs": kw}, default=str)
+        if key is not None and len(_TEXTS) < 4096:
+            _TEXTS[key] = text
+    return text
+
+
+_TEXTS: dict[tuple[Any, ...], str] = {}
+
+
+def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What the text depends on, with each value's type (1, 1.0 and True are equal keys
+    otherwise); None where values are unhashable (lists) or a float zero (0.0 == -0.0)."""
+    key = []
+    for name, v in (*pairs, *kw.items()):
+        c = v.__class__
+        if c is list or (c is float and v == 0.0):
+            return None
+        key.append((name, c, v))
+    return (len(pairs), *key)
+
+
+class _NativeApiMode(TorchFunctionMode):
+    def __init__(self, session: CaptureHost, native: Any) -> None:
+        super().__init__()
+        self.session = session
+        self.native = native
+        self.grads = "backward" in session.cfg.phases
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        if _is_compiling():  # traced by dynamo: its trace must not depend on opscope's state
+            return func(*args, **kwargs)
+        name = _NAMES.get(func, "")
+        if name == "":
+            name = api_name(func)
+        s = self.session
+        if name is None or not s.capturing:
+            return func(*args, **kwargs)
+        module, phase = s.modules.path, s.phase
+        if not s.recorder.selected(module, name, phase):
+            return func(*args, **kwargs)
+        token = self._begin(name, module, phase, args, kwargs)
+        out = func(*args, **kwargs)
+        if token is not None:
+            self._end(token, name, out)
+        return out
+
+    # opscope's failure in these stops capture, never the user's call
+    def _begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict) -> int | None:
+        try:
+            inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
+            if kwargs:  # a keyword's tensors are named by it (see ApiLevel)
+                inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
+            token: int = self.native.api_begin(name, module, PHASE_CODES[phase], inputs, args_text(args, kwargs))
+            return token
+        except Exception as exc:
+            self._failed(exc)
+            return None
+
+    def _end(self, token: int, name: str, out: Any) -> None:
+        try:
+            outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
+            self.native.api_end(token, outputs, name.endswith("_"), self.grads)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if isinstance(exc, OpscopeError):
+            raise exc
+        self.session.internal_error(exc)
+
+
+class NativeApiLevel(_ModeLevel, NativeAtenLevel):
+    """Torch-function calls through the native dump module; backward per autograd node."""
+
+    def __init__(self, session: CaptureHost, backend: Any) -> None:
+        NativeAtenLevel.__init__(self, session, backend)
+        session.modules.on_change = None  # the mode passes the module path with each call
+        self.mode = _NativeApiMode(session, backend)
+
+    # the per-op observer stays unregistered: the mode, and the configuration, change
+    def activate(self) -> None:
+        if not self.on:
+            self.native.configure(True, PHASE_CODES[self.session.phase])
+            _ModeLevel.activate(self)
+
+    def deactivate(self) -> None:
+        _ModeLevel.deactivate(self)  # leaves the mode stack unless a mode above ours stays
+        if not self.on:
+            self.native.configure(False, 0)
+
+    def remove(self) -> None:
+        _ModeLevel.remove(self)
+        NativeAtenLevel.remove(self)  # the native module's state goes
+
+    def forked(self) -> None:
+        self.native.configure(False, 0)
