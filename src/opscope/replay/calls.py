@@ -69,24 +69,11 @@ def resolve_op(name: str) -> Any:
     return found
 
 
-def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
-    """Read one call's rows and tensors; raises ReplayError when it cannot be replayed.
-
-    aten ops run as recorded; API-level calls and MindSpore kernels are rebuilt by
-    :mod:`opscope.replay.api_calls`."""
+def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
+    """Read one aten op's rows and tensors; raises ReplayError when it cannot be replayed
+    (:func:`opscope.replay.loader.load_call` picks the loader for a record)."""
     head = head_of(rows)
     name = str(head.get("op") or "")
-    if name.startswith("mindspore."):
-        from opscope.replay.api_calls import load_mindspore_call
-
-        return load_mindspore_call(dump, rows, side)
-    if (dump.manifest or {}).get("level") == "module":
-        raise ReplayError(f"not replayable: {name} is a module-level record (a whole module's call); replay "
-                          "re-runs operators: dump with level=\"api\" or \"aten\" (msprobe: level L1 or mix)")
-    if not is_aten(name):
-        from opscope.replay.api_calls import load_api_call
-
-        return load_api_call(dump, rows, side)
     reason = not_replayable(name)
     if reason:
         raise ReplayError(f"{name} {reason}")

@@ -22,7 +22,8 @@ import torch
 
 from opscope.compare.tolerance import NoiseModel, epsilon
 from opscope.errors import ReplayError
-from opscope.replay.calls import load_call, run
+from opscope.replay.calls import run
+from opscope.replay.loader import load_call
 from opscope.replay.result import ReplayResult, SideReplay
 
 NATIVE_FACTOR = 4.0

@@ -1,0 +1,23 @@
+"""Which loader rebuilds a recorded call: aten ops run as recorded (:mod:`opscope.replay.calls`),
+API-level calls and MindSpore kernels are rebuilt by :mod:`opscope.replay.api_calls`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opscope.errors import ReplayError
+from opscope.replay.api_calls import load_api_call, load_mindspore_call
+from opscope.replay.calls import Call, head_of, is_aten, load_aten_call
+
+
+def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
+    """Read one call's rows and tensors; raises ReplayError when it cannot be replayed."""
+    name = str(head_of(rows).get("op") or "")
+    if name.startswith("mindspore."):
+        return load_mindspore_call(dump, rows, side)
+    if (dump.manifest or {}).get("level") == "module":
+        raise ReplayError(f"not replayable: {name} is a module-level record (a whole module's call); replay "
+                          "re-runs operators: dump with level=\"api\" or \"aten\" (msprobe: level L1 or mix)")
+    if not is_aten(name):
+        return load_api_call(dump, rows, side)
+    return load_aten_call(dump, rows, side)
