@@ -14,11 +14,11 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
+from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measure; defined beside its reader)
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
 
@@ -29,20 +29,6 @@ POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
 MAX_BATCHES = 512
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One tensor pair to read and measure."""
-
-    rank: int
-    step: int
-    t_ref: tuple[str, str, str | None]  # data, key, view geometry (a view stored as its input's data)
-    r_ref: tuple[str, str, str | None]
-    rel_floor: float
-    rtol: float
-    nbytes: int
-    same_dtype: bool
 
 
 def hashes_comparable(t_manifest: dict[str, Any], r_manifest: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,14 +28,25 @@ from opscope.compare import metrics as M
 from opscope.errors import DumpFormatError
 from opscope.storage.safetensors_io import DTYPES, TensorExtent
 
-if TYPE_CHECKING:
-    from opscope.compare.measure import Job
-
 Side = tuple[int, int, str, str, "str | None"]  # rank, step, data, key, view of one tensor
 BLOCK_BYTES = 1 << 18  # per side: two such buffers per process, whatever the tensors' size; read
 # and measured while in the core's cache (pread copies ~5 GB/s per core at 256 KB, ~4 at 1 MB)
 MAX_OPEN = 32  # shard files kept open at once by one stream
 
+
+
+@dataclass(frozen=True)
+class Job:
+    """One tensor pair to read and measure."""
+
+    rank: int
+    step: int
+    t_ref: tuple[str, str, str | None]  # data, key, view geometry (a view stored as its input's data)
+    r_ref: tuple[str, str, str | None]
+    rel_floor: float
+    rtol: float
+    nbytes: int
+    same_dtype: bool
 
 @dataclass
 class ReadCounter:
