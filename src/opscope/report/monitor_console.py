@@ -6,6 +6,7 @@ Pure: ``render(event) -> str`` and ``render(data) -> str``.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from opscope.report import register_renderer
@@ -76,5 +77,7 @@ def render_data(data: MonitorData, top: int = 8) -> str:
     if not data.ranks:
         lines.append("no rank wrote anything (ranks/enable in the config?)")
     lines += _origins(data)
-    lines.append(f"targets: {targets or '?'}; report: {data.path}/report.html")
+    report = Path(data.path) / "report.html"
+    lines.append(f"targets: {targets or '?'}" + (f"; report: {report}" if report.is_file() else
+                                                  "; no report.html (written at stop unless report=False)"))
     return "\n".join(lines)
