@@ -21,8 +21,8 @@ the one place where dynamo calls a backend, patched only while a dump runs) so t
 With graph breaks a forward runs several graphs, made from the frames of submodules or
 from dynamo's resumed frames, whose module hooks dynamo dropped (it traced them): each
 graph's call finds the module of its frame, and what its module paths start from, in the
-Python frames that call it (:func:`_frames`), and leaves the tracker at the module whose
-frame goes on after it.
+Python frames that call it (:func:`~opscope.capture.torch.compiled_frames.frames`), and
+leaves the tracker at the module whose frame goes on after it.
 
 What was compiled is written to the manifest (``compiled``). Graphs compiled before the
 dump started are not wrapped.
@@ -30,25 +30,20 @@ dump started are not wrapped.
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 import warnings
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.modules import strip_wrapped, tensors_of, unwrap
+from opscope.capture.torch.compiled_frames import Scope, frames, module_of, source_of
+from opscope.capture.torch.modules import tensors_of
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
 
 # Backends whose graphs run the model's aten ops one by one, as eager PyTorch would.
 _ATEN_BACKENDS = frozenset(("eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_default_partitioner"))
-_ROOT = re.compile(r"^[LG]\['[^']*'\]")  # the frame's local or global a module path starts from
-_INDEX = re.compile(r"\._modules\['([^']*)'\]|\[['\"]?([^\]'\"]*)['\"]?\]")
-_NAME = re.compile(r"^([LG])\['([^']*)'\]$")
 
 _ACTIVE: CompileWatch | None = None  # graphs outlive the dump: their hooks do nothing after it
 
@@ -64,24 +59,6 @@ def graph_scope(root: str, path: str) -> None:
         watch.session.modules.set_inner(scope.depth, f"{base}.{path}" if base and path else base or path)
 
 
-def _source_of(node: Any) -> tuple[str, str]:
-    """The root (``L['self']``, ``G['model']``) and the path from it of the module an FX
-    node of dynamo's graph came from (``("", "")``: none)."""
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return "", ""
-    fqn = str(list(stack.values())[-1][0])
-    root = _ROOT.match(fqn)
-    fqn = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), fqn[root.end():] if root else fqn)
-    return (root.group(0) if root else ""), strip_wrapped(fqn.lstrip("."))
-
-
-def module_of(node: Any) -> str:
-    """The module an FX node of dynamo's graph came from, as ``named_modules()`` names it
-    from the graph's root (``L['self'].layers.0`` or ``L['self']._modules['layers']...``)."""
-    return _source_of(node)[1]
-
-
 def _scope_nodes(gm: torch.fx.GraphModule) -> list[str]:
     """Insert a :func:`graph_scope` call wherever the module of the nodes changes; returns
     the modules, in order."""
@@ -90,7 +67,7 @@ def _scope_nodes(gm: torch.fx.GraphModule) -> list[str]:
     for node in list(gm.graph.nodes):
         if node.op not in ("call_function", "call_method", "call_module"):
             continue
-        source = _source_of(node)
+        source = source_of(node)
         if source != last:
             with gm.graph.inserting_before(node):
                 gm.graph.call_function(graph_scope, source)
@@ -99,64 +76,6 @@ def _scope_nodes(gm: torch.fx.GraphModule) -> list[str]:
                 seen.append(source[1])
     gm.recompile()
     return seen
-
-
-class Scope:
-    """A running graph: the tracker's depth below it, the module of the frame that called
-    it (``frame``), and what the roots of its module paths are at this call."""
-
-    __slots__ = ("depth", "frame", "roots")
-
-    def __init__(self, depth: int, frame: str, roots: dict[str, str]) -> None:
-        self.depth, self.frame, self.roots = depth, frame, roots
-
-
-_SKIP_FILES = (__file__, f"{os.sep}torch{os.sep}_dynamo{os.sep}")
-
-
-def _frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None, dict[str, str]]:
-    """Where a compiled graph runs, read from the Python frames that called it: the module
-    whose frame made the graph, the module that frame returns to, and the module each root
-    of the graph's module paths is at this call.
-
-    Dynamo turns a frame that graph-breaks into code without its module hooks (they were
-    traced), so the modules between the innermost call the hooks saw and the graph are
-    known only from the frames: each one's ``self``. One walk per graph call, never per op.
-    """
-    depth = tracker.hooked()
-    top = tracker._callers[depth - 1] if depth else None
-    stop = (id(top), id(unwrap(top))) if top is not None else ()
-    frame: str | None = None
-    called: str | None = None
-    found: dict[str, str] = {}
-    own = True
-    f: FrameType | None = sys._getframe(2)
-    while f is not None:
-        code = f.f_code
-        if code.co_filename == _SKIP_FILES[0] or _SKIP_FILES[1] in code.co_filename:
-            f = f.f_back
-            continue
-        if own:  # the graph's own frame: its locals and globals are the roots
-            own = False
-            for root in roots:
-                match = _NAME.match(root)
-                if match:
-                    scope = f.f_locals if match.group(1) == "L" else f.f_globals
-                    name = tracker.name_of(scope.get(match.group(2)))
-                    if name is not None:
-                        found[root] = name
-        if "self" in code.co_varnames:
-            obj = f.f_locals.get("self")
-            if obj is not None and id(obj) in stop:
-                break
-            name = tracker.name_of(obj)
-            if name is not None and name != frame:
-                if frame is not None:
-                    called = name
-                    break
-                frame = name
-        f = f.f_back
-    return frame, called, found
 
 
 class CompileWatch:
@@ -246,7 +165,7 @@ class CompileWatch:
         backend = _backend_name(getattr(graph, "compiler_fn", None))
         runs_graph = getattr(compiled_fn, "__self__", None) is gm  # eager: the FX code itself
         modules = sorted({module_of(n) for n in gm.graph.nodes} - {""})
-        roots = frozenset(_source_of(n)[0] for n in gm.graph.nodes) - {""}
+        roots = frozenset(source_of(n)[0] for n in gm.graph.nodes) - {""}
         if runs_graph:
             modules = _scope_nodes(gm)
             compiled_fn = gm.forward
@@ -308,7 +227,7 @@ class GraphRun:
         tracker = s.modules
         depth = tracker.hooked()
         try:
-            frame, called, roots = _frames(tracker, self.roots)
+            frame, called, roots = frames(tracker, self.roots)
         except Exception as exc:  # opscope's failure never stops the run
             s.internal_error(exc)
             frame, called, roots = None, None, {}

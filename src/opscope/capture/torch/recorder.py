@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from opscope.capture.torch.dataflow import annotate, geometry, storage_of, view_geometry
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
@@ -152,7 +153,7 @@ class Recorder:
                 entry = self.flow.get(id(t))
                 if entry is not None and not entry[4] and entry[0]() is t:
                     entry[4] = True
-                    _annotate(t, entry[1])
+                    annotate(t, entry[1])
         return head, data, first_input_row, first_input
 
     def record_outputs(self, call: tuple[Any, ...], outputs: Sequence[TensorItem], *,
@@ -216,7 +217,7 @@ class Recorder:
             self.links.append((row, entry[1]))
             if not entry[4]:
                 entry[4] = True
-                _annotate(t, entry[1])
+                annotate(t, entry[1])
             return row
         if not self.want_inputs:
             return None
@@ -242,7 +243,7 @@ class Recorder:
         geometry_ = None
         if src is not None and note == "view" and self.views_share_data and (
                 data or (self.probing and self.wants_data(head[3], head[2], head[1], head[4]))):
-            geometry_ = _view_geometry(t, base)
+            geometry_ = view_geometry(t, base)
         if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14]:
             if geometry_:  # a full-tensor view is kept as its input's data plus this geometry
                 row[_VIEW] = geometry_
@@ -263,7 +264,7 @@ class Recorder:
         self.flow[id(t)] = entry
         if view:  # the storage reference keeps its memory from being reused within the step
             key = geometry(t)
-            self.flow[key] = [None, row, version, pname, False, _storage(t)]
+            self.flow[key] = [None, row, version, pname, False, storage_of(t)]
             self.views.setdefault(key[0], []).append(key)
 
     def invalidate(self, t: torch.Tensor) -> None:
@@ -366,54 +367,8 @@ def _where(row: list[Any]) -> tuple[Any, ...]:
     return (row[_STEP], row[COL["phase"]], row[_MODULE], row[_OP], row[COL["io"]], row[COL["slot"]])
 
 
-def _view_geometry(view: torch.Tensor, base: torch.Tensor | None) -> str | None:
-    """JSON ``{"shape", "stride", "offset"}`` placing ``view`` in the contiguous data of
-    ``base`` (in elements), or None when ``view`` cannot be read back that way: complex
-    data is stored as real pairs, and a conjugate or negative view's values are not its
-    base's, so those are stored as themselves."""
-    if base is None or not base.is_contiguous() or base.dtype != view.dtype or base.device != view.device:
-        return None
-    if view.is_complex() or view.is_conj() or view.is_neg():
-        return None
-    offset, size = view.data_ptr() - base.data_ptr(), view.element_size()
-    if offset < 0 or offset % size:
-        return None
-    import json
-
-    return json.dumps({"shape": list(view.shape), "stride": list(view.stride()), "offset": offset // size})
-
-
 def _native(store: Any, publish: Any) -> NativeStats | None:
     try:
         return NativeStats(store, publish=publish)
     except RuntimeError:
         return None
-
-
-def _storage(t: torch.Tensor) -> Any:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
-
-
-def geometry(t: torch.Tensor) -> tuple[Any, ...]:
-    """Identity of a tensor's elements: storage, offset, shape, strides, dtype."""
-    try:
-        offset = t.storage_offset()
-        return (t.data_ptr() - offset * t.element_size(), offset, tuple(t.shape), t.stride(), t.dtype)
-    except (RuntimeError, NotImplementedError):
-        return (id(t),)
-
-
-def _annotate(t: torch.Tensor, producer: list[Any]) -> None:
-    """Tag the autograd node that made ``t`` with the forward module and op, for backward
-    attribution; a custom autograd Function's node with the Function (its forward ran in
-    the module that called ``apply``)."""
-    if t.requires_grad:
-        node = t.grad_fn
-        if node is not None:
-            function = getattr(node, "_forward_cls", None)
-            tag = (producer[_MODULE], function.__name__ if function else producer[_OP])
-            # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
-            node.metadata.setdefault("opscope", tag)  # type: ignore[attr-defined]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import platform
-import socket
 import sys
 from collections.abc import Callable
 from types import FrameType
@@ -14,18 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope._version import __version__
 from opscope.capture.steps import StepClock
-from opscope.capture.torch import levels
+from opscope.capture.torch import levels, run_info
 from opscope.capture.torch.compiled import CompileWatch
-from opscope.capture.torch.dist import current_rank, world_size
+from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
 from opscope.capture.torch.optimizers import has_optimizer
 from opscope.capture.torch.recorder import Recorder
-from opscope.config import TF_LEVELS, DumpConfig, dump_config, env, foreign
+from opscope.config import TF_LEVELS, DumpConfig, dump_config
 from opscope.errors import ConfigError, OpscopeError
-from opscope.storage import format as fmt
 from opscope.storage.writer import DumpWriter
 
 if TYPE_CHECKING:
@@ -114,7 +110,7 @@ class DumpSession:
         if backend is not None:  # the aten, api or module level through the native dump module
             self.recorder = native_aten.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
         else:
-            self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, _engine(cfg.level))
+            self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, run_info.engine(cfg.level))
         if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
             self.recorder.plan.before_start(source, self.recorder.selected)
         if backend is not None:
@@ -376,24 +372,7 @@ class DumpSession:
 
     def manifest(self) -> dict[str, Any]:
         """The manifest a dump of this session starts with (its status is written at the end)."""
-        device = "cpu"
-        if torch.cuda.is_available():
-            device = f"cuda ({torch.cuda.get_device_name()})"
-        return {
-            "tool": {"name": "opscope", "version": __version__},
-            "framework": {"torch": torch.__version__},
-            "python": platform.python_version(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "command": list(sys.argv),
-            "cwd": os.getcwd(),
-            "device": device,
-            "world_size": world_size(),
-            "run_id": env("RUN_ID") or foreign("TORCHELASTIC_RUN_ID"),
-            "hash_algorithm": fmt.HASH_ALGORITHM,
-            "stats_backend": _engine(self.cfg.level),
-            "config": self.cfg.to_json(),
-        }
+        return run_info.manifest(self.cfg)
 
 
 # Frames inside these directories are library code, never "the user's line".
@@ -403,16 +382,3 @@ _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
-
-
-def _engine(level: str) -> str:
-    from opscope.capture.torch import stats
-
-    choice = (env("STATS_BACKEND", "auto") or "auto").lower()
-    if choice not in ("auto", "sync", "async", "torch"):
-        raise ConfigError(f"OPSCOPE_STATS_BACKEND={choice!r} is not allowed; allowed: auto, sync, async, torch")
-    if choice == "torch" or stats._fastats is None:
-        return "torch"
-    # module level sees few tensors and cannot see in-place ops between module calls, so
-    # it reduces at once; finer levels hand tensors to the native thread.
-    return "sync" if choice == "sync" or level == "module" else "async"

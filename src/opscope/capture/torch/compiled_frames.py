@@ -1,0 +1,94 @@
+"""Where a graph of ``torch.compile`` runs, in the model's module paths: the module each FX
+node came from (dynamo's ``nn_module_stack``), and the modules around a graph's call read
+from the Python frames that call it (used by :mod:`~opscope.capture.torch.compiled`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from types import FrameType
+from typing import Any
+
+from opscope.capture.torch.modules import strip_wrapped, unwrap
+
+_ROOT = re.compile(r"^[LG]\['[^']*'\]")  # the frame's local or global a module path starts from
+_INDEX = re.compile(r"\._modules\['([^']*)'\]|\[['\"]?([^\]'\"]*)['\"]?\]")
+_NAME = re.compile(r"^([LG])\['([^']*)'\]$")
+
+
+def source_of(node: Any) -> tuple[str, str]:
+    """The root (``L['self']``, ``G['model']``) and the path from it of the module an FX
+    node of dynamo's graph came from (``("", "")``: none)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return "", ""
+    fqn = str(list(stack.values())[-1][0])
+    root = _ROOT.match(fqn)
+    fqn = _INDEX.sub(lambda m: "." + (m.group(1) or m.group(2)), fqn[root.end():] if root else fqn)
+    return (root.group(0) if root else ""), strip_wrapped(fqn.lstrip("."))
+
+
+def module_of(node: Any) -> str:
+    """The module an FX node of dynamo's graph came from, as ``named_modules()`` names it
+    from the graph's root (``L['self'].layers.0`` or ``L['self']._modules['layers']...``)."""
+    return source_of(node)[1]
+
+
+class Scope:
+    """A running graph: the tracker's depth below it, the module of the frame that called
+    it (``frame``), and what the roots of its module paths are at this call."""
+
+    __slots__ = ("depth", "frame", "roots")
+
+    def __init__(self, depth: int, frame: str, roots: dict[str, str]) -> None:
+        self.depth, self.frame, self.roots = depth, frame, roots
+
+
+# the frames of the graph call itself (compiled.py) and of dynamo are not the model's
+_SKIP_FILES = (os.path.join(os.path.dirname(__file__), "compiled.py"), f"{os.sep}torch{os.sep}_dynamo{os.sep}")
+
+
+def frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None, dict[str, str]]:
+    """Where a compiled graph runs, read from the Python frames that called it: the module
+    whose frame made the graph, the module that frame returns to, and the module each root
+    of the graph's module paths is at this call.
+
+    Dynamo turns a frame that graph-breaks into code without its module hooks (they were
+    traced), so the modules between the innermost call the hooks saw and the graph are
+    known only from the frames: each one's ``self``. One walk per graph call, never per op.
+    """
+    depth = tracker.hooked()
+    top = tracker._callers[depth - 1] if depth else None
+    stop = (id(top), id(unwrap(top))) if top is not None else ()
+    frame: str | None = None
+    called: str | None = None
+    found: dict[str, str] = {}
+    own = True
+    f: FrameType | None = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        if code.co_filename == _SKIP_FILES[0] or _SKIP_FILES[1] in code.co_filename:
+            f = f.f_back
+            continue
+        if own:  # the graph's own frame: its locals and globals are the roots
+            own = False
+            for root in roots:
+                match = _NAME.match(root)
+                if match:
+                    scope = f.f_locals if match.group(1) == "L" else f.f_globals
+                    name = tracker.name_of(scope.get(match.group(2)))
+                    if name is not None:
+                        found[root] = name
+        if "self" in code.co_varnames:
+            obj = f.f_locals.get("self")
+            if obj is not None and id(obj) in stop:
+                break
+            name = tracker.name_of(obj)
+            if name is not None and name != frame:
+                if frame is not None:
+                    called = name
+                    break
+                frame = name
+        f = f.f_back
+    return frame, called, found
