@@ -8,11 +8,18 @@ from typing import Any
 from opscope.errors import ReplayError
 from opscope.replay.api_calls import load_api_call, load_mindspore_call
 from opscope.replay.calls import Call, head_of, is_aten, load_aten_call
+from opscope.replay.rules import RULES
 
 
 def load_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """Read one call's rows and tensors; raises ReplayError when it cannot be replayed."""
     name = str(head_of(rows).get("op") or "")
+    if name.startswith("mindspore.") and (dump.manifest or {}).get("tool", {}).get("name") == "msprobe" \
+            and name not in RULES:
+        raise ReplayError(f"not replayable: {name} is a MindSpore API call as msprobe records it, without the "
+                          "attributes its primitive was built with (a MatMul's transpose flags, a LayerNorm's "
+                          "axes and epsilon), so opscope's MindSpore kernel table cannot rebuild it; register a "
+                          f"torch equivalent with opscope.replay.register_replay({name!r})")
     if name.startswith("mindspore."):
         return load_mindspore_call(dump, rows, side)
     if (dump.manifest or {}).get("level") == "module":

@@ -13,6 +13,11 @@ of algorithm ``msprobe-crc32``: compare trusts them only against another such du
 Tensors are read with ``torch.load(..., weights_only=True)``: no pickled code runs, and a
 file that is not a plain tensor is refused. File names from ``dump.json`` never leave
 ``dump_tensor_data``.
+
+msprobe's MindSpore side (``"framework": "mindspore"``) writes the same layout with
+``Cell.`` entries for modules, MindSpore dtype spellings (``Float32``) and ``.npy`` tensors:
+its op names stay in MindSpore's namespace (:func:`~opscope.storage.peers.msprobe_names.mindspore_name`)
+and its tensors are read with ``np.load(..., allow_pickle=False)``.
 """
 
 from __future__ import annotations
@@ -100,9 +105,9 @@ def open_msprobe(path: Path) -> PeerDump:
         raise DumpFormatError(f"{next(iter(found.values())) / 'dump.json'} is not an msprobe dump.json (not an object)")
     problems: list[str] = []
     manifest = _manifest(first, found)
-    if str(first.get("framework") or "pytorch") != "pytorch":
+    if str(first.get("framework") or "pytorch") not in ("pytorch", "mindspore"):
         problems.append(f"msprobe dump of framework {first.get('framework')!r}: read as PyTorch names "
-                        "(only PyTorch dumps are tested)")
+                        "(only PyTorch and MindSpore dumps are tested)")
 
     def build(rank: int, step: int) -> pa.Table:
         rows = read_partition(found[(rank, step)], rank, step, peer.problems)  # what it meets: the dump's problems
@@ -148,6 +153,8 @@ def load_tensor(folder: Path, name: str) -> tuple[str, np.ndarray]:
     if not safe_name(name):
         raise DumpFormatError(f"refusing tensor file name {name!r}: not a file of dump_tensor_data")
     path = folder / "dump_tensor_data" / name
+    if name.endswith(".npy"):
+        return load_npy(path)
     try:
         import torch
     except ImportError:
@@ -177,3 +184,22 @@ def _to_numpy(t: Any) -> tuple[str, np.ndarray]:
     if t.is_complex():
         return dtype, torch.view_as_real(t).numpy()
     return dtype, t.numpy()
+
+
+def load_npy(path: Path) -> tuple[str, np.ndarray]:
+    """One ``.npy`` tensor of msprobe's MindSpore side, read without unpickling (a file that
+    holds Python objects is refused); its dtype is the array's own (msprobe writes a
+    bfloat16 tensor widened to float32)."""
+    try:
+        value = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise DumpFormatError(f"{path} is missing (dump_tensor_data incomplete)") from None
+    except ValueError as exc:  # allow_pickle=False: an object array is refused before any unpickling
+        raise DumpFormatError(f"refusing {path}: not a plain numeric .npy file ({exc}); opscope never "
+                              "unpickles dump files: dump the tensor again with msprobe") from None
+    except OSError as exc:
+        raise DumpFormatError(f"refusing {path}: not a readable .npy file ({exc})") from None
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+        raise DumpFormatError(f"refusing {path}: holds {type(value).__name__} of dtype "
+                              f"{getattr(value, 'dtype', '?')}, not a numeric tensor")
+    return str(value.dtype), value

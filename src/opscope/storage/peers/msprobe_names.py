@@ -7,6 +7,11 @@ names the function torch hands its ``__torch_function__`` (``torch.nn.functional
 most of them into the method they call (``x + y`` reaches ``__torch_function__`` as
 ``Tensor.add``). The operator table below was measured with torch 2.13's
 ``torch.overrides.TorchFunctionMode`` against msprobe 26.2.0's names.
+
+msprobe's MindSpore side (framework ``"mindspore"``) names calls the same way with its own
+prefixes (``Primitive.matmul.MatMul.0.forward``, ``Functional.gelu.0.forward``,
+``Mint.add.0.forward``) and cells ``Cell.<path>.<Class>.<direction>.<counter>``; they are
+kept in MindSpore's namespace (:func:`mindspore_name`).
 """
 
 from __future__ import annotations
@@ -39,15 +44,16 @@ OPERATORS: dict[str, str] = {
 
 # <Prefix>.<api>.<counter>.<direction>; the api may itself hold dots (a module path)
 _ENTRY = re.compile(r"^(?P<prefix>[A-Za-z]+)\.(?P<api>.+)\.(?P<counter>\d+)\.(?P<direction>forward|backward)$")
-# Module.<path>.<Class>.<direction>.<counter> (and parameters_grad, recorded per module)
-_MODULE = re.compile(r"^Module\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)\.(?P<direction>forward|backward|parameters_grad)"
-                     r"\.(?P<counter>\d+)$")
+# Module.<path>.<Class>.<direction>.<counter> (and parameters_grad, recorded per module);
+# msprobe's MindSpore side writes Cell. for Module.
+_MODULE = re.compile(r"^(?:Module|Cell)\.(?:(?P<path>.+)\.)?(?P<cls>[^.]+)"
+                     r"\.(?P<direction>forward|backward|parameters_grad)\.(?P<counter>\d+)$")
 
 
 def parse_entry(name: str) -> tuple[str, str, int, str] | None:
     """``(prefix, api, counter, direction)`` of an API entry name, or None for another kind."""
     m = _ENTRY.match(name)
-    if m is None or m.group("prefix") == "Module":
+    if m is None or m.group("prefix") in ("Module", "Cell"):
         return None
     return m.group("prefix"), m.group("api"), int(m.group("counter")), m.group("direction")
 
@@ -67,3 +73,44 @@ def api_name(prefix: str, api: str) -> str:
         return "Tensor." + OPERATORS.get(api, api)
     head = PREFIXES.get(prefix)
     return head + api if head is not None else f"{prefix}.{api}"
+
+
+# msprobe's MindSpore prefixes -> the MindSpore API they wrap
+MINDSPORE_PREFIXES: dict[str, str] = {
+    "Functional": "mindspore.ops.",
+    "Mint": "mindspore.mint.",
+    "MintFunctional": "mindspore.mint.nn.functional.",
+    "Tensor": "mindspore.Tensor.",
+    "Distributed": "mindspore.communication.",
+}
+
+
+def mindspore_name(prefix: str, api: str) -> str:
+    """An msprobe MindSpore API name in MindSpore's namespace. A primitive
+    (``Primitive``, ``matmul.MatMul``) becomes ``mindspore.MatMul``: its op type, the name
+    MindSpore's Data Dump gives the kernel, so compare's MindSpore vocabulary
+    (:mod:`opscope.compare.opnames.mindspore`) says which torch op it behaves as. Others keep
+    their API (``mindspore.ops.gelu``, ``mindspore.Tensor.mul`` for ``Tensor.__mul__``), whose
+    last name is the torch one where compare has a rule for it."""
+    if prefix == "Primitive":
+        return "mindspore." + api.rsplit(".", 1)[-1]
+    if prefix == "Tensor":
+        return "mindspore.Tensor." + OPERATORS.get(api, api)
+    head = MINDSPORE_PREFIXES.get(prefix)
+    return head + api if head is not None else f"mindspore.{prefix}.{api}"
+
+
+# MindSpore's dtype spellings (``Float32``, ``BFloat16``, ``Bool``) -> opscope's (torch's) names
+_MINDSPORE_DTYPES: dict[str, str] = {"Bool": "bool", "BFloat16": "bfloat16", "Float64": "float64",
+                                     "Float32": "float32", "Float16": "float16", "Complex64": "complex64",
+                                     "Complex128": "complex128"}
+
+
+def dtype_name(dtype: str) -> str:
+    """A dtype as msprobe writes it (``torch.float32``; MindSpore's ``Float32``, ``Int64``,
+    ``UInt8``, ``Bool``) in opscope's spelling (``float32``, ``int64``, ``uint8``, ``bool``)."""
+    dtype = dtype.removeprefix("torch.").removeprefix("mindspore.")
+    if dtype in _MINDSPORE_DTYPES:
+        return _MINDSPORE_DTYPES[dtype]
+    m = re.fullmatch(r"(U?)Int(\d+)", dtype)
+    return f"{m.group(1).lower()}int{m.group(2)}" if m else dtype

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import DumpFormatError
-from opscope.storage.peers.msprobe_names import api_name, parse_entry, parse_module
+from opscope.storage.peers.msprobe_names import api_name, dtype_name, mindspore_name, parse_entry, parse_module
 
 Row = dict[str, Any]
 _SIMPLE_TYPES = ("int", "float", "bool", "str")
@@ -55,6 +55,8 @@ def read_partition(folder: Path, rank: int, step: int, problems: list[str]) -> l
     construct = _optional_json(folder / "construct.json", problems)
     stacks = _sources(_optional_json(folder / "stack.json", problems))
     builder = _Builder(rank, step, construct, stacks, str(dump.get("level") or ""), problems)
+    if str(dump.get("framework") or "pytorch") == "mindspore":
+        builder.name_of = mindspore_name  # kept in MindSpore's namespace (msprobe_names)
     builder.add_all(data)
     return builder.finish()
 
@@ -98,6 +100,7 @@ class _Builder:
         self.params: dict[tuple[str, tuple[Any, ...]], str] = {}
         self.optimized: set[tuple[Any, ...]] = set()
         self.start = 0.0  # where the entry being read began (L0 modules: before their submodules)
+        self.name_of = api_name
 
     def add_all(self, data: dict[str, Any]) -> None:
         self._index_parameters(data)
@@ -133,7 +136,7 @@ class _Builder:
     # -- entries ---------------------------------------------------------------------
     def _api(self, name: str, api: tuple[str, str, int, str], entry: Row, seq: float, optimizer: bool) -> None:
         prefix, raw, _, direction = api
-        op = api_name(prefix, raw)
+        op = self.name_of(prefix, raw)
         if direction == "forward":
             phase = "optimizer" if optimizer else "forward"
             module = self._module_of(name)
@@ -305,7 +308,7 @@ def _starts(data: dict[str, Any], construct: dict[str, Any]) -> dict[str, float]
 def tensor_columns(stat: Row, problems: list[str]) -> Row:
     """The schema columns of one msprobe tensor description."""
     shape = [int(x) for x in stat.get("shape") or []]
-    dtype = str(stat.get("dtype") or "").removeprefix("torch.")
+    dtype = dtype_name(str(stat.get("dtype") or ""))
     values = {k: _num(stat.get(v)) for k, v in (("min", "Min"), ("max", "Max"), ("mean", "Mean"), ("norm", "Norm"))}
     cols: Row = {**values, "dtype": dtype, "shape": shape, "numel": math.prod(shape), "producer": None}
     lo, hi = values["min"], values["max"]
