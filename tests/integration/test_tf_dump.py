@@ -135,19 +135,6 @@ def test_an_unsupported_strategy_is_refused_before_anything_runs(tmp_path):
     assert "one worker per process" in proc.stderr
 
 
-def test_zero_code_opscope_run_on_a_keras_program(tmp_path):
-    config = tmp_path / "cfg.json"
-    config.write_text(json.dumps({"dump": {"enable_dump": True, "dump_path": str(tmp_path / "d"),
-                                           "dump_step": "1", "dump_mode": "all"}}))
-    proc = subprocess.run([sys.executable, "-m", "opscope", "run", "-c", str(config), "--", sys.executable,
-                           str(TRAIN), "-"], capture_output=True, text=True, timeout=300, env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    dump = opscope.load(tmp_path / "d")
-    assert dump.status == "complete" and dump.steps() == [1] and dump.manifest["level"] == "tf-op"
-    df = dump.records().to_pandas()
-    assert {"forward", "backward", "optimizer"} == set(df.phase) and "ff0a/kernel" in set(df.param)
-
-
 def test_watch_names_the_first_nan_op_its_layer_and_inputs(tmp_path):
     script = textwrap.dedent(f"""
         import sys
@@ -169,13 +156,15 @@ def test_watch_names_the_first_nan_op_its_layer_and_inputs(tmp_path):
     assert "first NaN/Inf" in proc.stdout and "from tf.GreaterEqual in ff0b" in proc.stdout
 
 
-def test_zero_code_overflow_watch_on_a_keras_program_beside_a_dump(tmp_path):
-    """opscope run with an overflow and a dump section on a script that never mentions opscope:
-    the watch reports the first NaN op, its layer, step and inputs, as opscope.tensorflow.watch
-    does, and the dump beside it is written whole (two sessions trace the same graphs)."""
+def test_zero_code_dump_and_overflow_watch_on_a_keras_program(tmp_path):
+    """opscope run with a dump section (the seeds' keys) and an overflow section on a script
+    that never mentions opscope: the watch reports the first NaN op, its layer, step and inputs,
+    as opscope.tensorflow.watch does, and the dump beside it is written whole (two sessions
+    trace the same graphs)."""
     config = tmp_path / "cfg.json"
     config.write_text(json.dumps({"overflow": {"action": "warn"},
-                                  "dump": {"dump_path": str(tmp_path / "d"), "dump_step": "1"}}))
+                                  "dump": {"enable_dump": True, "dump_path": str(tmp_path / "d"),
+                                           "dump_step": "1", "dump_mode": "all"}}))
     proc = subprocess.run([sys.executable, "-m", "opscope", "run", "-c", str(config), "--", sys.executable,
                            str(TRAIN), "-", "--nan"], capture_output=True, text=True, timeout=300, env=ENV,
                           cwd=tmp_path)
@@ -183,7 +172,8 @@ def test_zero_code_overflow_watch_on_a_keras_program_beside_a_dump(tmp_path):
     assert "NaN in tf.SelectV2 (module ff0b, forward, step 1" in proc.stderr, proc.stderr[-3000:]
     assert "from tf.GreaterEqual in ff0b" in proc.stderr and "first NaN/Inf" in proc.stderr
     dump = opscope.load(tmp_path / "d")
-    assert dump.status == "complete" and dump.steps() == [1]
+    assert dump.status == "complete" and dump.steps() == [1] and dump.manifest["level"] == "tf-op"
     df = dump.records().to_pandas()
-    assert {"forward", "backward", "optimizer"} == set(df.phase) and df.nan.fillna(0).sum() > 0
+    assert {"forward", "backward", "optimizer"} == set(df.phase) and "ff0a/kernel" in set(df.param)
+    assert df.nan.fillna(0).sum() > 0
     assert not df.op.str.contains("EagerPyFunc").any()  # neither session records the other's host callback
