@@ -50,10 +50,10 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     one_sided: list[OpCall] = []
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
-        for a, b in _align_calls(tc, rc):
+        same = len(tc) == len(rc) and _same_ops(tc, rc)  # once a group: each call is O(len)
+        for a, b in _align_calls(tc, rc, same):
             if a is not None and b is not None:
-                kind = "exact" if len(tc) == len(rc) and _same_ops(tc, rc) else "aligned"
-                pairs.extend(_pair_rows(a, b, kind, partner))
+                pairs.extend(_pair_rows(a, b, "exact" if same else "aligned", partner))
             else:
                 one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
     sides = Sides(t_rows, r_rows)
@@ -108,9 +108,10 @@ def _matchable(a: OpCall, b: OpCall) -> bool:
     return a.op == b.op and len(oa) == len(ob) and all(same_shape(x, y) for x, y in zip(oa, ob))
 
 
-def _align_calls(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall | None, OpCall | None]]:
-    """Pairs of calls in order, one-sided calls with None opposite."""
-    if len(tc) == len(rc) and _same_ops(tc, rc):
+def _align_calls(tc: list[OpCall], rc: list[OpCall],
+                 same: bool) -> list[tuple[OpCall | None, OpCall | None]]:
+    """Pairs of calls in order, one-sided calls with None opposite (``same``: they match one to one)."""
+    if same:
         return list(zip(tc, rc))
     matches = _match(tc, rc)
     out: list[tuple[OpCall | None, OpCall | None]] = []
