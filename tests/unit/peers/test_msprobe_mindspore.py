@@ -103,6 +103,9 @@ def test_pickled_npy_is_refused_and_runs_nothing(tmp_path: Path) -> None:
         opscope.load(dump).tensor(0, 0, row["data"], row["key"])
     with pytest.raises(DumpFormatError, match="refusing tensor file name"):
         load_tensor(folder, "../../ref/step0/x.npy")  # names from dump.json stay in dump_tensor_data
+    result = opscope.compare(dump, DATA / "ref", workers=1)  # that pair falls back to statistics
+    assert result.verdict == "within_tolerance" and result.counts["passed"] == 1 and result.statistics_only
+    assert any(row["data"] in p and "never unpickles" in p for p in result.problems)
     assert not marker.exists()
 
 
