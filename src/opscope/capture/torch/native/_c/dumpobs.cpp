@@ -7,7 +7,9 @@
 // recorder's row layout. Each tensor is measured once: an input that an earlier recorded op
 // produced links to that row (producer); views and aliases link to the row they share
 // elements with. Statistics of CPU tensors come from the same one-pass kernel as the Python
-// path (fastats_kernel.h), computed at the op: nothing pending can see an in-place write.
+// path (fastats_kernel.h), run by a worker thread while the step goes on (dumpobs_async.h; an
+// op that writes a storage in place first waits for the measurements reading it), or at the op
+// where no per-op observer sees such writes (module and api levels) and for full tensors.
 // Tensors the kernel cannot read (another device, an unusual dtype) go to Python (`slow`).
 // With data="tensor" each measured tensor's bytes are copied into the step's tensor shards at
 // the op too (dumpobs_measure.h, dumpobs_shards.h), and a view keeps its input's data.
