@@ -117,7 +117,8 @@ class DumpSession:
             from opscope.capture.torch.native.api import NativeApiLevel
             from opscope.capture.torch.native.module import NativeModuleLevel
 
-            native_level = {"module": NativeModuleLevel, "api": NativeApiLevel}.get(cfg.level, native_aten.NativeAtenLevel)
+            native_level = {"module": NativeModuleLevel, "api": NativeApiLevel}.get(
+                cfg.level, native_aten.NativeAtenLevel)
             self._level = native_level(self, backend)
             self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
         else:
