@@ -14,6 +14,11 @@ and the verdict; then the start-up of ``opscope compare --help`` against a bare 
 10 GB; opscope's writer, not a model run) in a temporary folder, compares it, prints the
 same figures and deletes it. Targets (issue #14): >= 1 GB/s on the small pair, >= 2 GB/s on
 the large one, peak RSS <= 1 GB whatever the size, ``compare --help`` < 0.1 s.
+
+``--many N`` writes a statistics-only pair of N small records per side (ops of one input and
+one output: the index is all there is) and of N/4, compares both and
+prints the compare process's peak RSS and what one more pair costs in it (the difference of
+the two peaks over the difference of the pairs): the memory that grows with the records.
 """
 
 from __future__ import annotations
@@ -123,6 +128,58 @@ def write_synthetic(path: Path, base: object, noise: object, per_partition: int)
         writer.close()
 
 
+def write_many(path: Path, records: int, noise: float) -> None:
+    """A statistics-only dump of ``records`` rows, ops of one input (the previous op's output)
+    and one output over 97 modules; ``noise`` shifts every statistic a little."""
+    import numpy as np
+
+    from opscope.model.records import new_row
+    from opscope.storage.writer import DumpWriter
+
+    writer = DumpWriter(path, 0, {"tool": "bench", "run_id": f"many-{path.name}"}, overwrite=True)
+    writer.open()
+    base = np.random.default_rng(0).standard_normal((records // 2, 6))
+    base += noise * np.random.default_rng(1).standard_normal(base.shape)
+    rows: list[list[object]] = []
+    for i, b in enumerate(base.tolist()):
+        stats = (b[0] - 3, b[1] + 3, b[2], 1 + abs(b[3]), 32 + abs(b[4]), 3 + abs(b[5]), 0, 0, 0, None)
+        common = dict(rank=0, step=0, seq=i, phase="forward", module=f"layers.{i % 97}.mlp", op="aten.add.Tensor",
+                      call=i // 97, dtype="float32", shape=[8, 128], numel=1024, device="cpu", slot=0)
+        for io, producer in (("input", 2 * i - 1 if i else None), ("output", None)):
+            row = new_row(id=len(rows), io=io, producer=producer, **common)
+            row[-1] = stats
+            rows.append(row)
+    writer.add_rows(0, rows)
+    writer.end_step(0)
+    writer.close()
+
+
+def many_rows(records: int, extra: list[str]) -> None:
+    """Peak RSS of compares of ``records`` and ``records // 4`` small records per side, and
+    the bytes one more pair costs (written by another process, as the huge pair is)."""
+    peaks = {}
+    for n in (records // 4, records):
+        root = Path(tempfile.mkdtemp(prefix="opscope-e2e-many-"))
+        try:
+            write = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+                     "from bench_compare_e2e import write_many; "
+                     f"write_many(Path({str(root / 'target')!r}), {n}, 1e-9); "
+                     f"write_many(Path({str(root / 'reference')!r}), {n}, 0.0)")
+            subprocess.run([sys.executable, "-c", write], check=True, timeout=3600)
+            start = time.perf_counter()
+            rss = peak_rss(root / "target", root / "reference", root / "out", extra)
+            wall = time.perf_counter() - start
+            summary = json.loads((root / "out" / "summary.json").read_text())
+            peaks[summary["counts"]["pairs"]] = rss["compare"]
+            print(f"statistics-only pair of {n} records per side: {summary['counts']['pairs']} pairs, verdict "
+                  f"{summary['verdict']}, {wall:.1f} s, peak RSS {rss['compare']} MB compare process", flush=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    (few, low), (many, high) = sorted(peaks.items())
+    print(f"memory per pair: {(high - low) * 1e6 / max(1, many - few):.0f} bytes (peak RSS difference over "
+          f"{many - few} more pairs; target: a peak that does not grow with the records)", flush=True)
+
+
 def size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -228,6 +285,9 @@ def main() -> None:
     parser.add_argument("--huge", action="store_true", help="also compare a ~12 GB synthetic pair (deleted after)")
     parser.add_argument("--huge-gb", type=float, default=12.0)
     parser.add_argument("--huge-only", action="store_true", help="only the synthetic huge pair (with --huge)")
+    parser.add_argument("--many", type=int, default=0, metavar="N",
+                        help="also compare statistics-only pairs of N and N/4 small records per side")
+    parser.add_argument("--many-only", action="store_true", help="only the many-records pairs (with --many)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", type=int, default=None, help="--workers for the CLI (default: its own)")
     parser.add_argument("--no-dask", action="store_true", help="skip the local vs Dask row")
@@ -238,7 +298,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cores} cores; load average {os.getloadavg()[0]:.1f} at start", flush=True)
     try:
-        if not args.huge_only:
+        if not (args.huge_only or args.many_only):
             mlp_rows(root, args, extra)
         if args.huge:
             huge_root = Path(tempfile.mkdtemp(prefix="opscope-e2e-huge-"))
@@ -253,6 +313,8 @@ def main() -> None:
                 measure_pair("synthetic huge pair", *pair, huge_root, 1, extra)
             finally:
                 shutil.rmtree(huge_root, ignore_errors=True)
+        if args.many:
+            many_rows(args.many, extra)
         (help_wall, help_cpu), (bare_wall, bare_cpu) = help_time()
         print(f"opscope compare --help: {help_wall:.3f} s wall, {help_cpu:.3f} s CPU (a bare python -c pass: "
               f"{bare_wall:.3f} s wall, {bare_cpu:.3f} s CPU; target < 0.1 s)")
