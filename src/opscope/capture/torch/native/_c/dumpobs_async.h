@@ -113,7 +113,7 @@ bool submit(size_t row, const at::Tensor& x, const void* p, int code) {
 // `t` is about to be written in place: the jobs reading its storage finish first.
 void wait_storage(const at::Tensor& t) {
   Async& a = g_async;
-  if (a.last.empty()) return;
+  if (a.last.empty() || g_forked_child) return;  // (in a child the worker, maybe holding its lock, is gone)
   auto it = a.last.find(storage_of(t));
   if (it == a.last.end()) return;
   size_t n = it->second;
@@ -127,6 +127,7 @@ void finish_row(Row& r, const acc_t& a, int64_t n);
 // Every job of the step done, its statistics in its row; the jobs let go of their storages.
 void async_finish() {
   Async& a = g_async;
+  if (g_forked_child) return;
   std::unique_lock<std::mutex> lock(a.m);
   if (a.jobs.empty()) return;
   wait_done(lock, a.jobs.size());
