@@ -116,8 +116,8 @@ def _partitions(t_dump: Any, r_dump: Any, ranks: list[int] | None, steps: list[i
 
 
 def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, problems: list[str]) -> list[Pair]:
-    t_rows = t_dump.records(rank=rank, step=step).to_pylist()
-    r_rows = r_dump.records(rank=rank, step=step).to_pylist()
+    t_rows = _rows(t_dump.records(rank=rank, step=step))
+    r_rows = _rows(r_dump.records(rank=rank, step=step))
     for side, rows in (("target", t_rows), ("reference", r_rows)):
         if not rows:
             problems.append(f"rank {rank} step {step} has no readable records in the {side}: skipped")
@@ -133,6 +133,23 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
     if is_cross(*levels):  # an ONNX Runtime dump (a framework with an op table): pair through it
         return crossframework.align_partition(t_rows, r_rows, *levels)
     return align_partition(t_rows, r_rows)
+
+
+def _rows(table: Any) -> list[dict[str, Any]]:
+    """The index rows as dicts, each repeated string (phase, module, op, dtype, ...) one object:
+    ``to_pylist`` makes a new string per cell, ~50-60 bytes each, held until the verdict."""
+    import pyarrow as pa
+
+    rows: list[dict[str, Any]] = table.to_pylist()
+    seen: dict[str, str] = {}
+    for field in table.schema:
+        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            name = field.name
+            for row in rows:
+                value = row[name]
+                if value is not None:
+                    row[name] = seen.setdefault(value, value)
+    return rows
 
 
 def _inherit_data(rows: list[dict[str, Any]]) -> None:
