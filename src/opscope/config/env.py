@@ -18,7 +18,9 @@ OPTIONS: dict[str, str] = {
     "LAUNCHER": "set by `opscope run` for its command, which said what is on (a process started with "
                 "OPSCOPE_CONFIG alone says it on rank 0)",
     "STATS_BACKEND": "auto/c (one C pass on the training thread, default), async (the C pass on a worker "
-                     "thread) or torch (torch reductions, the device path)",
+                     "thread) or torch (torch reductions, the device path): the Python path's engine",
+    "STATS_THREAD": "1: the native aten observer measures statistics on a worker thread while the step goes on "
+                    "(opt-in: an op whose schema hides an in-place write would be measured after it)",
     "DUMP_BACKEND": "native (default: the C++ observer where it applies) or python (the Python dispatch mode)",
     "WATCH_BACKEND": "native (default: the C++ observer) or python (the Python dispatch mode)",
     "CACHE_DIR": "where native extensions are built (default $XDG_CACHE_HOME/opscope or ~/.cache/opscope)",

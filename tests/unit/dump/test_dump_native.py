@@ -153,6 +153,7 @@ def test_statistics_taken_off_the_training_thread_are_those_before_an_in_place_w
     """The native worker thread measures an output while the step goes on; an op that writes it
     in place right after waits for that measurement (else it would see the written values)."""
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    monkeypatch.setenv("OPSCOPE_STATS_THREAD", "1")  # the worker is opt-in
     big, small = torch.ones(1 << 22), torch.ones(1 << 16)
     with opscope.dump(tmp_path / "d", level="aten", ops=["aten.mul*", "aten.add_*"]) as d:
         for k in range(8):

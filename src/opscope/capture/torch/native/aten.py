@@ -179,6 +179,9 @@ class NativeAtenLevel(Level):
         writer = recorder.writer
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
                         recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
+        # the worker thread only on request: it measured no faster here, and an op whose schema
+        # hides an in-place write would be measured after it (docs/dump.md)
+        backend.set_async((env("STATS_THREAD") or "0") == "1")
         self.installed = True
         session.modules.on_change = backend.set_module
         session.modules.on_indexed = self._index

@@ -88,11 +88,13 @@ bool writes_arg(const OpKind& k, int arg) {
 }
 
 bool g_forked_child = false;  // the worker thread does not exist in a forked child
+bool g_async_on = false;  // opt-in (OPSCOPE_STATS_BACKEND=async): an op whose schema hides an
+// in-place write (batch norm's running stats did) would be measured after the write
 
 // Hand the statistics of row `row` (contiguous CPU data at p, numel > 0) to the worker; false
 // when it cannot take them (in a forked child): then they are measured here.
 bool submit(size_t row, const at::Tensor& x, const void* p, int code) {
-  if (g_forked_child) return false;
+  if (g_forked_child || !g_async_on) return false;
   Async& a = g_async;
   intptr_t storage = storage_of(x);
   int64_t bytes = x.numel() * static_cast<int64_t>(x.element_size());

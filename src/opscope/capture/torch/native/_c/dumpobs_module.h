@@ -285,6 +285,11 @@ PyObject* py_idle(PyObject*, PyObject*) {
 }
 
 // pool_bytes() -> (bytes of chunks allocated, bytes of them idle in the pool)
+PyObject* py_set_async(PyObject*, PyObject* on) {
+  g_async_on = PyObject_IsTrue(on) == 1;
+  Py_RETURN_NONE;
+}
+
 PyObject* py_pool_bytes(PyObject*, PyObject*) {
   std::lock_guard<std::mutex> lock(pool_mu);
   return Py_BuildValue("LL", static_cast<long long>(g_chunks_live * CHUNK), static_cast<long long>(pool.size() * CHUNK));
@@ -396,6 +401,7 @@ PyMethodDef methods[] = {
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
+    {"set_async", py_set_async, METH_O, "set_async(on): statistics measured by the worker thread (opt-in)"},
     {"pool_bytes", py_pool_bytes, METH_NOARGS, "pool_bytes(): (bytes of tensor chunks allocated, idle in the pool)"},
     {nullptr, nullptr, 0, nullptr}};
 
