@@ -8,6 +8,7 @@ step, in a loop without an optimizer it begins the next step.
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 
@@ -41,3 +42,27 @@ def has_optimizer(module: Any) -> bool:
         if type(holder) is dict and any(holder.get("params") is group for group in lists):
             return True
     return False
+
+
+def phased_closure(closure: Callable[[], Any], enter: Callable[[], None],
+                   leave: Callable[[bool], None]) -> Callable[[], Any]:
+    """``closure`` between ``enter()`` and ``leave(first)``; ``first`` is true on its first
+    return only (LBFGS calls the closure again while it searches)."""
+    calls: list[int] = []
+
+    def phased() -> Any:
+        enter()
+        try:
+            return closure()
+        finally:
+            leave(not calls)
+            calls.append(1)
+
+    return phased
+
+
+def with_closure(args: Any, kwargs: Any, closure: Callable[[], Any]) -> tuple[Any, Any]:
+    """A step pre-hook's ``(args, kwargs)`` (``args[0]`` is the optimizer) with another closure."""
+    if "closure" in kwargs:
+        return args, {**kwargs, "closure": closure}
+    return (args[0], closure, *args[2:]), kwargs

@@ -18,7 +18,7 @@ from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
-from opscope.capture.torch.optimizers import has_optimizer
+from opscope.capture.torch.optimizers import has_optimizer, phased_closure, with_closure
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import TF_LEVELS, DumpConfig, dump_config
 from opscope.errors import ConfigError, OpscopeError
@@ -316,13 +316,35 @@ class DumpSession:
         self.clock.outer_module_call(module)
 
     # -- optimizer ---------------------------------------------------------------------
-    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self.clock.poll()
         self.phase = "optimizer"
         self._started_level().set_phase("optimizer")
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
+        if callable(closure):  # Lightning, LBFGS: forward and backward run inside the step
+            return self._wrap_closure(optimizer, closure, args, kwargs)
+        self._optimizer_begins(optimizer)
+        return None
+
+    def _optimizer_begins(self, optimizer: torch.optim.Optimizer) -> None:
         if self.capturing:
             self.recorder.drain()  # the optimizer is about to change parameters in place
             self._guarded(self._record_params, optimizer, True)
+
+    def _wrap_closure(self, optimizer: torch.optim.Optimizer, closure: Any, args: Any, kwargs: Any) -> Any:
+        """``optimizer.step(closure)``: the closure's ops are forward and backward, not
+        optimizer; the parameters and gradients the update reads are recorded after it."""
+        def enter() -> None:
+            self.phase = "forward"
+            self._started_level().set_phase("forward")
+
+        def leave(first: bool) -> None:
+            self.phase = "optimizer"
+            self._started_level().set_phase("optimizer")
+            if first:
+                self._optimizer_begins(optimizer)
+
+        return with_closure(args, kwargs, phased_closure(closure, enter, leave))
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.capturing:
