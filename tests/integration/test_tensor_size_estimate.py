@@ -70,7 +70,9 @@ def stats(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # may own the tensor. Close, not exact.
     ("mlp", mlp_task, {"data": "tensor", "ops": ["aten.addmm*", "aten.mm*", "aten.t*"]}, 0.05),
     ("mlp-module", mlp_task, {"data": "tensor", "level": "module"}, 0),
-    ("transformer-api", _small_transformer, {"data": "tensor", "level": "api"}, 0),
+    # the statistics dump is native at api level: it links the gradients the optimizer reads to
+    # the backward rows that made them, which the Python path's tensor dump stores again (0.7%)
+    ("transformer-api", _small_transformer, {"data": "tensor", "level": "api"}, 0.01),
 ])
 def test_estimate_from_a_statistics_dump_is_what_the_step_0_tensor_dump_stores(tmp_path, stats, source, task, keys,
                                                                               tol):
