@@ -3,7 +3,7 @@
 A tensor of an opscope dump is one run of bytes in a shard. :class:`PairStream` reads both
 sides of a pair with ``pread`` into two buffers of :data:`BLOCK_BYTES` reused for every
 pair (no memory map: pages of a map stay in the process's resident set until it is
-closed), and hands each block pair to :func:`opscope.compare.metrics.add_block`. The
+closed), and hands each block pair to :class:`opscope.compare.accumulate.Accumulator`. The
 kernel's read-ahead (``POSIX_FADV_SEQUENTIAL``) fetches the next blocks from disk while this
 one is measured.
 
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from opscope.compare import metrics as M
+from opscope.compare.accumulate import Accumulator, accumulate
 from opscope.errors import DumpFormatError
 from opscope.storage.safetensors_io import DTYPES, TensorExtent
 
@@ -95,7 +96,7 @@ class PairStream:
         t_first, r_first, count = spans
         t_type, r_type = np.dtype(DTYPES[t.dtype][1]), np.dtype(DTYPES[r.dtype][1])
         step = max(1, self.block_bytes // max(t_type.itemsize, r_type.itemsize))
-        acc = M.Accumulator(rel_floor=rel_floor, rtol=rtol)
+        acc = Accumulator(rel_floor=rel_floor, rtol=rtol)
         for start in range(0, count, step):
             n = min(step, count - start)
             a = self._read(0, t.path, t.start + (t_first + start) * t_type.itemsize, n * t_type.itemsize)
@@ -134,7 +135,7 @@ class PairStream:
         READS.largest_whole = max(READS.largest_whole, a.nbytes, b.nbytes)
         if a.size != b.size:
             raise DumpFormatError(f"tensor sizes differ on disk ({a.size} vs {b.size})")
-        return M.accumulate(a, b, rel_floor=rel_floor, rtol=rtol)
+        return accumulate(a, b, rel_floor=rel_floor, rtol=rtol)
 
     def close(self) -> None:
         """Close the shard files (the buffers stay for the next pairs)."""

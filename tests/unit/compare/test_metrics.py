@@ -4,15 +4,16 @@ import numpy as np
 import pytest
 
 from opscope.compare import metrics as M
+from opscope.compare.accumulate import CHUNK, accumulate
 
 
 def _measure(a, b, **kw):
-    return M.finish(M.accumulate(a, b, rel_floor=kw.get("rel_floor", 1e-3), rtol=kw.get("rtol", 1e-3)))
+    return M.finish(accumulate(a, b, rel_floor=kw.get("rel_floor", 1e-3), rtol=kw.get("rtol", 1e-3)))
 
 
 def test_metrics_match_numpy_over_chunk_boundaries():
     rng = np.random.default_rng(0)
-    b = rng.standard_normal(M.CHUNK * 2 + 123).astype(np.float32)
+    b = rng.standard_normal(CHUNK * 2 + 123).astype(np.float32)
     a = (b + 1e-3 * rng.standard_normal(b.size)).astype(np.float32)
     m = _measure(a, b)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
@@ -52,7 +53,7 @@ def test_register_metric_refuses_duplicates_and_supports_per_chunk():
         return float(np.max(a))
 
     try:
-        a = np.arange(M.CHUNK * 3, dtype=np.float32)
+        a = np.arange(CHUNK * 3, dtype=np.float32)
         assert _measure(a, a)["test_max_target"] == a.max()
     finally:
         M.unregister_metric("test_max_target")

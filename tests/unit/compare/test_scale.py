@@ -20,6 +20,7 @@ from opscope.cli.main import main as cli
 from opscope.compare import kernel, measure
 from opscope.compare import metrics as M
 from opscope.compare import stream as S
+from opscope.compare.accumulate import accumulate
 from opscope.model.records import new_row
 from opscope.report import render
 from opscope.storage.writer import DumpWriter
@@ -129,7 +130,7 @@ def test_streaming_holds_one_block_per_side_and_measures_what_a_whole_read_does(
     [(_, metrics)] = measure.measure_batch(str(root / "t"), str(root / "r"), [job("r0")])
     assert S.READS.blocks - before[0] == a.nbytes // S.BLOCK_BYTES and S.READS.whole == before[1]
     assert S.READS.largest_block <= S.BLOCK_BYTES < a.nbytes
-    whole = M.finish(M.accumulate(a, b, rel_floor=1e-30, rtol=1e-3))
+    whole = M.finish(accumulate(a, b, rel_floor=1e-30, rtol=1e-3))
     for name in ("rel_l2", "max_abs", "cosine", "mean_rel", "out_of_tolerance", "max_rel"):
         assert metrics[name] == pytest.approx(whole[name], rel=1e-12), name
 
@@ -140,7 +141,7 @@ def test_a_transpose_view_streams_and_a_one_sided_view_is_read_whole(big_pair) -
     before = S.READS.whole
     [(_, streamed)] = measure.measure_batch(str(root / "t"), str(root / "r"), [job("r0", transpose, transpose)])
     assert S.READS.whole == before
-    whole = M.finish(M.accumulate(a.T.copy(), b.T.copy(), rel_floor=1e-30, rtol=1e-3))
+    whole = M.finish(accumulate(a.T.copy(), b.T.copy(), rel_floor=1e-30, rtol=1e-3))
     assert streamed["rel_l2"] == pytest.approx(whole["rel_l2"], rel=1e-12)
     measure.measure_batch(str(root / "t"), str(root / "r"), [job("r0", transpose, None)])
     assert S.READS.whole == before + 2  # element orders may differ: not streamed
@@ -166,20 +167,20 @@ def test_c_kernel_matches_numpy_and_its_portable_loop() -> None:
     assert kernel.sums(a, "float32", b, "float32", 1e-6, 1e-3) is not None
     saved, kernel.native = kernel.native, None
     try:
-        reference = M.accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
+        reference = accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
     finally:
         kernel.native = saved
-    fast = M.accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
+    fast = accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
     for name in ("sum_sq_diff", "sum_abs_diff", "max_abs", "dot", "max_rel", "sum_rel", "sum_sq_elem_rel"):
         assert getattr(fast, name) == pytest.approx(getattr(reference, name), rel=1e-12), name
     assert fast.out_of_tolerance == reference.out_of_tolerance and fast.n == reference.n
     previous = kernel.native.set_simd(False)
     try:
-        assert M.accumulate(a, b, rel_floor=1e-6, rtol=1e-3) == fast  # bit for bit
+        assert accumulate(a, b, rel_floor=1e-6, rtol=1e-3) == fast  # bit for bit
     finally:
         kernel.native.set_simd(previous)
     a[7], b[9] = np.nan, np.inf  # a block with NaN/Inf takes the masked pass
-    masked = M.accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
+    masked = accumulate(a, b, rel_floor=1e-6, rtol=1e-3)
     assert (masked.nan_mismatch, masked.inf_mismatch, masked.n) == (1, 1, b.size - 2)
 
 
