@@ -16,9 +16,11 @@ same figures and deletes it. Targets (issue #14): >= 1 GB/s on the small pair, >
 the large one, peak RSS <= 1 GB whatever the size, ``compare --help`` < 0.1 s.
 
 ``--many N`` writes a statistics-only pair of N small records per side (ops of one input and
-one output: the index is all there is) and of N/4, compares both and
-prints the compare process's peak RSS and what one more pair costs in it (the difference of
-the two peaks over the difference of the pairs): the memory that grows with the records.
+one output: the index is all there is) and of N/4, compares both and prints the compare
+process's peak RSS and what one more pair costs in it (the difference of the two peaks over
+the difference of the pairs): once with every record in one partition (one rank's step:
+memory follows the largest partition) and once spread over 4 ranks x 4 steps (memory should
+not grow with the records; issue #14: <= 1 GB).
 """
 
 from __future__ import annotations
@@ -128,56 +130,79 @@ def write_synthetic(path: Path, base: object, noise: object, per_partition: int)
         writer.close()
 
 
-def write_many(path: Path, records: int, noise: float) -> None:
-    """A statistics-only dump of ``records`` rows, ops of one input (the previous op's output)
-    and one output over 97 modules; ``noise`` shifts every statistic a little."""
+def write_many(path: Path, records: int, noise: float, ranks: int = 1, steps: int = 1) -> None:
+    """A statistics-only dump of ``records`` rows in all, spread evenly over ``ranks`` x
+    ``steps`` partitions: ops of one input (the previous op's output) and one output over 97
+    modules; ``noise`` shifts every statistic a little."""
     import numpy as np
 
-    from opscope.model.records import new_row
     from opscope.storage.writer import DumpWriter
 
-    writer = DumpWriter(path, 0, {"tool": "bench", "run_id": f"many-{path.name}"}, overwrite=True)
-    writer.open()
-    base = np.random.default_rng(0).standard_normal((records // 2, 6))
+    ops = records // 2 // (ranks * steps)  # per partition
+    base = np.random.default_rng(0).standard_normal((ops * ranks * steps, 6))
     base += noise * np.random.default_rng(1).standard_normal(base.shape)
+    values = base.tolist()
+    for rank in range(ranks):
+        writer = DumpWriter(path, rank, {"tool": "bench", "run_id": f"many-{path.name}"}, overwrite=rank == 0)
+        writer.open()
+        for step in range(steps):
+            first = (rank * steps + step) * ops
+            writer.add_rows(step, _many_rows(values[first:first + ops], rank, step))
+            writer.end_step(step)
+        writer.close()
+
+
+def _many_rows(values: list[list[float]], rank: int, step: int) -> list[list[object]]:
+    from opscope.model.records import new_row
+
     rows: list[list[object]] = []
-    for i, b in enumerate(base.tolist()):
+    for i, b in enumerate(values):
         stats = (b[0] - 3, b[1] + 3, b[2], 1 + abs(b[3]), 32 + abs(b[4]), 3 + abs(b[5]), 0, 0, 0, None)
-        common = dict(rank=0, step=0, seq=i, phase="forward", module=f"layers.{i % 97}.mlp", op="aten.add.Tensor",
-                      call=i // 97, dtype="float32", shape=[8, 128], numel=1024, device="cpu", slot=0)
+        common = dict(rank=rank, step=step, seq=i, phase="forward", module=f"layers.{i % 97}.mlp",
+                      op="aten.add.Tensor", call=i // 97, dtype="float32", shape=[8, 128], numel=1024, device="cpu",
+                      slot=0)
         for io, producer in (("input", 2 * i - 1 if i else None), ("output", None)):
             row = new_row(id=len(rows), io=io, producer=producer, **common)
             row[-1] = stats
             rows.append(row)
-    writer.add_rows(0, rows)
-    writer.end_step(0)
-    writer.close()
+    return rows
 
 
-def many_rows(records: int, extra: list[str]) -> None:
+def many_rows(records: int, extra: list[str], layouts: tuple[tuple[int, int], ...] = ((1, 1), (4, 4))) -> None:
     """Peak RSS of compares of ``records`` and ``records // 4`` small records per side, and
-    the bytes one more pair costs (written by another process, as the huge pair is)."""
-    peaks = {}
-    for n in (records // 4, records):
-        root = Path(tempfile.mkdtemp(prefix="opscope-e2e-many-"))
-        try:
-            write = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
-                     "from bench_compare_e2e import write_many; "
-                     f"write_many(Path({str(root / 'target')!r}), {n}, 1e-9); "
-                     f"write_many(Path({str(root / 'reference')!r}), {n}, 0.0)")
-            subprocess.run([sys.executable, "-c", write], check=True, timeout=3600)
-            start = time.perf_counter()
-            rss = peak_rss(root / "target", root / "reference", root / "out", extra)
-            wall = time.perf_counter() - start
-            summary = json.loads((root / "out" / "summary.json").read_text())
-            peaks[summary["counts"]["pairs"]] = rss["compare"]
-            print(f"statistics-only pair of {n} records per side: {summary['counts']['pairs']} pairs, verdict "
-                  f"{summary['verdict']}, {wall:.1f} s, peak RSS {rss['compare']} MB compare process", flush=True)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    (few, low), (many, high) = sorted(peaks.items())
-    print(f"memory per pair: {(high - low) * 1e6 / max(1, many - few):.0f} bytes (peak RSS difference over "
-          f"{many - few} more pairs; target: a peak that does not grow with the records)", flush=True)
+    the bytes one more pair costs (written by another process, as the huge pair is): all in
+    one partition (one rank's step: memory follows the largest partition), and spread over
+    4 ranks x 4 steps (a realistic step holds 10k-100k ops: memory should not grow)."""
+    for ranks, steps in layouts:
+        peaks = {}
+        where = "one partition" if ranks * steps == 1 else f"{ranks} ranks x {steps} steps"
+        for n in (records // 4, records):
+            peaks.update(_many_once(n, ranks, steps, where, extra))
+        (few, low), (many, high) = sorted(peaks.items())
+        print(f"memory per pair, {where}: {(high - low) * 1e6 / max(1, many - few):.0f} bytes (peak RSS "
+              f"difference over {many - few} more pairs; target: a peak <= 1 GB that does not grow with "
+              "the records)", flush=True)
+
+
+def _many_once(n: int, ranks: int, steps: int, where: str, extra: list[str]) -> dict[int, float]:
+    root = Path(tempfile.mkdtemp(prefix="opscope-e2e-many-"))
+    try:
+        write = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from pathlib import Path; "
+                 "from bench_compare_e2e import write_many; "
+                 f"write_many(Path({str(root / 'target')!r}), {n}, 1e-9, {ranks}, {steps}); "
+                 f"write_many(Path({str(root / 'reference')!r}), {n}, 0.0, {ranks}, {steps})")
+        subprocess.run([sys.executable, "-c", write], check=True, timeout=3600)
+        start = time.perf_counter()
+        rss = peak_rss(root / "target", root / "reference", root / "out", extra)
+        wall = time.perf_counter() - start
+        summary = json.loads((root / "out" / "summary.json").read_text())
+        pairs = summary["counts"]["pairs"]
+        print(f"statistics-only pair of {n} records per side ({where}): {pairs} pairs, verdict "
+              f"{summary['verdict']}, {wall:.1f} s, {rss['cpu_s']:.1f} CPU-s, peak RSS {rss['compare']} MB "
+              f"compare process ({rss['compare'] * 1e6 / max(1, pairs):.0f} bytes a pair in all)", flush=True)
+        return {pairs: rss["compare"]}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def size(path: Path) -> int:

@@ -9,15 +9,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opscope.compare import crossframework, measure
-from opscope.compare.align import PHASE_ORDER, Pair, align_partition, rename_target
+from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.crossframework.levels import level_mismatch
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.modules import flatten_modules, records_modules
+from opscope.compare.partitioned import WINDOW_PAIRS, PartitionedRun
 from opscope.compare.passes import CompareInputs, ResultPass, result_pass
 from opscope.compare.result import CompareResult
-from opscope.compare.table import pairs_table
 from opscope.compare.tolerance import NoiseModel
 from opscope.errors import NothingToCompareError
 
@@ -73,31 +73,22 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     problems: list[str] = [*manifest_warnings(t_dump, "target"), *manifest_warnings(r_dump, "reference"),
                            *level_mismatch(t_dump, r_dump)]
     parts = _partitions(t_dump, r_dump, ranks, steps, problems)
-    pairs: list[Pair] = []
-    for rank, step in parts:
-        pairs += _align(t_dump, r_dump, rank, step, names, problems)
-    jobs = measure.plan(pairs, noise, trust_hashes=measure.hashes_comparable(t_dump.manifest, r_dump.manifest))
     n_workers = max(1, int(workers or measure.default_workers()))
-    if scheduler is not None:
-        from opscope.compare import distributed
-
-        problems += distributed.run(jobs, pairs, str(t_dump.path), str(r_dump.path), scheduler=scheduler,
-                                    progress=progress)
-    else:
-        problems += measure.run(jobs, pairs, str(t_dump.path), str(r_dump.path), workers=n_workers,
-                                progress=progress)
-    from opscope.compare.verdict import run_passes
-
-    state = run_passes(pairs, noise)
-    _identify(state)
-    pairs.sort(key=_order)
-    problems = _unique([*t_dump.problems, *r_dump.problems, *problems])
-    counts = _counts(pairs)
+    run = PartitionedRun(t_dump, r_dump, noise, workers=n_workers, scheduler=scheduler, progress=progress)
+    window: list[tuple[int, int, list[Pair]]] = []
+    for rank, step in parts:  # a window of partitions at a time: the index is never held whole
+        window.append((rank, step, _align(t_dump, r_dump, rank, step, names, problems)))
+        if sum(len(part) for _, _, part in window) >= WINDOW_PAIRS:
+            run.run_window(window)
+    run.run_window(window)
+    findings = run.close()
+    problems = _unique([*t_dump.problems, *r_dump.problems, *problems, *run.problems])
+    counts = run.counts
     measured = counts["identical"] + counts["passed"] + counts["failed"]
     if not measured:
         raise NothingToCompareError(_nothing_message(t_dump, r_dump, counts, problems))
-    result = _result(t_dump, r_dump, state, pairs, counts, problems, noise, names, n_workers,
-                     sum(j.nbytes for j in jobs), time.perf_counter() - start)
+    result = _result(t_dump, r_dump, run, findings, problems, noise, names, n_workers,
+                     time.perf_counter() - start)
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))
@@ -162,24 +153,6 @@ def _inherit_data(rows: list[dict[str, Any]]) -> None:
                 row["data"], row["key"], row["view"] = producer["data"], producer["key"], producer.get("view")
 
 
-def _order(pair: Pair) -> tuple[Any, ...]:
-    home = pair.home
-    return (home["rank"], home["step"], PHASE_ORDER.get(home.get("phase") or "", 9), home["seq"],
-            home.get("io") == "output", home.get("slot") or 0)
-
-
-def _counts(pairs: list[Pair]) -> dict[str, int]:
-    counts = dict.fromkeys(("pairs", "identical", "passed", "failed", "skipped",
-                            "unpaired_target", "unpaired_reference"), 0)
-    for pair in pairs:
-        if pair.kind in ("unpaired", "identity"):
-            counts[f"unpaired_{pair.side}"] += 1
-            continue
-        counts["pairs"] += 1
-        counts[pair.status if pair.status in counts else "skipped"] += 1
-    return counts
-
-
 def _verdict(counts: dict[str, int], culprits: int) -> str:
     if culprits:
         return "diverged"
@@ -188,23 +161,25 @@ def _verdict(counts: dict[str, int], culprits: int) -> str:
     return "identical" if exact else "within_tolerance"
 
 
-def _result(t_dump: Any, r_dump: Any, state: Any, pairs: list[Pair], counts: dict[str, int],
-            problems: list[str], noise: NoiseModel, names: Mapping, workers: int, nbytes: int,
-            elapsed: float) -> CompareResult:
-    findings = state.findings
-    firsts = dict(sorted(state.first_by_rank.items()))
+def _result(t_dump: Any, r_dump: Any, run: PartitionedRun, findings: list[Any], problems: list[str],
+            noise: NoiseModel, names: Mapping, workers: int, elapsed: float) -> CompareResult:
+    firsts: dict[int, Any] = {}
+    for f in findings:  # in execution order: each rank's first
+        firsts.setdefault(f.rank, f)
+    firsts = dict(sorted(firsts.items()))
     first = min(firsts.values(), key=execution_order, default=None)
-    stats_only = any(p.mode == "statistics" for p in pairs)
+    stats_only = run.statistics_only
     hints = [h for h in dict.fromkeys(d.manifest.get("tensor_hint") for d in (t_dump, r_dump)) if h]
     weaker = f"{WEAKER} ({'; '.join(hints)})" if hints else WEAKER  # a peer dump: how its tool keeps tensors
     settings = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                 for k, v in noise.__dict__.items()}
     settings.update(workers=workers, mapping=names.to_dict() if names else None)
     return CompareResult(
-        target=str(t_dump.path), reference=str(r_dump.path), verdict=_verdict(counts, len(findings)),
-        first_divergence=first, culprits=findings, counts=counts, pairs_table=pairs_table(pairs),
+        target=str(t_dump.path), reference=str(r_dump.path), verdict=_verdict(run.counts, len(findings)),
+        first_divergence=first, culprits=findings, counts=run.counts, pairs_file=run.pairs_file,
         problems=problems, first_divergence_by_rank=firsts, statistics_only=stats_only,
-        weaker=weaker if stats_only else None, settings=settings, elapsed_s=elapsed, bytes_compared=nbytes)
+        weaker=weaker if stats_only else None, settings=settings, elapsed_s=elapsed,
+        bytes_compared=run.bytes_compared)
 
 
 def _nothing_message(t_dump: Any, r_dump: Any, counts: dict[str, int], problems: list[str]) -> str:
@@ -217,33 +192,3 @@ def _nothing_message(t_dump: Any, r_dump: Any, counts: dict[str, int], problems:
 
 def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
-
-
-def _identify(state: Any) -> None:
-    """Give each finding an ``id`` and, for culprits, the ``calls`` that replay and a second,
-    tensor-capturing dump need: per side, its record seq and the keys (phase, module, op,
-    call) of the call itself and of the calls that produced its inputs."""
-    from opscope.compare.align import INPUT_IO
-
-    nodes = {(n.side, n.rank, n.step, int(n.worst.home["seq"])): n for n in state.nodes
-             if n.verdict == "culprit" and n.worst is not None}
-    for f in state.findings:
-        home = "reference" if f.side == "reference" else "target"
-        f.id = f"{f.rank}:{f.step}:{'r' if home == 'reference' else ''}{f.seq}"
-        node = nodes.get((home, f.rank, f.step, f.seq)) if f.kind == "culprit" else None
-        if node is None:
-            continue
-        worst = node.worst
-        for side, row in (("target", worst.t), ("reference", worst.r)):
-            if row is None or (worst.kind == "identity" and side != home):
-                continue
-            keys: list[list[Any]] = []
-            rows = [row] + [state.rows.get((side, row["rank"], row["step"], r["producer"]))
-                            for r in state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
-                            if r.get("io") in INPUT_IO and r.get("producer") is not None]
-            for r in rows:
-                key = r and [r.get("phase"), r.get("orig_module", r.get("module")) or "",
-                             r.get("orig_op", r.get("op")), r.get("call")]
-                if key and key not in keys:
-                    keys.append(key)
-            f.calls[side] = {"seq": int(row["seq"]), "capture": keys}

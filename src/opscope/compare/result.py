@@ -9,6 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from opscope.compare.pairs_file import PairsFile
+
 VERDICTS = ("identical", "within_tolerance", "diverged")
 COUNT_KEYS = ("pairs", "identical", "passed", "failed", "skipped", "unpaired_target", "unpaired_reference")
 SUMMARY_METRICS = ("error", "tolerance", "input_error", "ratio", "rel_l2", "cosine", "max_abs",
@@ -76,7 +78,11 @@ class CompareResult:
         counts: pairs, identical, passed, failed, skipped, unpaired_target, unpaired_reference.
         problems: what could not be compared and why, one sentence each.
         statistics_only: True when some pairs were judged from statistics alone (weaker).
-        pairs_table: one row per aligned tensor pair (and per unpaired record), as Arrow.
+        pairs_table: one row per aligned tensor pair (and per unpaired record), as Arrow
+            (read back from ``pairs_file`` when it went to disk: a large comparison's table
+            is never held whole unless asked for here).
+        pairs_file: where the pairs table is (:class:`~opscope.compare.pairs_file.PairsFile`:
+            its row count, ranks, steps, the rows a slice at a time, a bounded preview).
     """
 
     target: str
@@ -85,7 +91,7 @@ class CompareResult:
     first_divergence: Finding | None
     culprits: list[Finding]
     counts: dict[str, int]
-    pairs_table: pa.Table
+    pairs_file: PairsFile
     problems: list[str] = field(default_factory=list)
     first_divergence_by_rank: dict[int, Finding] = field(default_factory=dict)
     statistics_only: bool = False
@@ -99,14 +105,20 @@ class CompareResult:
         return self.verdict != "diverged"
 
     @property
+    def pairs_table(self) -> pa.Table:
+        """Every pair, one row each (the whole table in memory: for a large comparison,
+        ``pairs_file.batches()`` reads it a slice at a time)."""
+        return self.pairs_file.table()
+
+    @property
     def ranks(self) -> list[int]:
         """The ranks compared (rank N of the target against rank N of the reference)."""
-        return _distinct(self.pairs_table, "rank")
+        return sorted(self.pairs_file.ranks)
 
     @property
     def steps(self) -> list[int]:
         """The steps compared."""
-        return _distinct(self.pairs_table, "step")
+        return sorted(self.pairs_file.steps)
 
     @property
     def pairs(self) -> Any:
@@ -140,12 +152,6 @@ class CompareResult:
 
     def to_json(self) -> str:
         return json.dumps(self.to_summary(), indent=1, allow_nan=False)
-
-
-def _distinct(table: pa.Table, column: str) -> list[int]:
-    if column not in table.column_names:
-        return []
-    return sorted({int(v) for v in table.column(column).to_pylist() if v is not None})
 
 
 def json_safe(value: Any) -> Any:

@@ -41,7 +41,9 @@ class Node:
 
 @dataclass
 class VerdictState:
-    """Everything the passes share."""
+    """Everything the passes share: the pairs of one (rank, step) partition at a time (or
+    more), and in ``previous`` what :func:`~opscope.compare.verdict.judge` carries from a
+    rank's previous step (whether it diverged, its parameters' errors, its noise)."""
 
     pairs: list[Pair]
     noise: NoiseModel
@@ -58,6 +60,7 @@ class VerdictState:
     ordered: dict[tuple[str, int, int], list[dict[str, Any]]] = field(default_factory=dict)
     span_ends: dict[tuple[str, int, int, int], dict[str, Any]] = field(default_factory=dict)
     extra_nodes: list[Node] = field(default_factory=list)
+    previous: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: its last judged step
 
 
 def raw_error(pair: Pair | None) -> float:

@@ -78,12 +78,13 @@ def _float(value: Any) -> float | None:
         return None
 
 
-def pairs_table(pairs: list[Pair]) -> pa.Table:
-    """Build the table; metric columns follow the metric registry."""
+def pairs_table(pairs: list[Pair], start: int = 0) -> pa.Table:
+    """Build the table; metric columns follow the metric registry. ``start``: the ``order``
+    of the first pair (a partition's slice continues the previous one's)."""
     arrays: dict[str, pa.Array] = {}
     for name, kind, get in COLUMNS:
         if get is None:
-            values: list[Any] = list(range(len(pairs)))
+            values: list[Any] = list(range(start, start + len(pairs)))
         elif kind == _F64:
             values = [_float(get(p)) for p in pairs]
             values = [None if v is not None and math.isnan(v) else v for v in values]

@@ -99,7 +99,7 @@ def _target_order(state: VerdictState, node: Node) -> float:
 
 def judge(state: VerdictState) -> None:
     """Give every output pair a status and every call a verdict, in execution order."""
-    prev: dict[int, dict[str, Any]] = {}
+    prev = state.previous  # per rank, carried over from partition to partition
     for node in state.nodes:
         info = prev.get(node.rank)
         if info is None or info["step"] != node.step:
@@ -366,11 +366,17 @@ def register_pass(fn: VerdictPass, *, before: VerdictPass | None = None) -> Verd
     return fn
 
 
-def run_passes(pairs: list[Pair], noise: NoiseModel) -> VerdictState:
-    """Apply every registered pass; returns the state holding nodes, roots and findings."""
+def run_passes(pairs: list[Pair], noise: NoiseModel,
+               previous: dict[int, dict[str, Any]] | None = None) -> VerdictState:
+    """Apply every registered pass; returns the state holding nodes, roots and findings.
+
+    ``pairs`` may be one (rank, step) partition's (what :func:`opscope.compare` does: every
+    index is per partition, and the ranking of findings is a sort of the findings alone);
+    ``previous`` is then the dict the same call gave the rank's previous partition
+    (``state.previous``), which judging the next step reads and updates."""
     from opscope.compare import blame
 
-    state = VerdictState(pairs, noise)
+    state = VerdictState(pairs, noise, previous=previous if previous is not None else {})
     for fn in VERDICT_PASSES:
         fn(state)
     blame.describe(state)

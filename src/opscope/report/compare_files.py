@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 from opscope.compare.result import CompareResult
 from opscope.errors import OpscopeError
@@ -37,41 +39,64 @@ def write_summary(result: CompareResult, path: Path) -> Path:
 
 
 def write_parquet(result: CompareResult, path: Path) -> Path:
+    """The pairs table as Parquet (zstd); a table that went to a file is copied from it."""
     import pyarrow.parquet as pq
 
-    pq.write_table(result.pairs_table, path, compression="zstd")
+    pairs = result.pairs_file
+    pairs.close()
+    if pairs.path is not None:
+        shutil.copyfile(pairs.path, path)
+    else:
+        pq.write_table(pairs.table(), path, compression="zstd")
     return path
 
 
 def write_csv(result: CompareResult, path: Path) -> Path:
+    """The pairs table as CSV, a slice at a time."""
     import pyarrow.csv as pcsv
 
-    pcsv.write_csv(result.pairs_table, path)
+    pairs = result.pairs_file
+    if pairs.path is None:
+        pcsv.write_csv(pairs.table(), path)
+        return path
+    with pcsv.CSVWriter(path, pairs.schema) as writer:
+        for batch in pairs.batches():
+            writer.write_batch(batch)
     return path
 
 
 def write_xlsx(result: CompareResult, path: Path) -> Path:
-    """The pairs as an Excel sheet (needs the optional xlsxwriter: pip install opscope[xlsx])."""
+    """The pairs as an Excel sheet, its first :data:`XLSX_MAX_ROWS` rows (a sheet holds no
+    more; pairs.csv has them all); needs the optional xlsxwriter: pip install opscope[xlsx]."""
     try:
         import xlsxwriter
     except ImportError:
         raise OpscopeError("--xlsx needs xlsxwriter: pip install 'opscope[xlsx]' (or pip install xlsxwriter)") from None
-    table = result.pairs_table
-    names = table.schema.names
+    pairs = result.pairs_file
+    names = pairs.schema.names if pairs.schema is not None else pairs.table().schema.names
     with xlsxwriter.Workbook(str(path), {"nan_inf_to_errors": True, "constant_memory": True}) as book:
         sheet = book.add_worksheet("pairs")
         bold = book.add_format({"bold": True})
         for col, name in enumerate(names):
             sheet.write_string(0, col, name, bold)
-        columns = [table.column(n).to_pylist() for n in names]
-        for i in range(min(table.num_rows, XLSX_MAX_ROWS)):
-            for col, values in enumerate(columns):
-                value = values[i]
-                if value is None:
-                    continue
-                if isinstance(value, float) and not math.isfinite(value):
-                    sheet.write_string(i + 1, col, str(value))
-                else:
-                    sheet.write(i + 1, col, value)
+        row = 1
+        for batch in pairs.batches():  # converted a slice at a time, and only up to the cap
+            batch = batch.slice(0, XLSX_MAX_ROWS + 1 - row)
+            _write_rows(sheet, row, [batch.column(i).to_pylist() for i in range(batch.num_columns)])
+            row += batch.num_rows
+            if row > XLSX_MAX_ROWS:
+                break
         sheet.freeze_panes(1, 0)
     return path
+
+
+def _write_rows(sheet: Any, first: int, columns: list[list[Any]]) -> None:
+    for i in range(len(columns[0]) if columns else 0):
+        for col, values in enumerate(columns):
+            value = values[i]
+            if value is None:
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                sheet.write_string(first + i, col, str(value))
+            else:
+                sheet.write(first + i, col, value)

@@ -19,11 +19,12 @@ import json
 import math
 from typing import Any
 
+from opscope.compare.pairs_file import PREVIEW_ROWS
 from opscope.compare.result import CompareResult, json_safe
 from opscope.report import register_renderer
 from opscope.report.html_assets import asset, chart_library
 
-MAX_ROWS = 50_000
+MAX_ROWS = PREVIEW_ROWS  # pairs embedded at most (pairs.csv has them all)
 TABLE_COLUMNS = ("order", "rank", "step", "phase", "module", "op", "call", "io", "slot", "param", "kind",
                  "status", "verdict", "mode", "error", "tolerance", "input_error", "rel_l2", "cosine",
                  "max_abs", "snr_db", "dtype_target", "dtype_reference", "shape_target", "source", "note")
@@ -54,23 +55,14 @@ def safe_json(data: Any) -> str:
 
 
 def _pairs(result: CompareResult) -> dict[str, Any]:
-    """Columnar pairs for the page; beyond MAX_ROWS, keep the failed and unpaired ones first."""
-    table = result.pairs_table
-    truncated = False
-    if table.num_rows > MAX_ROWS:
-        import pyarrow.compute as pc  # only here: it takes ~0.15 s to import
-
-        keep = pc.invert(pc.is_in(table.column("status"),
-                                  value_set=__import__("pyarrow").array(["identical", "passed"])))
-        important = table.filter(keep)
-        rest = table.filter(pc.invert(keep)).slice(0, max(0, MAX_ROWS - important.num_rows))
-        table = __import__("pyarrow").concat_tables([important, rest]).sort_by("order")
-        truncated = True
+    """Columnar pairs for the page; beyond MAX_ROWS, the failed and unpaired ones first
+    (at most MAX_ROWS of them), then others in execution order."""
+    table, truncated = result.pairs_file.preview(MAX_ROWS)
     columns = {}
     for name in TABLE_COLUMNS:
         if name in table.schema.names:
             columns[name] = [_value(v) for v in table.column(name).to_pylist()]
-    return {"columns": columns, "rows": table.num_rows, "total": result.pairs_table.num_rows,
+    return {"columns": columns, "rows": table.num_rows, "total": result.pairs_file.num_rows,
             "truncated": truncated}
 
 
