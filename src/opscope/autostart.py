@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from opscope.autostart_tensorflow import tensorflow_session
+
 ENV_CONFIG = "OPSCOPE_CONFIG"
 
 _autostart: Autostart | None = None
@@ -89,9 +91,12 @@ def validate(path: str | os.PathLike) -> dict[str, Any]:
     return sections
 
 
-def describe(sections: dict[str, Any]) -> str:
+def describe(sections: dict[str, Any], framework: str = "torch") -> str:
     """One line saying what a config turns on and where it writes, e.g.
-    ``opscope: dump (aten, statistics, steps 0-2) -> dumps/run1; profile -> prof/run1``."""
+    ``opscope: dump (aten, statistics, steps 0-2) -> dumps/run1; profile -> prof/run1``;
+    ``framework="tensorflow"`` names the levels a TensorFlow program gets (op, layer)."""
+    from opscope.capture.tensorflow.options import tf_level
+
     parts = []
     for name, cfg in sections.items():
         if not cfg.enable:
@@ -104,7 +109,8 @@ def describe(sections: dict[str, Any]) -> str:
             where, what = cfg.path, [", ".join(cfg.targets)]
         else:
             where = cfg.path
-            what = [cfg.level, cfg.data] if name == "dump" else [cfg.level, f"action {cfg.action}"]
+            level = cfg.level if framework == "torch" else "op" if name == "overflow" else tf_level(cfg.level)
+            what = [level, cfg.data] if name == "dump" else [level, f"action {cfg.action}"]
         every = "every step" if getattr(cfg, "every", 1) == 1 else f"every {cfg.every} steps"
         what.append(every if name == "monitor" else _steps_text(cfg.steps.steps))
         if cfg.ranks is not None:
@@ -214,12 +220,14 @@ class Autostart:
         self.state = "started"
         from opscope.config import env, foreign
 
-        if not env("LAUNCHER") and foreign("RANK", "0") == "0":  # else the launcher said it, once
-            sys.stderr.write(describe(self.sections) + f" (from {ENV_CONFIG})\n")
+        line = describe(self.sections, self.framework)
+        # the launcher said it once, in PyTorch's levels: a TensorFlow program says its own
+        if foreign("RANK", "0") == "0" and (not env("LAUNCHER") or line != describe(self.sections)):
+            sys.stderr.write(line + f" (from {ENV_CONFIG})\n")
         try:
             for name, cfg in self.sections.items():
                 session = (_make_session(name, cfg, self.path) if self.framework == "torch"
-                           else _tensorflow_session(name, cfg, self.path))
+                           else tensorflow_session(name, cfg, self.path))
                 if session is not None:
                     session.start()
                     self.sessions.append((name, session))
@@ -298,39 +306,6 @@ def _make_session(name: str, cfg: Any, path: str) -> Any:
 
         return ENTRY_POINTS["monitor"](config=path)
     return _watch_session(path)
-
-
-def _tensorflow_session(name: str, cfg: Any, path: str) -> Any:
-    if not cfg.enable:
-        return None
-    if name == "profile":
-        return _tensorflow_profile(cfg)
-    if name == "overflow":
-        return _tensorflow_watch(cfg)
-    from opscope.capture.tensorflow.autostart import make_session
-
-    return make_session(name, cfg, path)
-
-
-def _tensorflow_profile(cfg: Any) -> Any:
-    """The TensorFlow profile (steps found from fit's train function and custom loops'
-    tf.function calls), unless one runs or the script holds its own."""
-    from opscope.profile import tensorflow as tf_profile
-
-    main = sys.modules.get("__main__")
-    own = main is not None and any(isinstance(v, tf_profile.TFProfileSession) for v in vars(main).values())
-    if tf_profile._active is not None or own:
-        return None
-    from opscope.report import renderer
-
-    return tf_profile.TFProfileSession(cfg, html=renderer("ProfileData", "html"))
-
-
-def _tensorflow_watch(cfg: Any) -> Any:
-    from opscope.report import renderer
-    from opscope.watch.tensorflow import from_config
-
-    return from_config(cfg, renderer("OverflowEvent", "text"))
 
 
 def _watch_session(path: str) -> Any:

@@ -171,6 +171,8 @@ def test_zero_code_dump_and_overflow_watch_on_a_keras_program(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "NaN in tf.SelectV2 (module ff0b, forward, step 1" in proc.stderr, proc.stderr[-3000:]
     assert "from tf.GreaterEqual in ff0b" in proc.stderr and "first NaN/Inf" in proc.stderr
+    # the launcher's line names PyTorch's levels; the TensorFlow program then says its own
+    assert "overflow watch (op, action warn, every step)" in proc.stderr, proc.stderr[-3000:]
     dump = opscope.load(tmp_path / "d")
     assert dump.status == "complete" and dump.steps() == [1] and dump.manifest["level"] == "tf-op"
     df = dump.records().to_pandas()

@@ -25,7 +25,7 @@ LAYERS = {
     "report": 5,
     "": 6, "tensorflow": 6,  # the public API (opscope/__init__.py, opscope.tensorflow) wires the layers
     "integrations": 6,  # training frameworks' callbacks driving the public API's sessions
-    "cli": 7, "autostart": 7, "__main__": 7,
+    "cli": 7, "autostart": 7, "autostart_tensorflow": 7, "__main__": 7,
 }
 
 

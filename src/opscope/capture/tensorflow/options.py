@@ -13,6 +13,11 @@ LEVELS = ("op", "layer")
 _LEVEL_ALIASES = {"aten": "op", "api": "op", "module": "layer"}
 
 
+def tf_level(level: str) -> str:
+    """The TensorFlow level a config's ``level`` means (``aten`` -> ``op``, ``module`` -> ``layer``)."""
+    return _LEVEL_ALIASES.get(level, level)
+
+
 def resolve(config: Any, path: Any, keys: Mapping[str, Any]) -> tuple[Any, str]:
     """The :class:`~opscope.config.DumpConfig` and the TensorFlow level of a dump request."""
     values = dict(section_of(config, "dump"))
