@@ -29,12 +29,14 @@ class PairsFile:
     """One comparison's pairs table: in memory while small, else a Parquet file.
 
     Args:
-        spill_rows: rows held before they are written out (tests make it small).
-        preview_rows: rows of each kind (failed/unpaired, others) the preview keeps.
+        spill_rows: rows held before they are written out (default :data:`SPILL_ROWS`).
+        preview_rows: rows of each kind (failed/unpaired, others) the preview keeps
+            (default :data:`PREVIEW_ROWS`).
     """
 
-    def __init__(self, *, spill_rows: int = SPILL_ROWS, preview_rows: int = PREVIEW_ROWS) -> None:
-        self.spill_rows, self.preview_rows = spill_rows, preview_rows
+    def __init__(self, *, spill_rows: int | None = None, preview_rows: int | None = None) -> None:
+        self.spill_rows = spill_rows or SPILL_ROWS
+        self.preview_rows = preview_rows or PREVIEW_ROWS
         self.num_rows = 0
         self.ranks: set[int] = set()
         self.steps: set[int] = set()
