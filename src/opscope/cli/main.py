@@ -68,7 +68,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """Console-script entry point."""
-    sys.exit(main())
+    code = main()
+    # The command is done and has closed its files; what is left is the interpreter's exit,
+    # whose garbage collections walk every object it made and imported (~60-90 ms of CPU
+    # after a compare). Frozen, they are not walked; the memory goes back all the same.
+    import gc
+
+    gc.freeze()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ metric registered with ``per_chunk=True`` is called on each float64 chunk pair t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,6 +66,12 @@ class Accumulator:
             return
         _merge(self._sums, _numpy_block(_widen(a, a_dtype), _widen(b, b_dtype), self.rel_floor, self.rtol,
                                         self.chunked))
+
+    def add_sums(self, blocks: Sequence[tuple[float, ...]], n: int) -> None:
+        """Add blocks the C kernel summed elsewhere (:func:`opscope.compare.kernel.stream`),
+        ``n`` elements in all: each block's sums as :meth:`add` keeps them (finite, in order)."""
+        self._native += blocks
+        self._native_n += n
 
     def result(self) -> PairSums:
         """The pair's sums so far."""

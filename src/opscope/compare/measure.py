@@ -1,29 +1,27 @@
-"""Measuring aligned pairs: from hashes, from full tensors (in a process pool), or from
+"""Measuring aligned pairs: from hashes, from full tensors (on every core), or from
 statistics only.
 
 Tensor reads are cut into batches of about equal bytes, each a run of tensors in the order
-they were written, and spread over a process pool (every core); each worker opens the two
-dumps itself and streams one tensor pair at a time through two small buffers
-(:mod:`opscope.compare.stream`), so memory stays the same whatever the dump's size.
+they were written, and spread over threads of this process or a process pool (every core;
+:mod:`opscope.compare.pool` says which); each batch opens the two dumps itself and streams
+one tensor pair at a time through two small buffers (:mod:`opscope.compare.stream`), so
+memory stays the same whatever the dump's size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
-import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
 from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measure; defined beside its reader)
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
-
-if TYPE_CHECKING:
-    from concurrent.futures import ProcessPoolExecutor
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
@@ -95,34 +93,35 @@ def _skip_shapes(pair: Pair, t: dict[str, Any], r: dict[str, Any]) -> None:
 
 
 def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: str, *,
-        workers: int = 1, progress: Progress | None = None) -> list[str]:
-    """Read and measure every job, in a pool when worth it; returns problems met."""
+        workers: int = 1, progress: Progress | None = None, pool: str = "auto") -> list[str]:
+    """Read and measure every job, ``workers`` batches at a time when worth it (``pool``:
+    threads of this process or a process pool, :mod:`opscope.compare.pool`); returns problems met."""
     todo = list(jobs)
     total = sum(j.nbytes for j in todo)
-    done = 0
     batches = _batches(todo, min(MAX_BATCHES, max(workers * 4, total // BATCH_BYTES)))  # progress per batch
-    results: list[tuple[Job, dict[str, Any] | str]]
-    if workers > 1 and total >= POOL_MIN_BYTES and len(batches) > 1:
-        results = []
-        with _pool(workers) as pool:
-            futures = [pool.submit(measure_batch, target, reference, b) for b in batches]
-            from concurrent.futures import as_completed
+    done = [0]
 
-            for future in as_completed(futures):
-                part = future.result()
+    def finished(part: list[Outcome]) -> None:
+        done[0] += sum(j.nbytes for j, _ in part)
+        if progress:
+            progress(done[0], total)
+
+    results: list[Outcome] = []
+    if workers > 1 and total >= POOL_MIN_BYTES and len(batches) > 1:
+        from opscope.compare import pool as executors
+
+        mode = executors.choose(pool)
+        measure = measure_batch if mode == "processes" else functools.partial(measure_batch, pin_blas=False)
+        with one_blas_thread() if mode == "threads" else contextlib.nullcontext():  # once for all threads
+            for part in executors.run_batches(measure, (target, reference), batches, workers=workers, mode=mode,
+                                              done=finished):
                 results += part
-                done += sum(j.nbytes for j, _ in part)
-                if progress:
-                    progress(done, total)
         results.sort(key=lambda outcome: file_order(outcome[0]))  # as finished: applied (problems) in file order
     else:
-        results = []
         for b in batches:
             part = measure_batch(target, reference, b)
             results += part
-            done += sum(j.nbytes for j in b)
-            if progress:
-                progress(done, total)
+            finished(part)
     return apply_results(results, jobs, pairs)
 
 
@@ -164,20 +163,12 @@ def _batches(jobs: list[Job], count: int) -> list[list[Job]]:
     return batches
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    """Forked workers on Linux: they start at once and only touch numpy and memory maps
-    (no pyarrow, no threads), which is what makes fork safe here; spawn elsewhere."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor  # here: with multiprocessing and logging, ~20 ms
-
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(method))
-
-
-def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[Job, dict[str, Any] | str]]:
-    """Measure a batch of jobs in this process (a pool worker, a cluster's worker or the
-    caller), streaming each pair block by block in file order (:mod:`opscope.compare.stream`);
-    a pair that cannot be read gives its problem as a sentence instead of metrics."""
+def measure_batch(target: str, reference: str, batch: list[Job], *,
+                  pin_blas: bool = True) -> list[tuple[Job, dict[str, Any] | str]]:
+    """Measure a batch of jobs in this thread (a pool's thread or process, a cluster's worker
+    or the caller), streaming each pair block by block in file order (:mod:`opscope.compare.stream`);
+    a pair that cannot be read gives its problem as a sentence instead of metrics. ``pin_blas``:
+    numpy's BLAS runs one thread meanwhile (false where the caller pinned it for all threads)."""
     from opscope.compare.stream import PairStream
     from opscope.errors import DumpFormatError
     from opscope.storage.reader import load
@@ -185,27 +176,38 @@ def measure_batch(target: str, reference: str, batch: list[Job]) -> list[tuple[J
     t_dump, r_dump = load(target), load(reference)  # load: a peer dump (msprobe, MindSpore) too
     stream = PairStream(t_dump, r_dump)
     out: list[tuple[Job, dict[str, Any] | str]] = []
+    with one_blas_thread() if pin_blas else contextlib.nullcontext():
+        try:
+            for job in sorted(batch, key=file_order):
+                try:
+                    s = stream.measure(job)
+                    if job.same_dtype and s.bit_exact is None:
+                        s.bit_exact = s.sum_sq_diff == 0 and not s.nan_mismatch and not s.inf_mismatch
+                    elif s.bit_exact is None:
+                        s.bit_exact = False
+                    out.append((job, M.finish(s)))
+                except (DumpFormatError, OSError, ValueError) as exc:
+                    out.append((job, f"rank {job.rank} step {job.step} {job.t_ref[0]}/{job.r_ref[0]}: {exc}"))
+        finally:
+            stream.close()
+            for dump in (t_dump, r_dump):
+                with contextlib.suppress(BufferError):
+                    dump.close()
+    return out
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """numpy's OpenBLAS runs one thread meanwhile (best effort): numpy's pass takes 16K-element
+    dots, where its threads only oversubscribe the cores, and the sums it returns depend on
+    its thread count, so every measurement runs with one."""
     blas = _OpenBlas.find()
-    previous = blas.set_threads(1) if blas else None  # 16K-element dots: threads only oversubscribe
+    previous = blas.set_threads(1) if blas else None
     try:
-        for job in sorted(batch, key=file_order):
-            try:
-                s = stream.measure(job)
-                if job.same_dtype and s.bit_exact is None:
-                    s.bit_exact = s.sum_sq_diff == 0 and not s.nan_mismatch and not s.inf_mismatch
-                elif s.bit_exact is None:
-                    s.bit_exact = False
-                out.append((job, M.finish(s)))
-            except (DumpFormatError, OSError, ValueError) as exc:
-                out.append((job, f"rank {job.rank} step {job.step} {job.t_ref[0]}/{job.r_ref[0]}: {exc}"))
+        yield
     finally:
-        stream.close()
-        for dump in (t_dump, r_dump):
-            with contextlib.suppress(BufferError):
-                dump.close()
         if blas and previous:
             blas.set_threads(previous)
-    return out
 
 
 def file_order(job: Job) -> tuple[Any, ...]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from opscope.compare import kernel
 from opscope.compare import metrics as M
 from opscope.compare.accumulate import Accumulator, accumulate
 from opscope.errors import DumpFormatError
@@ -97,13 +98,39 @@ class PairStream:
         t_type, r_type = np.dtype(DTYPES[t.dtype][1]), np.dtype(DTYPES[r.dtype][1])
         step = max(1, self.block_bytes // max(t_type.itemsize, r_type.itemsize))
         acc = Accumulator(rel_floor=rel_floor, rtol=rtol)
-        for start in range(0, count, step):
-            n = min(step, count - start)
-            a = self._read(0, t.path, t.start + (t_first + start) * t_type.itemsize, n * t_type.itemsize)
-            b = self._read(1, r.path, r.start + (r_first + start) * r_type.itemsize, n * r_type.itemsize)
+        in_c = not acc.chunked and kernel.can_stream(t.dtype, r.dtype)
+        start = 0
+        while start < count:
+            t_at, r_at = t.start + (t_first + start) * t_type.itemsize, r.start + (r_first + start) * r_type.itemsize
+            if in_c:  # every block the kernel can take, read and summed in C without the GIL
+                done = self._in_c(acc, t, r, (t_at, r_at), count - start, step)
+                start += done
+                if start >= count:
+                    break
+                t_at, r_at = t_at + done * t_type.itemsize, r_at + done * r_type.itemsize
+            n = min(step, count - start)  # here, a block the kernel left: not finite, or cut short
+            a = self._read(0, t.path, t_at, n * t_type.itemsize)
+            b = self._read(1, r.path, r_at, n * r_type.itemsize)
             acc.add(a.view(t_type), b.view(r_type), t.dtype, r.dtype)
             READS.blocks += 1
+            start += n
         return acc.result()
+
+    def _in_c(self, acc: Accumulator, t: TensorExtent, r: TensorExtent, offsets: tuple[int, int], n: int,
+              step: int) -> int:
+        """``n`` elements from byte ``offsets`` of each side's file, read and summed block by
+        block by :func:`opscope.compare.kernel.stream`; returns the elements done (fewer
+        where a block is not finite or a file ends first: the caller reads that block)."""
+        if len(self._files) >= MAX_OPEN - 1:  # both files open at once
+            self.close()
+        fds = self._open(t.path), self._open(r.path)
+        blocks, done = kernel.stream(fds[0], offsets[0], t.dtype, fds[1], offsets[1], r.dtype, n, step,
+                                     *self._buffers, acc.rel_floor, acc.rtol)
+        acc.add_sums(blocks, done)
+        READS.blocks += len(blocks)
+        widest = max(kernel.CODES[t.dtype][1], kernel.CODES[r.dtype][1])
+        READS.largest_block = max(READS.largest_block, min(n, step) * widest)
+        return done
 
     def _read(self, side: int, path: str, offset: int, nbytes: int) -> np.ndarray:
         out = self._buffers[side][:nbytes]

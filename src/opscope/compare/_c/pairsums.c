@@ -10,7 +10,12 @@
  *
  * Four lanes accumulate elements i = lane (mod 4) in order and are combined as
  * (l0 + l1) + (l2 + l3); the AVX2 version does exactly the same operations (no FMA), so both
- * give the same bits. */
+ * give the same bits.
+ *
+ * stream(...) (POSIX) does the same for a whole tensor pair lying in two files: it preads
+ * block after block into two caller-given buffers and sums each, all without the GIL, and
+ * returns each block's sums as sums() would have (opscope.compare.stream): one GIL hold per
+ * tensor instead of several per block, so threads measure in parallel. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
@@ -188,6 +193,99 @@ static PyObject *sums(PyObject *self, PyObject *args) {
     return Py_BuildValue("dddddddddL", s.sq, s.abs, s.mabs, s.dot, s.tt, s.rr, s.mrel, s.rel, s.q, (long long)s.out);
 }
 
+#ifndef _WIN32
+#include <errno.h>
+#include <unistd.h>
+
+static const size_t ITEMSIZE[] = {4, 8, 2, 2};
+
+/* n bytes at offset into buf: 0, 1 when the file ends first, -1 with errno on an error. */
+static int read_full(int fd, char *buf, size_t n, long long offset) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, buf + done, n - done, (off_t)(offset + (long long)done));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (got == 0) return 1;
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+/* Blocks of `block` elements from each side, summed as sums() sums one block, until `n` are
+ * done, a side's file ends (status 1), a read fails (status -1, errno) or a block's sums are
+ * not finite (status 2: that block is left to the caller's masked pass). */
+static Py_ssize_t stream_blocks(int fa, long long oa, int ta, int fb, long long ob, int tb, Py_ssize_t n,
+                                Py_ssize_t block, char *ba, char *bb, double floor, double rtol, sums_t *all,
+                                Py_ssize_t *count, int *status, int *err) {
+    Py_ssize_t done = 0;
+    *count = 0;
+    *status = 0;
+    while (done < n) {
+        Py_ssize_t m = n - done < block ? n - done : block;
+        int got = read_full(fa, ba, (size_t)m * ITEMSIZE[ta], oa + (long long)done * (long long)ITEMSIZE[ta]);
+        if (got == 0)
+            got = read_full(fb, bb, (size_t)m * ITEMSIZE[tb], ob + (long long)done * (long long)ITEMSIZE[tb]);
+        if (got != 0) {
+            *status = got;
+            *err = got < 0 ? errno : 0;
+            break;
+        }
+        sums_t *s = &all[*count];
+        run(ba, ta, bb, tb, m, floor, rtol, s);
+        if (!isfinite(s->sq) || !isfinite(s->dot)) {
+            *status = 2;
+            break;
+        }
+        *count += 1;
+        done += m;
+    }
+    return done;
+}
+
+static PyObject *stream(PyObject *self, PyObject *args) {
+    int fa, ta, fb, tb;
+    long long oa, ob;
+    Py_ssize_t n, block;
+    unsigned long long ba, bb;
+    double floor, rtol;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iLiiLinnKKdd", &fa, &oa, &ta, &fb, &ob, &tb, &n, &block, &ba, &bb, &floor, &rtol))
+        return NULL;
+    if (ta < F32 || ta > F16 || tb < F32 || tb > F16 || n < 0 || block <= 0 || oa < 0 || ob < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype code, size, block or offset");
+        return NULL;
+    }
+    Py_ssize_t blocks = n / block + 1;
+    sums_t *all = PyMem_RawMalloc((size_t)blocks * sizeof(sums_t));
+    if (all == NULL) return PyErr_NoMemory();
+    Py_ssize_t done, count;
+    int status, err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    done = stream_blocks(fa, oa, ta, fb, ob, tb, n, block, (char *)(uintptr_t)ba, (char *)(uintptr_t)bb, floor, rtol,
+                         all, &count, &status, &err);
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyMem_RawFree(all);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    PyObject *list = PyList_New(count);
+    for (Py_ssize_t k = 0; list != NULL && k < count; k++) {
+        sums_t *s = &all[k];
+        PyObject *item = Py_BuildValue("dddddddddL", s->sq, s->abs, s->mabs, s->dot, s->tt, s->rr, s->mrel, s->rel,
+                                       s->q, (long long)s->out);
+        if (item == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, k, item);
+    }
+    PyMem_RawFree(all);
+    if (list == NULL) return NULL;
+    return Py_BuildValue("Nni", list, done, status);
+}
+#endif
+
 static PyObject *set_simd(PyObject *self, PyObject *arg) {
     (void)self;
     int want = PyObject_IsTrue(arg);
@@ -202,6 +300,11 @@ static PyMethodDef METHODS[] = {
      "sums(a, a_code, b, b_code, n, rel_floor, rtol) -> (sum_sq_diff, sum_abs_diff, max_abs, dot, sum_sq_target, "
      "sum_sq_reference, max_rel, sum_rel, sum_sq_elem_rel, out_of_tolerance)"},
     {"set_simd", set_simd, METH_O, "set_simd(on) -> previous: use the AVX2 loop where the CPU has it (tests)"},
+#ifndef _WIN32
+    {"stream", stream, METH_VARARGS,
+     "stream(fd_a, offset_a, a_code, fd_b, offset_b, b_code, n, block, buf_a, buf_b, rel_floor, rtol) -> "
+     "(per-block sums, elements done, status: 0 done, 1 a file ended, 2 a block not finite)"},
+#endif
     {NULL, NULL, 0, NULL},
 };
 

@@ -51,7 +51,8 @@ Modules, in the order data flows through them:
 
 from __future__ import annotations
 
-from opscope.compare.crossframework.aligner import align_partition
+from typing import TYPE_CHECKING, Any
+
 from opscope.compare.crossframework.levels import (
            TORCH_LEVELS,
            dump_level,
@@ -59,6 +60,19 @@ from opscope.compare.crossframework.levels import (
            manifest_warnings,
 )
 from opscope.compare.crossframework.tables import OpTable, register_table, table_for
+
+if TYPE_CHECKING:
+    from opscope.compare.align import Pair
+
+
+def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
+                    t_level: str | None, r_level: str | None) -> list[Pair]:
+    """Align one (rank, step) of two dumps of which at least one is a foreign (non-torch) dump
+    (:func:`.aligner.align_partition`, imported on the first call: a compare of two torch
+    dumps never needs the matcher, ~15 ms of imports at every start)."""
+    from opscope.compare.crossframework.aligner import align_partition as align
+
+    return align(t_rows, r_rows, t_level, r_level)
 
 __all__ = ["TORCH_LEVELS", "OpTable", "align_partition", "dump_level", "is_cross", "manifest_warnings",
            "register_table", "table_for"]
