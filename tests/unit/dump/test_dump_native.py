@@ -186,3 +186,41 @@ def test_steps_not_selected_watch_no_module_call(tmp_path):
     df = opscope.load(tmp_path / "d").records().to_pandas()
     assert set(df.step) == {0, 3}
     assert (df[df.step == 3].module == "layers.0").sum() == (df[df.step == 0].module == "layers.0").sum() > 0
+
+
+def test_outputs_holding_their_inputs_bytes_take_their_statistics_unread(tmp_path, monkeypatch, backend):
+    """An output that holds an input's very bytes (clone, a copying `to`, the `_unsafe_view` a
+    reshape of a non-contiguous tensor returns) is not read again: its statistics are the input's,
+    and the rows are those of the Python path, which reads it. Changed values are read anew."""
+    x = torch.randn(64, 32)
+
+    def work():
+        a = x * 2
+        b = a.clone()  # a's bytes
+        c = a.t().reshape(-1)  # clone of a transposed view (read) and _unsafe_view of that clone (not)
+        d = b.to(torch.float32, copy=True)  # a's bytes again
+        e = b.to(torch.float64)  # other bytes
+        b.add_(1)  # written in place: read
+        f = b.clone()  # b's new bytes
+        return c, d, e, f
+
+    rows, read = {}, {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        with opscope.dump(tmp_path / name, level="aten", phases=["forward"]) as d:
+            before = backend.read_bytes()
+            work()
+            d.step()
+            read[name] = backend.read_bytes() - before
+        rows[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    columns = ["op", "call", "io", "slot", "numel", "producer", "note", "min", "max", "mean", "std", "norm", "nan",
+               "zeros", "hash"]
+    native_rows, python_rows = (rows[n].sort_values("id")[columns].astype(str).values.tolist() for n in rows)
+    assert native_rows == python_rows
+    elements = x.numel()
+    # x, a, the transposed clone, add_'s output; the float64 copy (the Python path has its own kernel)
+    assert read == {"native": 4 * elements * 4 + 8 * elements, "python": 0}
+    out = rows["native"][rows["native"].io == "output"].set_index(["op", "call"])
+    assert out.loc[("aten.clone.default", 0), "hash"] == out.loc[("aten.mul.Tensor", 0), "hash"]
+    assert out.loc[("aten.clone.default", 2), "hash"] == out.loc[("aten.add_.Tensor", 0), "hash"]
+    assert out.loc[("aten.clone.default", 2), "hash"] != out.loc[("aten.clone.default", 0), "hash"]

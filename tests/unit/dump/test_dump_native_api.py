@@ -112,3 +112,26 @@ def test_argument_texts_kept_between_calls_are_those_of_the_writer():
              ((t, [1, 2]), {}), ((t,), {"value": 1}), ((t,), {"value": 1.0}), ((t, torch.float32), {}), ((t,), {})]
     for _ in range(2):  # the second time from what was kept
         assert [args_text(a, k) for a, k in calls] == _encode_args([args_of(a, k) for a, k in calls])
+
+
+def test_an_in_place_output_used_again_is_a_new_row_but_not_read_again(tmp_path, monkeypatch, backend):
+    """The Python path measures an in-place call's output anew at its next use (no link): natively
+    the row is the same, its statistics taken from the output's row instead of the same bytes."""
+    rows, read = {}, {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        h = torch.arange(1024, dtype=torch.float32)
+        with opscope.dump(tmp_path / name, level="api", phases=["forward"]) as d:
+            before = backend.read_bytes()
+            h.mul_(2)
+            h.add_(1)
+            h.add_(1)
+            d.step()
+            read[name] = backend.read_bytes() - before
+        rows[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True).sort_values("id")
+    for column in _SAME + ["producer"]:
+        assert [_cell(v) for v in rows["native"][column]] == [_cell(v) for v in rows["python"][column]], column
+    assert rows["native"].producer.isna().all()  # every row measured, none linked...
+    assert read == {"native": 4 * 1024 * 4, "python": 0}  # ...but h read once before the calls and after each
+    add = rows["native"][rows["native"].op == "Tensor.add_"]
+    assert list(add["max"]) == [2046.0, 2047.0, 2047.0, 2048.0]

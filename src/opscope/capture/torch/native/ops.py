@@ -16,6 +16,10 @@ _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
 # update running_mean and running_var (3, 4) in training, declared plain ``Tensor?``. The
 # statistics worker must measure them at the op, before the kernel writes them.
 _UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "miopen_batch_norm": (3, 4)}
+# Ops whose output holds their first input's values: where both lie contiguously in memory with
+# the same dtype, the output's bytes are the input's and the native dump takes its statistics
+# from the input's row instead of reading it again.
+_COPIES = frozenset(("clone", "_to_copy"))
 
 
 def _arg_kind(type_name: str) -> int:
@@ -31,7 +35,8 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     ``composite``: a CompositeImplicitAutograd op, which a dispatch mode never sees (its
     decomposition is seen instead). Watch: ``transparent``, ``cast``, ``select``, ``skip``,
     ``additive``. Dump: ``view_outputs``, ``written_outputs``, ``uninitialized``,
-    ``random``, ``args`` (name, keyword-only, kind). Both: ``written`` argument positions.
+    ``copies`` (the output holds the first input's values), ``random``, ``args`` (name,
+    keyword-only, kind). Both: ``written`` argument positions.
     """
     ns, _, rest = qualname.partition(".")
     op, _, overload = rest.rpartition(".")
@@ -54,5 +59,5 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     return {"composite": bool(composite), "transparent": kind.transparent, "cast": kind.cast,
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
             "written": written, "view_outputs": view_outputs, "written_outputs": written_outputs,
-            "uninitialized": info.uninitialized,
+            "uninitialized": info.uninitialized, "copies": base_name(kind.name) in _COPIES,
             "random": info.random, "args": args}

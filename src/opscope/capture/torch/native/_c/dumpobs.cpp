@@ -6,7 +6,8 @@
 // Rows are kept in C++ and handed to Python once per step (take_rows), in the Python
 // recorder's row layout. Each tensor is measured once: an input that an earlier recorded op
 // produced links to that row (producer); views and aliases link to the row they share
-// elements with. Statistics of CPU tensors come from the same one-pass kernel as the Python
+// elements with; a row that holds bytes already read (a copy, or a tensor the rules measure
+// anew, unchanged since) takes that row's statistics without reading them again. Statistics of CPU tensors come from the same one-pass kernel as the Python
 // path (fastats_kernel.h), run by a worker thread while the step goes on (dumpobs_async.h; an
 // op that writes a storage in place first waits for the measurements reading it), or at the op
 // where no per-op observer sees such writes (module and api levels) and for full tensors.
@@ -38,6 +39,7 @@ struct Row {
   int64_t link = -1;  // index of the row whose statistics this one shares
   int shard = -1, view = -1;  // the step's shard holding its data, its view geometry (views_json)
   int64_t key = -1;           // id of the row whose tensor (key r<id>) holds its data
+  int64_t same = -1;          // an earlier row holding the very same bytes: its statistics, nothing else
   double st[6];
   unsigned long long cnt[4];  // nan, inf, zeros, hash
 };
@@ -48,6 +50,7 @@ struct Flow {
   int64_t version;
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
+  int64_t held = -1;  // the tensor's version when its row was made (`version` may be moved on: api_bump)
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -241,7 +244,7 @@ int param_of(const at::Tensor& t) {
 
 void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
   Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
-         param, c10::Storage()};
+         param, c10::Storage(), version};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
     auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
@@ -287,6 +290,24 @@ const Flow* find_flow(const at::Tensor& t) {
   return nullptr;
 }
 
+// The row whose statistics row `i` has in the end (following links and shared bytes).
+size_t stats_source(size_t i) {
+  while (rows[i].link >= 0 || rows[i].same >= 0) i = static_cast<size_t>(rows[i].link >= 0 ? rows[i].link : rows[i].same);
+  return i;
+}
+
+// A row made for this very tensor, alive and unwritten since, that the rules of data flow do not
+// link to (the api level measures an in-place call's output anew at its next use, as the Python
+// path does): the new row takes its statistics instead of reading the same bytes again. -1: none.
+int64_t unchanged_since(const Head& h, const at::Tensor& t) {
+  if (h.data || g_probe || g_route_slow) return -1;
+  auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it == flow.end() || !it->second.ref || it->second.ref->expired() || it->second.held != version_of(t) ||
+      it->second.held < 0)
+    return -1;
+  return rows[stats_source(it->second.row)].stats == HAVE ? static_cast<int64_t>(it->second.row) : -1;
+}
+
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
   if (f) {
@@ -300,9 +321,49 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   if (!g_inputs) return -1;
   int param = param_of(t);
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param);
-  measure(i, t, h.data);
+  if (int64_t same = unchanged_since(h, t); same >= 0)
+    rows[i].same = same;
+  else
+    measure(i, t, h.data);
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);
+}
+
+// ---- statistics shared by tensors holding the same bytes --------------------------------------
+// The inputs of the recorded op running on this thread that a new output may hold byte for byte:
+// contiguous CPU tensors the kernel reads, with their rows. An output with the same bytes has
+// the same statistics (the kernel reads only the bytes, in order), so it is not read again:
+// `_unsafe_view` returns its input's memory without declaring a view, `clone` and `_to_copy`
+// copy it. Only set between a statistics-only op's start and its end, when that op writes no
+// argument in place (its inputs then still hold at its end what they held at its start).
+struct Held {
+  int64_t row;
+  const void* p;
+  int64_t numel;
+  int8_t dtype;
+  bool first;  // the op's first tensor input (what a copying op copies)
+};
+thread_local std::vector<Held> t_held;
+thread_local bool t_share = false, t_copies = false;
+
+bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in memory
+  return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
+         !python_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
+}
+
+void hold_input(int64_t row, const at::Tensor& t, bool first) {
+  if (t_share && row >= 0 && plain_bytes(t))
+    t_held.push_back(Held{row, t.const_data_ptr(), t.numel(), static_cast<int8_t>(t.scalar_type()), first});
+}
+
+// The row of an input whose bytes output `t` holds (same memory, or the copy a copying op made), or -1.
+int64_t same_bytes(const at::Tensor& t) {
+  if (!t_share || t_held.empty() || !plain_bytes(t)) return -1;
+  const void* p = t.const_data_ptr();
+  for (const Held& h : t_held)
+    if (h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()) && (h.p == p || (t_copies && h.first)))
+      return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
+  return -1;
 }
 
 // `base`: the op's first input, when output `t` is a view of it (src >= 0)
@@ -323,6 +384,8 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   if (link) {
     rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src, rows[i].view = geometry;
     if (rows[src].param >= 0) param = rows[src].param;
+  } else if (int64_t same = mutated || h.data ? -1 : same_bytes(t); same >= 0) {
+    rows[i].same = same;
   } else {
     measure(i, t, h.data);
   }

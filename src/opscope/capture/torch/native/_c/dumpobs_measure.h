@@ -77,6 +77,8 @@ void store_copy(size_t index, const at::Tensor& x) {
 
 void slow(size_t row, const at::Tensor& t);
 
+int64_t g_read_bytes = 0;  // bytes the statistics kernel was given to read, since the module loaded
+
 void measure(size_t index, const at::Tensor& t, bool data) {
   if (g_probe) return;  // a size probe: shapes and dtypes are all it needs
   Row& r = rows[index];
@@ -110,6 +112,7 @@ void measure(size_t index, const at::Tensor& t, bool data) {
     x = x.contiguous();
   }
   const void* p = x.const_data_ptr();
+  g_read_bytes += x.numel() * static_cast<int64_t>(x.element_size());
   // statistics only, with the per-op observer watching for in-place writes: off this thread
   if (!data && g_handle && !t_measure_here && x.numel() > 0 && submit(index, x, p, code)) {
     r.stats = HAVE;

@@ -49,6 +49,12 @@ PyObject* bytes_of(const std::vector<T>& v) {
 void resolve_links() {  // sources come first: one pass resolves chains
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
+    if (r.same >= 0) {  // the statistics of the same bytes (resolved already: an earlier row)
+      const Row& src = rows[r.same];
+      r.stats = src.stats;
+      std::memcpy(r.st, src.st, sizeof r.st);
+      std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
+    }
     if (r.link < 0) continue;
     const Row& s = rows[r.link];
     // the same tensor's data; an input that is a view recorded earlier has its geometry too
@@ -297,6 +303,8 @@ PyObject* py_pool_bytes(PyObject*, PyObject*) {
 
 PyObject* py_meta_skipped(PyObject*, PyObject*) { return PyLong_FromLongLong(g_meta); }
 
+PyObject* py_read_bytes(PyObject*, PyObject*) { return PyLong_FromLongLong(g_read_bytes); }
+
 // tensor_counts() -> (bytes, tensors) stored this step, and where tensor_limit_mb stopped it:
 // None or (nbytes of the tensor refused, phase, module, op, io, slot)
 PyObject* py_tensor_counts(PyObject*, PyObject*) {
@@ -403,6 +411,7 @@ PyMethodDef methods[] = {
     {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
     {"set_async", py_set_async, METH_O, "set_async(on): statistics measured by the worker thread (opt-in)"},
     {"pool_bytes", py_pool_bytes, METH_NOARGS, "pool_bytes(): (bytes of tensor chunks allocated, idle in the pool)"},
+    {"read_bytes", py_read_bytes, METH_NOARGS, "read_bytes(): bytes the statistics kernel was given, since loaded"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_opscope_dump", "opscope.dump native observer", -1, methods};

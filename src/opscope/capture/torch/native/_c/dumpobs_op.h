@@ -58,16 +58,20 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   flatten_inputs(k, ins);
   int64_t first = -1;
   Base base;
+  t_held.clear();
+  t_share = !h.data && !g_probe && !g_route_slow && k.written.empty();
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
       t_measure_here = writes_arg(k, arg);
       int64_t r = input_row(h, slot, arg, t);
       t_measure_here = false;
+      hold_input(r, t, slot == 0);
       if (first < 0 && r >= 0) {
         first = r;
         if (h.place && k.view_outputs) base = base_of(t);
       }
     }
+  t_share = false;
   t_pending = Pending{true, h, first, base};
 }
 
@@ -98,6 +102,7 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
     }
     mutated = ~0ull;
   }
+  t_share = !t_held.empty(), t_copies = k.copies;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
     if (k.uninitialized) {
@@ -109,4 +114,6 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
       output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &t_pending.base);
     }
   }
+  t_share = t_copies = false;
+  t_held.clear();
 }
