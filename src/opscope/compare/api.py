@@ -74,13 +74,13 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
                            *level_mismatch(t_dump, r_dump)]
     parts = _partitions(t_dump, r_dump, ranks, steps, problems)
     n_workers = max(1, int(workers or measure.default_workers()))
-    run = PartitionedRun(t_dump, r_dump, noise, workers=n_workers, scheduler=scheduler, progress=progress)
-    window: list[tuple[int, int, list[Pair]]] = []
-    for rank, step in parts:  # a window of partitions at a time: the index is never held whole
-        window.append((rank, step, _align(t_dump, r_dump, rank, step, names, problems)))
-        if sum(len(part) for _, _, part in window) >= WINDOW_PAIRS:
-            run.run_window(window)
-    run.run_window(window)
+    with PartitionedRun(t_dump, r_dump, noise, workers=n_workers, scheduler=scheduler, progress=progress) as run:
+        window: list[tuple[int, int, list[Pair]]] = []
+        for rank, step in parts:  # a window of partitions at a time: the index is never held whole
+            window.append((rank, step, _align(t_dump, r_dump, rank, step, names, problems)))
+            if sum(len(part) for _, _, part in window) >= WINDOW_PAIRS:
+                run.run_window(window)
+        run.run_window(window)
     findings = run.close()
     problems = _unique([*t_dump.problems, *r_dump.problems, *problems, *run.problems])
     counts = run.counts

@@ -13,6 +13,7 @@ needs), and its rows and pairs are let go before the next window is read.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,15 @@ class PartitionedRun:
         self.problems: list[str] = []  # from the measurement (unreadable tensors)
         self.previous: dict[int, dict[str, Any]] = {}  # per rank: what judging its next step reads
         self._done = self._total = 0  # tensor bytes of the windows before, for progress
+        self._cluster = contextlib.ExitStack()
+        self._client: Any = None
+
+    def __enter__(self) -> PartitionedRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the cluster's client, if this run opened one."""
+        self._cluster.close()
 
     def run_window(self, window: list[Partition]) -> None:
         """Measure the window's pairs, then judge and write each partition; empties ``window``."""
@@ -54,7 +64,9 @@ class PartitionedRun:
         if self.scheduler is not None and jobs:
             from opscope.compare import distributed
 
-            self.problems += distributed.run(jobs, pairs, *paths, scheduler=self.scheduler, progress=progress)
+            if self._client is None:  # one connection for every window, opened when a task is to be sent
+                self._client = self._cluster.enter_context(distributed.connect(self.scheduler))
+            self.problems += distributed.run(jobs, pairs, *paths, scheduler=self._client, progress=progress)
         else:
             self.problems += measure.run(jobs, pairs, *paths, workers=self.workers, progress=progress)
         self._done += nbytes
