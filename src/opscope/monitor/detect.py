@@ -17,8 +17,15 @@ steps: one incident, one event.
 All series are judged together with numpy (a sort of a ``[series, window]`` array), so the
 cost does not grow with Python calls per series; a series' band is recomputed every
 ``REFRESH`` (4) steps of its own once its window is full (each step before), which the
-slowly moving window allows (a jump is judged
-against a band made from the steps before it either way).
+slowly moving window allows (a jump is judged against a band made from the steps before it
+either way).
+
+The state is one array per quantity, indexed by the series' id (:mod:`~opscope.monitor.registry`),
+~90 bytes a series with the default window of 32: the windows of log10 values as int16 in
+steps of 1/512 decade (0.45%; |log10| up to 64, clipped beyond; the floor of the band is 0.05
+decade, so the rounding moves a z-score by 0.02 at most), those of linear series (the loss)
+as float64, the count of values, the step until which a series is quiet, the band (median
+and MAD, float32) and when it was computed.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import math
 import numpy as np
 
 from opscope.monitor.events import Departure, MonitorEvent
+from opscope.monitor.registry import SeriesTable
 
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
@@ -35,13 +43,9 @@ DROP = 1.0
 FEW = 16  # below this many values in its window, a series needs a larger z to depart
 REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
-Key = tuple[str, str]
-
-
-def _transform(kind: str, value: float) -> float:
-    if kind == "loss":
-        return value
-    return math.log10(max(abs(value), TINY))
+QUANTUM = 512  # int16 steps per decade in the windows of log10 values (|log10| <= 64)
+_LIMIT = 32767
+LINEAR_KINDS = ("loss",)  # judged as they are; the others in log10
 
 
 def _middle(ordered: np.ndarray) -> np.ndarray:
@@ -50,43 +54,62 @@ def _middle(ordered: np.ndarray) -> np.ndarray:
     return (ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2
 
 
+def _grown(a: np.ndarray, n: int, fill: float | int | bool) -> np.ndarray:
+    """``a`` extended to ``n`` entries (rows), the new ones ``fill``: exactly, no spare room."""
+    out = np.full((n, *a.shape[1:]), fill, dtype=a.dtype)
+    out[:len(a)] = a
+    return out
+
+
 class BandDetector:
-    """Judges every series of a run at each step. See the module docstring."""
+    """Judges every series of a run at each step. See the module docstring.
 
-    def __init__(self, window: int, threshold: float, warmup: int) -> None:
+    Args:
+        window, threshold, warmup: the config's.
+        series: the session's series (names and places of the ids given to :meth:`update`).
+    """
+
+    def __init__(self, window: int, threshold: float, warmup: int, series: SeriesTable | None = None) -> None:
         self.window, self.threshold, self.warmup = window, threshold, warmup
-        self.keys: list[Key] = []
-        self.index: dict[Key, int] = {}
-        self.buf = np.full((0, window), np.nan)
-        self.count = np.zeros(0, dtype=np.int64)
-        self.quiet_until = np.zeros(0, dtype=np.int64)
+        self.series = series if series is not None else SeriesTable()
         self.linear = np.zeros(0, dtype=bool)
-        self.med = np.zeros(0)
-        self.mad = np.zeros(0)
-        self.band_at = np.zeros(0, dtype=np.int64)
-        self._rows: dict[tuple[Key, ...], np.ndarray] = {}  # a step's keys (the same tuple each step) -> rows
+        self.row = np.zeros(0, dtype=np.int32)  # the series' row in its kind of window
+        self.logs = np.zeros((0, window), dtype=np.int16)  # log10 values, in 1/QUANTUM decades
+        self.lins = np.zeros((0, window), dtype=np.float64)  # the loss's values
+        self.count = np.zeros(0, dtype=np.int32)
+        self.quiet_until = np.zeros(0, dtype=np.int64)
+        self.med = np.zeros(0, dtype=np.float32)
+        self.mad = np.zeros(0, dtype=np.float32)
+        self.band_at = np.zeros(0, dtype=np.int32)
 
-    def _add(self, key: Key) -> int:
-        i = self.index[key] = len(self.keys)
-        self.keys.append(key)
-        self.buf = np.vstack([self.buf, np.full((1, self.window), np.nan)])
-        self.count = np.append(self.count, 0)
-        self.quiet_until = np.append(self.quiet_until, -1)
-        self.linear = np.append(self.linear, key[0] == "loss")
-        self.med, self.mad = np.append(self.med, np.nan), np.append(self.mad, np.nan)
-        self.band_at = np.append(self.band_at, -(1 << 40))
-        return i
+    @property
+    def size(self) -> int:
+        """Series the detector holds state for."""
+        return len(self.count)
 
-    def update(self, step: int, rank: int, keys: tuple[Key, ...], raw: np.ndarray, bad: np.ndarray,
-               order: dict[Key, int]) -> MonitorEvent | None:
-        """Judge one step: series ``keys[i]`` has value ``raw[i]`` and ``bad[i]`` NaN/Inf. Returns
+    def _grow(self, n: int) -> None:
+        """State for series ids up to ``n - 1`` (new ids come in groups: one step's)."""
+        old = len(self.count)
+        kinds, kind_of = self.series.kinds, self.series.kind_of
+        linear = np.array([kinds[kind_of[i]] in LINEAR_KINDS for i in range(old, n)], dtype=bool)
+        rows = np.empty(n - old, dtype=np.int32)
+        rows[linear] = len(self.lins) + np.arange(int(linear.sum()))
+        rows[~linear] = len(self.logs) + np.arange(int((~linear).sum()))
+        self.linear, self.row = np.concatenate([self.linear, linear]), np.concatenate([self.row, rows])
+        self.lins = _grown(self.lins, len(self.lins) + int(linear.sum()), np.nan)
+        self.logs = _grown(self.logs, len(self.logs) + int((~linear).sum()), 0)
+        self.count, self.band_at = _grown(self.count, n, 0), _grown(self.band_at, n, -(1 << 30))
+        self.quiet_until = _grown(self.quiet_until, n, -1)
+        self.med, self.mad = _grown(self.med, n, np.nan), _grown(self.mad, n, np.nan)
+
+    def update(self, step: int, rank: int, ids: np.ndarray, raw: np.ndarray, bad: np.ndarray) -> MonitorEvent | None:
+        """Judge one step: series ``ids[i]`` has value ``raw[i]`` and ``bad[i]`` NaN/Inf. Returns
         the step's event (departures earliest first) or None; then adds the values to the windows."""
-        rows = self._rows.get(keys)
-        if rows is None:
-            rows = self._rows[keys] = np.array([self.index[k] if k in self.index else self._add(k) for k in keys],
-                                               dtype=np.int64)
-        if not len(rows):
+        if not len(ids):
             return None
+        rows = np.asarray(ids, dtype=np.int64)
+        if int(rows.max()) >= self.size:
+            self._grow(int(rows.max()) + 1)
         x = np.where(self.linear[rows], raw, np.log10(np.maximum(np.abs(raw), TINY)))
         nonfinite = ~np.isfinite(raw) | (bad > 0)
         z, median = self._score(rows, x)
@@ -95,17 +118,24 @@ class BandDetector:
         n = np.minimum(self.count[rows], self.window)
         limit = self.threshold * np.sqrt(np.maximum(1.0, FEW / np.maximum(n, 1)))
         out = awake & (nonfinite | (z > limit))
-        departures = [self._departure(self.keys[rows[j]], raw[j], median[j], z[j], bool(nonfinite[j]), bad[j],
-                                      order) for j in np.flatnonzero(out)]
+        departures = [self._departure(int(rows[j]), raw[j], median[j], z[j], bool(nonfinite[j]), bad[j])
+                      for j in np.flatnonzero(out)]
         self.quiet_until[rows[out]] = step + self.window
-        ok = np.isfinite(x) & ~nonfinite
-        slot = self.count[rows[ok]] % self.window
-        self.buf[rows[ok], slot] = x[ok]
-        self.count[rows[ok]] += 1
+        self._remember(rows, x, np.isfinite(x) & ~nonfinite)
         if not departures:
             return None
         departures.sort(key=lambda d: (d.order, -d.z))
         return MonitorEvent(step=step, rank=rank, departures=departures)
+
+    def _remember(self, rows: np.ndarray, x: np.ndarray, ok: np.ndarray) -> None:
+        """Each finite value into its series' window (the oldest one out)."""
+        lin = self.linear[rows]
+        slot = self.count[rows] % self.window
+        keep = ok & lin
+        self.lins[self.row[rows[keep]], slot[keep]] = x[keep]
+        keep = ok & ~lin
+        self.logs[self.row[rows[keep]], slot[keep]] = np.clip(np.rint(x[keep] * QUANTUM), -_LIMIT, _LIMIT)
+        self.count[rows[ok]] += 1
 
     def _score(self, rows: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ready = self.count[rows] >= self.warmup
@@ -119,7 +149,7 @@ class BandDetector:
         if len(stale):
             self.med[stale], self.mad[stale] = self._median_mad(stale)
             self.band_at[stale] = self.count[stale]
-        med, mad = self.med[judged], self.mad[judged]
+        med, mad = self.med[judged].astype(np.float64), self.mad[judged].astype(np.float64)
         linear = self.linear[judged]
         floor = np.where(linear, LINEAR_FLOOR * np.abs(med) + 1e-12, LOG_FLOOR)
         scale = np.maximum(1.4826 * mad, floor)
@@ -129,6 +159,14 @@ class BandDetector:
         median[ready] = np.where(linear, med, 10.0 ** med)
         return z, median
 
+    def _windows(self, rows: np.ndarray, n: int) -> np.ndarray:
+        """The first ``n`` values of each series' window, as float64 in the series' units."""
+        lin = self.linear[rows]
+        out = np.empty((len(rows), n))
+        out[lin] = self.lins[self.row[rows[lin]], :n]
+        out[~lin] = self.logs[self.row[rows[~lin]], :n] / QUANTUM
+        return out
+
     def _median_mad(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Median and MAD of each row's window. A window that is not full holds its values in
         its first ``count`` slots, so rows are taken in groups of equal fill (one group once
@@ -137,15 +175,13 @@ class BandDetector:
         med, mad = np.empty(len(rows)), np.empty(len(rows))
         for n in sorted(set(fill.tolist())):  # not np.unique: its first call imports numpy.ma (40 ms)
             at = np.flatnonzero(fill == n)
-            window = self.buf[rows[at], :n]
+            window = self._windows(rows[at], n)
             med[at] = m = _middle(np.sort(window, axis=1))
             mad[at] = _middle(np.sort(np.abs(window - m[:, None]), axis=1))
         return med, mad
 
-    @staticmethod
-    def _departure(key: Key, value: float, median: float, z: float, nonfinite: bool, bad: float,
-                   order: dict[Key, int]) -> Departure:
-        kind, name = key
+    def _departure(self, i: int, value: float, median: float, z: float, nonfinite: bool, bad: float) -> Departure:
+        kind, name = self.series.key(i)
         if nonfinite:
             what = "NaN" if math.isnan(value) or bad > 0 and not math.isinf(value) else "Inf"
             reason = f"{what} ({int(bad)} non-finite values)" if bad > 0 else what
@@ -154,4 +190,4 @@ class BandDetector:
             reason = f"{value:.4g} against a median of {median:.4g} (z={z:.1f})"
         stat = "value" if kind in ("loss", "lr") else "norm"
         return Departure(kind=kind, name=name, stat=stat, value=float(value), median=float(median), z=float(z),
-                         order=order.get(key, 1 << 30), reason=reason)
+                         order=self.series.order[i], reason=reason)

@@ -10,25 +10,27 @@ the ``exp_avg_sq`` of that parameter is named as the tensor that moved first.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 
 from opscope.monitor.events import Departure
+from opscope.monitor.registry import SeriesTable
 
 
-def adam_eps_departures(optimizer: torch.optim.Optimizer, items: list[tuple[str, torch.Tensor, int]],
-                        blocks: list[tuple[tuple[tuple[str, str], ...], np.ndarray]],
-                        order: dict[tuple[str, str], int]) -> list[Departure]:
+def adam_eps_departures(optimizer: torch.optim.Optimizer, items: Iterable[tuple[str, torch.Tensor, int]],
+                        blocks: list[tuple[np.ndarray, np.ndarray]], series: SeriesTable) -> list[Departure]:
     """Departures naming ``exp_avg_sq`` of each parameter whose update divided by zero.
 
     Args:
         optimizer: the optimizer that just stepped.
         items: ``(name, parameter, position)`` of its parameters.
-        blocks: the step's statistics read so far (keys, ``[n, 4]``: norm, max, NaN, Inf).
-        order: where each series is made in the step (updated for the named state).
+        blocks: the step's statistics read so far (series ids, ``[n, 4]``: norm, max, NaN, Inf).
+        series: the session's series (the named state is added to it).
     """
-    broken = {keys[i][1] for keys, values in blocks if keys[0][0] in ("weight", "exp_avg")
-              for i in np.flatnonzero(values[:, 2] + values[:, 3] > 0)}
+    keys = [series.key(int(ids[i])) for ids, values in blocks for i in np.flatnonzero(values[:, 2] + values[:, 3] > 0)]
+    broken = {name for kind, name in keys if kind in ("weight", "exp_avg")}
     if not broken:
         return []
     eps_of = {id(p): g.get("eps") for g in optimizer.param_groups for p in g["params"]}
@@ -42,12 +44,11 @@ def adam_eps_departures(optimizer: torch.optim.Optimizer, items: list[tuple[str,
         eps_here = float(torch.tensor(eps, dtype=v.dtype))
         if zero == 0 or eps_here != 0.0:
             continue
-        key = ("exp_avg_sq", name)
-        order.setdefault(key, 6 * 1_000_000 + position)
+        place = series.order[series.id("exp_avg_sq", name, position)]
         dtype = str(v.dtype).removeprefix("torch.")
         tiny = torch.finfo(v.dtype).tiny
         out.append(Departure(kind="exp_avg_sq", name=name, stat="zeros", value=float(zero), median=0.0,
-                             z=float("inf"), order=order[key],
+                             z=float("inf"), order=place,
                              reason=f"0 at {zero} elements where exp_avg is not, and eps={eps:g} is 0 in {dtype}: "
                                     f"Adam divided by zero; use eps >= {tiny:.0e} or keep the optimizer state in "
                                     "float32"))

@@ -11,6 +11,7 @@ watched. The order in which backward accumulates the parameters' gradients is le
 from __future__ import annotations
 
 import weakref
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +52,12 @@ class ModelHooks:
         self.modules = modules
         self.on_root_call, self.on_output, self.on_adopt = on_root_call, on_output, on_adopt
         self.roots: list[weakref.ref[torch.nn.Module]] = []
-        self.param_names: dict[int, str] = {}
-        self.grad_order: dict[int, int] = {}
+        # each parameter once: the parameter (hashed by id, no int object held) -> slot; its name
+        # and place in backward (0: not known) by slot
+        self._slot: dict[torch.Tensor, int] = {}
+        self._names: list[str] = []
+        self._places = array("i")
+        self.ordered = 0  # parameters whose place in backward is known
         self._handles: list[Any] = []
         self._finder: list[Any] = []
         self._order_hooks: list[Any] = []
@@ -81,6 +86,7 @@ class ModelHooks:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._slot = {}  # it holds the parameters
 
     def _find_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._depth == 0 and not any(r() is module for r in self.roots):
@@ -95,7 +101,10 @@ class ModelHooks:
         """Hook a root model: its calls, its chosen modules, its gradients' order."""
         self.roots.append(weakref.ref(root))
         for name, p in root.named_parameters():
-            self.param_names.setdefault(id(p), strip_wrapped(name))
+            if p not in self._slot:
+                self._slot[p] = len(self._names)
+                self._names.append(strip_wrapped(name))
+                self._places.append(0)
         self._handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         if self.modules is not None:
             for name, module in unwrap(root).named_modules():
@@ -124,8 +133,10 @@ class ModelHooks:
         return hook
 
     def _accumulated(self, p: torch.Tensor) -> None:
-        if id(p) not in self.grad_order:
-            self.grad_order[id(p)] = self.tick()
+        slot = self._slot.get(p)
+        if slot is not None and not self._places[slot]:
+            self._places[slot] = self.tick()
+            self.ordered += 1
 
     def tick(self) -> int:
         """The next position in backward (gradients of parameters and of activations share it)."""
@@ -139,4 +150,11 @@ class ModelHooks:
         self._order_hooks = []
 
     def name_of(self, p: torch.Tensor, fallback: str) -> str:
-        return self.param_names.get(id(p), fallback)
+        """The name of parameter ``p`` in its model, else ``fallback``."""
+        slot = self._slot.get(p)
+        return fallback if slot is None else self._names[slot]
+
+    def place(self, p: torch.Tensor) -> int | None:
+        """Where backward made ``p``'s gradient (learned on the first backward), None: not known."""
+        slot = self._slot.get(p)
+        return (self._places[slot] or None) if slot is not None else None

@@ -21,13 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from opscope.monitor.detect import BandDetector, Key
+from opscope.monitor.detect import BandDetector
 from opscope.monitor.events import Departure, MonitorEvent
 from opscope.monitor.series import Block, SeriesWriter
 from opscope.monitor.tensorboard import ScalarWriter
 
 HANDOFF = 16  # steps handed to the background thread at once
 LATENCY = 0.5  # seconds: or fewer steps, when they took that long
+QUEUED = 4  # groups handed over and not judged yet, at most: a slow disk holds training
 
 
 class Judge:
@@ -37,9 +38,13 @@ class Judge:
                  emit: Callable[[MonitorEvent], None], threaded: bool, tensorboard: ScalarWriter | None = None) -> None:
         self.detector, self.writer, self.rank, self.emit = detector, writer, rank, emit
         self.tensorboard = tensorboard
-        self.order: dict[Key, int] = {}
         self.error: BaseException | None = None
-        self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(maxsize=4)  # a slow disk holds training
+        # two C queues (a queue.Queue holds four locks and conditions, ~3 KB): the groups, and
+        # QUEUED tokens of room, one taken per group handed over and given back once it is judged
+        self._queue: queue.SimpleQueue[list[tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(QUEUED):
+            self._room.put(None)
         self._thread: threading.Thread | None = None
         self._held: list[tuple[Any, ...]] = []
         self._since = time.monotonic()
@@ -48,10 +53,9 @@ class Judge:
             self._thread = threading.Thread(target=self._run, name="opscope-monitor-judge", daemon=True)
             self._thread.start()
 
-    def submit(self, step: int, blocks: list[Block], scalars: dict[Key, float], causes: list[Departure],
-               order: dict[Key, int] | None) -> None:
-        """Hand over one step (``order``: the series' places, when they changed)."""
-        item = (step, blocks, scalars, causes, order)
+    def submit(self, step: int, blocks: list[Block], scalars: dict[int, float], causes: list[Departure]) -> None:
+        """Hand over one step: blocks of series ids and their statistics, the scalars by id."""
+        item = (step, blocks, scalars, causes)
         if self._thread is None:
             self.check()
             self.judge(*item)
@@ -68,6 +72,7 @@ class Judge:
         held, self._held = self._held, []
         self._since = time.monotonic()
         if held:
+            self._room.get()
             self._queue.put(held)
 
     def _run(self) -> None:
@@ -81,18 +86,15 @@ class Judge:
                         self.judge(*item)
                     except BaseException as exc:  # raised on the training thread by check()
                         self.error = exc
+            self._room.put(None)
 
-    def judge(self, step: int, blocks: list[Block], scalars: dict[Key, float], causes: list[Departure],
-              order: dict[Key, int] | None) -> None:
+    def judge(self, step: int, blocks: list[Block], scalars: dict[int, float], causes: list[Departure]) -> None:
         """Detect, keep the rows, report the step's event."""
-        if order is not None:
-            self.order = order
-            self.writer.order = {f"{kind}\t{name}": position for (kind, name), position in order.items()}
-        keys = tuple(k for block_keys, _ in blocks for k in block_keys) + tuple(scalars)
+        ids = np.concatenate([*(i for i, _ in blocks), np.fromiter(scalars, np.int64, len(scalars))])
         stats = np.concatenate([v for _, v in blocks]) if blocks else np.zeros((0, 4))
         raw = np.concatenate([stats[:, 0], np.fromiter(scalars.values(), np.float64, len(scalars))])
         bad = np.concatenate([stats[:, 2] + stats[:, 3], np.zeros(len(scalars))])
-        event = self.detector.update(step, self.rank, keys, raw, bad, self.order)
+        event = self.detector.update(step, self.rank, ids, raw, bad)
         self.writer.add(step, blocks, scalars)
         if self.tensorboard is not None:
             self.tensorboard.add(step, blocks, scalars)
@@ -113,7 +115,7 @@ class Judge:
         if self._thread is not None:
             held, self._held = self._held, []
             if held:
-                self._queue.put(held)
+                self._queue.put(held)  # no room taken: the thread ends after it
             self._queue.put(None)
             self._thread.join()
             self._thread = None

@@ -27,9 +27,10 @@ import numpy as np
 
 from opscope.errors import DumpExistsError, DumpFormatError, DumpWriteError
 from opscope.monitor.events import STATS, MonitorData, MonitorEvent, RankSeries
+from opscope.monitor.registry import SeriesTable
 
 FORMAT = "opscope-monitor/1"
-Block = tuple[tuple[tuple[str, str], ...], np.ndarray]  # a step's tensors of one kind: keys, [n, 4] statistics
+Block = tuple[np.ndarray, np.ndarray]  # a step's tensors of one kind: series ids, [n, 4] statistics
 
 
 def _replace_json(path: Path, data: dict[str, Any]) -> None:
@@ -39,9 +40,12 @@ def _replace_json(path: Path, data: dict[str, Any]) -> None:
 
 
 class SeriesWriter:
-    """Appends one rank's rows; see the module docstring for what is on disk when."""
+    """Appends one rank's rows; see the module docstring for what is on disk when. ``series``
+    names the ids of the rows (resolved when a chunk is written)."""
 
-    def __init__(self, path: str, rank: int, chunk: int, config: dict[str, Any], overwrite: bool) -> None:
+    def __init__(self, path: str, rank: int, chunk: int, config: dict[str, Any], overwrite: bool,
+                 series: SeriesTable | None = None) -> None:
+        self.series = series if series is not None else SeriesTable()
         self.root = Path(path)
         self.dir = self.root / f"rank{rank}"
         if (self.dir / "index.json").exists() and not overwrite:
@@ -53,9 +57,8 @@ class SeriesWriter:
         (self.dir / "events.jsonl").write_text("", encoding="utf-8")
         self.rank, self.chunk = rank, chunk
         _warm_pyarrow()
-        self.held: list[tuple[int, list[Block], dict[tuple[str, str], float]]] = []
+        self.held: list[tuple[int, list[Block], dict[int, float]]] = []
         self.chunks: list[str] = []
-        self.order: dict[str, int] = {}
         self.first_step: int | None = None
         self.steps_held = 0
         self.last_step = -1
@@ -63,11 +66,11 @@ class SeriesWriter:
             _replace_json(self.root / "monitor.json", {"format": FORMAT, "config": config})
         self._writing: threading.Thread | None = None
         self.error: BaseException | None = None
-        self._index("running", {}, 0)
+        self._index("running", 0, 0)
 
-    def add(self, step: int, blocks: list[Block], scalars: dict[tuple[str, str], float]) -> None:
-        """One finished step: blocks of tensors (their keys and ``[n, 4]`` statistics, in
-        :data:`~opscope.monitor.stats.STATS` order) and scalars (the loss, learning rates)."""
+    def add(self, step: int, blocks: list[Block], scalars: dict[int, float]) -> None:
+        """One finished step: blocks of tensors (their series ids and ``[n, 4]`` statistics, in
+        :data:`~opscope.monitor.stats.STATS` order) and scalars by id (the loss, learning rates)."""
         if self.first_step is None:
             self.first_step = step
         self.held.append((step, blocks, scalars))
@@ -90,8 +93,8 @@ class SeriesWriter:
         if self.held:
             held, name = self.held, f"series-{self.first_step:09d}.parquet"
             self.held, self.first_step, self.steps_held = [], None, 0
-            order, steps = dict(self.order), self.last_step + 1
-            self._writing = threading.Thread(target=self._write, args=(held, name, order, steps),
+            known, steps = len(self.series), self.last_step + 1
+            self._writing = threading.Thread(target=self._write, args=(held, name, known, steps),
                                              name="opscope-monitor-writer", daemon=True)
             self._writing.start()
         if wait:
@@ -106,12 +109,12 @@ class SeriesWriter:
             error, self.error = self.error, None
             raise DumpWriteError(f"monitor: could not write {self.dir}: {error}") from error
 
-    def _write(self, held: list[Any], name: str, order: dict[str, int], steps: int) -> None:
+    def _write(self, held: list[Any], name: str, known: int, steps: int) -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            columns = _columns(held)
+            columns = _columns(held, self.series, known)
             table = pa.table({"step": pa.array(columns[0], pa.int64()),
                               "kind": pa.array(columns[1].tolist(), pa.string()).dictionary_encode(),
                               "name": pa.array(columns[2].tolist(), pa.string()),
@@ -121,17 +124,19 @@ class SeriesWriter:
             pq.write_table(table, tmp)
             os.replace(tmp, self.dir / name)
             self.chunks.append(name)
-            self._index("running", order, steps)
+            self._index("running", known, steps)
         except Exception as exc:  # a full disk, a removed folder: raised on the training thread
             self.error = exc
 
     def close(self, status: str) -> None:
         self.flush(wait=True)
-        self._index(status, self.order, self.last_step + 1)
+        self._index(status, len(self.series), self.last_step + 1)
 
-    def _index(self, status: str, order: dict[str, int], steps: int) -> None:
+    def _index(self, status: str, known: int, steps: int) -> None:
+        """index.json, with the places of the first ``known`` series."""
         _replace_json(self.dir / "index.json", {"format": FORMAT, "rank": self.rank, "status": status,
-                                                "chunks": list(self.chunks), "order": order, "steps": steps})
+                                                "chunks": list(self.chunks), "order": self.series.places(known),
+                                                "steps": steps})
 
 
 def _warm_pyarrow() -> None:
@@ -143,20 +148,23 @@ def _warm_pyarrow() -> None:
     pa.array([0.0], pa.float64())
 
 
-def _columns(held: list[Any]) -> tuple[np.ndarray, ...]:
+def _columns(held: list[Any], series: SeriesTable, known: int) -> tuple[np.ndarray, ...]:
     """The held steps as Parquet columns: one row per step x tensor x statistic (numpy
-    repeats, no Python loop per row), then one row per scalar."""
+    repeats, no Python loop per row), then one row per scalar. Ids become names here, from
+    the first ``known`` series (all those the held steps use)."""
+    names = np.array(series.names[:known], dtype=object)
+    kinds = np.array(series.kinds, dtype=object)[np.frombuffer(series.kind_of[:known], dtype=np.uint8)]
     parts: list[tuple[np.ndarray, ...]] = []
     stat_names = np.array(STATS, dtype=object)
     for step, blocks, scalars in held:
-        for keys, values in blocks:
-            n = len(keys)
-            parts.append((np.full(n * 4, step, dtype=np.int64), np.repeat(np.array([k for k, _ in keys], object), 4),
-                          np.repeat(np.array([m for _, m in keys], object), 4), np.tile(stat_names, n),
-                          values.reshape(-1)))
+        for ids, values in blocks:
+            n = len(ids)
+            parts.append((np.full(n * 4, step, dtype=np.int64), np.repeat(kinds[ids], 4), np.repeat(names[ids], 4),
+                          np.tile(stat_names, n), values.reshape(-1)))
         if scalars:
-            parts.append((np.full(len(scalars), step, dtype=np.int64), np.array([k for k, _ in scalars], object),
-                          np.array([m for _, m in scalars], object), np.full(len(scalars), "value", object),
+            ids = np.fromiter(scalars, np.int64, len(scalars))
+            parts.append((np.full(len(scalars), step, dtype=np.int64), kinds[ids], names[ids],
+                          np.full(len(scalars), "value", object),
                           np.fromiter(scalars.values(), np.float64, len(scalars))))
     return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
 

@@ -37,15 +37,16 @@ from opscope.monitor import ddp, series
 from opscope.monitor import loss as loss_hook
 from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
-from opscope.monitor.events import KIND_ORDER, Departure, MonitorData, MonitorEvent
+from opscope.monitor.events import Departure, MonitorData, MonitorEvent
 from opscope.monitor.hooks import ModelHooks, named_inputs
 from opscope.monitor.judge import Judge
+from opscope.monitor.layout import OptimizerLayouts, ids_array
+from opscope.monitor.registry import SeriesTable
 from opscope.monitor.stats import Pending, scalar_stats
 from opscope.monitor.tensorboard import ScalarWriter
 
 log = logging.getLogger("opscope.monitor")
 Key = tuple[str, str]
-_STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 _TRANSIENT = ("input", "activation", "activation_grad")
 
 
@@ -71,27 +72,23 @@ class MonitorSession:
         self.started = False
         self.targets = set(cfg.targets)
         self.clock = StepClock(self._boundary)
-        self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup)
+        self.series = SeriesTable()  # every series' kind, name and place, once; known elsewhere by id
+        self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup, self.series)
         follow = self.targets & {"activations", "activation_grads"}
         self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output, self._adopted)
         self.events: list[MonitorEvent] = []
         self.writer: series.SeriesWriter | None = None
         self.judge: Judge | None = None
-        self.order: dict[Key, int] = {}
         self.on = True
         self._handles: list[Any] = []
-        self._pending: list[tuple[tuple[Key, ...], Pending]] = []
-        self._blocks: list[tuple[tuple[Key, ...], np.ndarray]] = []  # read: keys, [n, 4] statistics
-        self._scalars: dict[Key, float] = {}  # the loss and learning rates
+        self._pending: list[tuple[np.ndarray, Pending]] = []  # series ids, their statistics to come
+        self._blocks: list[tuple[np.ndarray, np.ndarray]] = []  # read: series ids, [n, 4] statistics
+        self._scalars: dict[int, float] = {}  # the loss and learning rates, by series id
         self._losses: list[torch.Tensor] = []  # what backward started from this step (loss.py)
         self._calls: dict[str, int] = {}
         self._optimizer_seen = False
         self._causes: list[Departure] = []
-        self._order_written = 0
-        self._items: dict[int, tuple[Any, list[tuple[str, torch.Tensor, int]]]] = {}
-        # (items, which gradients are present: None for all) -> their keys, and which (None: all)
-        self._reduced = 0  # under DDP: added to the gradients' places (after every rank's own, in the step)
-        self._grad_layout: dict[tuple[int, tuple[bool, ...] | None], tuple[tuple[Key, ...], list[int] | None]] = {}
+        self.layouts = OptimizerLayouts(self.hooks, self._place, "optimizer" in self.targets, "weights" in self.targets)
 
     @property
     def step_index(self) -> int:
@@ -107,9 +104,9 @@ class MonitorSession:
         if not self.active:
             return self
         tb_dir = tensorboard_dir(self.cfg)  # first: without the tensorboard package, an error and no folder
-        tensorboard = None if tb_dir is None else ScalarWriter(tb_dir, self.rank)
+        tensorboard = None if tb_dir is None else ScalarWriter(tb_dir, self.rank, self.series)
         self.writer = series.SeriesWriter(self.cfg.path, self.rank, self.cfg.chunk, self.cfg.to_json(),
-                                          self.cfg.overwrite)
+                                          self.cfg.overwrite, self.series)
         self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None,
                            tensorboard=tensorboard)
         try:
@@ -177,6 +174,7 @@ class MonitorSession:
             for h in self._handles:
                 h.remove()
             self._handles = []
+            self.layouts.clear()  # it holds tensors
             if self.writer is not None:
                 try:
                     if self.judge is not None:
@@ -194,44 +192,32 @@ class MonitorSession:
         os.replace(tmp, where)
 
     # -- what each step records --------------------------------------------------------
-    def _place(self, kind: str, name: str, position: int | None = None) -> Key:
-        key = (kind, name)
-        if key not in self.order:
-            if position is None:
-                position = sum(1 for k in self.order if KIND_ORDER.get(k[0], 6) == KIND_ORDER.get(kind, 6))
-            self.order[key] = KIND_ORDER.get(kind, 6) * 1_000_000 + position
-        return key
+    def _place(self, kind: str, name: str, position: int | None = None) -> int:
+        """The id of series ``(kind, name)`` (placed at ``position`` of its kind's class when new)."""
+        return self.series.id(kind, name, position)
 
     def _track(self, kind: str, named: list[tuple[str, torch.Tensor]], positions: list[int] | None = None) -> None:
         named = [(n, t) for n, t in named if t.numel()]
         if not named:
             return
-        keys = tuple(self._place(kind, n, None if positions is None else positions[i])
-                     for i, (n, _) in enumerate(named))
+        ids = ids_array([self._place(kind, n, None if positions is None else positions[i])
+                         for i, (n, _) in enumerate(named)])
         # activations are not kept alive past their own use (backward frees them)
-        self._pending.append((keys, Pending([t for _, t in named], keep=kind not in _TRANSIENT)))
+        self._pending.append((ids, Pending([t for _, t in named], keep=kind not in _TRANSIENT)))
 
     def _track_grads(self, optimizer: torch.optim.Optimizer) -> None:
         """The gradients of ``optimizer``'s parameters, reduced on the batched kernel's native
-        thread while ``optimizer.step()`` runs (it only reads them); read in the post-hook.
-        Their keys are made once per set of present gradients."""
-        items = self._param_items(optimizer)
-        grads = [p.grad for _, p, _ in items]
-        found = [g for g in grads if g is not None]
-        present = (id(items), None if len(found) == len(grads) else tuple(g is not None for g in grads))
-        layout = self._grad_layout.get(present)
-        if layout is None:
-            which = [i for i, g in enumerate(grads) if g is not None and g.numel()]
-            keys = tuple(self._place("grad", items[i][0], items[i][2] + self._reduced) for i in which)
-            layout = self._grad_layout[present] = (keys, which if len(which) < len(grads) else None)
-        keys, chosen = layout
-        if keys:
-            tensors = found if chosen is None else [grads[i] for i in chosen]
-            self._pending.append((keys, Pending(tensors, background=True)))  # type: ignore[arg-type]
+        thread while ``optimizer.step()`` runs (it only reads them); read in the post-hook."""
+        ids, tensors = self.layouts.grads(self.layouts.params(optimizer))
+        if len(ids):
+            self._pending.append((ids, Pending(tensors, background=True)))
 
     def _scalar(self, key: Key, value: float) -> None:
-        self._place(*key)
-        self._scalars[key] = value
+        self._scalars[self._place(*key)] = value
+
+    def _has_scalar(self, kind: str, name: str) -> bool:
+        i = self.series.find(kind, name)
+        return i is not None and i in self._scalars
 
     def _root_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.clock.outer_module_call()
@@ -251,8 +237,8 @@ class MonitorSession:
             t.register_hook(lambda g, name=name: self._activation_grad(name, g))
 
     def _activation_grad(self, name: str, g: torch.Tensor) -> None:
-        key = ("activation_grad", name)
-        self._track("activation_grad", [(name, g)], None if key in self.order else [self.hooks.tick()])
+        known = self.series.find("activation_grad", name) is not None
+        self._track("activation_grad", [(name, g)], None if known else [self.hooks.tick()])
 
     def _adopted(self, root: torch.nn.Module) -> None:
         if "grads" in self.targets and ddp.is_ddp(root):
@@ -263,32 +249,15 @@ class MonitorSession:
                 if session is not None and session.started and session.on:
                     session._local_grads(params, grads)
             if ddp.install(root, on_bucket):
-                self._reduced = 500_000
+                self.layouts.reduced = 500_000
 
     def _local_grads(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
         """A DDP bucket's gradients as this rank's backward made them, before the all-reduce."""
         chosen = [i for i, g in enumerate(grads) if g.numel()]
-        keys = tuple(self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
-                                 self.hooks.grad_order.get(id(params[i])) or self.hooks.tick()) for i in chosen)
-        if keys:
-            self._blocks.append((keys, Pending([grads[i] for i in chosen]).values()))
-
-    def _param_items(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor, int]]:
-        """(name, parameter, position in backward order) of every parameter of ``optimizer``;
-        kept while its parameter groups hold the same parameters and the order is known."""
-        shape = (id(optimizer), tuple(len(g["params"]) for g in optimizer.param_groups), len(self.hooks.grad_order))
-        cached = self._items.get(id(optimizer))
-        if cached is not None and cached[0] == shape:
-            return cached[1]
-        items, n = [], sum(shape[1])
-        k = 0
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                name = self.hooks.name_of(p, f"group{gi}.param{pi}")
-                items.append((name, p, self.hooks.grad_order.get(id(p), n - 1 - k)))
-                k += 1
-        self._items[id(optimizer)] = (shape, items)
-        return items
+        ids = [self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
+                           self.hooks.place(params[i]) or self.hooks.tick()) for i in chosen]
+        if ids:
+            self._blocks.append((ids_array(ids), Pending([grads[i] for i in chosen]).values()))
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
@@ -296,7 +265,7 @@ class MonitorSession:
         self.hooks.stop_learning_order()
         if not self.on:
             return
-        if "lr" in self.targets and ("lr", "lr") not in self._scalars:
+        if "lr" in self.targets and not self._has_scalar("lr", "lr"):
             for gi, group in enumerate(optimizer.param_groups):
                 self._scalar(("lr", "lr" if gi == 0 else f"lr.group{gi}"), scalar_stats(group["lr"]))
         if "grads" in self.targets:
@@ -304,27 +273,13 @@ class MonitorSession:
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.on:
-            items = self._param_items(optimizer)
-            keys: list[Key] = []
-            tensors: list[torch.Tensor] = []
-            if "optimizer" in self.targets:
-                # one state lookup per parameter (a tensor's hash is a Python call)
-                states = [(n, pos, optimizer.state.get(p)) for n, p, pos in items]
-                for kind in _STATE_KINDS:
-                    for n, pos, state in states:
-                        t = state.get(kind) if state else None
-                        if isinstance(t, torch.Tensor) and t.dim() and t.numel():
-                            keys.append(self._place(kind, n, pos))
-                            tensors.append(t)
-            if "weights" in self.targets:
-                for n, p, pos in items:
-                    if p.numel():
-                        keys.append(self._place("weight", n, pos))
-                        tensors.append(p)
-            if tensors:  # state and weights: one batch
-                self._pending.append((tuple(keys), Pending(tensors)))
+            params = self.layouts.params(optimizer)
+            if self.targets & {"optimizer", "weights"}:
+                ids, tensors = self.layouts.after(optimizer, params)
+                if tensors:  # state and weights: one batch
+                    self._pending.append((ids, Pending(tensors)))
             self._read()  # gradients and state are alive now; one read for the step
-            self._causes += adam_eps_departures(optimizer, items, self._blocks, self.order)
+            self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
         self.clock.optimizer_step()
 
     def _grads_of_models(self) -> None:
@@ -354,17 +309,14 @@ class MonitorSession:
 
     def _end_step(self, step: int) -> None:
         losses, self._losses = self._losses, []
-        if losses and ("loss", "loss") not in self._scalars:  # no m.step(loss=...): what backward started from
+        if losses and not self._has_scalar("loss", "loss"):  # no m.step(loss=...): what backward started from
             self._scalar(("loss", "loss"), sum(scalar_stats(v) for v in losses) / len(losses))
         self._read()
         blocks, self._blocks = self._blocks, []
         scalars, self._scalars = self._scalars, {}
         causes, self._causes = self._causes, []
-        order = None
-        if len(self.order) != self._order_written:
-            self._order_written, order = len(self.order), dict(self.order)
         assert self.judge is not None
-        self.judge.submit(step, blocks, scalars, causes, order)
+        self.judge.submit(step, blocks, scalars, causes)
 
     def _emit(self, event: MonitorEvent) -> None:
         self.events.append(event)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from opscope.errors import ConfigError
+from opscope.monitor.registry import SeriesTable
 
 FLUSH_SECONDS = 10.0
 
@@ -39,9 +40,11 @@ def _tensorboard() -> tuple[Any, Any, Any]:
 
 
 class ScalarWriter:
-    """Writes one rank's steps as TensorBoard scalars under ``logdir/rank<rank>``."""
+    """Writes one rank's steps as TensorBoard scalars under ``logdir/rank<rank>`` (``series``
+    names the ids the steps come with)."""
 
-    def __init__(self, logdir: str | Path, rank: int) -> None:
+    def __init__(self, logdir: str | Path, rank: int, series: SeriesTable) -> None:
+        self.series = series
         self._event, self._summary, records = _tensorboard()
         self.dir = Path(logdir) / f"rank{rank}"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -50,29 +53,29 @@ class ScalarWriter:
         self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         self._writer.flush()
         self._flushed = time.monotonic()
-        self._tags: dict[tuple[str, str], list[str]] = {}
+        self._tags: dict[int, list[str]] = {}  # with tensorboard only: four strings a series
 
-    def _tags_of(self, key: tuple[str, str]) -> list[str]:
-        tags = self._tags.get(key)
+    def _tags_of(self, i: int) -> list[str]:
+        tags = self._tags.get(i)
         if tags is None:
-            kind, name = key
-            tags = self._tags[key] = [f"{kind}/{name}/{stat}" for stat in ("norm", "max", "nan", "inf")]
+            kind, name = self.series.key(i)
+            tags = self._tags[i] = [f"{kind}/{name}/{stat}" for stat in ("norm", "max", "nan", "inf")]
         return tags
 
-    def add(self, step: int, blocks: list[tuple[tuple[tuple[str, str], ...], np.ndarray]],
-            scalars: dict[tuple[str, str], float]) -> None:
-        """One step: each tensor's ``[norm, max, nan, inf]`` (blocks) and the loss and learning rates."""
+    def add(self, step: int, blocks: list[tuple[np.ndarray, np.ndarray]], scalars: dict[int, float]) -> None:
+        """One step: each tensor's ``[norm, max, nan, inf]`` (blocks of series ids and their
+        statistics) and the loss and learning rates (by id)."""
         value = self._summary.Value
         values = []
-        for keys, stats in blocks:
-            for key, (norm, mx, nan, inf) in zip(keys, stats.tolist(), strict=True):
-                tags = self._tags_of(key)
+        for ids, stats in blocks:
+            for i, (norm, mx, nan, inf) in zip(ids.tolist(), stats.tolist(), strict=True):
+                tags = self._tags_of(i)
                 values += [value(tag=tags[0], simple_value=norm), value(tag=tags[1], simple_value=mx)]
                 if nan:
                     values.append(value(tag=tags[2], simple_value=nan))
                 if inf:
                     values.append(value(tag=tags[3], simple_value=inf))
-        values += [value(tag=name, simple_value=v) for (_, name), v in scalars.items()]
+        values += [value(tag=self.series.names[i], simple_value=v) for i, v in scalars.items()]
         if values:
             summary = self._summary(value=values)
             self._writer.write(self._event(step=step, wall_time=time.time(), summary=summary).SerializeToString())

@@ -8,18 +8,23 @@ import numpy as np
 import pytest
 
 from opscope.monitor.detect import BandDetector
+from opscope.monitor.registry import SeriesTable
 
 KEY_A, KEY_B, LOSS = ("grad", "a.weight"), ("grad", "b.weight"), ("loss", "loss")
-ORDER = {KEY_A: 4_000_001, KEY_B: 4_000_000, LOSS: 2_000_000}
+POSITION = {KEY_A: 1, KEY_B: 0}  # b's gradient is made first in the step
+
+
+def detector(window: int = 16, threshold: float = 8.0, warmup: int = 6) -> BandDetector:
+    return BandDetector(window, threshold, warmup, SeriesTable())
 
 
 def update(det: BandDetector, step: int, values: dict):
-    keys = tuple(values)
-    return det.update(step, 0, keys, np.array([values[k] for k in keys]), np.zeros(len(keys)), ORDER)
+    ids = np.array([det.series.id(*k, POSITION.get(k)) for k in values])
+    return det.update(step, 0, ids, np.array(list(values.values())), np.zeros(len(ids)))
 
 
 def run(series: dict, steps: int, window: int = 16, threshold: float = 8.0, warmup: int = 6):
-    det = BandDetector(window, threshold, warmup)
+    det = detector(window, threshold, warmup)
     events = []
     for step in range(steps):
         event = update(det, step, {k: f(step) for k, f in series.items()})
@@ -65,7 +70,7 @@ def test_a_loss_is_judged_linearly_and_upwards_only():
 
 
 def test_a_series_that_appears_late_warms_up_on_its_own_then_is_judged():
-    det = BandDetector(16, 8.0, 6)
+    det = detector()
     c = noisy(1.0, 4)
     fired = []
     for step in range(60):

@@ -62,8 +62,9 @@ os._exit(3)  # killed: no stop(), no atexit
 
 def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
     writer = SeriesWriter(str(tmp_path), 0, 2, {}, overwrite=False)
-    writer.add(0, [], {("loss", "loss"): 1.0})
-    writer.add(1, [], {("loss", "loss"): 1.5})
+    loss = writer.series.id("loss", "loss")
+    writer.add(0, [], {loss: 1.0})
+    writer.add(1, [], {loss: 1.5})
     writer.wait()  # the chunk of steps 0-1 is written on a background thread
     (tmp_path / "rank0" / "series-000000002.parquet.tmp").write_bytes(b"PAR1 half a file")
     with open(tmp_path / "rank0" / "events.jsonl", "a") as f:
@@ -77,7 +78,7 @@ def test_a_cut_events_line_and_a_stray_temporary_file_are_ignored(tmp_path):
 def test_a_tensor_name_never_becomes_a_path(tmp_path):
     writer = SeriesWriter(str(tmp_path), 0, 1, {}, overwrite=False)
     evil = "../../../etc/passwd"
-    writer.add(0, [((("grad", evil),), np.array([[1.0, 2.0, 0.0, 0.0]]))], {})
+    writer.add(0, [(np.array([writer.series.id("grad", evil)]), np.array([[1.0, 2.0, 0.0, 0.0]]))], {})
     writer.close("complete")
     files = {os.path.relpath(os.path.join(d, f), tmp_path) for d, _, fs in os.walk(tmp_path) for f in fs}
     assert files == {"monitor.json", "rank0/index.json", "rank0/events.jsonl", "rank0/series-000000000.parquet"}
@@ -119,7 +120,7 @@ def test_a_chunk_that_cannot_be_written_is_an_error_on_the_training_thread(tmp_p
 
     writer = SeriesWriter(str(tmp_path), 0, 1, {}, overwrite=False)
     shutil.rmtree(tmp_path / "rank0")  # the folder is gone (a cleaned scratch disk)
-    writer.add(0, [], {("loss", "loss"): 1.0})
+    writer.add(0, [], {writer.series.id("loss", "loss"): 1.0})
     with pytest.raises(DumpWriteError, match="monitor: could not write .*rank0"):
         writer.close("complete")
 
