@@ -18,7 +18,8 @@ from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
-from opscope.capture.torch.optimizers import has_optimizer, phased_closure, with_closure
+from opscope.capture.torch.optimizer_hooks import OptimizerHooks
+from opscope.capture.torch.optimizers import has_optimizer
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import TF_LEVELS, DumpConfig, dump_config
 from opscope.errors import ConfigError, OpscopeError
@@ -80,6 +81,7 @@ class DumpSession:
         self._level: levels.Level | None = None
         self._handles: list[Any] = []
         self._modules_on = False  # the module hooks are installed
+        self.optimizer_hooks = OptimizerHooks(self)
 
     @property
     def level(self) -> levels.Level | None:
@@ -126,8 +128,9 @@ class DumpSession:
         self._watch_modules(True)
         self.compiled.poll()
         from torch.optim import optimizer as opt
-        self._handles = [opt.register_optimizer_step_pre_hook(self._optimizer_pre),
-                         opt.register_optimizer_step_post_hook(self._optimizer_post)]
+        hooks = self.optimizer_hooks
+        self._handles = [opt.register_optimizer_step_pre_hook(hooks.pre),
+                         opt.register_optimizer_step_post_hook(hooks.post)]
         atexit.register(self._atexit)
         # a process forked while capturing (a DataLoader worker) inherits the hooks and
         # the dispatch mode; it must not capture, nor pay for capturing
@@ -259,10 +262,10 @@ class DumpSession:
             self._watch_modules(True)
             self.recorder.begin_step(step, probe=probe)
             self.capturing = True
-            self._started_level().activate()
+            self.started_level().activate()
         else:
             self.capturing = False
-            self._started_level().deactivate()
+            self.started_level().deactivate()
             self.recorder.idle()
             if self.clock.manual and not self.modules.stack:
                 # steps end at d.step() only: until a captured step, module calls need no watching
@@ -312,75 +315,14 @@ class DumpSession:
         if self.phase != "optimizer":
             self.phase = "forward"
             if self.capturing:
-                self._started_level().set_phase("forward")
+                self.started_level().set_phase("forward")
         self.clock.outer_module_call(module)
 
-    # -- optimizer ---------------------------------------------------------------------
-    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-        self.clock.poll()
-        self.phase = "optimizer"
-        self._started_level().set_phase("optimizer")
-        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
-        if callable(closure):  # Lightning, LBFGS: forward and backward run inside the step
-            return self._wrap_closure(optimizer, closure, args, kwargs)
-        self._optimizer_begins(optimizer)
-        return None
-
-    def _optimizer_begins(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.capturing:
-            self.recorder.drain()  # the optimizer is about to change parameters in place
-            self._guarded(self._record_params, optimizer, True)
-
-    def _wrap_closure(self, optimizer: torch.optim.Optimizer, closure: Any, args: Any, kwargs: Any) -> Any:
-        """``optimizer.step(closure)``: the closure's ops are forward and backward, not
-        optimizer; the parameters and gradients the update reads are recorded after it."""
-        def enter() -> None:
-            self.phase = "forward"
-            self._started_level().set_phase("forward")
-
-        def leave(first: bool) -> None:
-            self.phase = "optimizer"
-            self._started_level().set_phase("optimizer")
-            if first:
-                self._optimizer_begins(optimizer)
-
-        return with_closure(args, kwargs, phased_closure(closure, enter, leave))
-
-    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.capturing:
-            self._guarded(self._record_params, optimizer, False)
-        self.phase = "forward"
-        self._started_level().set_phase("forward")
-        self.clock.optimizer_step()
-
-    def _started_level(self) -> levels.Level:
+    def started_level(self) -> levels.Level:
         """The capture level; the hooks that call this are installed by :meth:`start` after it."""
         if self._level is None:
             raise RuntimeError("opscope internal error: a capture hook ran before the dump's level existed")
         return self._level
-
-    def _guarded(self, fn: Any, *args: Any) -> None:
-        """Run opscope's own recording; its failure stops capture, never the user's step."""
-        try:
-            fn(*args)
-        except OpscopeError:
-            raise
-        except Exception as exc:
-            self.internal_error(exc)
-
-    def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
-        """The optimizer step's parameters (and gradients) before it, its parameters after."""
-        op = f"{type(optimizer).__name__}.step"
-        items = []
-        for i, p in enumerate(_params(optimizer)):
-            module = self._owner(p)
-            if self.recorder.selected(module, op, "optimizer"):
-                items.append((i, module, p, p.grad, self.modules.param_names.get(id(p))))
-        self.recorder.record_params(op, items, before)
-
-    def _owner(self, p: torch.Tensor) -> str:
-        name = self.modules.param_names.get(id(p), "")
-        return name.rpartition(".")[0]
 
     # -- helpers -----------------------------------------------------------------------
     def source(self) -> str | None:
@@ -401,7 +343,3 @@ class DumpSession:
 # Frames inside these directories are library code, never "the user's line".
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep
                       for m in (torch, sys.modules["opscope"], contextlib) if m.__file__ is not None)
-
-
-def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group["params"]]

@@ -1,0 +1,120 @@
+"""The dump session's optimizer hooks: the optimizer phase, ``optimizer.step(closure)``, and
+the parameters, gradients and updated parameters of each captured step's update.
+
+Installed by :class:`~opscope.capture.torch.session.DumpSession` as torch's global optimizer
+step hooks; they see the session through :class:`OptimizerHost`, so this module does not
+import the session module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from opscope.capture.torch.host import CaptureHost
+from opscope.capture.torch.optimizers import phased_closure, with_closure
+from opscope.errors import OpscopeError
+
+if TYPE_CHECKING:
+    from opscope.capture.steps import StepClock
+    from opscope.capture.torch.host import GraphLevel
+
+# (call, module path, parameter, name): one parameter of an optimizer step, its gradient read later
+Param = tuple[int, str, torch.Tensor, "str | None"]
+
+
+class OptimizerHost(CaptureHost, Protocol):
+    """The session as its optimizer hooks see it."""
+
+    clock: StepClock
+
+    def started_level(self) -> GraphLevel:
+        """The capture level (the hooks are installed after it exists)."""
+
+
+class OptimizerHooks:
+    """``pre`` and ``post``, torch's optimizer step hooks, for ``session``."""
+
+    def __init__(self, session: OptimizerHost) -> None:
+        self.session = session
+        # optimizer -> (the names known and its parameters' ids, the recorder, the selected
+        # parameters, its parameters): the walk over names and filters is done again only when one changes
+        self._params: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Any, list[Param], list[Any]]] = (
+            weakref.WeakKeyDictionary())
+
+    def pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        s = self.session
+        s.clock.poll()
+        s.phase = "optimizer"
+        s.started_level().set_phase("optimizer")
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
+        if callable(closure):  # Lightning, LBFGS: forward and backward run inside the step
+            return self._wrap_closure(optimizer, closure, args, kwargs)
+        self._begins(optimizer)
+        return None
+
+    def post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        s = self.session
+        if s.capturing:
+            self._guarded(optimizer, False)
+        s.phase = "forward"
+        s.started_level().set_phase("forward")
+        s.clock.optimizer_step()
+
+    def _begins(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.session.capturing:
+            self.session.recorder.drain()  # the optimizer is about to change parameters in place
+            self._guarded(optimizer, True)
+
+    def _wrap_closure(self, optimizer: torch.optim.Optimizer, closure: Any, args: Any, kwargs: Any) -> Any:
+        """``optimizer.step(closure)``: the closure's ops are forward and backward, not
+        optimizer; the parameters and gradients the update reads are recorded after it."""
+        s = self.session
+
+        def enter() -> None:
+            s.phase = "forward"
+            s.started_level().set_phase("forward")
+
+        def leave(first: bool) -> None:
+            s.phase = "optimizer"
+            s.started_level().set_phase("optimizer")
+            if first:
+                self._begins(optimizer)
+
+        return with_closure(args, kwargs, phased_closure(closure, enter, leave))
+
+    def _guarded(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
+        """Record the step's parameters; opscope's failure stops capture, never the user's step."""
+        try:
+            self._record_params(optimizer, before)
+        except OpscopeError:
+            raise
+        except Exception as exc:
+            self.session.internal_error(exc)
+
+    def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
+        """The optimizer step's parameters (and gradients) before it, its parameters after."""
+        op = f"{type(optimizer).__name__}.step"
+        recorder = self.session.recorder
+        params = self._selected(optimizer, op, recorder)
+        recorder.record_params(op, [(i, module, p, p.grad, name) for i, module, p, name in params], before)
+
+    def _selected(self, optimizer: torch.optim.Optimizer, op: str, recorder: Any) -> list[Param]:
+        """The parameters of ``optimizer`` that the filters select, found again only when its
+        parameters (the very tensors), the names known or the recorder changed since the last step."""
+        names = self.session.modules.param_names
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        key = (len(names), *map(id, params))  # C speed: no Python-level walk per step
+        known = self._params.get(optimizer)
+        if known is not None and known[1] is recorder and known[0] == key:
+            return known[2]
+        selected: list[Param] = []
+        for i, p in enumerate(params):
+            name = names.get(id(p))
+            module = (name or "").rpartition(".")[0]
+            if recorder.selected(module, op, "optimizer"):
+                selected.append((i, module, p, name))
+        self._params[optimizer] = (key, recorder, selected, params)  # params held: their ids stay theirs
+        return selected
