@@ -1,0 +1,72 @@
+"""What the monitor holds per series, measured as bench_monitor.py measures it (tracemalloc:
+Python's and numpy's allocations still held once the rows are written, less a bare run's)."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import torch
+
+import opscope
+
+STEPS = 24
+TARGETS = ["grads", "optimizer", "loss", "lr"]
+
+
+def _task(layers: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(layers)])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(8, 16)
+
+    def step() -> torch.Tensor:
+        loss = model(data).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def _held(path, layers: int) -> tuple[int, int]:
+    """(bytes the monitor holds beyond its rows after STEPS steps, its series)."""
+    step = _task(layers)
+    with opscope.monitor(path / "warm", targets=TARGETS, report=False) as m:  # first-use caches, out of the figure
+        for _ in range(3):
+            m.step(loss=step())
+    gc.collect()
+    gc.freeze()  # what is there is not garbage: the collections below look at the new objects only
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(STEPS):
+            step()
+        gc.collect()
+        bare = tracemalloc.get_traced_memory()[0] - base
+        m = opscope.monitor(path / "m", targets=TARGETS, report=False, chunk=STEPS + 1).start()
+        for _ in range(STEPS):
+            m.step(loss=step())
+        m.judge.close()  # every step judged; its rows are in the writer
+        m.judge = None
+        m.writer.flush(wait=True)  # the rows written: what stays is the monitor's own state
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - base - bare
+    finally:
+        tracemalloc.stop()
+        gc.unfreeze()
+    series = len(m.series)
+    m.__exit__(None, None, None)
+    return held, series
+
+
+def test_a_series_costs_the_monitor_a_few_hundred_bytes(tmp_path):
+    _held(tmp_path / "imports", 1)  # the first monitor of the process imports pyarrow, numpy parts...
+    small, small_n = _held(tmp_path / "small", 2)
+    large, large_n = _held(tmp_path / "large", 14)
+    assert (small_n, large_n) == (3 * 4 + 2, 3 * 28 + 2)  # grad, exp_avg, exp_avg_sq per parameter; loss, lr
+    per_series = (large - small) / (large_n - small_n)
+    # a window of 32 int16 values (64 B), the detector's state (~28 B), the series' place and
+    # name (~50 B), the optimizer layout (~32 B); it was ~900 B with an object per series
+    assert 64 < per_series < 300, per_series
+    assert large < 40_000, large
