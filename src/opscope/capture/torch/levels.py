@@ -139,39 +139,77 @@ def api_name(func: Any) -> str | None:
     return name
 
 
-class _ApiMode(TorchFunctionMode):
+_is_compiling = torch.compiler.is_compiling
+
+
+class ApiCalls(TorchFunctionMode):
+    """What both API modes (this Python one and the native one, ``native/api.py``) do with a
+    torch-function call: pass it through untouched while dynamo traces it (its trace must not
+    depend on opscope's state), when it only describes a tensor (``_SKIP_API``: one dictionary
+    look-up) or when the session does not capture; else :meth:`begin` before the call (its
+    inputs: an in-place call changes them) and :meth:`end` after it, with what ``begin``
+    returned unless that is None (the call not recorded)."""
+
     def __init__(self, session: CaptureHost) -> None:
         super().__init__()
         self.session = session
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if torch.compiler.is_compiling():  # traced by dynamo: its trace must not depend on opscope's state
+        if kwargs is None:
+            kwargs = {}
+        if _is_compiling():
             return func(*args, **kwargs)
+        name = _NAMES.get(func, "")
+        if name == "":
+            name = api_name(func)
         s = self.session
-        name = api_name(func) if s.capturing else None
-        if name is None:
+        if name is None or not s.capturing:
             return func(*args, **kwargs)
-        module, phase = s.modules.path, s.phase
+        token = self.begin(name, s.modules.path, s.phase, args, kwargs)
+        out = func(*args, **kwargs)
+        if token is not None:
+            self.end(token, out)
+        return out
+
+    def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Call ``name`` (in ``module``, ``phase``) is about to run: what :meth:`end` needs, or None."""
+        raise NotImplementedError
+
+    def end(self, token: Any, out: Any) -> None:
+        """The call that :meth:`begin` returned ``token`` for returned ``out``."""
+        raise NotImplementedError
+
+
+def call_inputs(args: tuple, kwargs: dict[str, Any]) -> list[tuple[int, str | None, torch.Tensor]]:
+    """A call's input items (slot, keyword or None, tensor): a keyword's tensors are named by it
+    (replay rebuilds the call from the names)."""
+    inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
+    if kwargs:
+        inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
+    return inputs
+
+
+class _ApiMode(ApiCalls):
+    def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        s = self.session
         call = None
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
-            inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
-            if kwargs:  # a keyword's tensors are named by it (replay rebuilds the call from the names)
-                inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
-            call = s.recorder.record_inputs(name, module, phase, inputs, args=args_of(args, kwargs),
+            call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
                                             source=s.source() if s.cfg.source else None)
         if name.endswith("_") or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 if s.recorder.worker is not None:
                     s.recorder.worker.before_write(t)
                 s.recorder.invalidate(t)
-        out = func(*args, **kwargs)
-        if call is not None:
-            outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if name.endswith("_") else ())
-            if "backward" in s.cfg.phases:
-                _hook_backward(s, name, module, out)
-        return out
+        return None if call is None else (call, name, module)
+
+    def end(self, token: Any, out: Any) -> None:
+        call, name, module = token
+        s = self.session
+        outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
+        s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if name.endswith("_") else ())
+        if "backward" in s.cfg.phases:
+            _hook_backward(s, name, module, out)
 
 
 def _keyword_tensors(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:

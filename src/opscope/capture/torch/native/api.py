@@ -20,11 +20,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch.overrides import TorchFunctionMode
-
 from opscope.capture.torch.dispatch import args_of
-from opscope.capture.torch.levels import _NAMES, _keyword_tensors, _ModeLevel, api_name
+from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs
 from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
@@ -32,8 +29,6 @@ from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
-
-_is_compiling = torch.compiler.is_compiling
 
 
 def args_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
@@ -67,49 +62,28 @@ def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | 
     return (len(pairs), *key)
 
 
-class _NativeApiMode(TorchFunctionMode):
+class _NativeApiMode(ApiCalls):
     def __init__(self, session: CaptureHost, native: Any) -> None:
-        super().__init__()
-        self.session = session
+        super().__init__(session)
         self.native = native
         self.grads = "backward" in session.cfg.phases
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        if kwargs is None:
-            kwargs = {}
-        if _is_compiling():  # traced by dynamo: its trace must not depend on opscope's state
-            return func(*args, **kwargs)
-        name = _NAMES.get(func, "")
-        if name == "":
-            name = api_name(func)
-        s = self.session
-        if name is None or not s.capturing:
-            return func(*args, **kwargs)
-        module, phase = s.modules.path, s.phase
-        if not s.recorder.selected(module, name, phase):
-            return func(*args, **kwargs)
-        token = self._begin(name, module, phase, args, kwargs)
-        out = func(*args, **kwargs)
-        if token is not None:
-            self._end(token, name, out)
-        return out
-
     # opscope's failure in these stops capture, never the user's call
-    def _begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict) -> int | None:
+    def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        if not self.session.recorder.selected(module, name, phase):
+            return None
         try:
-            inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
-            if kwargs:  # a keyword's tensors are named by it (see ApiLevel)
-                inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
-            token: int = self.native.api_begin(name, module, PHASE_CODES[phase], inputs, args_text(args, kwargs))
-            return token
+            token: int = self.native.api_begin(name, module, PHASE_CODES[phase], call_inputs(args, kwargs),
+                                               args_text(args, kwargs))
+            return token, name
         except Exception as exc:
             self._failed(exc)
             return None
 
-    def _end(self, token: int, name: str, out: Any) -> None:
+    def end(self, token: Any, out: Any) -> None:
         try:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            self.native.api_end(token, outputs, name.endswith("_"), self.grads)
+            self.native.api_end(token[0], outputs, token[1].endswith("_"), self.grads)
         except Exception as exc:
             self._failed(exc)
 
