@@ -8,7 +8,10 @@ pair (~4.8 GB); the target's input differs from the reference's by 1e-6 noise, s
 tensor is skipped as bit-identical except those the noise cannot reach. Then runs the CLI
 in a subprocess, warm page cache, and prints per pair: wall time, end-to-end MB/s (both
 dumps' bytes over the wall time), peak RSS of the compare process and of its pool workers,
-and the verdict; then the start-up of ``opscope compare --help`` against a bare Python.
+the verdict, and where the wall time went (start-up, index, measure, verdict, reports, exit:
+``compare_phases.py``); then the start-up of ``opscope compare --help`` against a bare
+Python. The CLI runs with bytecode cached, as an installed opscope has it (``PYTHONDONTWRITEBYTECODE``
+is left out of its environment: the first run writes what the others read).
 
 ``--huge`` also writes a synthetic float32 pair of ~12 GB (holding both would need more than
 10 GB; opscope's writer, not a model run) in a temporary folder, compares it, prints the
@@ -34,6 +37,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import compare_phases  # this script's folder is on sys.path
+from compare_phases import user_env
 
 DUMP_MLP = """
 import sys, torch, opscope
@@ -214,7 +220,7 @@ def compare_cli(target: Path, reference: Path, out: Path, extra: list[str]) -> t
     verdict with the first divergence (from the report), exit code."""
     start = time.perf_counter()
     proc = subprocess.run([*opscope_cmd(), "compare", str(target), str(reference), "-o", str(out), *extra],
-                          capture_output=True, text=True, timeout=3600)
+                          capture_output=True, text=True, timeout=3600, env=user_env())
     wall = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise RuntimeError(f"opscope compare failed ({proc.returncode}): {proc.stderr[-800:]}")
@@ -229,7 +235,7 @@ def peak_rss(target: Path, reference: Path, out: Path, extra: list[str]) -> dict
     """Peak RSS (MB) of the compare process and of the largest pool worker, and the CPU
     seconds of both (user + system: what the compare costs whatever else loads the machine)."""
     proc = subprocess.run([sys.executable, "-c", CLI_RSS, "compare", str(target), str(reference), "-o", str(out),
-                           *extra], capture_output=True, text=True, timeout=3600)
+                           *extra], capture_output=True, text=True, timeout=3600, env=user_env())
     line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("RSS ")), None)
     if line is None:
         raise RuntimeError(f"no RSS line from the compare: {proc.stderr[-800:]}")
@@ -245,14 +251,18 @@ def measure_pair(name: str, target: Path, reference: Path, root: Path, repeat: i
         wall, verdict, _ = compare_cli(target, reference, root / "out", extra)
         walls.append(wall)
     rss = peak_rss(target, reference, root / "out", extra)
+    phases = compare_phases.median_phases(["compare", str(target), str(reference), "-o", str(root / "out"), *extra],
+                                          repeat)
     best = min(walls)
     row = {"pair": name, "gb": nbytes / 1e9, "wall_s": best, "mb_s": nbytes / 1e6 / best, "rss": rss,
            "verdict": verdict, "walls": walls}
+    workers = f"{rss['workers']} MB largest pool worker" if rss["workers"] else "no pool worker (threads)"
     print(f"{name}: {nbytes / 1e9:.2f} GB (both dumps) in {best:.2f} s (best of {repeat}: "
           f"{', '.join(f'{w:.2f}' for w in walls)}) = {row['mb_s']:.0f} MB/s end to end; peak RSS "
-          f"{rss['compare']} MB compare process, {rss['workers']} MB largest pool worker; CPU {rss['cpu_s']:.2f} s "
+          f"{rss['compare']} MB compare process, {workers}; CPU {rss['cpu_s']:.2f} s "
           f"in all ({nbytes / 1e6 / rss['cpu_s']:.0f} MB per CPU-second); verdict: {verdict}",
           flush=True)
+    print(f"  {name}, median of {repeat}: {compare_phases.line(phases)}", flush=True)
     return row
 
 
@@ -265,7 +275,7 @@ def help_time(repeat: int = 7) -> tuple[tuple[float, float], tuple[float, float]
         for _ in range(repeat):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
-            subprocess.run(cmd, capture_output=True, check=True)
+            subprocess.run(cmd, capture_output=True, check=True, env=user_env())
             walls.append(time.perf_counter() - start)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
