@@ -22,13 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from concurrent.futures import Executor, ThreadPoolExecutor
+    from concurrent.futures import Executor
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 MODES = ("auto", "threads", "processes")
 
-_threads: dict[int, ThreadPoolExecutor] = {}  # one thread pool per size, kept for the next compare
 _lock = threading.Lock()
 _meanwhile: list[Callable[[], object]] = []
 
@@ -71,9 +70,9 @@ def run_batches(measure: Callable[..., Result], args: Sequence[Any], batches: Se
     in the order they finished, after calling ``done(result)`` for each (in this thread).
     Tasks given to :func:`while_measuring` run in this thread once the batches are submitted.
 
-    A thread pool is kept for the next call (its threads wait idle between compares); a
-    process pool is shut down before returning. On an exception (or Ctrl-C) the batches not
-    yet started are cancelled before it propagates.
+    The pool is shut down before returning (no thread or process outlives the call, so a
+    later fork copies no idle pool). On an exception (or Ctrl-C) the batches not yet
+    started are cancelled before it propagates.
     """
     from concurrent.futures import as_completed
 
@@ -96,19 +95,14 @@ def run_batches(measure: Callable[..., Result], args: Sequence[Any], batches: Se
             future.cancel()
         raise
     finally:
-        if executor not in _threads.values():
-            executor.shutdown(wait=True, cancel_futures=True)
+        executor.shutdown(wait=True, cancel_futures=True)
     return results
 
 
-def _thread_pool(workers: int) -> ThreadPoolExecutor:
+def _thread_pool(workers: int) -> Executor:
     from concurrent.futures import ThreadPoolExecutor
 
-    with _lock:
-        pool = _threads.get(workers)
-        if pool is None:
-            pool = _threads[workers] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opscope-measure")
-        return pool
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="opscope-measure")
 
 
 def _process_pool(workers: int) -> Executor:
