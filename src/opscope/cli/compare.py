@@ -19,7 +19,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mapping", help="YAML or JSON file renaming the target's modules/ops/params (docs/compare.md)")
     p.add_argument("--xlsx", action="store_true", help="also write pairs.xlsx (needs xlsxwriter)")
     p.add_argument("--workers", type=int, default=None,
-                   help="processes measuring tensors, each streaming its share shard by shard (default: every core)")
+                   help="tensors measured this many at a time, each streamed shard by shard: threads of this "
+                        "process (a process pool when a registered metric needs Python per chunk; default: every "
+                        "core)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="measure on a Dask cluster: its scheduler's address (tcp://host:8786) or --scheduler-file "
                         "JSON; every worker must see both dumps at the same path (needs opscope[dask]; "

@@ -39,7 +39,8 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         reference: the dump taken as right (e.g. the float64 or CPU run).
         mapping: a YAML/JSON file (or dict) renaming the target's modules, ops and
             parameters into the reference's (docs/compare.md).
-        workers: processes reading tensors; default every core, 1 for none.
+        workers: tensors measured at a time (threads, or processes where a registered metric
+            needs Python per chunk: :mod:`opscope.compare.pool`); default every core, 1 for none.
         progress: called as ``progress(bytes_done, bytes_total)`` while tensors are read.
         precision: force the target's precision when dtypes do not show it (e.g. "tf32").
         noise: thresholds of the verdict (:class:`~opscope.compare.tolerance.NoiseModel`).
