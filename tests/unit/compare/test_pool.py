@@ -169,7 +169,8 @@ def test_the_cli_imports_what_follows_the_measurement_while_measuring(mixed, tmp
     target, reference, _ = mixed
     probe = ("import sys\nfrom opscope.compare import measure, pool\nmeasure.POOL_MIN_BYTES = 0\n"
              "seen = []\n_run = pool.run_batches\n"
-             "def run_batches(*a, **k):\n    out = _run(*a, **k)\n    seen.append(sorted(sys.modules))\n    return out\n"
+             "def run_batches(*a, **k):\n    out = _run(*a, **k)\n"
+             "    seen.append(sorted(sys.modules))\n    return out\n"
              "pool.run_batches = run_batches\nfrom opscope.cli.main import main\n"
              "rc = main(sys.argv[1:])\nprint('MODULES', ' '.join(seen[0]))\nsys.exit(rc)\n")
     out = tmp_path / "out"
