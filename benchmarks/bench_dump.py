@@ -10,7 +10,8 @@ taken, so machine noise affects both sides alike. When mindstudio-probe is insta
 Then: the tensor dump's write speed as a share of a plain sequential write (each round), the
 fixed cost of a dumped tiny step (~0.5 ms, ~70 ops: dumped minus bare per step), and the
 memory the native tensor dump's chunk pool holds between two tensor windows. Each ratio is
-given with its spread: the lowest and highest of the rounds' bare/dumped pairs.
+given with its spread (the lowest and highest of the rounds' bare/dumped pairs) and with the
+ratio of the training thread's CPU time per step (what a loaded machine distorts least).
 
     python benchmarks/bench_dump.py [--steps 30] [--rounds 6]
 """
@@ -38,23 +39,31 @@ TASKS = {
 }
 
 
+# the training thread's CPU seconds of each step, beside the wall-clock ones _time_steps returns
+# (on a loaded machine wall-clock ratios spread widely; the thread's CPU time much less)
+_CPU: list[float] = []
+
+
 def _time_steps(task, n: int, dump_keys: dict | None, root: str) -> list[float]:
     model, opt, batch = task()
     times = []
+    _CPU.clear()
     if dump_keys is None:
         for i in range(n):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             train_step(model, opt, *batch(i))
             times.append(time.perf_counter() - t0)
+            _CPU.append(time.thread_time() - c0)
         return times
     path = os.path.join(root, "dump")
     shutil.rmtree(path, ignore_errors=True)
     with opscope.dump(path, **dump_keys) as d:
         for i in range(n):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             train_step(model, opt, *batch(i))
             d.step()
             times.append(time.perf_counter() - t0)
+            _CPU.append(time.thread_time() - c0)
     return times
 
 
@@ -73,21 +82,24 @@ def disk_throughput(root: str, mb: int = 256) -> float:
     return mb / dt
 
 
-def ratio(task, n: int, keys: dict, root: str, rounds: int) -> tuple[float, float, float]:
-    """Median dumped step over median bare step (all rounds), and the lowest and highest ratio
-    of one round's pair (the spread)."""
+def ratio(task, n: int, keys: dict, root: str, rounds: int) -> tuple[float, float, float, float]:
+    """Median dumped step over median bare step (all rounds), the lowest and highest ratio of
+    one round's pair (the spread), and the same median ratio of the training thread's CPU time."""
     base: list[float] = []
     dumped: list[float] = []
+    cpu: dict[bool, list[float]] = {False: [], True: []}
     pairs = []
     for r in range(rounds):
-        if r % 2 == 0:
-            b, c = _time_steps(task, n, None, root)[2:], _time_steps(task, n, keys, root)[2:]
-        else:
-            c, b = _time_steps(task, n, keys, root)[2:], _time_steps(task, n, None, root)[2:]
+        b: list[float] = []
+        c: list[float] = []
+        for dumping in ((False, True) if r % 2 == 0 else (True, False)):
+            (c if dumping else b).extend(_time_steps(task, n, keys if dumping else None, root)[2:])
+            cpu[dumping] += _CPU[2:]
         base += b
         dumped += c
         pairs.append(statistics.median(c) / statistics.median(b))
-    return statistics.median(dumped) / statistics.median(base), min(pairs), max(pairs)
+    return (statistics.median(dumped) / statistics.median(base), min(pairs), max(pairs),
+            statistics.median(cpu[True]) / statistics.median(cpu[False]))
 
 
 def tiny_task():
@@ -165,7 +177,7 @@ def main() -> None:
     # tensor dumps from step 0 say once that their size is measured while written: not news here
     warnings.filterwarnings("ignore", message=r"opscope dump: the size of the full tensors")
     print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, "
-          "order alternating")
+          f"order alternating; load average {os.getloadavg()[0]:.1f} at the start")
     cases = [
         ("statistics, aten level (target <= 1.2x)", {"level": "aten"}),
         ("statistics, api level (target <= 1.5x)", {"level": "api"}),
@@ -177,14 +189,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         for name, task in TASKS.items():
             for label, keys in cases:
-                r, low, high = ratio(task, args.steps, keys, root, args.rounds)
+                r, low, high, cpu = ratio(task, args.steps, keys, root, args.rounds)
                 ours[(name, label)] = r
-                print(f"{name:12s} {label:58s} {r:5.2f}x  (pairs {low:.2f}..{high:.2f})")
+                print(f"{name:12s} {label:58s} {r:5.2f}x  (pairs {low:.2f}..{high:.2f}; "
+                      f"training thread's CPU {cpu:.2f}x)")
         _tensor_write_share(root, args.steps, max(2, args.rounds // 2))
         _tiny_step(root, args.rounds)
         _pool_between_windows(root)
         if not args.no_peers:
             _msprobe(root, args.steps, ours)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 def _tensor_dump_seconds(root: str, n: int) -> tuple[float, float]:
