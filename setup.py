@@ -54,11 +54,13 @@ except ImportError:
 
 setup(
     cmdclass=cmdclass,
-    ext_modules=[
+    ext_modules=[  # src/opscope/_c: headers shared by the kernels (opscope_half.h)
         Extension(
             "opscope.capture.torch.native._fastats",
             sources=["src/opscope/capture/torch/native/_c/fastats.c"],
-            depends=["src/opscope/capture/torch/native/_c/fastats_avx2.h", "src/opscope/capture/torch/native/_c/fastats_kernel.h"],
+            depends=["src/opscope/capture/torch/native/_c/fastats_avx2.h", "src/opscope/capture/torch/native/_c/fastats_kernel.h",
+                     "src/opscope/_c/opscope_half.h"],
+            include_dirs=["src/opscope/_c"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,
@@ -72,6 +74,8 @@ setup(
         Extension(  # the monitor's batched norms (src/opscope/monitor/_c/monstats.c)
             "opscope.monitor._monstats",
             sources=["src/opscope/monitor/_c/monstats.c"],
+            depends=["src/opscope/_c/opscope_half.h"],
+            include_dirs=["src/opscope/_c"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11", "-pthread"],
             extra_link_args=["-pthread"],
             optional=True,

@@ -36,26 +36,7 @@ typedef struct {
     uint64_t nan, inf;
 } mstat_t;
 
-static inline float bf16_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* float16 without F16C (the portable path; F16C converts a block at a time, below) */
-static inline float f16_f32(uint16_t h) {
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 31) u = s | 0x7f800000u | (m << 13);
-    else if (e) u = s | ((e + 112) << 23) | (m << 13);
-    else {
-        float f = (float)m * 5.9604644775390625e-08f; /* subnormal: m * 2^-24 */
-        return s ? -f : f;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+#include "opscope_half.h" /* bf16_to_f32, f16_to_f32 (src/opscope/_c, on the include path) */
 static inline float f32_f32(float x) { return x; }
 
 /* Finite values' squares and max |x| in float lanes per block; NaN/Inf counted apart. A
@@ -104,8 +85,8 @@ static inline float f32_f32(float x) { return x; }
     }
 
 FLOAT_KERNEL(k_f32, float, f32_f32)
-FLOAT_KERNEL(k_f16_portable, uint16_t, f16_f32)
-FLOAT_KERNEL(k_bf16, uint16_t, bf16_f32)
+FLOAT_KERNEL(k_f16_portable, uint16_t, f16_to_f32)
+FLOAT_KERNEL(k_bf16, uint16_t, bf16_to_f32)
 
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
 #include <immintrin.h>
@@ -116,7 +97,7 @@ __attribute__((target("avx2,f16c"))) static void k_f16_f16c(const uint16_t *x, P
         Py_ssize_t m = n - b0 < BLOCK ? n - b0 : BLOCK, i = 0;
         for (; i + 8 <= m; i += 8)
             _mm256_storeu_ps(t + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + b0 + i))));
-        for (; i < m; i++) t[i] = f16_f32(x[b0 + i]);
+        for (; i < m; i++) t[i] = f16_to_f32(x[b0 + i]);
         k_f32(t, m, r);
     }
 }

@@ -29,6 +29,7 @@ from opscope.config.env import env, foreign
 
 log = logging.getLogger(__name__)
 _C = Path(__file__).parent / "_c"
+_SHARED = Path(__file__).parents[3] / "_c"  # src/opscope/_c: headers shared with the C kernels (opscope_half.h)
 _SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp"}
 _LOADED: dict[str, ModuleType | None] = {}
 _ERRORS: dict[str, str] = {}
@@ -44,7 +45,7 @@ def _target(name: str) -> Path:
     import torch
 
     flags = " ".join(_command(Path("src"), Path("out")))  # a change of flags is a new build too
-    sources = [_SOURCES[name], *sorted(_SOURCES[name].parent.glob("*.h"))]  # and the shared headers
+    sources = [_SOURCES[name], *sorted(_SOURCES[name].parent.glob("*.h")), *sorted(_SHARED.glob("*.h"))]  # and headers
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags.encode()).hexdigest()[:12]
     tag = f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
@@ -60,7 +61,7 @@ def _command(source: Path, out: Path) -> list[str]:
     includes = [f"-I{p}" for p in [*ce.include_paths(), sysconfig.get_paths()["include"]]]
     libs = ce.library_paths()
     return [cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-w", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            str(source), "-o", str(out), f"-I{source.parent}", *includes, *[f"-L{p}" for p in libs],
+            str(source), "-o", str(out), f"-I{source.parent}", f"-I{_SHARED}", *includes, *[f"-L{p}" for p in libs],
             *[f"-Wl,-rpath,{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
 
 
