@@ -36,9 +36,11 @@ def while_measuring(task: Callable[[], object]) -> None:
     """Have ``task()`` run once, in the thread that started the measurement, while the next
     parallel measurement runs (that thread only waits then). The CLI imports there what
     judging, printing and writing the result will need. An exception it raises cancels the
-    measurement and propagates, as the measurement's own would."""
+    measurement and propagates, as the measurement's own would. A task already waiting is
+    not added again (a compare too small for a pool leaves it waiting for the next one)."""
     with _lock:
-        _meanwhile.append(task)
+        if task not in _meanwhile:
+            _meanwhile.append(task)
 
 
 def threads_can_measure() -> bool:

@@ -149,6 +149,7 @@ def test_a_task_given_to_while_measuring_runs_once_in_the_caller_while_batches_r
         released.set()
 
     pool.while_measuring(task)
+    pool.while_measuring(task)  # waiting already: not twice
     assert pool.run_batches(measure_batch, (), [1, 2, 3, 4], workers=2, mode="threads") == ["waited"] * 4
     assert ran == [threading.get_ident()]
     pool.run_batches(measure_batch, (), [5], workers=2, mode="threads")
