@@ -4,8 +4,10 @@ automatic step detection around ``trainer.train()`` and with ``OpscopeCallback``
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,9 @@ pytest.importorskip("accelerate")
 
 import opscope  # noqa: E402
 from opscope.integrations.huggingface import OpscopeCallback  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from integration_checks import check_driven, driven_sessions  # noqa: E402
 
 torch.set_num_threads(1)  # a tiny model: more threads only wait for each other on a busy machine
 STEPS, MICRO = 4, 2
@@ -97,20 +102,10 @@ def test_dump_around_train_names_optimizer_steps(tmp_path) -> None:
 
 
 def test_callback_drives_dump_profile_and_monitor(tmp_path) -> None:
-    dump = opscope.dump(tmp_path / "d", level="module", data="statistics", steps="2")
-    profile = opscope.profile(tmp_path / "p", steps="2-3", task_trace=True)
-    monitor = opscope.monitor(tmp_path / "m", report=False)
+    dump, profile, monitor = driven_sessions(tmp_path)
     witness = _Witness(dump)
     _train(tmp_path, [OpscopeCallback(dump=dump, profile=profile, monitor=monitor), witness])
-    assert dump.started is False and profile.state == "stopped"  # started and stopped by the callback
     assert [index for _, _, index in witness.forwards] == [i // MICRO for i in range(STEPS * MICRO)]
-    assert opscope.load(tmp_path / "d").steps() == [2]
-    rows = profile.result.steps
-    assert [r.step for r in rows] == list(range(STEPS))
-    assert [r.step for r in rows if r.task_trace] == [2, 3]
-    rank = monitor.result.ranks[0]
-    steps, losses = rank.values[("loss", "loss", "value")]
-    assert steps == list(range(STEPS))
-    assert losses == pytest.approx(witness.losses, rel=1e-6)  # the Trainer's logged loss, each step
-    steps, rates = rank.values[("lr", "lr", "value")]  # as the step used it: before the scheduler's step
-    assert steps == list(range(STEPS)) and rates == pytest.approx(witness.rates, rel=1e-6)
+    # the monitor's loss: the Trainer's logged loss, each step; its lr: as the step used it,
+    # before the scheduler's step
+    check_driven(tmp_path / "d", dump, profile, monitor, STEPS, witness.losses, witness.rates, rel=1e-6)

@@ -5,8 +5,10 @@ its optimizer steps, with automatic step detection around ``trainer.fit()`` and 
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,9 @@ L = pytest.importorskip("lightning.pytorch")
 
 import opscope  # noqa: E402
 from opscope.integrations.lightning import OpscopeCallback  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from integration_checks import check_driven, driven_sessions  # noqa: E402
 
 torch.set_num_threads(1)
 STEPS, MICRO = 4, 2
@@ -98,23 +103,13 @@ def test_dump_around_fit_names_optimizer_steps(tmp_path) -> None:
 
 
 def test_callback_drives_dump_profile_and_monitor(tmp_path) -> None:
-    dump = opscope.dump(tmp_path / "d", level="module", data="statistics", steps="2")
-    profile = opscope.profile(tmp_path / "p", steps="2-3", task_trace=True)
-    monitor = opscope.monitor(tmp_path / "m", report=False)
+    dump, profile, monitor = driven_sessions(tmp_path)
     module = _Tiny(dump)
     _fit(tmp_path, module, [OpscopeCallback(dump=dump, profile=profile, monitor=monitor)])
-    assert dump.started is False and profile.state == "stopped"  # started and stopped by the callback
     assert [index for _, index, _ in module.forwards] == _per_step()
-    assert opscope.load(tmp_path / "d").steps() == [2]
-    rows = profile.result.steps
-    assert [r.step for r in rows] == list(range(STEPS))
-    assert [r.step for r in rows if r.task_trace] == [2, 3]
-    steps, losses = monitor.result.ranks[0].values[("loss", "loss", "value")]
-    assert steps == list(range(STEPS))  # the mean of each step's two micro-batch losses
+    # the monitor's loss: the mean of each step's two micro-batch losses
     expected = [sum(module.losses[MICRO * s:MICRO * (s + 1)]) / MICRO for s in range(STEPS)]
-    assert losses == pytest.approx(expected, rel=1e-5)
-    steps, rates = monitor.result.ranks[0].values[("lr", "lr", "value")]
-    assert steps == list(range(STEPS)) and rates == pytest.approx([0.1] * STEPS)
+    check_driven(tmp_path / "d", dump, profile, monitor, STEPS, expected, [0.1] * STEPS, rel=1e-5)
 
 
 def test_callback_stops_its_sessions_when_fit_raises(tmp_path) -> None:
