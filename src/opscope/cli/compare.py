@@ -98,32 +98,31 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def _progress(quiet: bool) -> tuple[Any, Any]:
-    """A transient progress bar on stderr for long compares (a terminal, not --quiet)."""
+    """A transient progress bar on stderr for long compares (a terminal, not --quiet); rich is
+    imported at the first progress report, not before the compare starts."""
     if quiet or not sys.stderr.isatty():
         return None, lambda: None
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
-    bar = Progress("comparing", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                   console=Console(stderr=True), transient=True)
     state: dict[str, Any] = {}
 
     def update(done: int, total: int) -> None:
         if "task" not in state:
             if total < (256 << 20):  # short compares finish before a bar helps
                 return
+            state["bar"] = bar = _bar()
             bar.start()
             state["task"] = bar.add_task("compare", total=total)
-        bar.update(state["task"], completed=done, total=total)  # a compare in windows learns its total as it goes
+        state["bar"].update(state["task"], completed=done, total=total)  # a compare in windows learns its total
 
     def stop() -> None:
         if "task" in state:
-            bar.stop()
+            state["bar"].stop()
 
     return update, stop
+
+
+def _bar() -> Any:
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress("comparing", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                    console=Console(stderr=True), transient=True)
