@@ -89,10 +89,11 @@ class PartitionedRun:
 
         state = run_passes(pairs, self.noise, self.previous)
         identify(state)
+        self.findings += state.findings
+        del state  # its indexes (~900 bytes a pair) before the table is built
         pairs.sort(key=order)
         count(pairs, self.counts)
         self.statistics_only = self.statistics_only or any(p.mode == "statistics" for p in pairs)
-        self.findings += state.findings
         self.pairs_file.append(pairs_table(pairs, start=self.pairs_file.num_rows), rank, step)
 
     def _progress(self, nbytes: int) -> Callable[[int, int], None] | None:
