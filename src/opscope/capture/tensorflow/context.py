@@ -11,6 +11,7 @@ user's code raised.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -159,3 +160,17 @@ def resource_handle(var: Any) -> Any:
     inner = getattr(var, "_value", None)
     handle = getattr(inner, "handle", None)
     return handle if handle is not None else getattr(var, "handle", None)
+
+
+def layer_args(layer: Any) -> str | None:
+    """The settings of a Keras layer that a comparison with a PyTorch port needs, as JSON:
+    the activation it applies to its output (Dense, Conv) and its ``data_format``."""
+    out: dict[str, str] = {}
+    activation = getattr(layer, "activation", None)
+    name = getattr(activation, "__name__", None)
+    if isinstance(name, str) and name != "linear":
+        out["activation"] = name
+    data_format = getattr(layer, "data_format", None)
+    if isinstance(data_format, str):
+        out["data_format"] = data_format
+    return json.dumps(out, sort_keys=True) if out else None

@@ -11,8 +11,9 @@ class DumpCallback(keras.callbacks.Callback):
     """Dumps the steps of ``fit`` that the session's config selects.
 
     At the start of training it installs the capture and has Keras trace its train step
-    again (a step traced before the dump started would run without it); at the end it
-    writes the dump. Steps are fit batches (with ``steps_per_execution`` > 1 too). An error
+    again (a step traced before the dump started would run without it); the steps not
+    selected run fit's own train step, with capture paused, so they cost nothing. At the
+    end it writes the dump. Steps are fit batches (with ``steps_per_execution`` > 1 too). An error
     met while writing (a full disk) stops training at the next batch end.
     """
 
@@ -21,6 +22,12 @@ class DumpCallback(keras.callbacks.Callback):
         super().__init__()
         self.session = session
         self.dump: Any = None
+        # the train step with capture (traced anew) and the one fit made before the dump started,
+        # run with capture paused: a step not selected runs plain, and costs nothing
+        self._tapped: Any = None
+        self._plain: Any = None
+        self._plain_call: Any = None
+        self._ran_plain = -1  # the first step of the batch the plain step runs (-1: none)
 
     def on_train_begin(self, logs: Any = None) -> None:
         s = self.session
@@ -34,9 +41,32 @@ class DumpCallback(keras.callbacks.Callback):
         else:
             s.watch_model(self.model)
         if s.active:
+            plain = self.model.train_function
             self.model.make_train_function(force=True)
+            self._tapped = self.model.train_function
+            if plain is not None and not s.eager_ops:
+                self._plain = plain
+                self._plain_call = _paused(plain, s.tracer)
+        self._ran_plain = -1
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        if self._plain is None or self.session.stopped:
+            return
+        current = self.model.train_function
+        if current is not self._tapped and current is not self._plain_call:
+            self._plain = None  # another callback made its own train step: it runs every step
+            return
+        clock, steps = self.session.clock, self.session.cfg.steps
+        first = clock.step + int(clock.pending)
+        ahead = int(getattr(self.model, "steps_per_execution", 1) or 1)
+        wanted = self.session.failure is None and any(k in steps for k in range(first, first + ahead))
+        self.model.train_function = self._tapped if wanted else self._plain_call
+        self._ran_plain = -1 if wanted else batch
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._ran_plain >= 0:
+            self.session.steps_ran(batch - self._ran_plain + 1)  # the tapped step counts its own
+            self._ran_plain = -1
         self.session.raise_failure()
         last = self.session.cfg.steps.last
         if last is not None and self.session.clock.step > last and not self.session.stopped:
@@ -48,5 +78,15 @@ class DumpCallback(keras.callbacks.Callback):
     def _finish(self) -> None:
         if not self.session.stopped:
             self.dump = self.session.stop()
-            if self.session.active:  # back to the plain train step for the rest of training
+            if self._plain is not None and self.model.train_function in (self._tapped, self._plain_call):
+                self.model.train_function = self._plain  # the rest of training runs the plain step
+            elif self.session.active:  # back to a plain train step for the rest of training
                 self.model.make_train_function(force=True)
+
+
+def _paused(train_function: Any, tracer: Any) -> Any:
+    """``train_function`` called with capture paused (a retrace inside gets no host callback)."""
+    def plain_train_function(*args: Any, **kwargs: Any) -> Any:
+        with tracer.paused():
+            return train_function(*args, **kwargs)
+    return plain_train_function

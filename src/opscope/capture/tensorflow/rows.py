@@ -89,20 +89,21 @@ class StepRows:
         return template
 
     def graph_table(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> Any:
-        """The rows of one graph run as an Arrow table (no Python list per row), or None when
-        a value could not be measured or a view needs its own data (then use :meth:`graph_rows`)."""
+        """The rows of one graph run as a :class:`~.columns.PendingTable` (an Arrow table built
+        on the writer's thread, no Python list per row), or None when a value could not be
+        measured or a view needs its own data (then use :meth:`graph_rows`)."""
         measured = values + constants
         if any(v is None for v in measured) or self.cfg.data == "tensor":
             return None
         template = self.template(plan)
-        if template.columns is None:
-            from opscope.capture.tensorflow.columns import GraphColumns
+        from opscope.capture.tensorflow.columns import GraphColumns, PendingTable
 
+        if template.columns is None:
             template.columns = GraphColumns(template.entries, COL, template.ids, template.ops, len(values))
         import numpy as np
 
         offsets = np.array([self.calls[k] for k in template.keys] or [0], dtype=np.int64)
-        table = template.columns.table(measured, self.next_id, self.step, self.seq, offsets)
+        table = PendingTable(template.columns, measured, self.next_id, self.step, self.seq, offsets)
         for key, count in zip(template.keys, template.counts):
             self.calls[key] += count
         self.next_id += template.ids

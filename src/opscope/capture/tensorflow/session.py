@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import json
+import gc
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +12,7 @@ from opscope.capture.steps import StepClock
 from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.context import (
     CallContext,
+    layer_args,
     layer_path,
     resource_handle,
     variable_names,
@@ -19,7 +20,7 @@ from opscope.capture.tensorflow.context import (
 from opscope.capture.tensorflow.manifest import check_strategy, manifest
 from opscope.capture.tensorflow.plan import SILENT, GraphPlan, OpPlan, Ref
 from opscope.capture.tensorflow.rows import StepRows, Value
-from opscope.capture.tensorflow.tracing import Tracer, static_shape
+from opscope.capture.tensorflow.tracing import Tracer, is_numeric, static_shape
 from opscope.config import DumpConfig
 from opscope.config.env import foreign
 from opscope.errors import ConfigError, OpscopeError
@@ -155,6 +156,13 @@ class TFDumpSession:
         if step in self._steps_written and self.writer is not None:
             self._guard(self.writer.end_step, step)
 
+    def steps_ran(self, count: int) -> None:
+        """``count`` training steps ran without capture (the Keras callback's plain train step)."""
+        with self._lock:
+            for _ in range(count):
+                self.clock.poll()
+                self.clock.optimizer_step()
+
     def _eager_step(self) -> None:
         import tensorflow as tf
 
@@ -217,6 +225,20 @@ class TFDumpSession:
 
     # -- host callbacks (tracing.Host) -------------------------------------------------
     def graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None:
+        # A graph run hands over ~1,000 tensors and makes a few thousand short-lived tuples:
+        # with the collector on, they set off generation 0 and 1 collections (and promote
+        # objects to the old generation, whose full collections scan every object of
+        # TensorFlow and Keras: ~0.5 s each). They are all freed before it is turned on again.
+        collecting = gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            self._graph_ran(plan, tensors)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None:
         with self._lock:
             if plan.contains_step:
                 return  # a loop around the step function: its plumbing, not a step
@@ -266,9 +288,9 @@ class TFDumpSession:
             known = self._eager.get(id(t))
             param = (t, params[i]) if params and params[i] else self._params.get(id(t))
             ref = Ref(0, None, param[1] if param else None, io="grad" if op.note == "grad" else None)
-            ins.append((ref, self._measure(t) if _is_numeric(t) else None, known[1] if known else None))
+            ins.append((ref, self._measure(t) if is_numeric(t) else None, known[1] if known else None))
         for t in outputs:
-            outs.append((Ref(0, None), self._measure(t) if _is_numeric(t) else None))
+            outs.append((Ref(0, None), self._measure(t) if is_numeric(t) else None))
         rows, ids = self.rows.op_rows(op, ins, outs)
         for t, row_id in zip(outputs, ids):
             if row_id is not None:
@@ -360,30 +382,9 @@ class TFDumpSession:
             ref.param = params[i] if params and params[i] else ref.param
             op.inputs.append(ref)
         for slot, t in enumerate(outs):
-            op.outputs.append(Ref(plan.value(t, _is_numeric(t)), None, shape=static_shape(t)))
+            op.outputs.append(Ref(plan.value(t, is_numeric(t)), None, shape=static_shape(t)))
             plan.made_by.setdefault(t.name, (len(plan.ops), slot))
         plan.ops.append(op)
-
-
-def layer_args(layer: Any) -> str | None:
-    """The settings of a Keras layer that a comparison with a PyTorch port needs, as JSON:
-    the activation it applies to its output (Dense, Conv) and its ``data_format``."""
-    out: dict[str, str] = {}
-    activation = getattr(layer, "activation", None)
-    name = getattr(activation, "__name__", None)
-    if isinstance(name, str) and name != "linear":
-        out["activation"] = name
-    data_format = getattr(layer, "data_format", None)
-    if isinstance(data_format, str):
-        out["data_format"] = data_format
-    return json.dumps(out, sort_keys=True) if out else None
-
-
-def _is_numeric(t: Any) -> bool:
-    try:
-        return t.dtype.name in st.NUMERIC
-    except AttributeError:
-        return False
 
 
 __all__ = ["LEVELS", "TFDumpSession", "layer_path"]

@@ -12,8 +12,9 @@ Graphs compiled by XLA (``jit_compile=True``) get no host callback: XLA refuses 
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
@@ -31,7 +32,8 @@ class Host(Protocol):
     def note_xla(self, name: str) -> None: ...
 
 
-def _numeric(tensor: Any) -> bool:
+def is_numeric(tensor: Any) -> bool:
+    """Whether a tensor's dtype is one whose statistics are taken."""
     try:
         return tensor.dtype.name in NUMERIC
     except AttributeError:
@@ -71,6 +73,17 @@ class Tracer:
     def uninstall(self) -> None:
         while self._undo:
             self._undo.pop()()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing is planned or recorded on this thread inside: a graph traced here gets no
+        host callback (the plain train step that runs the steps not selected)."""
+        before = getattr(self._local, "paused", False)
+        self._local.paused = True
+        try:
+            yield
+        finally:
+            self._local.paused = before
 
     @property
     def tracing(self) -> list[tuple[Any, GraphPlan | None]]:
@@ -132,6 +145,8 @@ class Tracer:
         name = str(getattr(graph, "name", ""))
         xla = bool(getattr(self._local, "pending_xla", False))
         self._local.pending_xla = False
+        if getattr(self._local, "paused", False):
+            return None
         outer = self.current()
         if name.startswith(SKIP_GRAPHS) or (outer is not None and outer.xla):
             return GraphPlan(name, xla=True) if outer is not None and outer.xla else None
@@ -163,6 +178,8 @@ class Tracer:
                      op_name: str | None = None, graph: Any = None) -> Any:
         """Plan a graph op (or record an eager one); returns ``outputs`` unchanged, since TensorFlow
         hands a callback's return value to the next callback (a second session, tfdbg2)."""
+        if getattr(self._local, "paused", False):
+            return outputs
         if isinstance(op_type, bytes):  # eager ops name their type in bytes
             op_type = op_type.decode()
         if graph is None:
@@ -199,7 +216,7 @@ class Tracer:
             param = self.host.variable_name(inputs[0])
             if param:
                 plan.param_of[outputs[0].name] = param
-        alias = op_type in ALIASES and len(inputs) >= 1 and outputs and _numeric(outputs[0]) \
+        alias = op_type in ALIASES and len(inputs) >= 1 and outputs and is_numeric(outputs[0]) \
             and outputs[0].shape.is_fully_defined() and inputs[0].name in plan.value_of
         ins = [self._ref(plan, t) for t in inputs]
         outs = []
@@ -209,7 +226,7 @@ class Tracer:
                 plan.value_of[t.name] = plan.value_of[inputs[0].name]
                 if inputs[0].name in plan.param_of:
                     plan.param_of[t.name] = plan.param_of[inputs[0].name]
-            outs.append(Ref(plan.value(t, _numeric(t)), None, shape=static_shape(t)))
+            outs.append(Ref(plan.value(t, is_numeric(t)), None, shape=static_shape(t)))
         module, phase, fwd = self._where(plan, node, op_type)
         silent = op_type in SILENT and not read_after_write
         if silent or not any(r.value >= 0 for r in outs) and not any(r.value != -1 for r in ins):
@@ -219,7 +236,7 @@ class Tracer:
                                note="view" if alias else None))
 
     def _ref(self, plan: GraphPlan, tensor: Any) -> Ref:
-        numeric = _numeric(tensor)
+        numeric = is_numeric(tensor)
         return Ref(plan.value(tensor, numeric) if numeric else -1, plan.made_by.get(tensor.name),
                    plan.param_of.get(tensor.name), shape=static_shape(tensor))
 
