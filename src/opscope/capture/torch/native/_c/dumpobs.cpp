@@ -22,12 +22,17 @@
 
 #include "fastats_kernel.h"
 
+#include <c10/util/SmallVector.h>
+
 #include <optional>
 #include <unordered_set>
 
 namespace {
 
 enum Io : int8_t { IO_INPUT = 0, IO_OUTPUT = 1, IO_PARAM = 2, IO_GRAD = 3 };
+// sizes and strides kept inline (no allocation per row or per data-flow key up to 5 dimensions)
+using Dims = c10::SmallVector<int64_t, 5>;
+Dims dims(at::IntArrayRef v) { return Dims(v.begin(), v.end()); }
 const char* PHASE_TEXT[] = {"forward", "backward", "optimizer"};
 enum Stats : int8_t { NONE = 0, HAVE = 1, SLOW = 2 };
 
@@ -35,7 +40,7 @@ struct Row {
   int64_t id, seq, call, numel, producer = -1;
   int8_t phase, io, stats = NONE;
   int module, op, slot, arg, dtype, device, param = -1, fwd = -1, node = -1, args = -1, note = -1;
-  std::vector<int64_t> shape;
+  Dims shape;
   int64_t link = -1;  // index of the row whose statistics this one shares
   int shard = -1, view = -1;  // the step's shard holding its data, its view geometry (views_json)
   int64_t key = -1;           // id of the row whose tensor (key r<id>) holds its data
@@ -60,7 +65,7 @@ struct Flow {
 struct Elems {
   intptr_t place;
   int64_t start;
-  std::vector<int64_t> shape, stride;
+  Dims shape, stride;
   int8_t dtype;
   bool operator==(const Elems&) const = default;
 };
@@ -124,7 +129,7 @@ int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_
 std::optional<Elems> geometry(const at::Tensor& t) {
   if (!t.has_storage() || t.is_meta()) return std::nullopt;
   intptr_t base = reinterpret_cast<intptr_t>(t.storage().data());
-  return Elems{base, t.storage_offset(), t.sizes().vec(), t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
+  return Elems{base, t.storage_offset(), dims(t.sizes()), dims(t.strides()), static_cast<int8_t>(t.scalar_type())};
 }
 
 std::optional<Elems> shared_key(const at::Tensor& t) {
@@ -132,8 +137,8 @@ std::optional<Elems> shared_key(const at::Tensor& t) {
   const c10::VariableVersion& v = t.unsafeGetTensorImpl()->version_counter();
   if (!v.enabled()) return std::nullopt;
   const void* counter = *reinterpret_cast<const void* const*>(&v);  // its only member: the counter
-  return Elems{reinterpret_cast<intptr_t>(counter), reinterpret_cast<intptr_t>(t.const_data_ptr()), t.sizes().vec(),
-               t.strides().vec(), static_cast<int8_t>(t.scalar_type())};
+  return Elems{reinterpret_cast<intptr_t>(counter), reinterpret_cast<intptr_t>(t.const_data_ptr()), dims(t.sizes()),
+               dims(t.strides()), static_cast<int8_t>(t.scalar_type())};
 }
 
 intptr_t storage_of(const at::Tensor& t) {
@@ -230,7 +235,7 @@ size_t new_row(const Head& h, int8_t io, int slot, int arg, const at::Tensor& t,
   Row r;
   r.id = g_next_id++, r.seq = h.seq, r.call = h.call, r.phase = h.phase, r.module = h.module, r.op = h.op;
   r.io = io, r.slot = slot, r.arg = arg, r.dtype = static_cast<int>(t.scalar_type());
-  r.shape = t.sizes().vec();
+  r.shape = dims(t.sizes());
   r.device = t.is_cpu() ? -1 : intern(t.device().str());
   r.numel = t.numel(), r.producer = producer, r.param = param, r.fwd = h.fwd, r.node = h.node, r.args = h.args;
   rows.push_back(std::move(r));

@@ -73,26 +73,32 @@ bool json_value(std::string& out, const c10::IValue& v, int8_t kind) {
 }
 
 int args_of(const OpKind& k) {
-  std::string pos = "[", kw = "{";
+  static thread_local std::string pos, kw, value;  // kept: no allocation per op
+  pos.assign("["), kw.assign("{");
   for (size_t i = 0; i < t_args.size(); ++i) {
     const auto& v = t_args[i];
     bool number = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
     bool none = v.isTensor() && !v.toTensor().defined();  // an optional tensor not given: None, as a mode sees it
     if ((v.isTensor() && !number && !none) || v.isTensorList() || v.isGenerator()) continue;
-    std::string value = none ? "null" : "";
+    value.assign(none ? "null" : "");
     if (!none && !json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
     if (i < k.kwarg_only.size() && k.kwarg_only[i]) {
       if (kw.size() > 1) kw += ", ";
       json_string(kw, names[k.arg_names[i]]);
-      kw += ": " + value;
+      kw += ": ", kw += value;
     } else {
       if (pos.size() > 1) pos += ", ";
-      pos += "[" + std::to_string(i) + ", " + value + "]";
+      char index[24];
+      std::snprintf(index, sizeof index, "[%zu, ", i);
+      pos += index, pos += value, pos += ']';
     }
   }
   if (pos == "[" && kw == "{" && t_rng.empty()) return -1;
-  std::string doc = "{\"args\": " + pos + "], \"kwargs\": " + kw + "}}";
-  if (!t_rng.empty()) doc.insert(doc.size() - 1, ", \"rng\": " + t_rng);
+  std::string doc;
+  doc.reserve(pos.size() + kw.size() + t_rng.size() + 32);
+  doc += "{\"args\": ", doc += pos, doc += "], \"kwargs\": ", doc += kw, doc += '}';
+  if (!t_rng.empty()) doc += ", \"rng\": ", doc += t_rng;
+  doc += '}';
   args_json.push_back(std::move(doc));
   return static_cast<int>(args_json.size()) - 1;
 }

@@ -54,7 +54,8 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
   h.seq = g_seq++;
   h.args = args_of(k);
-  std::vector<std::tuple<int, int, at::Tensor>> ins;
+  static thread_local std::vector<std::tuple<int, int, at::Tensor>> ins;  // kept: no allocation per op
+  ins.clear();
   flatten_inputs(k, ins);
   int64_t first = -1;
   Base base;
@@ -72,6 +73,7 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
       }
     }
   t_share = false;
+  ins.clear();  // its tensors are not held past the op's start
   t_pending = Pending{true, h, first, base};
 }
 
@@ -82,7 +84,8 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
   const Head& h = t_pending.h;
   int64_t first = t_pending.first;
   if (!g_outputs) return;
-  std::vector<std::pair<int, at::Tensor>> outs;
+  static thread_local std::vector<std::pair<int, at::Tensor>> outs;  // kept: no allocation per op
+  outs.clear();
   const auto& ov = fn.outputs();
   for (size_t i = 0; i < ov.size(); ++i) {
     if (ov[i].isTensor()) {
@@ -116,4 +119,5 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
   }
   t_share = t_copies = false;
   t_held.clear();
+  outs.clear();
 }
