@@ -215,6 +215,7 @@ def memory(n: int, root: str) -> None:
         m = opscope.monitor(path, model=model, optimizer=opt, report=False, chunk=n + 1, **keys)
 
         def end(m: Any = m) -> None:
+            m._settle()  # the last step's optimizer state (taken on the kernel's thread): the step handed over
             m.judge.close()  # the steps handed over are judged; the rows sit in the writer's memory
             m.judge = None
             m.writer.flush(wait=True)  # the rows go to Parquet; what stays is the monitor's own state

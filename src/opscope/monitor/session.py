@@ -33,7 +33,7 @@ from opscope.capture.torch.dist import current_rank
 from opscope.config import MonitorConfig
 from opscope.config.monitor import tensorboard_dir
 from opscope.errors import ConfigError
-from opscope.monitor import ddp, series
+from opscope.monitor import ddp, series, stats
 from opscope.monitor import loss as loss_hook
 from opscope.monitor.detect import BandDetector
 from opscope.monitor.diagnose import adam_eps_departures
@@ -88,6 +88,11 @@ class MonitorSession:
         self._calls: dict[str, int] = {}
         self._optimizer_seen = False
         self._causes: list[Departure] = []
+        # the optimizer state's statistics on the kernel's thread until the next optimizer step
+        # (only it writes the state), and the finished step that waits for them
+        self._late: tuple[np.ndarray, Pending, torch.optim.Optimizer, Any] | None = None
+        self._held: tuple[int, list[tuple[np.ndarray, np.ndarray]], dict[int, float], list[Departure]] | None = None
+        self._defer = False
         self.layouts = OptimizerLayouts(self.hooks, self._place, "optimizer" in self.targets, "weights" in self.targets)
 
     @property
@@ -109,6 +114,8 @@ class MonitorSession:
                                           self.cfg.overwrite, self.series)
         self.judge = Judge(self.detector, self.writer, self.rank, self._emit, threaded=self.flight is None,
                            tensorboard=tensorboard)
+        # not the weights: code between two steps may write them (a clamp, an EMA)
+        self._defer = self.flight is None and "weights" not in self.targets and stats.NATIVE and stats.BATCHED
         try:
             if "loss" in self.targets:
                 loss_hook.listen(self._backward_loss)
@@ -168,7 +175,10 @@ class MonitorSession:
                 self.clock.poll()
                 if self._pending or self._blocks or self._scalars or self._losses:  # a last step no boundary ended
                     self._end_step(self.clock.step)
+                self._settle()
         finally:
+            self._late = self._held = None
+            stats.join()
             loss_hook.unlisten(self._backward_loss)
             self.hooks.remove()
             for h in self._handles:
@@ -261,6 +271,7 @@ class MonitorSession:
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
+        self._settle()  # the last optimizer step's state, read before this one writes it
         self._optimizer_seen = True
         self.hooks.stop_learning_order()
         if not self.on:
@@ -274,13 +285,36 @@ class MonitorSession:
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.on:
             params = self.layouts.params(optimizer)
+            self._read()  # the gradients (from the kernel's thread) and what else the step made
+            ids, tensors = ids_array([]), list[torch.Tensor]()
             if self.targets & {"optimizer", "weights"}:
                 ids, tensors = self.layouts.after(optimizer, params)
+            if tensors and self._defer:  # the state alone: on the kernel's thread while training goes on
+                self._late = (ids, Pending(tensors, background=True), optimizer, params)
+            else:
                 if tensors:  # state and weights: one batch
-                    self._pending.append((ids, Pending(tensors)))
-            self._read()  # gradients and state are alive now; one read for the step
-            self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
+                    self._blocks.append((ids, Pending(tensors).values()))
+                self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
         self.clock.optimizer_step()
+
+    def _settle(self) -> None:
+        """Read the optimizer state's statistics taken on the kernel's thread (their values are
+        the state after the step that took them: only the next optimizer step writes it); they
+        join their step, which is handed over if it ended meanwhile."""
+        late, self._late = self._late, None
+        if late is None:
+            return
+        ids, pending, optimizer, params = late
+        block = (ids, pending.values())
+        causes = adam_eps_departures(optimizer, params, [block], self.series)
+        if self._held is None:  # their step goes on
+            self._blocks.append(block)
+            self._causes += causes
+            return
+        step, blocks, scalars, held_causes = self._held
+        self._held = None
+        assert self.judge is not None
+        self.judge.submit(step, [*blocks, block], scalars, held_causes + causes)
 
     def _grads_of_models(self) -> None:
         named = [(self.hooks.name_of(p, n), p.grad) for ref in self.hooks.roots if ref() is not None
@@ -308,6 +342,8 @@ class MonitorSession:
             self._losses.append(value)
 
     def _end_step(self, step: int) -> None:
+        if self._held is not None:  # no optimizer step since the last step ended: its state now
+            self._settle()
         losses, self._losses = self._losses, []
         if losses and not self._has_scalar("loss", "loss"):  # no m.step(loss=...): what backward started from
             self._scalar(("loss", "loss"), sum(scalar_stats(v) for v in losses) / len(losses))
@@ -315,6 +351,9 @@ class MonitorSession:
         blocks, self._blocks = self._blocks, []
         scalars, self._scalars = self._scalars, {}
         causes, self._causes = self._causes, []
+        if self._late is not None:  # handed over with its optimizer state's statistics (_settle)
+            self._held = (step, blocks, scalars, causes)
+            return
         assert self.judge is not None
         self.judge.submit(step, blocks, scalars, causes)
 

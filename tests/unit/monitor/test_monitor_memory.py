@@ -47,6 +47,7 @@ def _held(path, layers: int) -> tuple[int, int]:
         m = opscope.monitor(path / "m", targets=TARGETS, report=False, chunk=STEPS + 1).start()
         for _ in range(STEPS):
             m.step(loss=step())
+        m._settle()  # the last step's optimizer state, taken on the kernel's thread: the step is handed over
         m.judge.close()  # every step judged; its rows are in the writer
         m.judge = None
         m.writer.flush(wait=True)  # the rows written: what stays is the monitor's own state
