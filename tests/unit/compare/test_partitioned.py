@@ -21,6 +21,7 @@ from opscope.compare.partitioned import identify, order
 from opscope.compare.table import pairs_table
 from opscope.compare.tolerance import NoiseModel
 from opscope.compare.verdict import run_passes
+from opscope.report import compare_html
 from opscope.report.compare_files import write_all
 from opscope.storage.reader import load
 
@@ -92,6 +93,10 @@ def test_partitions_judged_apart_and_written_as_they_go_equal_the_whole_at_once(
     important = [i for i, s in enumerate(statuses) if s not in ("identical", "passed")][:10]
     rest = [i for i, s in enumerate(statuses) if s in ("identical", "passed")][:10 - len(important)]
     assert truncated and preview.column("order").to_pylist() == sorted(important + rest)
+    monkeypatch.setattr(compare_html, "MAX_ROWS", 10)
+    page = compare_html._pairs(result)  # what report.html embeds
+    assert (page["rows"], page["total"], page["truncated"]) == (10, whole.num_rows, True)
+    assert page["columns"]["order"] == sorted(important + rest)
 
 
 def _chain(path: Path, ranks: int, steps: int, ops: int) -> None:
