@@ -1,9 +1,10 @@
 """opscope.tensorflow.dump overhead on a small Keras transformer trained with fit.
 
 Prints each case's median step time over a bare fit's, in the same invocation, runs
-interleaved (benchmarks/timing.py), and the tensor dump's write speed next to the disk's
-own sequential write. Targets (issue 16): statistics at op level <= 2x; tensor dump
-writing at >= 50% of the disk's speed.
+alternating, in wall time and in process CPU time (every thread; what a loaded machine
+does not inflate), with each round's own ratio as the spread; then the tensor dump's write
+speed next to the disk's own sequential write. Targets (issue 16): statistics at op level
+<= 2x; steps not selected ~1.0x; tensor dump writing at >= 50% of the disk's speed.
 
     python benchmarks/bench_dump_tf.py [--steps 12] [--rounds 3]
 """
@@ -16,12 +17,12 @@ import shutil
 import sys
 import tempfile
 import time
+from statistics import median
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import numpy as np  # noqa: E402
-from timing import interleaved_ratio  # noqa: E402
 
 
 def transformer(d: int = 64, heads: int = 4, seq: int = 32, vocab: int = 500, layers: int = 2):
@@ -48,7 +49,8 @@ def batches(n: int, batch: int = 16, seq: int = 32, vocab: int = 500) -> tuple[n
 
 
 class StepTimes:
-    """A Keras callback that keeps each batch's wall time."""
+    """A Keras callback that keeps each batch's wall time and the process's CPU time in it
+    (every thread: TensorFlow's, the host callback's, the dump writer's)."""
 
     def __new__(cls):  # built lazily so that importing this file does not import keras
         import keras
@@ -57,16 +59,18 @@ class StepTimes:
             def __init__(self) -> None:
                 super().__init__()
                 self.times: list[float] = []
+                self.cpu: list[float] = []
 
             def on_train_batch_begin(self, batch, logs=None) -> None:
-                self._t = time.perf_counter()
+                self._t, self._c = time.perf_counter(), time.process_time()
 
             def on_train_batch_end(self, batch, logs=None) -> None:
                 self.times.append(time.perf_counter() - self._t)
+                self.cpu.append(time.process_time() - self._c)
         return _Times()
 
 
-def run(model, data, root: str, keys: dict | None) -> list[float]:
+def run(model, data, root: str, keys: dict | None) -> tuple[list[float], list[float]]:
     import opscope.tensorflow as otf
 
     times = StepTimes()
@@ -76,7 +80,24 @@ def run(model, data, root: str, keys: dict | None) -> list[float]:
         shutil.rmtree(path, ignore_errors=True)
         callbacks.insert(0, otf.DumpCallback(path, **keys))
     model.fit(*data, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
-    return times.times
+    return times.times, times.cpu
+
+
+def ratios(bare, case, rounds: int, warmup: int = 2) -> tuple[float, float, list[float], list[float]]:
+    """Median step wall time and CPU time of ``case`` over ``bare``'s, all rounds pooled, and each
+    round's own ratios (the spread). Runs alternate (bare first, then case first, ...)."""
+    pooled: dict[str, list[list[float]]] = {"bare": [[], []], "case": [[], []]}
+    walls, cpus = [], []
+    for r in range(rounds):
+        order = [("bare", bare), ("case", case)] if r % 2 == 0 else [("case", case), ("bare", bare)]
+        got = {name: fn() for name, fn in order}
+        for name, (wall, cpu) in got.items():
+            pooled[name][0] += wall[warmup:]
+            pooled[name][1] += cpu[warmup:]
+        walls.append(median(got["case"][0][warmup:]) / median(got["bare"][0][warmup:]))
+        cpus.append(median(got["case"][1][warmup:]) / median(got["bare"][1][warmup:]))
+    wall = median(pooled["case"][0]) / median(pooled["bare"][0])
+    return wall, median(pooled["case"][1]) / median(pooled["bare"][1]), walls, cpus
 
 
 def disk_throughput(root: str, mb: int = 256) -> float:
@@ -104,16 +125,22 @@ def main() -> None:
     model.fit(*data, batch_size=16, epochs=1, verbose=0)  # trace the bare step once
     cases = [("statistics, op level (target <= 2x)", {"level": "op"}),
              ("statistics, layer level", {"level": "layer"}),
-             ("steps not selected", {"level": "op", "steps": [10_000]}),
+             ("steps not selected (target ~1.0x)", {"level": "op", "steps": [10_000]}),
              ("full tensors, op level", {"level": "op", "data": "tensor"})]
     print(f"tensorflow {tf.__version__}, Keras transformer d=64 seq=32 batch=16; "
-          f"{args.steps} steps x {args.rounds} rounds, order alternating")
+          f"{args.steps} steps x {args.rounds} rounds, order alternating; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'case':38s} {'wall':>6s} {'(each round)':>18s} {'CPU':>7s} {'(each round)':>18s}")
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         for name, keys in cases:
-            r = interleaved_ratio(lambda: run(model, data, root, None), lambda k=keys: run(model, data, root, k),
-                                  args.rounds, warmup=2)
-            print(f"{name:45s} {r:.2f}x")
+            wall, cpu, walls, cpus = ratios(lambda: run(model, data, root, None),
+                                            lambda k=keys: run(model, data, root, k), args.rounds)
+            print(f"{name:38s} {wall:5.2f}x {_spread(walls):>18s} {cpu:6.2f}x {_spread(cpus):>18s}")
         _tensor_speed(model, data, root)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def _spread(values: list[float]) -> str:
+    return f"({min(values):.2f}-{max(values):.2f}x)"
 
 
 def _tensor_speed(model, data, root: str) -> None:

@@ -20,7 +20,7 @@ import opscope  # noqa: E402
 TRAIN = Path(__file__).with_name("tf_train.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 RUNS = {"a": [], "b": [], "bf16": ["--policy", "mixed_bfloat16"], "fault": ["--fault", "ff0a"],
-        "custom": ["--loop", "custom"], "layer": ["--level", "layer"]}
+        "custom": ["--loop", "custom"], "layer": ["--level", "layer"], "late": ["--steps", "1|3"]}
 
 
 def train(path: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -66,6 +66,16 @@ def test_dump_has_layers_phases_params_and_data_flow(dumps):
 def test_same_run_twice_is_identical(dumps, tmp_path):
     summary = compare(dumps["a"], dumps["b"], tmp_path / "c")
     assert summary["verdict"] == "identical", summary
+
+
+def test_steps_not_selected_run_plain_and_count(dumps):
+    """Steps 0 and 2 run fit's own train step (no host callback): step 1 is still the second
+    batch, and its records are those of the run that dumped every step (same numbers)."""
+    late, a = opscope.load(dumps["late"]), opscope.load(dumps["a"])
+    assert late.status == "complete" and late.steps() == [1, 3]
+    columns = ["phase", "module", "op", "io", "node", "shape", "hash", "min", "max", "mean", "norm"]
+    ours, theirs = late.records(step=1).to_pandas()[columns], a.records(step=1).to_pandas()[columns]
+    assert len(ours) > 1000 and ours.astype(str).equals(theirs.astype(str))
 
 
 def test_bf16_against_float32_is_within_tolerance(dumps, tmp_path):
