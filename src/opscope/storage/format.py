@@ -6,6 +6,7 @@
       manifest.json                          format version, versions, host, command, config, status
       rank<R>/rank.json                      this rank's status, steps and counts
       rank<R>/step<S>/records-<N>.parquet    index rows (pyarrow, pandas, polars, duckdb)
+      rank<R>/records-<first>-<last>-<N>.parquet  index rows of several small steps (format 2.0)
       rank<R>/step<S>/tensors-<N>.safetensors  full tensors (data="tensor"), keyed "r<id>"
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,8 @@ import pyarrow as pa
 from opscope.model.hashing import ALGORITHM
 from opscope.model.records import SCHEMA_FIELDS
 
-FORMAT_VERSION = "1.1"  # 1.1: the `view` column
+# 1.1: the `view` column; 2.0: small steps' rows together in the rank's folder (a 1.x reader would miss them)
+FORMAT_VERSION = "2.0"
 MANIFEST = "manifest.json"
 RANK_STATUS = "rank.json"
 HASH_ALGORITHM = ALGORITHM  # "wsum64-v2": opscope.model.hashing, docs/format.md
@@ -43,6 +46,14 @@ def rank_dir(root: str | os.PathLike, rank: int) -> Path:
 
 def step_dir(root: str | os.PathLike, rank: int, step: int) -> Path:
     return rank_dir(root, rank) / f"step{int(step)}"
+
+
+BATCH_FILE = re.compile(r"records-(\d+)-(\d+)-(\d+)\.parquet")  # in a rank's folder: steps first..last
+
+
+def batch_name(first: int, last: int, index: int) -> str:
+    """The name of a rank's ``index``-th file of several steps' rows, ``first`` to ``last``."""
+    return f"records-{int(first)}-{int(last)}-{int(index):05d}.parquet"
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:

@@ -68,6 +68,8 @@ class Dump:
                 f"({fmt.FORMAT_VERSION}); upgrade opscope (pip install -U opscope)")
         self.problems: list[str] = []
         self._shards: dict[str, ShardReader] = {}
+        self._batches: dict[int, tuple[int, list[tuple[Path, int, int]]]] = {}  # rank -> (folder mtime, files)
+        self._batch_read: tuple[Any, pa.Table | None] = (None, None)  # the last batch file read
         if self.status == "running":
             self.problems.append(f"{self.path} is still marked running: its last steps may be missing")
         elif self.status == "crashed":
@@ -136,16 +138,16 @@ class Dump:
 
         Unreadable shards are skipped and named in :attr:`problems`.
         """
-        import pyarrow.parquet as pq
-
         tables = []
         parts = [(rank, step)] if rank is not None and step is not None else [
             (r, s) for r, s in self.partitions() if (rank is None or r == rank) and (step is None or s == step)]
         for r, s in parts:
-            for f in sorted(fmt.step_dir(self.path, r, s).glob("records-*.parquet")):
+            folder = fmt.step_dir(self.path, r, s)
+            files: list[tuple[Path, int | None]] = [(f, None) for f in sorted(folder.glob("records-*.parquet"))]
+            files += [(f, s) for f, first, last in self._batch_files(r) if first <= s <= last]
+            for f, step in files:
                 try:
-                    with pq.ParquetFile(f) as index:  # not read_table: it imports pyarrow.dataset (~0.25 s)
-                        tables.append(index.read(columns=columns))
+                    tables.append(self._read_index(f, columns) if step is None else self._batch_rows(f, step, columns))
                 except Exception as exc:  # pyarrow raises several types for corrupt files
                     msg = f"skipped {f.relative_to(self.path)}: unreadable ({type(exc).__name__}: {exc})"
                     if msg not in self.problems:
@@ -159,6 +161,46 @@ class Dump:
                 column = fmt.SCHEMA.field(name)
                 table = table.append_column(column, pa.nulls(table.num_rows, column.type))
         return table.select(columns) if columns else table
+
+    @staticmethod
+    def _read_index(f: Path, columns: list[str] | None) -> pa.Table:
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(f) as index:  # not read_table: it imports pyarrow.dataset (~0.25 s)
+            return index.read(columns=columns)
+
+    def _batch_files(self, rank: int) -> list[tuple[Path, int, int]]:
+        """A rank's files of several steps' rows (format 2.0), with the steps they hold, first
+        to last; listed again when the rank's folder changed (a dump still being written)."""
+        folder = fmt.rank_dir(self.path, rank)
+        try:
+            mtime = folder.stat().st_mtime_ns
+        except OSError:
+            return []
+        known = self._batches.get(rank)
+        if known is None or known[0] != mtime:
+            found = [(f, int(m.group(1)), int(m.group(2))) for f in sorted(folder.glob("records-*.parquet"))
+                     if (m := fmt.BATCH_FILE.fullmatch(f.name))]
+            known = self._batches[rank] = (mtime, found)
+        return known[1]
+
+    def _batch_rows(self, f: Path, step: int, columns: list[str] | None) -> pa.Table:
+        """The rows of ``step`` in a file of several steps' rows. The file is read once for
+        its steps read in turn (the last one read is kept)."""
+        key = (f, None if columns is None else tuple(columns))
+        if self._batch_read[0] != key:
+            self._batch_read = (None, None)  # the earlier one goes before the next is read
+            wanted = None if columns is None else list(dict.fromkeys([*columns, "step"]))
+            self._batch_read = (key, self._read_index(f, wanted))
+        table = self._batch_read[1]
+        assert table is not None
+        steps = table.column("step").to_numpy()
+        if steps.size > 1 and bool((steps[1:] < steps[:-1]).any()):  # not in step order (never written so)
+            part = table.take(pa.array(np.flatnonzero(steps == step)))
+        else:  # a step's rows follow each other: a slice, no copy
+            first, end = np.searchsorted(steps, step, "left"), np.searchsorted(steps, step, "right")
+            part = table.slice(int(first), int(end - first))
+        return part if columns is None or "step" in columns else part.drop_columns(["step"])
 
     # -- tensors ---------------------------------------------------------------------
     def tensor(self, rank: int, step: int, data: str | None, key: str | None, raw: bool = False,

@@ -30,8 +30,10 @@ from opscope.storage.table import rows_to_table
 _STOP = object()
 STATUS_EVERY = 1.0  # seconds between rank.json updates while the dump runs (and at its end)
 WAKE_BYTES = 1 << 20  # a queued item this large wakes the writer thread; smaller ones wait for its next round
-WAKE_EVERY = 0.05  # seconds: the writer thread's round when nothing large wakes it
+WAKE_EVERY = 0.25  # seconds: the writer thread's round when nothing large wakes it (small steps' rows batch per round)
 COMPRESS_ROWS = 1024  # index files of fewer rows are written uncompressed
+BATCH_STEP_ROWS = 4096  # with ``batch``: a step's index of fewer rows is written with the round's other small steps
+BATCH_ROWS = 1 << 16  # rows of one batch file at most
 # step -> (open shard's name, its (key, dtype, shape, buffer) chunks)
 OpenShards = dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]]
 
@@ -46,10 +48,15 @@ class DumpWriter:
         queue_limit: bytes of pending rows and tensors before the caller waits.
         shard_bytes: tensor bytes per safetensors shard.
         overwrite: replace an existing dump at ``root``.
+        batch: write the index rows of small steps (under :data:`BATCH_STEP_ROWS` rows) queued
+            in one round of the writer thread together, as one file in the rank's folder
+            (``rank<R>/records-<first>-<last>-<N>.parquet``, docs/format.md), instead of one
+            file per step: a Parquet file costs about a millisecond whatever its size.
     """
 
     def __init__(self, root: str | os.PathLike, rank: int, manifest: dict[str, Any], *,
-                 queue_limit: int = 512 << 20, shard_bytes: int = 256 << 20, overwrite: bool = False) -> None:
+                 queue_limit: int = 512 << 20, shard_bytes: int = 256 << 20, overwrite: bool = False,
+                 batch: bool = False) -> None:
         self.root = Path(root)
         self.rank = rank
         self.manifest = dict(manifest)
@@ -58,6 +65,7 @@ class DumpWriter:
         self.overwrite = overwrite
         self.error: DumpWriteError | None = None
         self.steps: list[int] = []
+        self._steps_seen: set[int] = set()
         self.records = 0
         self.tensor_bytes = 0
         self.write_seconds = 0.0
@@ -68,6 +76,8 @@ class DumpWriter:
         self._shard: dict[int, tuple[int, int]] = {}  # step -> (index, bytes) on the caller side
         self._rows_index: dict[int, int] = {}
         self._status_at = 0.0  # when rank.json was last written (writer thread)
+        self.batch = batch
+        self._batches = 0  # batch files written (writer thread)
 
     # -- caller side -------------------------------------------------------------------
     def open(self) -> None:
@@ -163,17 +173,73 @@ class DumpWriter:
             with self._cond:
                 while not self._queue:
                     self._cond.wait(WAKE_EVERY)
-                item = self._queue.popleft()
+                items, self._queue = self._queue, deque()
+            if not self._round(items, open_shards):
+                return
+
+    def _round(self, items: deque[tuple[Any, ...]], open_shards: OpenShards) -> bool:
+        """Write what one round took from the queue; False at the end (stop)."""
+        batch: list[tuple[Any, ...]] = []  # small steps' rows, written together (``batch``)
+        rows = 0
+        while items:
+            item = items.popleft()
             if item[0] is _STOP:
+                self._flush_batch(batch)
                 if self.error is None:
                     self._guard(self._close_shards, open_shards, None)
-                return
+                return False
+            if self.error is None and self.batch and item[0] == "rows" and _batched(item[3]):
+                batch.append(item)
+                rows += item[3].num_rows if hasattr(item[3], "num_rows") else len(item[3])
+                if rows >= BATCH_ROWS:
+                    self._flush_batch(batch)
+                    rows = 0
+                continue
             if self.error is None:
                 self._guard(self._handle, item, open_shards)
-            with self._cond:
-                self._pending -= item[-1]
-                self._cond.notify_all()
+            self._done(item[-1])
             del item  # its buffers go now (a native shard's memory back to its pool), not at the next item
+        self._flush_batch(batch)
+        now = time.monotonic()
+        if self.steps and now - self._status_at >= STATUS_EVERY and self.error is None:
+            self._status_at = now  # the step directories say which steps are complete
+            self._guard(self._write_status, "running")
+        return True
+
+    def _done(self, nbytes: int) -> None:
+        with self._cond:
+            self._pending -= nbytes
+            self._cond.notify_all()
+
+    def _flush_batch(self, batch: list[tuple[Any, ...]]) -> None:
+        if batch:
+            if self.error is None:
+                self._guard(self._write_batch, [(item[1], item[3]) for item in batch])
+            self._done(sum(item[-1] for item in batch))
+            batch.clear()
+
+    def _write_batch(self, parts: list[tuple[int, Any]]) -> None:
+        """Several steps' rows as one file in the rank's folder; each step's folder is made
+        first, so that the steps are listed (the reader finds their rows by the file's name)."""
+        import pyarrow.parquet as pq
+
+        steps = [step for step, _ in parts]
+        payloads = [rows for _, rows in parts]
+        combine = getattr(type(payloads[0]), "batch_table", None)
+        if combine is not None and all(type(p) is type(payloads[0]) for p in payloads):
+            table = combine(payloads)  # the native capture's columns: one table for them all
+        else:
+            table = pa.concat_tables([_table_of(p) for p in payloads])
+        rdir = fmt.rank_dir(self.root, self.rank)
+        for step in dict.fromkeys(steps):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(rdir / f"step{int(step)}")
+        name = fmt.batch_name(min(steps), max(steps), self._batches)
+        self._batches += 1
+        tmp = rdir / f"{name}.tmp"
+        pq.write_table(table, tmp, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none")
+        os.replace(tmp, rdir / name)
+        self.records += table.num_rows
 
     def _guard(self, fn: Any, *args: Any) -> None:
         start = time.perf_counter()
@@ -208,10 +274,7 @@ class DumpWriter:
 
             _, _, name, rows, _ = item
             directory.mkdir(parents=True, exist_ok=True)
-            if isinstance(rows, pa.Table):
-                table = rows
-            else:
-                table = rows.table() if hasattr(rows, "table") else rows_to_table(rows)
+            table = _table_of(rows)
             tmp = directory / f"{name}.tmp"
             # zstd sets up a compressor per column and file: for a small step's rows it costs more
             # than it saves (a millisecond a file for a few hundred rows; they take a few kB)
@@ -221,12 +284,9 @@ class DumpWriter:
             self.records += table.num_rows
         elif kind == "end_step":
             self._close_shards(open_shards, step)
-            if step not in self.steps:
-                self.steps.append(step)
-            now = time.monotonic()
-            if now - self._status_at >= STATUS_EVERY:  # the step directories say which steps are complete
-                self._status_at = now
-                self._write_status("running")
+            if step not in self._steps_seen:  # (a set: a list's scan per step grew with the run)
+                self._steps_seen.add(step)
+                self.steps.append(step)  # rank.json lists it at the round's end, after its rows are written
 
     def _close_shards(self, open_shards: OpenShards, step: int | None) -> None:
         for s in [step] if step is not None else list(open_shards):
@@ -267,6 +327,19 @@ class DumpWriter:
         self.manifest["status"] = status
         self.manifest["ranks"] = sorted(int(d.name[4:]) for d in self.root.glob("rank*") if d.name[4:].isdigit())
         fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
+
+
+def _batched(rows: Any) -> bool:
+    """Whether a step's rows go into the round's batch file: a small index, and none that
+    asks for its own Parquet options."""
+    n = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+    return n < BATCH_STEP_ROWS and not getattr(rows, "parquet_options", None)
+
+
+def _table_of(rows: Any) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    return rows.table() if hasattr(rows, "table") else rows_to_table(rows)
 
 
 def _remove_other_runs(root: Path, run_id: str | None) -> None:

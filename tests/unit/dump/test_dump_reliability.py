@@ -135,16 +135,21 @@ def test_config_files_ascend_keys_and_environment(tmp_path, monkeypatch):
 
 def test_reader_refuses_newer_format_and_reports_corrupt_shards(tmp_path):
     train(tmp_path / "d", 2)
-    before = opscope.load(tmp_path / "d").records(step=1).num_rows
-    shards = sorted((tmp_path / "d" / "rank0" / "step1").glob("records-*.parquet"))
-    lost = pq.read_metadata(shards[0]).num_rows
-    shards[0].write_bytes(shards[0].read_bytes()[:100])  # truncated
+    before = {s: opscope.load(tmp_path / "d").records(step=s).num_rows for s in (0, 1)}
+    # small steps' rows are written together, in files of the rank's folder named by their steps
+    files = sorted((tmp_path / "d" / "rank0").glob("records-*.parquet"))
+    assert files and not list((tmp_path / "d" / "rank0" / "step1").glob("records-*.parquet"))
+    target = next(f for f in files if int(f.name.split("-")[1]) <= 1 <= int(f.name.split("-")[2]))
+    held = set(pq.read_table(target, columns=["step"]).column("step").to_pylist())
+    target.write_bytes(target.read_bytes()[:100])  # truncated
     dump = opscope.load(tmp_path / "d")
-    # the other shards of the step (the optimizer's parameters have their own) stay readable
-    assert dump.records(step=0).num_rows > 0 and dump.records(step=1).num_rows == before - lost < before
-    assert any("step1" in p and "unreadable" in p for p in dump.problems)
+    # what other files hold stays readable; the steps of the truncated one lose its rows
+    for s in (0, 1):
+        assert dump.records(step=s).num_rows == (0 if s in held else before[s])
+    assert any(target.name in p and "unreadable" in p for p in dump.problems)
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
-    manifest["format_version"] = "2.0"
+    assert manifest["format_version"] == "2.0"
+    manifest["format_version"] = "3.0"
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DumpFormatError, match="newer than this opscope reads"):
         opscope.load(tmp_path / "d")
@@ -155,9 +160,9 @@ def test_dump_is_readable_without_opscope(tmp_path):
     from safetensors.numpy import load_file
 
     _, dump = train(tmp_path / "d", 1, data="tensor")
-    table = pq.read_table(next((tmp_path / "d" / "rank0" / "step0").glob("records-*.parquet")))
+    table = pq.read_table(next((tmp_path / "d" / "rank0").glob("**/records-*.parquet")))
     row = next(r for r in table.to_pylist() if r["data"] and r["dtype"] == "float32")
-    tensors = load_file(str(tmp_path / "d" / "rank0" / "step0" / row["data"]))
+    tensors = load_file(str(tmp_path / "d" / "rank0" / f"step{row['step']}" / row["data"]))
     assert list(tensors[row["key"]].shape) == row["shape"]
     assert float(tensors[row["key"]].max()) == pytest.approx(row["max"])
 

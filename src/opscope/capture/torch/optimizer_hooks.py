@@ -45,10 +45,8 @@ class OptimizerHooks:
             weakref.WeakKeyDictionary())
 
     def pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-        s = self.session
-        s.clock.poll()
-        s.phase = "optimizer"
-        s.started_level().set_phase("optimizer")
+        self.session.clock.poll()
+        self._phase("optimizer")
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args[0]: the optimizer
         if callable(closure):  # Lightning, LBFGS: forward and backward run inside the step
             return self._wrap_closure(optimizer, closure, args, kwargs)
@@ -56,12 +54,17 @@ class OptimizerHooks:
         return None
 
     def post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        s = self.session
-        if s.capturing:
+        if self.session.capturing:
             self._guarded(optimizer, False)
-        s.phase = "forward"
-        s.started_level().set_phase("forward")
-        s.clock.optimizer_step()
+        self._phase("forward")
+        self.session.clock.optimizer_step()
+
+    def _phase(self, phase: str) -> None:
+        """The session's phase; a level that is not capturing is told when it starts (``activate``)."""
+        s = self.session
+        s.phase = phase
+        if s.capturing:
+            s.started_level().set_phase(phase)
 
     def _begins(self, optimizer: torch.optim.Optimizer) -> None:
         if self.session.capturing:
@@ -71,15 +74,11 @@ class OptimizerHooks:
     def _wrap_closure(self, optimizer: torch.optim.Optimizer, closure: Any, args: Any, kwargs: Any) -> Any:
         """``optimizer.step(closure)``: the closure's ops are forward and backward, not
         optimizer; the parameters and gradients the update reads are recorded after it."""
-        s = self.session
-
         def enter() -> None:
-            s.phase = "forward"
-            s.started_level().set_phase("forward")
+            self._phase("forward")
 
         def leave(first: bool) -> None:
-            s.phase = "optimizer"
-            s.started_level().set_phase("optimizer")
+            self._phase("optimizer")
             if first:
                 self._begins(optimizer)
 

@@ -145,7 +145,7 @@ class DumpSession:
         """An open :class:`DumpWriter` for this session's rank at ``path``."""
         cfg = self.cfg
         writer = DumpWriter(path, self.rank, manifest, queue_limit=int(cfg.queue_limit_mb * 2**20),
-                            shard_bytes=int(cfg.shard_mb * 2**20), overwrite=overwrite)
+                            shard_bytes=int(cfg.shard_mb * 2**20), overwrite=overwrite, batch=True)
         writer.open()
         return writer
 
@@ -263,14 +263,16 @@ class DumpSession:
             self.recorder.begin_step(step, probe=probe)
             self.capturing = True
             self.started_level().activate()
-        else:
-            self.capturing = False
-            self.started_level().deactivate()
+            return
+        self.capturing = False
+        level = self.started_level()
+        if level.on:  # the first step after a captured one (later ones find nothing to undo)
+            level.deactivate()
             self.recorder.idle()
-            if self.clock.manual and not self.modules.stack:
-                # steps end at d.step() only: until a captured step, module calls need no watching
-                # (global module hooks put every module call on torch's slower path)
-                self._watch_modules(False)
+        if self.clock.manual and not self.modules.stack:
+            # steps end at d.step() only: until a captured step, module calls need no watching
+            # (global module hooks put every module call on torch's slower path)
+            self._watch_modules(False)
 
     def _watch_modules(self, on: bool) -> None:
         if on != self._modules_on:
