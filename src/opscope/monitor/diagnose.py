@@ -29,8 +29,10 @@ def adam_eps_departures(optimizer: torch.optim.Optimizer, items: Iterable[tuple[
         blocks: the step's statistics read so far (series ids, ``[n, 4]``: norm, max, NaN, Inf).
         series: the session's series (the named state is added to it).
     """
-    keys = [series.key(int(ids[i])) for ids, values in blocks if values[:, 2:].any()  # a NaN/Inf count: rare
-            for i in np.flatnonzero(values[:, 2:].any(axis=1))]
+    # the blocks of state or weights (they start with exp_avg, or are weights), with a NaN/Inf count: rare
+    suspects = [(ids, values) for ids, values in blocks
+                if len(ids) and series.key(int(ids[0]))[0] in ("weight", "exp_avg") and values[:, 2:].any()]
+    keys = [series.key(int(ids[i])) for ids, values in suspects for i in np.flatnonzero(values[:, 2:].any(axis=1))]
     broken = {name for kind, name in keys if kind in ("weight", "exp_avg")}
     if not broken:
         return []

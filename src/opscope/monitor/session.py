@@ -93,6 +93,7 @@ class MonitorSession:
         self._late: tuple[np.ndarray, Pending, torch.optim.Optimizer, Any] | None = None
         self._held: tuple[int, list[tuple[np.ndarray, np.ndarray]], dict[int, float], list[Departure]] | None = None
         self._defer = False
+        self._after = bool(self.targets & {"optimizer", "weights"})
         self.layouts = OptimizerLayouts(self.hooks, self._place, "optimizer" in self.targets, "weights" in self.targets)
 
     @property
@@ -286,14 +287,12 @@ class MonitorSession:
         if self.on:
             params = self.layouts.params(optimizer)
             self._read()  # the gradients (from the kernel's thread) and what else the step made
-            ids, tensors = ids_array([]), list[torch.Tensor]()
-            if self.targets & {"optimizer", "weights"}:
-                ids, tensors = self.layouts.after(optimizer, params)
+            ids, tensors = self.layouts.after(optimizer, params) if self._after else (None, None)
             if tensors and self._defer:  # the state alone: on the kernel's thread while training goes on
-                self._late = (ids, Pending(tensors, background=True), optimizer, params)
+                self._late = (ids, Pending(tensors, background=True), optimizer, params)  # type: ignore[assignment]
             else:
                 if tensors:  # state and weights: one batch
-                    self._blocks.append((ids, Pending(tensors).values()))
+                    self._blocks.append((ids, Pending(tensors).values()))  # type: ignore[arg-type]
                 self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
         self.clock.optimizer_step()
 
