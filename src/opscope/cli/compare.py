@@ -70,11 +70,12 @@ def main(argv: list[str]) -> int:
     return 1 if result.verdict == "diverged" else 0
 
 
-# What judging, printing and writing a result imports (~50 ms): imported while the tensors are
+# What judging, printing and writing a result imports (~60 ms): imported while the tensors are
 # measured (threads in C, without the GIL), not after. A name missing is imported where needed.
 AFTER_MEASURING = ("opscope.compare.verdict", "opscope.compare.table", "opscope.report.compare_console",
                    "opscope.report.compare_html", "opscope.report.compare_files", "rich.console", "rich.table",
-                   "rich.panel", "rich.text", "rich.box", "rich._emoji_codes", "pyarrow.csv", "importlib.readers")
+                   "rich.panel", "rich.text", "rich.box", "rich._emoji_codes", "pyarrow.csv", "pyarrow.parquet",
+                   "importlib.readers")
 
 
 def _import_what_follows() -> None:

@@ -55,10 +55,10 @@ def test_a_corrupt_index_file_raises_what_parquet_file_raises(tmp_path) -> None:
     assert str(ours.value) == str(public.value)
 
 
-def test_a_compare_of_two_torch_dumps_imports_no_cross_framework_aligner(small_pair) -> None:
+def test_a_compare_of_two_torch_dumps_imports_no_cross_framework_aligner_nor_parquet_module(small_pair) -> None:
     probe = ("import sys, opscope\nopscope.compare(sys.argv[1], sys.argv[2], workers=1)\n"
-             "print(sorted(m for m in ('opscope.compare.crossframework.aligner', 'pyarrow.dataset', 'pandas', "
-             "'torch') if m in sys.modules))")
+             "print(sorted(m for m in ('opscope.compare.crossframework.aligner', 'pyarrow.parquet', 'pyarrow.fs', "
+             "'pyarrow.dataset', 'pandas', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe, *map(str, small_pair)], capture_output=True, text=True,
                          check=True, timeout=120).stdout
     assert out.strip().splitlines()[-1] == "[]"
