@@ -44,6 +44,10 @@ class DumpCallback(keras.callbacks.Callback):
             plain = self.model.train_function
             self.model.make_train_function(force=True)
             self._tapped = self.model.train_function
+            if not s.eager_ops and getattr(self.model, "jit_compile", None) is False:
+                # no eager op to record and no XLA function to see run: the op callback is
+                # needed only while the step is traced
+                self._tapped = self.model.train_function = _traces_only(self._tapped, s.tracer)
             if plain is not None and not s.eager_ops:
                 self._plain = plain
                 self._plain_call = _paused(plain, s.tracer)
@@ -90,3 +94,11 @@ def _paused(train_function: Any, tracer: Any) -> Any:
         with tracer.paused():
             return train_function(*args, **kwargs)
     return plain_train_function
+
+
+def _traces_only(train_function: Any, tracer: Any) -> Any:
+    """``train_function`` called with the op callback on only while it is traced."""
+    def dumped_train_function(*args: Any, **kwargs: Any) -> Any:
+        with tracer.traces_only():
+            return train_function(*args, **kwargs)
+    return dumped_train_function

@@ -95,6 +95,26 @@ class Tracer:
             if registered:
                 op_callbacks.add_op_callback(self._op_callback)
 
+    @contextlib.contextmanager
+    def traces_only(self) -> Iterator[None]:
+        """The op callback is on this thread's list only while a graph is traced inside (the
+        graph's ops are planned as usual); a run of a traced graph then takes TensorFlow's
+        faster path. For fit's train step without XLA and run_eagerly, whose eager ops are
+        not recorded."""
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import op_callbacks
+
+        if self._op_callback not in context.context().op_callbacks or getattr(self._local, "deferred", False):
+            yield
+            return
+        op_callbacks.remove_op_callback(self._op_callback)
+        self._local.deferred = True
+        try:
+            yield
+        finally:
+            self._local.deferred = False
+            op_callbacks.add_op_callback(self._op_callback)
+
     @property
     def tracing(self) -> list[tuple[Any, GraphPlan | None]]:
         stack = getattr(self._local, "stack", None)
@@ -134,11 +154,15 @@ class Tracer:
 
         def func_graph_from_py_func(name: Any, python_func: Any, *args: Any, **kwargs: Any) -> Any:
             def traced(*f_args: Any, **f_kwargs: Any) -> Any:
-                from tensorflow.python.framework import ops
+                from tensorflow.python.framework import op_callbacks, ops
 
                 graph = ops.get_default_graph()
                 plan = tracer._open(graph)
                 tracer.tracing.append((graph, plan))
+                deferred = getattr(tracer._local, "deferred", False)
+                if deferred:  # traces_only: the callback is on while this graph is traced
+                    tracer._local.deferred = False
+                    op_callbacks.add_op_callback(tracer._op_callback)
                 try:
                     out = python_func(*f_args, **f_kwargs)
                     if plan is not None:
@@ -146,6 +170,9 @@ class Tracer:
                     return out
                 finally:
                     tracer.tracing.pop()
+                    if deferred:
+                        op_callbacks.remove_op_callback(tracer._op_callback)
+                        tracer._local.deferred = True
             from tensorflow.python.util import tf_decorator
 
             return trace(name, tf_decorator.make_decorator(python_func, traced), *args, **kwargs)
