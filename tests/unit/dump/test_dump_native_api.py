@@ -135,3 +135,22 @@ def test_an_in_place_output_used_again_is_a_new_row_but_not_read_again(tmp_path,
     assert read == {"native": 4 * 1024 * 4, "python": 0}  # ...but h read once before the calls and after each
     add = rows["native"][rows["native"].op == "Tensor.add_"]
     assert list(add["max"]) == [2046.0, 2047.0, 2047.0, 2048.0]
+
+
+def test_a_write_through_another_tensor_of_the_storage_is_read_anew(tmp_path, monkeypatch, backend):
+    """`h.data.mul_()` writes h's elements without moving h's version: the next use of h reads them
+    again natively too (as the Python path does), not the statistics of its earlier row."""
+    rows = {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        h = torch.arange(1024, dtype=torch.float32)
+        with opscope.dump(tmp_path / name, level="api", phases=["forward"]) as d:
+            h.add_(1)
+            h.data.mul_(3)
+            h.sum()
+            d.step()
+        rows[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True).sort_values("id")
+    for column in _SAME + ["producer"]:
+        assert [_cell(v) for v in rows["native"][column]] == [_cell(v) for v in rows["python"][column]], column
+    summed = rows["native"][(rows["native"].op == "Tensor.sum") & (rows["native"].io == "input")]
+    assert list(summed["max"]) == [3072.0]

@@ -56,6 +56,7 @@ struct Flow {
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
   int64_t held = -1;  // the tensor's version when its row was made (`version` may be moved on: api_bump)
+  int64_t writes = 0;  // in-place calls seen writing its storage by then (api level: g_writes)
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -110,6 +111,9 @@ bool g_tensor_ops = false;                  // full tensors only for the ops ten
 std::unordered_map<int, bool> op_keeps;     // op -> keeps full tensors (with g_tensor_ops)
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
+// api level: storage -> in-place calls seen writing it this step. A write through another tensor
+// of the same storage (`p.data.mul_()`) moves no version counter of `p`: this does.
+std::unordered_map<intptr_t, int64_t> g_writes;
 thread_local std::string t_rng;               // "rng" JSON of the random op running
 // full tensors (data="tensor"): wanted this step (until tensor_limit_mb stops them), or only
 // counted by a size probe; bytes the step may store (-1: no limit), stored; where the limit hit
@@ -247,9 +251,15 @@ int param_of(const at::Tensor& t) {
   return it == params.end() ? -1 : it->second;
 }
 
+int64_t writes_to(const at::Tensor& t) {
+  if (g_writes.empty()) return 0;
+  auto it = g_writes.find(storage_of(t));
+  return it == g_writes.end() ? 0 : it->second;
+}
+
 void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
   Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
-         param, c10::Storage(), version};
+         param, c10::Storage(), version, writes_to(t)};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
     auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
@@ -301,14 +311,15 @@ size_t stats_source(size_t i) {
   return i;
 }
 
-// A row made for this very tensor, alive and unwritten since, that the rules of data flow do not
+// A row made for this very tensor, alive and unwritten since (its version, and the in-place calls
+// seen writing its storage, unchanged), that the rules of data flow do not
 // link to (the api level measures an in-place call's output anew at its next use, as the Python
 // path does): the new row takes its statistics instead of reading the same bytes again. -1: none.
 int64_t unchanged_since(const Head& h, const at::Tensor& t) {
   if (h.data || g_probe || g_route_slow) return -1;
   auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
   if (it == flow.end() || !it->second.ref || it->second.ref->expired() || it->second.held != version_of(t) ||
-      it->second.held < 0)
+      it->second.held < 0 || it->second.writes != writes_to(t))
     return -1;
   return rows[stats_source(it->second.row)].stats == HAVE ? static_cast<int64_t>(it->second.row) : -1;
 }

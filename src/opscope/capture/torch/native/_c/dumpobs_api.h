@@ -128,6 +128,7 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
   const Head h = api_calls[token];
   api_calls.resize(token);  // and any call above it that raised before its end
   bool ok = each_call_item(outs, [&](int slot, int, const at::Tensor& t) {
+    if (mutated) ++g_writes[storage_of(t)];  // before its row: the row holds what the write left
     if (g_outputs) {
       output_row(h, slot, t, -1, mutated, nullptr);
       if (mutated) api_bump(t);

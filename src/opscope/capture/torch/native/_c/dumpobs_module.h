@@ -36,7 +36,7 @@ PyObject* args_obj(int i) {
 
 void clear_step() {
   rows.clear(), args_json.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
-  shared.clear(), views_json.clear(), shard_names.clear();
+  shared.clear(), views_json.clear(), shard_names.clear(), g_writes.clear();
   drop_shard();  // a step left unfinished (capture stopped): its tensors go
   g_seq = 0;
 }
