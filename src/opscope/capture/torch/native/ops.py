@@ -16,10 +16,11 @@ _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
 # update running_mean and running_var (3, 4) in training, declared plain ``Tensor?``. The
 # statistics worker must measure them at the op, before the kernel writes them.
 _UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "miopen_batch_norm": (3, 4)}
-# Ops whose output holds their first input's values: where both lie contiguously in memory with
-# the same dtype, the output's bytes are the input's and the native dump takes its statistics
-# from the input's row instead of reading it again.
-_COPIES = frozenset(("clone", "_to_copy"))
+# Ops whose output holds their first input's values (_unsafe_view: its very memory, undeclared
+# as a view): where both lie contiguously in memory with the same dtype, the output's bytes are
+# the input's and the native dump takes its statistics from the input's row instead of reading
+# it again.
+_COPIES = frozenset(("clone", "_to_copy", "_unsafe_view"))
 
 
 def _arg_kind(type_name: str) -> int:

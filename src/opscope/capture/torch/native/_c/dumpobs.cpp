@@ -348,13 +348,14 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
 // ---- statistics shared by tensors holding the same bytes --------------------------------------
 // The inputs of the recorded op running on this thread that a new output may hold byte for byte:
 // contiguous CPU tensors the kernel reads, with their rows. An output with the same bytes has
-// the same statistics (the kernel reads only the bytes, in order), so it is not read again:
-// `_unsafe_view` returns its input's memory without declaring a view, `clone` and `_to_copy`
-// copy it. Only set between a statistics-only op's start and its end, when that op writes no
-// argument in place (its inputs then still hold at its end what they held at its start).
+// the same statistics (the kernel reads only the bytes, in order), so it is not read again.
+// Only for the ops known to return their first input's values (OpKind::copies: `_unsafe_view`
+// returns its memory without declaring a view, `clone` and `_to_copy` copy it), not for any
+// output found in an input's memory: an op whose schema hides an in-place write could have
+// changed it. Set between a statistics-only op's start and its end, when that op declares no
+// argument written in place.
 struct Held {
   int64_t row;
-  const void* p;
   int64_t numel;
   int8_t dtype;
   bool first;  // the op's first tensor input (what a copying op copies)
@@ -368,16 +369,15 @@ bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in mem
 }
 
 void hold_input(int64_t row, const at::Tensor& t, bool first) {
-  if (t_share && row >= 0 && plain_bytes(t))
-    t_held.push_back(Held{row, t.const_data_ptr(), t.numel(), static_cast<int8_t>(t.scalar_type()), first});
+  if (t_share && first && row >= 0 && plain_bytes(t))
+    t_held.push_back(Held{row, t.numel(), static_cast<int8_t>(t.scalar_type()), first});
 }
 
-// The row of an input whose bytes output `t` holds (same memory, or the copy a copying op made), or -1.
+// The row of the first input whose bytes output `t` of a copying op holds, or -1.
 int64_t same_bytes(const at::Tensor& t) {
-  if (!t_share || t_held.empty() || !plain_bytes(t)) return -1;
-  const void* p = t.const_data_ptr();
+  if (!t_share || !t_copies || t_held.empty() || !plain_bytes(t)) return -1;
   for (const Held& h : t_held)
-    if (h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()) && (h.p == p || (t_copies && h.first)))
+    if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
       return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
   return -1;
 }

@@ -60,7 +60,7 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   int64_t first = -1;
   Base base;
   t_held.clear();
-  t_share = !h.data && !g_probe && !g_route_slow && k.written.empty();
+  t_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
       t_measure_here = writes_arg(k, arg);
