@@ -7,6 +7,7 @@ one-pass C kernel (``_fastats``: min, max, sum, sum of squares, NaN/Inf/zero cou
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from typing import Any
@@ -47,13 +48,26 @@ def array_of(tensor: Any) -> np.ndarray:
     return np.asarray(arr)
 
 
+_BYTE = ctypes.c_char
+
+
+def address(arr: np.ndarray) -> int:
+    """The address of a C-contiguous array's first byte. Through the buffer protocol where
+    the array is writable (~0.4 us; ``arr.ctypes.data`` builds an object for it, ~1-2 us,
+    and a graph run hands over ~1,100 arrays); nothing is written through it."""
+    try:
+        return ctypes.addressof(_BYTE.from_buffer(arr))  # type: ignore[arg-type]  # ndarray exports a buffer; its stubs do not say so
+    except (TypeError, ValueError, BufferError):  # read-only, or empty
+        return int(arr.ctypes.data)
+
+
 def host_stats(arr: np.ndarray) -> tuple[Any, ...]:
     """``(min, max, mean, std, norm, absmax, nan, inf, zeros, hash)`` of ``arr``."""
     code = CODES.get(name_of(arr)) if _fastats is not None else None
     if code is None or not arr.flags.c_contiguous:
         return tensor_stats(arr)
     n = int(arr.size)
-    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(arr.ctypes.data, n, code)
+    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(address(arr), n, code)
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
 
 
@@ -72,7 +86,7 @@ def many_stats(arrays: list[np.ndarray]) -> list[tuple[Any, ...]]:
         for i, arr in enumerate(arrays):
             code = CODES.get(name_of(arr))
             if code is not None and arr.nbytes >= _SPLIT and arr.flags.c_contiguous:
-                jobs.append((i, _fastats.submit(arr.ctypes.data, int(arr.size), code, 0)))
+                jobs.append((i, _fastats.submit(address(arr), int(arr.size), code, 0)))
         queued = {i for i, _ in jobs}
         for i, arr in enumerate(arrays):
             if i not in queued:
