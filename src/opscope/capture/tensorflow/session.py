@@ -122,6 +122,7 @@ class TFDumpSession:
         self.writer.close("crashed" if failure else "complete",
                           error=None if failure is None else f"{type(failure).__name__}: {failure}")
         if error is None:
+            self.failure = self.failure or self.writer.error  # met while the last steps were written
             self.raise_failure()
         from opscope.storage.reader import load
 

@@ -209,6 +209,8 @@ class DumpSession:
             self.writer.close(status, error)
         if failure is not None and status == "crashed" and error == str(failure):
             raise failure
+        if status == "complete" and self.writer.error is not None:  # met writing the last steps
+            raise self.writer.error
 
     def _remove_hooks(self) -> None:
         if self._level is not None:
