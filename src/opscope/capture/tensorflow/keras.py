@@ -51,6 +51,8 @@ class DumpCallback(keras.callbacks.Callback):
             if plain is not None and not s.eager_ops:
                 self._plain = plain
                 self._plain_call = _paused(plain, s.tracer)
+            if not s.eager_ops and getattr(self.model, "jit_compile", None) is False:
+                s.tracer.defer(True)  # back at the end of the dump (_finish)
         self._ran_plain = -1
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
@@ -80,6 +82,7 @@ class DumpCallback(keras.callbacks.Callback):
         self._finish()
 
     def _finish(self) -> None:
+        self.session.tracer.defer(False)
         if not self.session.stopped:
             self.dump = self.session.stop()
             if self._plain is not None and self.model.train_function in (self._tapped, self._plain_call):
