@@ -34,7 +34,7 @@ Block = tuple[np.ndarray, np.ndarray]  # a step's tensors of one kind: series id
 
 
 def _replace_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # every rank writes monitor.json: its own temp file
     tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=str), encoding="utf-8")
     os.replace(tmp, path)
 
