@@ -1,0 +1,90 @@
+// Included by dumpobs.cpp inside its anonymous namespace, after the rows and data flow: an
+// output that holds the bytes of an input already read takes that row's statistics.
+
+// ---- statistics shared by tensors holding the same bytes --------------------------------------
+// The inputs of the recorded op running on this thread that a new output may hold byte for byte:
+// contiguous CPU tensors the kernel reads, with their rows. An output with the same bytes has
+// the same statistics (the kernel reads only the bytes, in order), so it is not read again.
+// Only for the ops known to return their first input's values (OpKind::copies: `_unsafe_view`
+// returns its memory without declaring a view, `clone` and `_to_copy` copy it), not for any
+// output found in an input's memory: an op whose schema hides an in-place write could have
+// changed it. Set between a statistics-only op's start and its end, when that op declares no
+// argument written in place.
+struct Held {
+  int64_t row;
+  int64_t numel;
+  int8_t dtype;
+  bool first;  // the op's first tensor input (what a copying op copies)
+};
+thread_local std::vector<Held> t_held;
+thread_local bool t_share = false, t_copies = false;
+
+bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in memory
+  return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
+         !python_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
+}
+
+void hold_input(int64_t row, const at::Tensor& t, bool first) {
+  if (t_share && first && row >= 0 && plain_bytes(t))
+    t_held.push_back(Held{row, t.numel(), static_cast<int8_t>(t.scalar_type()), first});
+}
+
+// The row of the first input whose bytes output `t` of a copying op holds, or -1.
+int64_t same_bytes(const at::Tensor& t) {
+  if (!t_share || !t_copies || t_held.empty() || !plain_bytes(t)) return -1;
+  for (const Held& h : t_held)
+    if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
+      return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
+  return -1;
+}
+
+// `base`: the op's first input, when output `t` is a view of it (src >= 0)
+void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated, const Base* base) {
+  size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+  int64_t version = version_of(t);  // at the op's end the in-place bump has happened already
+  int param = param_of(t);
+  int note = N_VIEW;
+  if (src < 0 && !mutated) {
+    if (const Flow* f = same_tensor(t, version))
+      src = static_cast<int64_t>(f->row), note = N_ALIAS;  // the very tensor measured before
+  }
+  bool view = src >= 0 && note == N_VIEW;
+  bool link = src >= 0 && !mutated && rows[src].numel == rows[i].numel;
+  // with full tensors a view is kept as its input's data plus its geometry, else stored itself
+  int geometry = link && view && h.place && base ? view_geometry(t, *base) : -1;
+  if (link && view && h.data && geometry < 0) link = false;
+  if (link) {
+    rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src, rows[i].view = geometry;
+    if (rows[src].param >= 0) param = rows[src].param;
+  } else if (int64_t same = mutated || h.data ? -1 : same_bytes(t); same >= 0) {
+    rows[i].same = same;
+  } else {
+    measure(i, t, h.data);
+  }
+  rows[i].param = param;
+  record_flow(t, i, version, param, view);
+}
+
+void rng_before(const OpKind& k);
+
+// Its storages are about to be written in place: views registered on them are forgotten, and
+// the statistics still to be taken of them are taken first.
+void forget_views_written(const OpKind& k) {
+  if (k.written.empty() || (views.empty() && g_async.last.empty())) return;
+  for (int pos : k.written) {
+    if (pos >= static_cast<int>(t_args.size())) continue;
+    std::vector<at::Tensor> ts;
+    const auto& a = t_args[pos];
+    if (a.isTensor()) ts.push_back(a.toTensor());
+    else if (a.isTensorList())
+      for (const at::Tensor& x : a.toTensorList()) ts.push_back(x);
+    for (const auto& t : ts) {
+      if (!t.defined()) continue;
+      wait_storage(t);
+      auto it = views.find(storage_of(t));
+      if (it == views.end()) continue;
+      for (const Elems& g : it->second) geo.erase(g);
+      views.erase(it);
+    }
+  }
+}
