@@ -190,7 +190,7 @@ class DumpWriter:
                 return False
             if self.error is None and self.batch and item[0] == "rows" and _batched(item[3]):
                 batch.append(item)
-                rows += item[3].num_rows if hasattr(item[3], "num_rows") else len(item[3])
+                rows += _n_rows(item[3])
                 if rows >= BATCH_ROWS:
                     self._flush_batch(batch)
                     rows = 0
@@ -332,8 +332,12 @@ class DumpWriter:
 def _batched(rows: Any) -> bool:
     """Whether a step's rows go into the round's batch file: a small index, and none that
     asks for its own Parquet options."""
-    n = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-    return n < BATCH_STEP_ROWS and not getattr(rows, "parquet_options", None)
+    return _n_rows(rows) < BATCH_STEP_ROWS and not getattr(rows, "parquet_options", None)
+
+
+def _n_rows(rows: Any) -> int:
+    """The rows of a step's payload: an Arrow table, a capture's columns or a list of rows."""
+    return int(rows.num_rows) if hasattr(rows, "num_rows") else len(rows)
 
 
 def _table_of(rows: Any) -> pa.Table:
