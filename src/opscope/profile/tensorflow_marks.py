@@ -13,7 +13,9 @@ mark                  runs after                                   what waits fo
                       layer call, or the ``fp_point`` layer)
 ``backward_start``    the loss (``GradientTape.gradient`` entry)   (nothing)
 ``backward_end``      every gradient (the ``bp_point`` layer's)    the gradients it returns
-``optimizer_start``   the gradients handed to ``optimizer.apply``  those gradients
+``optimizer_start``   the gradients handed to ``optimizer.apply``  those gradients, and the
+                      (= ``backward_end``'s stamp when they are    update's first ops
+                      the gradients it gated)
 ``optimizer_end``     every op ``apply`` created                   (nothing)
 ====================  ===========================================  ============================
 
@@ -32,6 +34,17 @@ from collections.abc import Callable
 from typing import Any
 
 from opscope.profile.phases import patch, unpatch
+from opscope.profile.tensorflow_graph import (
+    bp_gradients,
+    default_graph,
+    flat_tensors,
+    hold_roots,
+    identity,
+    is_graph_tensor,
+    outermost_graph,
+    probe,
+    symbolic,
+)
 from opscope.profile.tensorflow_phases import SLOT, SLOTS
 
 ROWS = 128  # graph marks kept between two reads: one row per run of a graph that marks
@@ -89,6 +102,7 @@ class PhaseMarks:
         self.gate_data = False
         self._rows: dict[int, Any] = {}  # graph id -> its row tensor
         self._opt_depth = 0
+        self._grads_gate: tuple[Any, dict[int, Any], Any] = (None, {}, None)  # graph, gated gradients, stamp
         self._patches: list[tuple[Any, str, Any, Any]] = []
         self.active = False
 
@@ -165,21 +179,50 @@ class PhaseMarks:
                 self.notes.append(XLA_NOTE)
             return None
         tf = self.tf
-        with tf.control_dependencies(_probe(tf, [t for t in after or () if _is_graph_tensor(tf, t)])):
+        with tf.control_dependencies(probe(tf, [t for t in after or () if is_graph_tensor(tf, t)])):
             stamp = tf.timestamp()
+        self._write(slot, stamp)
+        return stamp
+
+    def _write(self, slot: str, stamp: Any) -> None:
+        """Store a graph timestamp in ``slot`` of this run's row."""
+        tf = self.tf
         index = tf.reshape(tf.stack([self._row(), tf.constant(SLOT[slot], tf.int64)]), [1, 2])
         self.slots.scatter_nd_update(index, tf.reshape(stamp, [1]))
+
+    def _gradients_stamp(self, grads: Any) -> Any:
+        """The ``backward_end`` stamp when ``grads`` are exactly the gradients it gated (in
+        this graph), else None."""
+        graph, gated, stamp = self._grads_gate
+        flat = flat_tensors(self.tf, grads)
+        if graph is not default_graph() or not flat or any(id(t) not in gated for t in flat):
+            return None
         return stamp
 
     def _row(self) -> Any:
         """The row this run of the current graph writes its marks to: each run of a graph
         that marks takes the next row once (at its first mark), whatever the graph holds."""
-        graph = _default_graph()
+        graph = default_graph()
         row = self._rows.get(id(graph))
         if row is None or row.graph is not graph:
             row = (self.cursor.assign_add(1, read_value=True) - 1) % ROWS
             self._rows[id(graph)] = row
         return row
+
+    def _optimizer_start(self, grads: Any) -> tuple[Any, Any]:
+        """Mark the optimizer's start; returns the gradients its update must read and the
+        stamp the rest of the update must wait for (None in eager code).
+
+        Gradients that come straight from a gated ``tape.gradient`` already wait for the
+        ``backward_end`` stamp: the optimizer starts there (one write, nothing added on the
+        update's path). Others (clipped, all-reduced, unscaled) get a stamp of their own and
+        pass through identities that wait for it."""
+        stamp = self._gradients_stamp(grads) if self._in_graph() else None
+        if stamp is not None:
+            self._write("optimizer_start", stamp)
+            return grads, stamp
+        stamp = self._mark("optimizer_start", flat_tensors(self.tf, grads))
+        return self._gate(stamp, grads), stamp
 
     def _gate(self, stamp: Any, structure: Any) -> Any:
         """``structure`` with every tensor passed through an identity that waits for ``stamp``."""
@@ -187,7 +230,7 @@ class PhaseMarks:
             return structure
         tf = self.tf
         with tf.control_dependencies([stamp]):
-            return tf.nest.map_structure(lambda t: _identity(tf, t), structure)
+            return tf.nest.map_structure(lambda t: identity(tf, t), structure)
 
     # ------------------------------------------------------------------ wrappers
     def _wrap_function(self, original: Any) -> Any:
@@ -220,11 +263,11 @@ class PhaseMarks:
             else:
                 with marks.tf.control_dependencies([stamp]):
                     out = original(iterator, *args, **kwargs)
-            stamp = marks._mark("data_end", _flat_tensors(marks.tf, out))
+            stamp = marks._mark("data_end", flat_tensors(marks.tf, out))
             if not marks.gate_data or stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
                 return out  # (an Optional, with steps_per_execution > 1, is never held back)
             with marks.tf.control_dependencies([stamp]):  # else an XLA step may run before the mark
-                return marks.tf.nest.map_structure(lambda t: _identity(marks.tf, t), out, expand_composites=True)
+                return marks.tf.nest.map_structure(lambda t: identity(marks.tf, t), out, expand_composites=True)
 
         return next_element
 
@@ -242,9 +285,9 @@ class PhaseMarks:
             bp_layer = marks.bp_point is not None and marks.bp_point in (layer.name, getattr(layer, "path", None))
             if outer and not marks._in_graph():
                 marks._on_poll()
-            starts = marks.detailed and (named if marks.fp_point else outer) and not _symbolic(args)
+            starts = marks.detailed and (named if marks.fp_point else outer) and not symbolic(args)
             if starts:  # only the inputs wait: control inputs on every op would stop Grappler's fusions
-                args = marks._gate(marks._mark("forward_start", _flat_tensors(marks.tf, args)), args)
+                args = marks._gate(marks._mark("forward_start", flat_tensors(marks.tf, args)), args)
             marks._depth += 1
             try:
                 out = original(layer, *args, **kwargs)
@@ -253,8 +296,8 @@ class PhaseMarks:
             if bp_layer:  # built by now: its variables exist
                 marks.found[marks.bp_point] = True  # type: ignore[index]
                 marks.bp_variables.update(id(v) for v in layer.trainable_variables)
-            if outer and marks.detailed and not _symbolic(args):
-                marks._mark("forward_end", _flat_tensors(marks.tf, out))
+            if outer and marks.detailed and not symbolic(args):
+                marks._mark("forward_end", flat_tensors(marks.tf, out))
             return out
 
         return layer_call
@@ -266,7 +309,7 @@ class PhaseMarks:
         def gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
             if not marks.active:
                 return original(tape, target, sources, *args, **kwargs)
-            stamp = marks._mark("backward_start", _flat_tensors(marks.tf, target))
+            stamp = marks._mark("backward_start", flat_tensors(marks.tf, target))
             if stamp is not None and not args and kwargs.get("output_gradients") is None:
                 # The backward pass starts from ones (TF's own seed): handing the same ones,
                 # made after the mark, makes the backward ops wait for it.
@@ -274,9 +317,13 @@ class PhaseMarks:
             elif stamp is not None and kwargs.get("output_gradients") is not None:
                 kwargs["output_gradients"] = marks._gate(stamp, kwargs["output_gradients"])
             grads = original(tape, target, sources, *args, **kwargs)
-            watched = _bp_gradients(marks.tf, sources, grads, marks.bp_variables) if marks.bp_point else None
-            stamp = marks._mark("backward_end", watched if watched is not None else _flat_tensors(marks.tf, grads))
-            return marks._gate(stamp, grads)
+            watched = bp_gradients(marks.tf, sources, grads, marks.bp_variables) if marks.bp_point else None
+            stamp = marks._mark("backward_end", watched if watched is not None else flat_tensors(marks.tf, grads))
+            gated = marks._gate(stamp, grads)
+            if stamp is not None and watched is None:  # the optimizer may start from this stamp
+                flat = flat_tensors(marks.tf, gated)
+                marks._grads_gate = (default_graph(), {id(t): t for t in flat}, stamp)
+            return gated
 
         return gradient
 
@@ -288,21 +335,20 @@ class PhaseMarks:
             if not marks.active or marks._opt_depth:  # a wrapping optimizer (loss scale) calls its inner one
                 return original(optimizer, grads, *args, **kwargs)
             in_graph = marks._in_graph()
-            stamp = marks._mark("optimizer_start", _flat_tensors(marks.tf, grads)) if marks.detailed else None
-            graph = _default_graph() if in_graph else None
+            grads, stamp = marks._optimizer_start(grads) if marks.detailed else (grads, None)
+            graph = default_graph() if in_graph else None
             first = len(graph.get_operations()) if graph is not None else 0
             marks._opt_depth += 1
             try:
-                # Every op of the update waits for the mark: the ones that need no gradient
-                # (learning rate, bias corrections) would otherwise run at the step's start.
-                with marks.tf.control_dependencies([stamp] if stamp is not None else []):
-                    out = original(optimizer, grads, *args, **kwargs)
+                out = original(optimizer, grads, *args, **kwargs)
             finally:
                 marks._opt_depth -= 1
             if graph is not None:
-                marks.step_functions.add(_outermost_graph(graph).name)
+                marks.step_functions.add(outermost_graph(graph).name)
                 if marks.detailed:
-                    marks._mark("optimizer_end", [op for op in graph.get_operations()[first:] if op._is_stateful])
+                    update = graph.get_operations()[first:]
+                    hold_roots(stamp, update)
+                    marks._mark("optimizer_end", [op for op in update if op._is_stateful])
             else:
                 if marks.detailed:
                     marks._mark("optimizer_end")
@@ -310,80 +356,3 @@ class PhaseMarks:
             return out
 
         return apply
-
-
-def _is_graph_tensor(tf: Any, value: Any) -> bool:
-    return isinstance(value, (tf.Tensor, tf.Operation)) and not isinstance(value, tf.__internal__.EagerTensor)
-
-
-def _flat_tensors(tf: Any, structure: Any) -> list[Any]:
-    """Graph tensors (and ops) in a nested structure; IndexedSlices by their values;
-    optionals by their variant tensor."""
-    out = []
-    for item in tf.nest.flatten(structure, expand_composites=True):
-        if isinstance(item, tf.Operation) or (isinstance(item, tf.Tensor) and _is_graph_tensor(tf, item)):
-            out.append(item)
-    return out
-
-
-def _probe(tf: Any, values: list[Any]) -> list[Any]:
-    """What a mark waits for: operations (the optimizer's updates) as they are, tensors
-    through one IdentityN that reads them all. A control edge straight from the op that made
-    a tensor would stop Grappler from fusing that op with its producers (MatMul + BiasAdd),
-    and a fused op rounds differently in bfloat16: the numbers would change."""
-    ops = [v for v in values if isinstance(v, tf.Operation)]
-    tensors = [v for v in values if not isinstance(v, tf.Operation)]
-    if tensors:
-        ops.append(tf.raw_ops.IdentityN(input=tensors)[0].op)
-    return ops
-
-
-def _identity(tf: Any, value: Any) -> Any:
-    if isinstance(value, tf.IndexedSlices):
-        return tf.IndexedSlices(tf.identity(value.values), value.indices, value.dense_shape)
-    if isinstance(value, tf.Tensor) and _is_graph_tensor(tf, value):
-        return tf.identity(value)
-    return value
-
-
-def _symbolic(args: Any) -> bool:
-    """Keras builds models on symbolic KerasTensors: no step runs there."""
-    from keras.src.backend.common.keras_tensor import KerasTensor
-
-    return any(isinstance(a, KerasTensor) for a in _flatten_any(args))
-
-
-def _flatten_any(args: Any) -> list[Any]:
-    from keras.src import tree
-
-    try:
-        return list(tree.flatten(args))
-    except Exception:  # noqa: BLE001 - an unflattenable argument is not a KerasTensor
-        return []
-
-
-def _bp_gradients(tf: Any, sources: Any, grads: Any, variables: set[int]) -> list[Any] | None:
-    """The gradients of the ``bp_point`` layer's variables, or None when none is among them."""
-    flat_sources = tf.nest.flatten(sources)
-    flat_grads = tf.nest.flatten(grads, expand_composites=False)
-    chosen = []
-    for source, grad in zip(flat_sources, flat_grads):
-        if id(source) in variables and grad is not None:
-            chosen.extend(_flat_tensors(tf, grad))
-    return chosen or None
-
-
-def _default_graph() -> Any:
-    from tensorflow.python.framework import ops
-
-    return ops.get_default_graph()
-
-
-def _outermost_graph(graph: Any) -> Any:
-    """The graph of the tf.function called from eager code that (maybe through nested
-    functions and control flow) holds ``graph``."""
-    from tensorflow.python.framework.func_graph import FuncGraph
-
-    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
-        graph = graph.outer_graph
-    return graph
