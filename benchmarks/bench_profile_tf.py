@@ -6,10 +6,11 @@ Two measurements of the training trace, both against a bare run in the same proc
 
 1. ``fit`` rounds: two identical models, one bare, one with the profile as its callback
    (one session over every round, so its train function is traced once), one epoch each,
-   alternating (which model goes first alternates too); each round's first steps (tracing) left out. Wall and process CPU time
-   between batch starts, from a timing callback both carry (batch-begin only, so Keras keeps
-   its asynchronous batch-end dispatch). Rounds of a few hundred ms: load that changes
-   between rounds on a shared machine shows up here.
+   alternating (which model goes first alternates too); each round's first steps
+   (tracing) left out. Wall and process CPU time between batch starts, from a timing
+   callback both carry (batch-begin only, so Keras keeps its asynchronous batch-end
+   dispatch). Rounds of a few hundred ms: load that changes between rounds on a shared
+   machine shows up here.
 2. step by step: two identical models, one train function traced without and one with
    the marks, called alternately (what ``fit`` runs per batch), the profile's own per-step work
    (reading the marks, the step row) timed with the marked call. Load hits both alike.
