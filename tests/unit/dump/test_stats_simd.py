@@ -13,16 +13,19 @@ import pytest
 
 from opscope.capture.torch import stats
 
-CASES = textwrap.dedent("""
+SIZES = (0, 1, 15, 16, 17, 31, 48, 4095, 4096, 4097, 4096 + 48 + 5, 10000)
+PATTERNS = ("randn", "big", "zeros", "nan", "inf", "signed_zeros", "wide", "cancel", "overflow", "nan_mid",
+            "subnormal", "all_nan", "offset")
+CASES = textwrap.dedent(f"""
     import json, math, random, torch
     from opscope.capture.torch.native import _fastats
     random.seed(0)
     torch.manual_seed(0)
-    codes = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+    codes = {{torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}}
     out = []
     for dt, code in codes.items():
-        for n in (0, 1, 15, 16, 17, 4095, 4096, 4097, 10000):
-            for pattern in ("randn", "big", "zeros", "nan", "inf"):
+        for n in {SIZES!r}:
+            for pattern in {PATTERNS!r}:
                 t = torch.randn(n, dtype=torch.float64)
                 if pattern == "big":
                     t = t * 1e30
@@ -33,9 +36,28 @@ CASES = textwrap.dedent("""
                 if n and pattern == "inf":
                     t[random.randrange(n)] = math.inf
                     t[random.randrange(n)] = -math.inf
+                if pattern == "signed_zeros":  # which zero a lane's min keeps depends on the order
+                    t = t.abs()
+                    t[1::3] = -0.0
+                    t[2::3] = 0.0
+                if pattern == "wide":  # lane sums so far apart that the order they are added in shows
+                    t = t * torch.exp2(torch.randint(-60, 60, (n,), dtype=torch.float64))
+                if pattern == "cancel":  # lanes 0 and 2 cancel: lane 1 survives only if added after them
+                    t[::16] = 2.0**60
+                    t[2::16] = -(2.0**60)
+                if pattern == "overflow":  # finite elements whose sums overflow: counted, none found
+                    t = torch.full((n,), 1e308 if dt == torch.float64 else 3e38, dtype=torch.float64)
+                if n and pattern == "nan_mid":  # one block (stretch) of the middle only
+                    t[n // 2] = math.nan
+                if pattern == "subnormal":
+                    t = t * (1e-310 if dt == torch.float64 else 1e-40)
+                if pattern == "all_nan":
+                    t[:] = math.nan
                 t = t.to(dt).contiguous()
+                if pattern == "offset":  # not aligned to 4 bytes for 16-bit dtypes: unaligned loads
+                    t = torch.cat([t[:1], t])[1:]
                 out.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
-    print(json.dumps({"simd": _fastats.SIMD, "stats": out}))
+    print(json.dumps({{"simd": _fastats.SIMD, "stats": out}}))
 """)
 
 
@@ -52,7 +74,7 @@ def test_simd_and_portable_kernels_agree_bit_for_bit():
     assert portable["simd"] == 0
     if not simd["simd"]:
         pytest.skip("this CPU has no AVX2: only the portable loops exist here")
-    assert len(simd["stats"]) == 4 * 9 * 5
+    assert len(simd["stats"]) == 4 * len(SIZES) * len(PATTERNS)
     assert simd["stats"] == portable["stats"]  # min, max, sum, sumsq, nan, inf, zeros, hash
     nan_cases = [s for s in simd["stats"] if s[4] not in ("0",)]
     assert nan_cases and all(math.isfinite(float(s[0])) or s[0] in ("inf", "-inf") for s in nan_cases)

@@ -1,0 +1,223 @@
+/* The float kernels of fastats_avx2.h: statistics and the wsum64-v2 hash of the same 64 bytes
+ * in one loop (one load of each byte, one pass over memory, integer hash ops interleaved with
+ * the float ones). Bit for bit the portable loops of fastats_kernel.h:
+ *  - float32, float16, bfloat16: blocks of BLOCK elements, 16 float lanes in each (lane l takes
+ *    elements i + l), the tail of the last block in lane 0, lanes combined in lane order;
+ *  - float64: 8 double lanes over the whole tensor, the tail in lane 0;
+ *  - NaN and Inf are counted only where a stretch's sums come out non-finite
+ *    (count_nonfinite), zeros always; counts are integers, so where they are counted is free.
+ * Included by fastats_avx2.h only. */
+
+/* 8 float lanes of the statistics, without the counts. */
+typedef struct {
+    __m256 s, q, mn, mx;
+} fl8_t;
+
+AVX2_INLINE void fl8_init(fl8_t *f) {
+    f->s = f->q = _mm256_setzero_ps();
+    f->mn = _mm256_set1_ps(INFINITY);
+    f->mx = _mm256_set1_ps(-INFINITY);
+}
+
+AVX2_INLINE void fl8_add(fl8_t *f, __m256 v) {
+    f->mn = _mm256_min_ps(v, f->mn); /* v < mn ? v : mn */
+    f->mx = _mm256_max_ps(v, f->mx); /* v > mx ? v : mx */
+    f->s = _mm256_add_ps(f->s, v);
+    f->q = _mm256_add_ps(f->q, _mm256_mul_ps(v, v)); /* no FMA: the portable loop rounds v*v first */
+}
+
+/* Are the 8 sums finite? (NaN or Inf stays in a running sum for good.) */
+AVX2_INLINE int fl8_finite(const fl8_t *f) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 ok = _mm256_cmp_ps(_mm256_and_ps(f->s, absmask), _mm256_set1_ps(INFINITY), _CMP_LT_OQ);
+    return _mm256_movemask_ps(ok) == 0xff;
+}
+
+/* One block's 16 lanes, in the portable loop's lane order. */
+typedef struct {
+    float s[LANES], q[LANES], mn[LANES], mx[LANES];
+} lanes_t;
+
+/* Vector lane k goes to lane first + k * stride. */
+AVX2_INLINE void fl8_store(const fl8_t *f, lanes_t *L, int first, int stride) {
+    float s[8], q[8], mn[8], mx[8];
+    _mm256_storeu_ps(s, f->s);
+    _mm256_storeu_ps(q, f->q);
+    _mm256_storeu_ps(mn, f->mn);
+    _mm256_storeu_ps(mx, f->mx);
+    for (int k = 0; k < 8; k++) {
+        int l = first + k * stride;
+        L->s[l] = s[k]; L->q[l] = q[k]; L->mn[l] = mn[k]; L->mx[l] = mx[k];
+    }
+}
+
+AVX2_INLINE uint64_t sum_epi32(__m256i v) {
+    uint32_t c[8];
+    uint64_t t = 0;
+    _mm256_storeu_si256((__m256i *)c, v);
+    for (int l = 0; l < 8; l++) t += c[l];
+    return t;
+}
+
+/* The end of a block: NaN/Inf counted if its sums say so, the tail (elements m16..m-1) added
+ * to lane 0, the lanes combined into `a` in lane order. */
+AVX2_INLINE void block_end(const fl8_t *f0, const fl8_t *f1, int first1, int stride, uint64_t zeros,
+                           const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a) {
+    if (!fl8_finite(f0) || !fl8_finite(f1)) count_nonfinite(xb, m16, code, a);
+    a->zeros += zeros;
+    lanes_t L;
+    fl8_store(f0, &L, 0, stride);
+    fl8_store(f1, &L, first1, stride);
+    for (Py_ssize_t i = m16; i < m; i++) {
+        float v = load1(xb, i, code);
+        a->nan += v != v; a->inf += fabsf(v) == INFINITY; a->zeros += v == 0.0f;
+        L.mn[0] = v < L.mn[0] ? v : L.mn[0]; L.mx[0] = v > L.mx[0] ? v : L.mx[0];
+        L.s[0] += v; L.q[0] += v * v;
+    }
+    for (int l = 0; l < LANES; l++) {
+        a->sum += L.s[l]; a->sumsq += L.q[l];
+        if (L.mn[l] < a->mn) a->mn = L.mn[l];
+        if (L.mx[l] > a->mx) a->mx = L.mx[l];
+    }
+}
+
+AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    const __m256 zero = _mm256_setzero_ps();
+    hasher_t h;
+    hasher_init(&h, 0);
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {
+        Py_ssize_t m = n - b0 < BLOCK ? n - b0 : BLOCK, m16 = m & ~(Py_ssize_t)15;
+        const float *xb = x + b0;
+        fl8_t lo, hi;
+        fl8_init(&lo);
+        fl8_init(&hi);
+        __m256i nz = _mm256_setzero_si256();
+        for (Py_ssize_t i = 0; i < m16; i += 16) {
+            __m256 v0 = _mm256_loadu_ps(xb + i), v1 = _mm256_loadu_ps(xb + i + 8);
+            nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v0, zero, _CMP_EQ_OQ)));
+            nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v1, zero, _CMP_EQ_OQ)));
+            fl8_add(&lo, v0);
+            fl8_add(&hi, v1);
+            hasher_add16(&h, _mm256_castps_si256(v0), _mm256_castps_si256(v1));
+        }
+        block_end(&lo, &hi, 8, 1, sum_epi32(nz), xb, m16, m, F32, a);
+    }
+    hasher_done(&h, x, (size_t)n * 4, 0, h1, h2);
+}
+
+/* 16 float16 or bfloat16 elements (32 bytes, w; p points at them) into the block's two
+ * halves of 8 lanes; zeros counted on the 16-bit words (all bits but the sign clear). */
+AVX2_INLINE void half16_add(fl8_t *f0, fl8_t *f1, __m256i *nz, const uint16_t *p, __m256i w, int code) {
+    *nz = _mm256_sub_epi16(*nz, _mm256_cmpeq_epi16(_mm256_add_epi16(w, w), _mm256_setzero_si256()));
+    if (code == F16) { /* elements 0..7 to lanes 0..7, 8..15 to lanes 8..15 */
+        fl8_add(f0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
+        fl8_add(f1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8))));
+    } else { /* bfloat16 is the high half of a float32: even elements (lanes 0, 2, ..) and odd ones */
+        fl8_add(f0, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+        fl8_add(f1, _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u))));
+    }
+}
+
+AVX2_INLINE void half_fused(const uint16_t *x, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    hasher_t h;
+    hasher_init(&h, 0);
+    for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {
+        Py_ssize_t m = n - b0 < BLOCK ? n - b0 : BLOCK, m16 = m & ~(Py_ssize_t)15, m32 = m & ~(Py_ssize_t)31;
+        const uint16_t *xb = x + b0;
+        fl8_t f0, f1;
+        fl8_init(&f0);
+        fl8_init(&f1);
+        __m256i nz = _mm256_setzero_si256(); /* 16-bit counts: at most BLOCK / 16 each */
+        for (Py_ssize_t i = 0; i < m32; i += 32) {
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(xb + i));
+            __m256i w1 = _mm256_loadu_si256((const __m256i *)(xb + i + 16));
+            half16_add(&f0, &f1, &nz, xb + i, w0, code);
+            half16_add(&f0, &f1, &nz, xb + i + 16, w1, code);
+            hasher_add16(&h, w0, w1);
+        }
+        if (m32 < m16) { /* 16 more (the last block only) */
+            __m256i w0 = _mm256_loadu_si256((const __m256i *)(xb + m32));
+            half16_add(&f0, &f1, &nz, xb + m32, w0, code);
+            hasher_add8(&h, w0);
+        }
+        uint64_t zeros = sum_epi32(_mm256_madd_epi16(nz, _mm256_set1_epi16(1)));
+        if (code == F16) block_end(&f0, &f1, 8, 1, zeros, xb, m16, m, code, a);
+        else block_end(&f0, &f1, 1, 2, zeros, xb, m16, m, code, a);
+    }
+    hasher_done(&h, x, (size_t)n * 2, 0, h1, h2);
+}
+
+AVX2 static void f16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    half_fused(x, n, F16, a, h1, h2);
+}
+
+AVX2 static void bf16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    half_fused(x, n, BF16, a, h1, h2);
+}
+
+/* 4 double lanes of s_f64 (fastats_kernel.h), without the counts. */
+typedef struct {
+    __m256d s, q, mn, mx;
+} d4_t;
+
+AVX2_INLINE void d4_add(d4_t *d, __m256i *nz, __m256d v) {
+    *nz = _mm256_sub_epi64(*nz, _mm256_castpd_si256(_mm256_cmp_pd(v, _mm256_setzero_pd(), _CMP_EQ_OQ)));
+    d->mn = _mm256_min_pd(v, d->mn);
+    d->mx = _mm256_max_pd(v, d->mx);
+    d->s = _mm256_add_pd(d->s, v);
+    d->q = _mm256_add_pd(d->q, _mm256_mul_pd(v, v));
+}
+
+AVX2_INLINE int d4_finite(const d4_t *d) {
+    const __m256d absmask = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7fffffffffffffffLL));
+    return _mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(d->s, absmask), _mm256_set1_pd(INFINITY), _CMP_LT_OQ)) == 0xf;
+}
+
+/* The lanes' sums are checked every CHUNK64 elements; once one is non-finite (also by
+ * overflow) it stays so, and every later stretch is counted. */
+#define CHUNK64 2048
+
+AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    d4_t d[2];
+    for (int k = 0; k < 2; k++) {
+        d[k].s = d[k].q = _mm256_setzero_pd();
+        d[k].mn = _mm256_set1_pd(INFINITY);
+        d[k].mx = _mm256_set1_pd(-INFINITY);
+    }
+    __m256i nz = _mm256_setzero_si256(); /* zeros of all 8 lanes (their sum is what is kept) */
+    hasher_t h;
+    hasher_init(&h, 0);
+    Py_ssize_t n8 = n & ~(Py_ssize_t)7;
+    for (Py_ssize_t c0 = 0; c0 < n8; c0 += CHUNK64) {
+        Py_ssize_t c1 = n8 - c0 < CHUNK64 ? n8 : c0 + CHUNK64;
+        for (Py_ssize_t i = c0; i < c1; i += 8) {
+            __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
+            d4_add(&d[0], &nz, v0);
+            d4_add(&d[1], &nz, v1);
+            hasher_add16(&h, _mm256_castpd_si256(v0), _mm256_castpd_si256(v1));
+        }
+        if (!d4_finite(&d[0]) || !d4_finite(&d[1])) count_nonfinite(x + c0, c1 - c0, F64, a);
+    }
+    double s[8], q[8], mn[8], mx[8];
+    uint64_t zeros[4];
+    _mm256_storeu_si256((__m256i *)zeros, nz);
+    for (int k = 0; k < 4; k++) a->zeros += zeros[k];
+    for (int k = 0; k < 2; k++) {
+        _mm256_storeu_pd(s + 4 * k, d[k].s);
+        _mm256_storeu_pd(q + 4 * k, d[k].q);
+        _mm256_storeu_pd(mn + 4 * k, d[k].mn);
+        _mm256_storeu_pd(mx + 4 * k, d[k].mx);
+    }
+    for (Py_ssize_t i = n8; i < n; i++) { /* the tail goes to lane 0, as in the portable loop */
+        double v = x[i];
+        a->nan += v != v; a->inf += fabs(v) == INFINITY; a->zeros += v == 0.0;
+        mn[0] = v < mn[0] ? v : mn[0]; mx[0] = v > mx[0] ? v : mx[0];
+        s[0] += v; q[0] += v * v;
+    }
+    for (int l = 0; l < 8; l++) {
+        a->sum += s[l]; a->sumsq += q[l];
+        if (mn[l] < a->mn) a->mn = mn[l];
+        if (mx[l] > a->mx) a->mx = mx[l];
+    }
+    hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
+}
