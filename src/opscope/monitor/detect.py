@@ -5,14 +5,27 @@ Each tracked series gives one number per step: a tensor's L2 norm (judged in log
 learning rate (log10). A value departs when its robust z-score,
 ``|x - median| / max(1.4826 * MAD, floor)``, over the last ``window`` values exceeds
 ``threshold``, once the series has ``warmup`` values (below 16 values the threshold is
-raised by ``sqrt(16 / n)``: a median and MAD of few values are loose). A norm that falls must also fall by
-``DROP`` decades (10x): a gradient's norm over a small batch drops by cancellation far more
-often than it jumps, and a fall that matters is a collapse. A loss departs only upwards (a
-loss that falls faster than its band is training, not trouble). The floor (0.05 in log10, i.e. ~12%;
-1% of the median for the loss) keeps a flat series (a constant learning rate) from firing
-on rounding. A NaN or Inf (a non-finite norm, NaN/Inf counts above 0) departs at once,
-with no history needed. A series that departed is not reported again for ``window``
-steps: one incident, one event.
+raised by ``sqrt(16 / n)``: a median and MAD of few values are loose), *and* it moved by
+at least a smallest amount (the z-score says a move is unusual for the series, this says it
+is large enough to be trouble; on healthy training of real models the z-score alone fired):
+
+- a norm: ``MOVE`` decades (100x), up or down (squared kinds, Adam's ``exp_avg_sq``: twice
+  the decades, the same move of the gradient). Healthy tiny models moved a layer's gradient
+  15x for a step, a small bias's gradient or weight 20x down by cancellation;
+- the loss: up only, by ``RISE`` (25%) of its median (a loss that falls is learning; a
+  batch seen after a longer gap came back 10% higher);
+- the learning rate: up only, by any amount beyond the band (it is set by code: a rise out
+  of a smooth schedule is deliberate or a bug; a decay, a step down, an end at 0 are not);
+- never against a band of zeros (a bias that gets no gradient: 0, then rounding's 1e-22).
+
+The floor (0.05 in log10, i.e. ~12%; 1% of the median for the loss) keeps a flat series (a
+constant learning rate) from firing on rounding. A NaN or Inf (a non-finite norm, NaN/Inf
+counts above 0) departs at once, with no history needed. Activations and their gradients
+(``INNER_KINDS``) are named when they move in a step where something else departs (they
+may be where it starts), but alone, finite, they make no event: backward and the optimizer
+absorbed it (a healthy tiny Llama's gradient at its first norm's output jumped 1e4x for
+one step, with no trace in any parameter's gradient or the loss). A series that departed
+is not reported again for ``window`` steps: one incident, one event.
 
 All series are judged together with numpy (a sort of a ``[series, window]`` array), so the
 cost does not grow with Python calls per series; a series' band is recomputed every
@@ -39,13 +52,22 @@ from opscope.monitor.registry import SeriesTable
 
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
-DROP = 1.0
+MOVE = 2.0  # decades (100x) a norm must move by, either way, to depart (squared kinds: twice that)
+RISE = 0.25  # a fraction of |median| the loss must rise by to depart
 FEW = 16  # below this many values in its window, a series needs a larger z to depart
 REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
+ZERO = -29.0  # log10: a band whose median is this low is of zeros, against which no ratio means anything
 QUANTUM = 512  # int16 steps per decade in the windows of log10 values (|log10| <= 64)
 _LIMIT = 32767
 LINEAR_KINDS = ("loss",)  # judged as they are; the others in log10
+UPWARD_KINDS = ("loss", "lr")  # only a rise departs: a loss that falls is learning, a rate that falls a schedule
+SET_KINDS = ("lr",)  # set by code, not measured: judged by the band alone, no smallest move
+SQUARED_KINDS = ("exp_avg_sq", "max_exp_avg_sq")  # in units of a gradient squared
+INNER_KINDS = ("activation", "activation_grad")  # name where trouble starts; alone (finite), no event
+LINEAR, UPWARD, SET, SQUARED, INNER = 1, 2, 4, 8, 16  # bits of a series' flags
+_FLAGS = ((LINEAR, LINEAR_KINDS), (UPWARD, UPWARD_KINDS), (SET, SET_KINDS), (SQUARED, SQUARED_KINDS),
+          (INNER, INNER_KINDS))
 
 
 def _middle(ordered: np.ndarray) -> np.ndarray:
@@ -72,7 +94,7 @@ class BandDetector:
     def __init__(self, window: int, threshold: float, warmup: int, series: SeriesTable | None = None) -> None:
         self.window, self.threshold, self.warmup = window, threshold, warmup
         self.series = series if series is not None else SeriesTable()
-        self.linear = np.zeros(0, dtype=bool)
+        self.flags = np.zeros(0, dtype=np.uint8)  # LINEAR, UPWARD, SET, SQUARED, INNER
         self.row = np.zeros(0, dtype=np.int32)  # the series' row in its kind of window
         self.logs = np.zeros((0, window), dtype=np.int16)  # log10 values, in 1/QUANTUM decades
         self.lins = np.zeros((0, window), dtype=np.float64)  # the loss's values
@@ -83,6 +105,11 @@ class BandDetector:
         self.band_at = np.zeros(0, dtype=np.int32)
 
     @property
+    def linear(self) -> np.ndarray:
+        """Per series: judged as it is (True) or in log10."""
+        return (self.flags & LINEAR) > 0
+
+    @property
     def size(self) -> int:
         """Series the detector holds state for."""
         return len(self.count)
@@ -91,11 +118,13 @@ class BandDetector:
         """State for series ids up to ``n - 1`` (new ids come in groups: one step's)."""
         old = len(self.count)
         kinds, kind_of = self.series.kinds, self.series.kind_of
-        linear = np.array([kinds[kind_of[i]] in LINEAR_KINDS for i in range(old, n)], dtype=bool)
+        new = [kinds[kind_of[i]] for i in range(old, n)]
+        flags = np.array([sum(bit for bit, of in _FLAGS if k in of) for k in new], dtype=np.uint8)
+        linear = (flags & LINEAR) > 0
         rows = np.empty(n - old, dtype=np.int32)
         rows[linear] = len(self.lins) + np.arange(int(linear.sum()))
         rows[~linear] = len(self.logs) + np.arange(int((~linear).sum()))
-        self.linear, self.row = np.concatenate([self.linear, linear]), np.concatenate([self.row, rows])
+        self.flags, self.row = np.concatenate([self.flags, flags]), np.concatenate([self.row, rows])
         self.lins = _grown(self.lins, len(self.lins) + int(linear.sum()), np.nan)
         self.logs = _grown(self.logs, len(self.logs) + int((~linear).sum()), 0)
         self.count, self.band_at = _grown(self.count, n, 0), _grown(self.band_at, n, -(1 << 30))
@@ -118,6 +147,8 @@ class BandDetector:
         n = np.minimum(self.count[rows], self.window)
         limit = self.threshold * np.sqrt(np.maximum(1.0, FEW / np.maximum(n, 1)))
         out = awake & (nonfinite | (z > limit))
+        if not (nonfinite[out].any() or (self.flags[rows[out]] & INNER == 0).any()):
+            out[:] = False  # activations alone: backward and the optimizer absorbed it
         departures = [self._departure(int(rows[j]), raw[j], median[j], z[j], bool(nonfinite[j]), bad[j])
                       for j in np.flatnonzero(out)]
         self.quiet_until[rows[out]] = step + self.window
@@ -150,12 +181,16 @@ class BandDetector:
             self.med[stale], self.mad[stale] = self._median_mad(stale)
             self.band_at[stale] = self.count[stale]
         med, mad = self.med[judged].astype(np.float64), self.mad[judged].astype(np.float64)
-        linear = self.linear[judged]
+        flags = self.flags[judged]
+        linear = (flags & LINEAR) > 0
         floor = np.where(linear, LINEAR_FLOOR * np.abs(med) + 1e-12, LOG_FLOOR)
         scale = np.maximum(1.4826 * mad, floor)
         delta = x[ready] - med
-        falls_little = (delta < 0) & (linear | (-delta < DROP))  # a loss that falls is training
-        z[ready] = np.where(falls_little, 0.0, np.abs(delta) / scale)
+        # the smallest move that departs: RISE of the loss; none for the lr; MOVE decades for a norm
+        # (squared: twice that); and none against a band of zeros
+        least = np.where(linear, RISE * np.abs(med), np.where(flags & SET, 0.0, MOVE * (1 + ((flags & SQUARED) > 0))))
+        within = (np.abs(delta) < least) | ((delta < 0) & ((flags & UPWARD) > 0)) | (~linear & (med <= ZERO))
+        z[ready] = np.where(within, 0.0, np.abs(delta) / scale)
         median[ready] = np.where(linear, med, 10.0 ** med)
         return z, median
 
