@@ -25,6 +25,7 @@ from opscope.monitor.hooks import ModelHooks
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 CACHED = 8  # layouts kept per cache (a cache that outgrows it starts again)
+_GRAD = operator.attrgetter("grad")
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
@@ -116,16 +117,17 @@ class OptimizerLayouts:
 
     def grads(self, params: Params) -> tuple[np.ndarray, list[torch.Tensor]]:
         """The ids and tensors of the gradients present; ids found once per set of them."""
-        grads = [p.grad for p in params.params]
-        found = [g for g in grads if g is not None]
-        present = (id(params), None if len(found) == len(grads) else tuple(g is not None for g in grads))
+        grads: list[Any] = list(map(_GRAD, params.params))  # (C loops: see stats._DATA_PTR)
+        every = not any(map(operator.is_, grads, repeat(None)))
+        found = grads if every else [g for g in grads if g is not None]
+        present = (id(params), None if every else tuple(g is not None for g in grads))
         layout = self._grads.get(present)
         if layout is None:
             which = [i for i, g in enumerate(grads) if g is not None and g.numel()]
             ids = ids_array([self.place("grad", params.names[i], params.places[i] + self.reduced) for i in which])
             layout = _put(self._grads, present, (ids, which if len(which) < len(grads) else None))
         ids, chosen = layout
-        return ids, found if chosen is None else [grads[i] for i in chosen]  # type: ignore[misc]
+        return ids, found if chosen is None else [grads[i] for i in chosen]
 
     def after(self, optimizer: torch.optim.Optimizer, params: Params) -> tuple[np.ndarray, list[torch.Tensor]]:
         """The ids and tensors of the optimizer's state and of the weights, after its step."""

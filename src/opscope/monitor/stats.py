@@ -25,7 +25,9 @@ Statistics never change the tensors they read (no in-place op, no dtype change o
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -61,6 +63,10 @@ _monstats = _load_batched()
 BATCHED = _monstats is not None  # False: the dump's kernel per tensor (benchmarks compare both)
 _BATCH_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _INFLIGHT: list[torch.Tensor] = []  # the background batch's tensors, alive until it is joined
+# per-tensor calls made by map() in C loops: the interpreter's own work per tensor, not the calls,
+# was most of a batch's cost on the training thread (its caches cold after a backward pass)
+_DTYPE, _IS_CPU = operator.attrgetter("dtype"), operator.attrgetter("is_cpu")
+_CONTIGUOUS, _DATA_PTR, _NUMEL = torch.Tensor.is_contiguous, torch.Tensor.data_ptr, torch.Tensor.numel
 
 
 def join() -> None:
@@ -141,9 +147,10 @@ class Pending:
         returns the indices of the others. The results are in ``self.batch`` (filled when
         the call returns, or once :func:`join` returns with ``background``)."""
         assert _monstats is not None  # BATCHED said so
-        codes = _BATCH_CODES
         tensors = self.tensors
-        kinds = [codes.get(t.dtype, -1) if t.is_cpu and t.is_contiguous() else -1 for t in tensors]
+        kinds = list(map(_BATCH_CODES.get, map(_DTYPE, tensors), repeat(-1)))
+        if not (all(map(_IS_CPU, tensors)) and all(map(_CONTIGUOUS, tensors))):
+            kinds = [k if t.is_cpu and t.is_contiguous() else -1 for k, t in zip(kinds, tensors, strict=True)]
         chosen: Any = slice(None)
         rest: list[int] = []
         if -1 in kinds:  # not for the kernel: the others, one by one
@@ -153,7 +160,7 @@ class Pending:
             if not tensors:
                 return rest
         try:  # plain lists, one conversion: numpy calls per step cost more than the loop here
-            meta = np.array([*[t.data_ptr() for t in tensors], *[t.numel() for t in tensors], *kinds], np.int64)
+            meta = np.array(list(map(_DATA_PTR, tensors)) + list(map(_NUMEL, tensors)) + kinds, np.int64)
         except RuntimeError:  # a tensor without storage (meta, fake): not for the kernel
             return range(len(self.tensors))
         out = np.empty((len(tensors), 4), dtype=np.float64)

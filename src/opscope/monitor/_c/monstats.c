@@ -232,12 +232,19 @@ static void *worker_main(void *unused) {
     return NULL;
 }
 
+/* The GIL is let go only when the batch is still running: letting it go when another Python
+ * thread waits for it hands it over, and the caller then waits for that thread's Python. */
 static void wait_idle(void) {
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&W.mu);
-    while (W.busy) pthread_cond_wait(&W.cv, &W.mu);
+    pthread_mutex_lock(&W.mu); /* the worker holds it only between batches */
+    int busy = W.busy;
     pthread_mutex_unlock(&W.mu);
-    Py_END_ALLOW_THREADS
+    if (busy) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&W.mu);
+        while (W.busy) pthread_cond_wait(&W.cv, &W.mu);
+        pthread_mutex_unlock(&W.mu);
+        Py_END_ALLOW_THREADS
+    }
     if (W.held) {
         release(&W.batch);
         W.held = 0;
