@@ -67,12 +67,24 @@ class Judge:
         if len(self._held) >= HANDOFF or chunk_done or time.monotonic() - self._since > LATENCY:
             self._hand_over()
 
-    def _hand_over(self) -> None:
+    def hand_over(self) -> None:
+        """Hand the steps held so far to the thread now, if it has room (else they wait for the
+        usual hand-over): the training thread is about to leave the GIL free for a while (a
+        backward pass), so the thread's Python makes it wait for nothing."""
+        if self._thread is not None and self._held and self.error is None:
+            try:
+                self._room.get_nowait()
+            except queue.Empty:
+                return
+            self._hand_over(room=False)
+
+    def _hand_over(self, room: bool = True) -> None:
         self.check()
         held, self._held = self._held, []
         self._since = time.monotonic()
         if held:
-            self._room.get()
+            if room:
+                self._room.get()
             self._queue.put(held)
 
     def _run(self) -> None:

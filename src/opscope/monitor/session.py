@@ -19,6 +19,7 @@ its one line, and optionally to a watch's flight recorder.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import weakref
 from collections.abc import Callable
@@ -86,6 +87,7 @@ class MonitorSession:
         self._scalars: dict[int, float] = {}  # the loss and learning rates, by series id
         self._losses: list[torch.Tensor] = []  # what backward started from this step (loss.py)
         self._calls: dict[str, int] = {}
+        self._buckets: dict[tuple[int, int], tuple[list[torch.Tensor], list[int], np.ndarray]] = {}  # DDP's
         self._optimizer_seen = False
         self._causes: list[Departure] = []
         # the optimizer state's statistics on the kernel's thread until the next optimizer step
@@ -118,8 +120,8 @@ class MonitorSession:
         # not the weights: code between two steps may write them (a clamp, an EMA)
         self._defer = self.flight is None and "weights" not in self.targets and stats.NATIVE and stats.BATCHED
         try:
-            if "loss" in self.targets:
-                loss_hook.listen(self._backward_loss)
+            if "loss" in self.targets or self.flight is None:  # (the judge's hand-over too)
+                loss_hook.listen(self._backward)
             self.hooks.install(self.model)
             if self.optimizer is not None:
                 self._handles = [self.optimizer.register_step_pre_hook(self._optimizer_pre),
@@ -180,12 +182,13 @@ class MonitorSession:
         finally:
             self._late = self._held = None
             stats.join()
-            loss_hook.unlisten(self._backward_loss)
+            loss_hook.unlisten(self._backward)
             self.hooks.remove()
             for h in self._handles:
                 h.remove()
             self._handles = []
             self.layouts.clear()  # it holds tensors
+            self._buckets = {}
             if self.writer is not None:
                 try:
                     if self.judge is not None:
@@ -263,12 +266,18 @@ class MonitorSession:
                 self.layouts.reduced = 500_000
 
     def _local_grads(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
-        """A DDP bucket's gradients as this rank's backward made them, before the all-reduce."""
-        chosen = [i for i, g in enumerate(grads) if g.numel()]
-        ids = [self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
-                           self.hooks.place(params[i]) or self.hooks.tick()) for i in chosen]
-        if ids:
-            self._blocks.append((ids_array(ids), Pending([grads[i] for i in chosen]).values()))
+        """A DDP bucket's gradients as this rank's backward made them, before the all-reduce;
+        the bucket's series found once (while it holds the same parameters)."""
+        key = (id(params[0]) if params else 0, len(params))
+        layout = self._buckets.get(key)
+        if layout is None or not all(map(operator.is_, layout[0], params)):
+            chosen = [i for i, g in enumerate(grads) if g.numel()]
+            ids = ids_array([self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
+                                         self.hooks.place(params[i]) or self.hooks.tick()) for i in chosen])
+            layout = self._buckets[key] = (list(params), chosen, ids)
+        _, chosen, ids = layout
+        if len(ids):
+            self._blocks.append((ids, Pending([grads[i] for i in chosen]).values()))
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
@@ -291,9 +300,9 @@ class MonitorSession:
             if tensors and self._defer:  # the state alone: on the kernel's thread while training goes on
                 self._late = (ids, Pending(tensors, background=True), optimizer, params)  # type: ignore[assignment]
             else:
-                if tensors:  # state and weights: one batch
+                if tensors:  # state and weights: one batch (the Adam-eps check reads only these)
                     self._blocks.append((ids, Pending(tensors).values()))  # type: ignore[arg-type]
-                self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
+                    self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
         self.clock.optimizer_step()
 
     def _settle(self) -> None:
@@ -336,9 +345,15 @@ class MonitorSession:
         self._calls = {}
         self.on = step % self.cfg.every == 0
 
-    def _backward_loss(self, value: torch.Tensor) -> None:
-        if self.on and self.started:
-            self._losses.append(value)
+    def _backward(self, value: torch.Tensor) -> None:
+        """A backward pass begins from the scalar ``value``: the loss, when followed; and the
+        finished steps go to the judge's thread now, whose Python then runs while the autograd
+        engine holds no GIL (handed over at a step's end it would make the training thread wait)."""
+        if self.started:
+            if self.on and "loss" in self.targets:
+                self._losses.append(value)
+            if self.judge is not None:
+                self.judge.hand_over()
 
     def _end_step(self, step: int) -> None:
         if self._held is not None:  # no optimizer step since the last step ended: its state now
