@@ -57,7 +57,21 @@ CASES = textwrap.dedent(f"""
                 if pattern == "offset":  # not aligned to 4 bytes for 16-bit dtypes: unaligned loads
                     t = torch.cat([t[:1], t])[1:]
                 out.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
-    print(json.dumps({{"simd": _fastats.SIMD, "stats": out}}))
+    ints = []  # the 8-bit types: integer sums, exact in the portable loop's doubles too
+    for dt, code in {{torch.int8: 4, torch.uint8: 5, torch.bool: 9}}.items():
+        for n in {SIZES!r} + (32 * 255 * 2 + 40, 100003):
+            for pattern in ("random", "extremes", "zeros", "all_zeros"):
+                lo, hi = (-128, 128) if dt == torch.int8 else (0, 2 if dt == torch.bool else 256)
+                t = torch.randint(lo, hi, (n,))
+                if pattern == "extremes":  # the sums of squares at their largest per step
+                    t = torch.full((n,), lo if dt == torch.int8 else hi - 1)
+                if pattern == "zeros":
+                    t[::5] = 0
+                if pattern == "all_zeros":  # the most a step's zero counts can take
+                    t[:] = 0
+                t = t.to(dt)
+                ints.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
+    print(json.dumps({{"simd": _fastats.SIMD, "stats": out, "ints": ints}}))
 """)
 
 
@@ -76,5 +90,6 @@ def test_simd_and_portable_kernels_agree_bit_for_bit():
         pytest.skip("this CPU has no AVX2: only the portable loops exist here")
     assert len(simd["stats"]) == 4 * len(SIZES) * len(PATTERNS)
     assert simd["stats"] == portable["stats"]  # min, max, sum, sumsq, nan, inf, zeros, hash
+    assert len(simd["ints"]) == 3 * (len(SIZES) + 2) * 4 and simd["ints"] == portable["ints"]
     nan_cases = [s for s in simd["stats"] if s[4] not in ("0",)]
     assert nan_cases and all(math.isfinite(float(s[0])) or s[0] in ("inf", "-inf") for s in nan_cases)

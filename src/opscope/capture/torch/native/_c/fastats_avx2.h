@@ -150,8 +150,9 @@ static int avx2_available(void) { return has_avx2(); }
 
 #include "fastats_fused.h"
 
-/* Every dtype's hash with AVX2, and the float types' statistics fused with it (the integers'
- * are the portable loops); 0 when the portable code must run. */
+/* Every dtype's hash with AVX2, the float types' statistics fused with it, the 8-bit types'
+ * with integer sums (the wider integers' are the portable loops); 0 when the portable code
+ * must run. */
 static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
     if (!has_avx2()) return 0;
     switch (code) {
@@ -159,8 +160,11 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     case F16: f16_fused((const uint16_t *)p, n, a, h1, h2); return 1;
     case BF16: bf16_fused((const uint16_t *)p, n, a, h1, h2); return 1;
     case F64: f64_fused((const double *)p, n, a, h1, h2); return 1;
-    case I8: s_i8((const int8_t *)p, n, a); break;
-    case U8: case BOOL: s_u8((const uint8_t *)p, n, a); break;
+    case I8: case U8: case BOOL:
+        if (n >= ((Py_ssize_t)1 << 36)) return 0; /* sums no longer exact in double: the portable order */
+        if (code == I8) i8_fused((const uint8_t *)p, n, a, h1, h2);
+        else u8_fused((const uint8_t *)p, n, a, h1, h2);
+        return 1;
     case I16: s_i16((const int16_t *)p, n, a); break;
     case I32: s_i32((const int32_t *)p, n, a); break;
     case I64: s_i64((const int64_t *)p, n, a); break;

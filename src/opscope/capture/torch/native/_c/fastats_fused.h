@@ -221,3 +221,86 @@ AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1
     }
     hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
 }
+
+/* Statistics of uint8 and bool (is_signed 0) and int8 (1), fused with the hash: INT_STATS
+ * (fastats_kernel.h) adds in double, and while n < 2^36 every partial sum (of x up to 255, of
+ * x*x up to 65025) is an integer below 2^53, so exact: the integer sums kept here are the same
+ * bits, in any order. */
+#define INT8_FLUSH 127 /* 64-byte steps before an 8-bit zero count could overflow */
+
+AVX2_INLINE uint64_t sum_epi64(__m256i v) {
+    uint64_t c[4];
+    _mm256_storeu_si256((__m256i *)c, v);
+    return c[0] + c[1] + c[2] + c[3];
+}
+
+/* 32 bytes into the min, max, sum (64-bit, of x + 128 for int8), squares (32-bit) and zeros. */
+AVX2_INLINE void int8_add(__m256i v, int is_signed, __m256i *mn, __m256i *mx, __m256i *s, __m256i *q32,
+                          __m256i *nz) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i lo, hi;
+    *nz = _mm256_sub_epi8(*nz, _mm256_cmpeq_epi8(v, zero));
+    if (is_signed) {
+        *mn = _mm256_min_epi8(v, *mn);
+        *mx = _mm256_max_epi8(v, *mx);
+        *s = _mm256_add_epi64(*s, _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), zero));
+        lo = _mm256_srai_epi16(_mm256_unpacklo_epi8(v, v), 8);
+        hi = _mm256_srai_epi16(_mm256_unpackhi_epi8(v, v), 8);
+    } else {
+        *mn = _mm256_min_epu8(v, *mn);
+        *mx = _mm256_max_epu8(v, *mx);
+        *s = _mm256_add_epi64(*s, _mm256_sad_epu8(v, zero));
+        lo = _mm256_unpacklo_epi8(v, zero);
+        hi = _mm256_unpackhi_epi8(v, zero);
+    }
+    *q32 = _mm256_add_epi32(*q32, _mm256_add_epi32(_mm256_madd_epi16(lo, lo), _mm256_madd_epi16(hi, hi)));
+}
+
+AVX2_INLINE void int8_fused(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i mn = _mm256_set1_epi8(is_signed ? 0x7f : (char)0xff), mx = _mm256_set1_epi8(is_signed ? (char)0x80 : 0);
+    __m256i s = zero;
+    uint64_t q = 0, zeros = 0;
+    hasher_t h;
+    hasher_init(&h, 0);
+    Py_ssize_t n64 = n & ~(Py_ssize_t)63, i = 0;
+    while (i < n64) {
+        Py_ssize_t end = n64 - i < 64 * INT8_FLUSH ? n64 : i + 64 * INT8_FLUSH;
+        __m256i nz = zero, q32 = zero; /* 8-bit zero counts; 32-bit sums of squares */
+        for (; i < end; i += 64) {
+            __m256i v0 = _mm256_loadu_si256((const __m256i *)(x + i));
+            __m256i v1 = _mm256_loadu_si256((const __m256i *)(x + i + 32));
+            int8_add(v0, is_signed, &mn, &mx, &s, &q32, &nz);
+            int8_add(v1, is_signed, &mn, &mx, &s, &q32, &nz);
+            hasher_add16(&h, v0, v1);
+        }
+        zeros += sum_epi64(_mm256_sad_epu8(nz, zero));
+        q += sum_epi32(q32);
+    }
+    uint8_t bmn[32], bmx[32];
+    _mm256_storeu_si256((__m256i *)bmn, mn);
+    _mm256_storeu_si256((__m256i *)bmx, mx);
+    int64_t sum = (int64_t)sum_epi64(s) - (is_signed ? 128 * (int64_t)n64 : 0);
+    int least = is_signed ? 127 : 255, most = is_signed ? -128 : 0; /* any element is within them */
+    for (int k = 0; k < 32; k++) {
+        int m0 = is_signed ? (int8_t)bmn[k] : bmn[k], m1 = is_signed ? (int8_t)bmx[k] : bmx[k];
+        least = m0 < least ? m0 : least;
+        most = m1 > most ? m1 : most;
+    }
+    for (; i < n; i++) {
+        int v = is_signed ? (int8_t)x[i] : x[i];
+        sum += v; q += (uint64_t)(v * v); zeros += v == 0;
+        least = v < least ? v : least;
+        most = v > most ? v : most;
+    }
+    a->mn = least; a->mx = most; a->sum = (double)sum; a->sumsq = (double)q; a->zeros = zeros;
+    hasher_done(&h, x, (size_t)n, 0, h1, h2);
+}
+
+AVX2 static void u8_fused(const uint8_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    int8_fused(x, n, 0, a, h1, h2);
+}
+
+AVX2 static void i8_fused(const uint8_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    int8_fused(x, n, 1, a, h1, h2);
+}
