@@ -34,11 +34,16 @@ slowly moving window allows (a jump is judged against a band made from the steps
 either way).
 
 The state is one array per quantity, indexed by the series' id (:mod:`~opscope.monitor.registry`),
-~90 bytes a series with the default window of 32: the windows of log10 values as int16 in
-steps of 1/512 decade (0.45%; |log10| up to 64, clipped beyond; the floor of the band is 0.05
-decade, so the rounding moves a z-score by 0.02 at most), those of linear series (the loss)
-as float64, the count of values, the step until which a series is quiet, the band (median
-and MAD, float32) and when it was computed.
+~51 bytes a series with the default window of 32: the windows of log10 values as int8 in
+steps of 1/32 decade around a base of its own (int16; +-3.97 decades around it, clipped
+beyond), which is moved to the median each time the band is computed (a value clipped is an
+outlier: the median and MAD hold) and, before a series is judged, to a value that does not
+fit (a learning rate of 0 at the first step is clipped instead); those of linear series (the
+loss) as float64; the flags of its kind, the count of values, the step until which a series
+is quiet (int32), the band (median and MAD, float32). The rounding (1/64 decade at most)
+moves a z-score by 0.3 at most at the 0.05 floor, against a smallest move of 2 decades
+(z = 40 there) for a norm; the learning rate, judged without one, is a flat series whose
+values are its base.
 """
 
 from __future__ import annotations
@@ -58,8 +63,8 @@ FEW = 16  # below this many values in its window, a series needs a larger z to d
 REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
 ZERO = -29.0  # log10: a band whose median is this low is of zeros, against which no ratio means anything
-QUANTUM = 512  # int16 steps per decade in the windows of log10 values (|log10| <= 64)
-_LIMIT = 32767
+QUANTUM = 32  # steps per decade of the windows of log10 values: int8 around a base (+-3.97 decades)
+_LIMIT = 127
 LINEAR_KINDS = ("loss",)  # judged as they are; the others in log10
 UPWARD_KINDS = ("loss", "lr")  # only a rise departs: a loss that falls is learning, a rate that falls a schedule
 SET_KINDS = ("lr",)  # set by code, not measured: judged by the band alone, no smallest move
@@ -95,14 +100,14 @@ class BandDetector:
         self.window, self.threshold, self.warmup = window, threshold, warmup
         self.series = series if series is not None else SeriesTable()
         self.flags = np.zeros(0, dtype=np.uint8)  # LINEAR, UPWARD, SET, SQUARED, INNER
-        self.row = np.zeros(0, dtype=np.int32)  # the series' row in its kind of window
-        self.logs = np.zeros((0, window), dtype=np.int16)  # log10 values, in 1/QUANTUM decades
-        self.lins = np.zeros((0, window), dtype=np.float64)  # the loss's values
+        self.logs = np.zeros((0, window), dtype=np.int8)  # log10 values - base, in 1/QUANTUM decades
+        self.base = np.zeros(0, dtype=np.int16)  # in 1/QUANTUM decades: the median when last computed
+        self.lin_ids = np.zeros(0, dtype=np.int64)  # the linear series (the loss), ascending
+        self.lins = np.zeros((0, window), dtype=np.float64)  # their values, a row each
         self.count = np.zeros(0, dtype=np.int32)
-        self.quiet_until = np.zeros(0, dtype=np.int64)
+        self.quiet_until = np.zeros(0, dtype=np.int32)
         self.med = np.zeros(0, dtype=np.float32)
         self.mad = np.zeros(0, dtype=np.float32)
-        self.band_at = np.zeros(0, dtype=np.int32)
 
     @property
     def linear(self) -> np.ndarray:
@@ -121,13 +126,11 @@ class BandDetector:
         new = [kinds[kind_of[i]] for i in range(old, n)]
         flags = np.array([sum(bit for bit, of in _FLAGS if k in of) for k in new], dtype=np.uint8)
         linear = (flags & LINEAR) > 0
-        rows = np.empty(n - old, dtype=np.int32)
-        rows[linear] = len(self.lins) + np.arange(int(linear.sum()))
-        rows[~linear] = len(self.logs) + np.arange(int((~linear).sum()))
-        self.flags, self.row = np.concatenate([self.flags, flags]), np.concatenate([self.row, rows])
-        self.lins = _grown(self.lins, len(self.lins) + int(linear.sum()), np.nan)
-        self.logs = _grown(self.logs, len(self.logs) + int((~linear).sum()), 0)
-        self.count, self.band_at = _grown(self.count, n, 0), _grown(self.band_at, n, -(1 << 30))
+        self.flags = np.concatenate([self.flags, flags])
+        self.lin_ids = np.concatenate([self.lin_ids, old + np.flatnonzero(linear)])
+        self.lins = _grown(self.lins, len(self.lin_ids), np.nan)
+        self.logs, self.base = _grown(self.logs, n, 0), _grown(self.base, n, 0)  # a (spare) row for a linear one too
+        self.count = _grown(self.count, n, 0)
         self.quiet_until = _grown(self.quiet_until, n, -1)
         self.med, self.mad = _grown(self.med, n, np.nan), _grown(self.mad, n, np.nan)
 
@@ -163,10 +166,29 @@ class BandDetector:
         lin = self.linear[rows]
         slot = self.count[rows] % self.window
         keep = ok & lin
-        self.lins[self.row[rows[keep]], slot[keep]] = x[keep]
+        self.lins[self._lin_row(rows[keep]), slot[keep]] = x[keep]
         keep = ok & ~lin
-        self.logs[self.row[rows[keep]], slot[keep]] = np.clip(np.rint(x[keep] * QUANTUM), -_LIMIT, _LIMIT)
+        at = rows[keep]
+        q = np.rint(x[keep] * QUANTUM)
+        # the first value sets the base; before the series is judged, one that does not fit moves it
+        # there (an earlier outlier, a learning rate of 0 at the first step, is clipped instead)
+        count = self.count[at]
+        move = (count == 0) | ((count < self.warmup) & (np.abs(q - self.base[at]) > _LIMIT))
+        if move.any():
+            self._rebase(at[move], q[move] / QUANTUM)
+        self.logs[at, slot[keep]] = np.clip(q - self.base[at], -_LIMIT, _LIMIT)
         self.count[rows[ok]] += 1
+
+    def _lin_row(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.lin_ids, rows)
+
+    def _rebase(self, rows: np.ndarray, med: np.ndarray) -> None:
+        """The windows of log series ``rows`` re-centred on their medians (a value that ends up
+        beyond +-3.97 decades of it is clipped there: it was an outlier, the median and MAD hold)."""
+        new = np.clip(np.rint(med * QUANTUM), -30 * QUANTUM - _LIMIT, 30 * QUANTUM + _LIMIT).astype(np.int16)
+        shift = (new.astype(np.int32) - self.base[rows])[:, None]
+        self.logs[rows] = np.clip(self.logs[rows].astype(np.int32) - shift, -_LIMIT, _LIMIT)
+        self.base[rows] = new
 
     def _score(self, rows: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ready = self.count[rows] >= self.warmup
@@ -176,10 +198,11 @@ class BandDetector:
             return z, median
         judged = rows[ready]
         count = self.count[judged]
-        stale = judged[(count - self.band_at[judged] >= REFRESH) | (count < self.window)]  # each step while filling
+        stale = judged[(count % REFRESH == 0) | (count < self.window)]  # each step while filling
         if len(stale):
-            self.med[stale], self.mad[stale] = self._median_mad(stale)
-            self.band_at[stale] = self.count[stale]
+            self.med[stale], self.mad[stale] = med, _ = self._median_mad(stale)
+            logs = ~self.linear[stale]
+            self._rebase(stale[logs], med[logs])
         med, mad = self.med[judged].astype(np.float64), self.mad[judged].astype(np.float64)
         flags = self.flags[judged]
         linear = (flags & LINEAR) > 0
@@ -198,8 +221,9 @@ class BandDetector:
         """The first ``n`` values of each series' window, as float64 in the series' units."""
         lin = self.linear[rows]
         out = np.empty((len(rows), n))
-        out[lin] = self.lins[self.row[rows[lin]], :n]
-        out[~lin] = self.logs[self.row[rows[~lin]], :n] / QUANTUM
+        out[lin] = self.lins[self._lin_row(rows[lin]), :n]
+        at = rows[~lin]
+        out[~lin] = (self.logs[at, :n] + self.base[at, None].astype(np.float64)) / QUANTUM
         return out
 
     def _median_mad(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

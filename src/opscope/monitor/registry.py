@@ -27,7 +27,7 @@ class SeriesTable:
         self.kinds: list[str] = []  # kind code -> kind
         self.names: list[str] = []  # id -> name
         self.kind_of = array("B")  # id -> kind code
-        self.order = array("q")  # id -> place in the step (earliest first)
+        self.order = array("i")  # id -> place in the step (earliest first; below 2**31: PLACE x 8)
         self._ids: dict[str, dict[str, int]] = {}  # kind -> name -> id
         self._counts: dict[int, int] = {}  # a KIND_ORDER class -> series placed there without a position
 
