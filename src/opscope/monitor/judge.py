@@ -67,11 +67,11 @@ class Judge:
         if len(self._held) >= HANDOFF or chunk_done or time.monotonic() - self._since > LATENCY:
             self._hand_over()
 
-    def hand_over(self) -> None:
-        """Hand the steps held so far to the thread now, if it has room (else they wait for the
-        usual hand-over): the training thread is about to leave the GIL free for a while (a
+    def hand_over(self, least: int = 1) -> None:
+        """Hand the steps held so far to the thread now, if there are ``least`` and it has room
+        (else they wait): the training thread is about to leave the GIL free for a while (a
         backward pass), so the thread's Python makes it wait for nothing."""
-        if self._thread is not None and self._held and self.error is None:
+        if self._thread is not None and len(self._held) >= least and self.error is None:
             try:
                 self._room.get_nowait()
             except queue.Empty:

@@ -2,9 +2,10 @@
 
 Under ``opscope run`` (or ``OPSCOPE_CONFIG``) nobody calls ``m.step(loss=...)``. The loss
 is then the tensor backward is called on: ``torch.autograd.backward`` (which
-``Tensor.backward`` calls) is wrapped while a monitor that follows the loss runs, and each
-call on a single floating-point scalar with no explicit gradient hands that scalar
-(detached: no graph kept, no read, so no device sync) to the listeners. A step that ran
+``Tensor.backward`` calls) is wrapped while a monitor that follows the loss runs (or one
+that hands its finished steps to its judge's thread as a backward begins), and each call on
+a single floating-point scalar with no explicit gradient hands that scalar (detached: no
+graph kept, no read, so no device sync) to the listeners. A step that ran
 several backward passes (gradient accumulation) records their mean. Calls with a gradient
 argument or on several tensors are not losses and are ignored. What is wrapped is put back
 when the last listener leaves (unless something else wrapped it since: then the wrapper

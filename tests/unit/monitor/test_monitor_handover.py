@@ -1,4 +1,4 @@
-"""Finished steps go to the judge's thread when the next backward begins (the autograd engine
+"""Finished steps go to the judge's thread, in groups, as a backward begins (the autograd engine
 then runs without the GIL, so the thread's Python makes the training thread wait for nothing);
 the step-end hand-over stays for loops whose backward is not from a scalar."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 import opscope
+from opscope.monitor.session import _BACKWARD_GROUP
 
 
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -15,19 +16,20 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
 
-def test_a_finished_step_is_handed_to_the_judge_as_the_next_backward_begins(tmp_path):
+def test_finished_steps_go_to_the_judge_in_groups_as_a_backward_begins(tmp_path):
     model, opt = _model()
     with opscope.monitor(tmp_path / "m", model=model, optimizer=opt, targets=["grads"], report=False) as m:
         assert m.judge is not None
-        for i in range(5):
+        for i in range(9):
             loss = model(torch.randn(4, 8)).pow(2).mean()
-            assert len(m.judge._held) == min(i, 1)  # the last step waits for this backward
+            held = len(m.judge._held)
+            assert held == (i - 1) % _BACKWARD_GROUP + 1 if i else held == 0  # the steps since the last group
             loss.backward()
-            assert m.judge._held == []  # handed over as the engine started
+            assert len(m.judge._held) == (0 if held == _BACKWARD_GROUP else held)  # a group goes as the engine starts
             opt.step()
             opt.zero_grad()
             m.step()
-    assert m.result.ranks[0].values[("grad", "0.weight", "norm")][0] == list(range(5))
+    assert m.result.ranks[0].values[("grad", "0.weight", "norm")][0] == list(range(9))
 
 
 def test_without_a_scalar_backward_steps_are_still_handed_over_at_the_step_end(tmp_path):
