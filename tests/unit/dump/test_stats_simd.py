@@ -13,7 +13,7 @@ import pytest
 
 from opscope.capture.torch import stats
 
-SIZES = (0, 1, 15, 16, 17, 31, 48, 4095, 4096, 4097, 4096 + 48 + 5, 10000)
+SIZES = (0, 1, 15, 16, 17, 31, 48, 4095, 4096, 4097, 4096 + 48 + 5, 10000, 300007)  # the last: over 512 KB (prefetch)
 PATTERNS = ("randn", "big", "zeros", "nan", "inf", "signed_zeros", "wide", "cancel", "overflow", "nan_mid",
             "subnormal", "all_nan", "offset")
 CASES = textwrap.dedent(f"""
@@ -59,7 +59,7 @@ CASES = textwrap.dedent(f"""
                 out.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
     ints = []  # the 8-bit types: integer sums, exact in the portable loop's doubles too
     for dt, code in {{torch.int8: 4, torch.uint8: 5, torch.bool: 9}}.items():
-        for n in {SIZES!r} + (32 * 255 * 2 + 40, 100003):
+        for n in {SIZES!r} + (64 * 127 * 2 + 40, 600001):
             for pattern in ("random", "extremes", "zeros", "all_zeros"):
                 lo, hi = (-128, 128) if dt == torch.int8 else (0, 2 if dt == torch.bool else 256)
                 t = torch.randint(lo, hi, (n,))

@@ -8,6 +8,13 @@
  *    (count_nonfinite), zeros always; counts are integers, so where they are counted is free.
  * Included by fastats_avx2.h only. */
 
+/* Tensors of PREFETCH_MIN bytes or more are probably not in L2 (512 KB on Zen 3): their loops
+ * ask for the bytes PREFETCH ahead (+40% on 64 MB of float32 here; no gain in L2, where the
+ * extra instruction costs a little, so smaller tensors run the same loop without it). */
+#define PREFETCH 2048
+#define PREFETCH_MIN ((size_t)512 << 10)
+#define FETCH(p, on) do { if (on) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0); } while (0)
+
 /* 8 float lanes of the statistics, without the counts. */
 typedef struct {
     __m256 s, q, mn, mx;
@@ -81,7 +88,7 @@ AVX2_INLINE void block_end(const fl8_t *f0, const fl8_t *f1, int first1, int str
     }
 }
 
-AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+AVX2_INLINE void f32_loop(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2, int fetch) {
     const __m256 zero = _mm256_setzero_ps();
     hasher_t h;
     hasher_init(&h, 0);
@@ -93,6 +100,7 @@ AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1,
         fl8_init(&hi);
         __m256i nz = _mm256_setzero_si256();
         for (Py_ssize_t i = 0; i < m16; i += 16) {
+            FETCH(xb + i, fetch);
             __m256 v0 = _mm256_loadu_ps(xb + i), v1 = _mm256_loadu_ps(xb + i + 8);
             nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v0, zero, _CMP_EQ_OQ)));
             nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v1, zero, _CMP_EQ_OQ)));
@@ -103,6 +111,11 @@ AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1,
         block_end(&lo, &hi, 8, 1, sum_epi32(nz), xb, m16, m, F32, a);
     }
     hasher_done(&h, x, (size_t)n * 4, 0, h1, h2);
+}
+
+AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    if ((size_t)n * 4 >= PREFETCH_MIN) f32_loop(x, n, a, h1, h2, 1);
+    else f32_loop(x, n, a, h1, h2, 0);
 }
 
 /* 16 float16 or bfloat16 elements (32 bytes, w; p points at them) into the block's two
@@ -118,7 +131,8 @@ AVX2_INLINE void half16_add(fl8_t *f0, fl8_t *f1, __m256i *nz, const uint16_t *p
     }
 }
 
-AVX2_INLINE void half_fused(const uint16_t *x, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
+AVX2_INLINE void half_loop(const uint16_t *x, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2,
+                           int fetch) {
     hasher_t h;
     hasher_init(&h, 0);
     for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {
@@ -129,6 +143,7 @@ AVX2_INLINE void half_fused(const uint16_t *x, Py_ssize_t n, int code, acc_t *a,
         fl8_init(&f1);
         __m256i nz = _mm256_setzero_si256(); /* 16-bit counts: at most BLOCK / 16 each */
         for (Py_ssize_t i = 0; i < m32; i += 32) {
+            FETCH(xb + i, fetch);
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(xb + i));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(xb + i + 16));
             half16_add(&f0, &f1, &nz, xb + i, w0, code);
@@ -148,11 +163,13 @@ AVX2_INLINE void half_fused(const uint16_t *x, Py_ssize_t n, int code, acc_t *a,
 }
 
 AVX2 static void f16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    half_fused(x, n, F16, a, h1, h2);
+    if ((size_t)n * 2 >= PREFETCH_MIN) half_loop(x, n, F16, a, h1, h2, 1);
+    else half_loop(x, n, F16, a, h1, h2, 0);
 }
 
 AVX2 static void bf16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    half_fused(x, n, BF16, a, h1, h2);
+    if ((size_t)n * 2 >= PREFETCH_MIN) half_loop(x, n, BF16, a, h1, h2, 1);
+    else half_loop(x, n, BF16, a, h1, h2, 0);
 }
 
 /* 4 double lanes of s_f64 (fastats_kernel.h), without the counts. */
@@ -177,7 +194,7 @@ AVX2_INLINE int d4_finite(const d4_t *d) {
  * overflow) it stays so, and every later stretch is counted. */
 #define CHUNK64 2048
 
-AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+AVX2_INLINE void f64_loop(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2, int fetch) {
     d4_t d[2];
     for (int k = 0; k < 2; k++) {
         d[k].s = d[k].q = _mm256_setzero_pd();
@@ -191,6 +208,7 @@ AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1
     for (Py_ssize_t c0 = 0; c0 < n8; c0 += CHUNK64) {
         Py_ssize_t c1 = n8 - c0 < CHUNK64 ? n8 : c0 + CHUNK64;
         for (Py_ssize_t i = c0; i < c1; i += 8) {
+            FETCH(x + i, fetch);
             __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
             d4_add(&d[0], &nz, v0);
             d4_add(&d[1], &nz, v1);
@@ -220,6 +238,11 @@ AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1
         if (mx[l] > a->mx) a->mx = mx[l];
     }
     hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
+}
+
+AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    if ((size_t)n * 8 >= PREFETCH_MIN) f64_loop(x, n, a, h1, h2, 1);
+    else f64_loop(x, n, a, h1, h2, 0);
 }
 
 /* Statistics of uint8 and bool (is_signed 0) and int8 (1), fused with the hash: INT_STATS
@@ -256,7 +279,8 @@ AVX2_INLINE void int8_add(__m256i v, int is_signed, __m256i *mn, __m256i *mx, __
     *q32 = _mm256_add_epi32(*q32, _mm256_add_epi32(_mm256_madd_epi16(lo, lo), _mm256_madd_epi16(hi, hi)));
 }
 
-AVX2_INLINE void int8_fused(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t *a, uint32_t *h1, uint32_t *h2) {
+AVX2_INLINE void int8_loop(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t *a, uint32_t *h1, uint32_t *h2,
+                           int fetch) {
     const __m256i zero = _mm256_setzero_si256();
     __m256i mn = _mm256_set1_epi8(is_signed ? 0x7f : (char)0xff), mx = _mm256_set1_epi8(is_signed ? (char)0x80 : 0);
     __m256i s = zero;
@@ -268,6 +292,7 @@ AVX2_INLINE void int8_fused(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t
         Py_ssize_t end = n64 - i < 64 * INT8_FLUSH ? n64 : i + 64 * INT8_FLUSH;
         __m256i nz = zero, q32 = zero; /* 8-bit zero counts; 32-bit sums of squares */
         for (; i < end; i += 64) {
+            FETCH(x + i, fetch);
             __m256i v0 = _mm256_loadu_si256((const __m256i *)(x + i));
             __m256i v1 = _mm256_loadu_si256((const __m256i *)(x + i + 32));
             int8_add(v0, is_signed, &mn, &mx, &s, &q32, &nz);
@@ -298,9 +323,11 @@ AVX2_INLINE void int8_fused(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t
 }
 
 AVX2 static void u8_fused(const uint8_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    int8_fused(x, n, 0, a, h1, h2);
+    if ((size_t)n >= PREFETCH_MIN) int8_loop(x, n, 0, a, h1, h2, 1);
+    else int8_loop(x, n, 0, a, h1, h2, 0);
 }
 
 AVX2 static void i8_fused(const uint8_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    int8_fused(x, n, 1, a, h1, h2);
+    if ((size_t)n >= PREFETCH_MIN) int8_loop(x, n, 1, a, h1, h2, 1);
+    else int8_loop(x, n, 1, a, h1, h2, 0);
 }
