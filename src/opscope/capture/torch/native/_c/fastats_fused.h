@@ -1,11 +1,12 @@
-/* The float kernels of fastats_avx2.h: statistics and the wsum64-v2 hash of the same 64 bytes
+/* The fused kernels of fastats_avx2.h: statistics and the wsum64-v2 hash of the same 64 bytes
  * in one loop (one load of each byte, one pass over memory, integer hash ops interleaved with
  * the float ones). Bit for bit the portable loops of fastats_kernel.h:
  *  - float32, float16, bfloat16: blocks of BLOCK elements, 16 float lanes in each (lane l takes
  *    elements i + l), the tail of the last block in lane 0, lanes combined in lane order;
  *  - float64: 8 double lanes over the whole tensor, the tail in lane 0;
  *  - NaN and Inf are counted only where a stretch's sums come out non-finite
- *    (count_nonfinite), zeros always; counts are integers, so where they are counted is free.
+ *    (count_nonfinite), zeros always; counts are integers, so where they are counted is free;
+ *  - int8, uint8, bool: exact integer sums (int8_loop says why that is the same bits).
  * Included by fastats_avx2.h only. */
 
 /* Tensors of PREFETCH_MIN bytes or more are probably not in L2 (512 KB on Zen 3): their loops
