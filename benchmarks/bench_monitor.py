@@ -22,7 +22,7 @@ steps leave held): per series and as a share of the parameters' size, for each c
 against the 1% target. The last lines repeat the three target rows with their verdicts.
 
     python benchmarks/bench_monitor.py [--steps 30] [--rounds 6] [--pairs 200]
-    (~2 minutes on a quiet 2-core machine, ~5 under a load of 5)
+    (300-500 s under a load of 5-6 on the shared 2-core machine; ~2 minutes expected idle)
 """
 
 from __future__ import annotations
