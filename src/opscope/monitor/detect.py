@@ -37,8 +37,9 @@ The state is one array per quantity, indexed by the series' id (:mod:`~opscope.m
 ~51 bytes a series with the default window of 32: the windows of log10 values as int8 in
 steps of 1/32 decade around a base of its own (int16; +-3.97 decades around it, clipped
 beyond), which is moved to the median each time the band is computed (a value clipped is an
-outlier: the median and MAD hold) and, before a series is judged, to a value that does not
-fit (a learning rate of 0 at the first step is clipped instead); those of linear series (the
+outlier: the median and MAD hold) and, before a series is judged or while its band is of
+zeros, to a value that does not fit (a learning rate of 0 at the first step is clipped
+instead); a norm of 0 has a code of its own (-128), which no base moves; those of linear series (the
 loss) as float64; the flags of its kind, the count of values, the step until which a series
 is quiet (int32), the band (median and MAD, float32). The rounding (1/64 decade at most)
 moves a z-score by 0.3 at most at the 0.05 floor, against a smallest move of 2 decades
@@ -65,6 +66,7 @@ TINY = 1e-30
 ZERO = -29.0  # log10: a band whose median is this low is of zeros, against which no ratio means anything
 QUANTUM = 32  # steps per decade of the windows of log10 values: int8 around a base (+-3.97 decades)
 _LIMIT = 127
+_ZERO_CODE = -128  # a norm of 0 (log10 at the TINY floor) in a window, whatever the base
 LINEAR_KINDS = ("loss",)  # judged as they are; the others in log10
 UPWARD_KINDS = ("loss", "lr")  # only a rise departs: a loss that falls is learning, a rate that falls a schedule
 SET_KINDS = ("lr",)  # set by code, not measured: judged by the band alone, no smallest move
@@ -170,13 +172,14 @@ class BandDetector:
         keep = ok & ~lin
         at = rows[keep]
         q = np.rint(x[keep] * QUANTUM)
-        # the first value sets the base; before the series is judged, one that does not fit moves it
-        # there (an earlier outlier, a learning rate of 0 at the first step, is clipped instead)
-        count = self.count[at]
-        move = (count == 0) | ((count < self.warmup) & (np.abs(q - self.base[at]) > _LIMIT))
+        zero = x[keep] <= ZERO  # a 0: its own code, never clipped nor moved
+        # a value that does not fit moves the base there while the series is not judged yet, or
+        # while its band is of zeros (an outlier before, a learning rate of 0 at step 0, is clipped)
+        unjudged = (self.count[at] < self.warmup) | ~(self.med[at] > ZERO)
+        move = ~zero & unjudged & ((self.count[at] == 0) | (np.abs(q - self.base[at]) > _LIMIT))
         if move.any():
             self._rebase(at[move], q[move] / QUANTUM)
-        self.logs[at, slot[keep]] = np.clip(q - self.base[at], -_LIMIT, _LIMIT)
+        self.logs[at, slot[keep]] = np.where(zero, _ZERO_CODE, np.clip(q - self.base[at], -_LIMIT, _LIMIT))
         self.count[rows[ok]] += 1
 
     def _lin_row(self, rows: np.ndarray) -> np.ndarray:
@@ -185,9 +188,12 @@ class BandDetector:
     def _rebase(self, rows: np.ndarray, med: np.ndarray) -> None:
         """The windows of log series ``rows`` re-centred on their medians (a value that ends up
         beyond +-3.97 decades of it is clipped there: it was an outlier, the median and MAD hold)."""
-        new = np.clip(np.rint(med * QUANTUM), -30 * QUANTUM - _LIMIT, 30 * QUANTUM + _LIMIT).astype(np.int16)
+        rows, med = rows[med > ZERO], med[med > ZERO]  # a band of zeros keeps its base
+        new = np.clip(np.rint(med * QUANTUM), -30 * QUANTUM, 30 * QUANTUM).astype(np.int16)
         shift = (new.astype(np.int32) - self.base[rows])[:, None]
-        self.logs[rows] = np.clip(self.logs[rows].astype(np.int32) - shift, -_LIMIT, _LIMIT)
+        old = self.logs[rows]
+        moved = np.clip(old.astype(np.int32) - shift, -_LIMIT, _LIMIT)
+        self.logs[rows] = np.where(old == _ZERO_CODE, _ZERO_CODE, moved)
         self.base[rows] = new
 
     def _score(self, rows: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -223,7 +229,9 @@ class BandDetector:
         out = np.empty((len(rows), n))
         out[lin] = self.lins[self._lin_row(rows[lin]), :n]
         at = rows[~lin]
-        out[~lin] = (self.logs[at, :n] + self.base[at, None].astype(np.float64)) / QUANTUM
+        logs = self.logs[at, :n]
+        values = (logs + self.base[at, None].astype(np.float64)) / QUANTUM
+        out[~lin] = np.where(logs == _ZERO_CODE, math.log10(TINY), values)
         return out
 
     def _median_mad(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -137,3 +137,5 @@ def test_a_series_of_zeros_is_not_judged_by_ratio():
     # a key projection's bias gets no gradient (softmax ignores it): Adam's exp_avg_sq is 0, then rounding
     zeros = ("exp_avg_sq", "k.bias")
     assert run({zeros: lambda s: 1.35e-22 if s in (30, 31) else 0.0}, 40) == []
+    # a ViT's: 0 for 23 steps, then rounding's values, growing; the band goes from zeros to them at once
+    assert run({zeros: lambda s: 0.0 if s < 23 else 10 ** (-22.3 + 0.0125 * (s - 23))}, 80, window=32, warmup=8) == []
