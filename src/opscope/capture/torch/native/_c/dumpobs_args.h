@@ -32,8 +32,12 @@ void json_double(std::string& out, double v) {
 
 bool json_value(std::string& out, const c10::IValue& v, int8_t kind) {
   if (v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+    const at::Tensor& t = v.toTensor();  // a Python number: read where it lies (what item() returns)
+    if (t.is_cpu() && t.scalar_type() == at::kDouble) return json_value(out, c10::IValue(*t.const_data_ptr<double>()), 0);
+    if (t.is_cpu() && t.scalar_type() == at::kLong) return json_value(out, c10::IValue(*t.const_data_ptr<int64_t>()), 0);
+    if (t.is_cpu() && t.scalar_type() == at::kBool) return json_value(out, c10::IValue(*t.const_data_ptr<bool>()), 0);
     Internal guard;
-    return json_value(out, c10::IValue(v.toTensor().item()), 0);
+    return json_value(out, c10::IValue(t.item()), 0);
   }
   if (v.isNone()) out += "null";
   else if (v.isBool()) out += v.toBool() ? "true" : "false";

@@ -82,7 +82,7 @@ std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted b
 // calls are not (they run below autograd, unseen by a dispatch mode too).
 thread_local int t_opaque = 0;                                       // open recorded-kind ops
 thread_local std::vector<std::pair<const OpKind*, uint8_t>> t_open;  // (kind, OPAQUE|RECORD)
-constexpr uint8_t OPAQUE = 1, RECORD = 2;
+constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8;
 thread_local std::vector<c10::IValue> t_args;                 // the recorded op's arguments
 thread_local std::vector<std::pair<int64_t, int>> t_nodes;  // (sequence nr, node name)
 thread_local std::unordered_map<OpKey, const OpKind*, PairHash> t_kinds;
@@ -250,6 +250,12 @@ bool engine_record(const char* name) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!g_installed) return nullptr;
+  if (t_opaque > 0 && fn.scope() == at::RecordScope::FUNCTION) {
+    // an op inside one no dispatch mode looks into (what its kernel calls): never recorded, so
+    // neither its name nor its kind is looked up (most ops of a step are such inner ops)
+    t_open.emplace_back(nullptr, INNER);
+    return nullptr;
+  }
   const char* name = fn.name();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(name)) {
     // ops inside a node, and the engine's own ops on its outputs (reducing a gradient to its
@@ -260,6 +266,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (!t_nodes.empty() && t_nodes.back().first < 0 && fn.seqNr() >= 0)
       t_nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
     t_nodes.emplace_back(fn.seqNr(), intern(node));
+    if (fn.scope() != at::RecordScope::BACKWARD_FUNCTION) t_open.emplace_back(nullptr, ENGINE);
     return nullptr;
   }
   const OpKind& k = kind_of(fn);
@@ -284,13 +291,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (!g_installed) return;
-  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION || engine_record(fn.name())) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     if (!t_nodes.empty()) t_nodes.pop_back();
     return;
   }
   if (t_open.empty()) return;  // started before the observer was registered
   auto [k, flags] = t_open.back();
   t_open.pop_back();
+  if (flags & INNER) return;
+  if (flags & ENGINE) {  // the engine's record of a node (told at its start, without reading its name again)
+    if (!t_nodes.empty()) t_nodes.pop_back();
+    return;
+  }
   t_opaque -= flags & OPAQUE;
   if (!(flags & RECORD)) return;
   if (g_on) {

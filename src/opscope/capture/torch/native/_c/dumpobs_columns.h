@@ -1,0 +1,195 @@
+// The step's rows handed to Python as columns (take_columns), and the step's state cleared
+// (included by dumpobs_module.h, after everything that makes rows).
+namespace {
+
+// Python strings of interned names, made once and shared by every row that holds them
+std::vector<PyObject*> py_names;
+PyObject* py_text[9] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" "" "grad"
+
+PyObject* name_obj(int i) {  // a new reference
+  if (i < 0) Py_RETURN_NONE;
+  if (static_cast<size_t>(i) >= py_names.size()) py_names.resize(names.size(), nullptr);
+  PyObject*& o = py_names[i];
+  if (!o) o = PyUnicode_FromString(names[i].c_str());
+  Py_INCREF(o);
+  return o;
+}
+
+const int IO_TEXT_AT[] = {0, 1, 2, 8};  // Io -> its text
+
+PyObject* text(int i) {
+  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", "", "grad"};
+  if (!py_text[i]) py_text[i] = PyUnicode_InternFromString(t[i]);
+  Py_INCREF(py_text[i]);
+  return py_text[i];
+}
+
+std::vector<PyObject*> py_args;  // this step's argument texts, one object per call (take_columns)
+
+PyObject* args_obj(int i) {
+  if (i < 0) Py_RETURN_NONE;
+  if (static_cast<size_t>(i) >= py_args.size()) py_args.resize(args_json.size(), nullptr);
+  PyObject*& o = py_args[i];
+  if (!o) o = PyUnicode_FromStringAndSize(args_json[i].data(), static_cast<Py_ssize_t>(args_json[i].size()));
+  Py_INCREF(o);
+  return o;
+}
+
+#include "dumpobs_reaper.h"
+
+// The step's state cleared; `later`: its data flow freed by the reaper thread (at a step's end)
+void clear_step(bool later = false) {
+  if (later) discard_flow();
+  rows.clear(), args_json.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
+  shared.clear(), views_json.clear(), shard_names.clear(), g_writes.clear();
+  drop_shard();  // a step left unfinished (capture stopped): its tensors go
+  g_seq = 0;
+}
+
+template <typename T>
+PyObject* bytes_of(const std::vector<T>& v) {
+  return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), static_cast<Py_ssize_t>(v.size() * sizeof(T)));
+}
+
+void resolve_links() {  // sources come first: one pass resolves chains
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = rows[i];
+    if (r.same >= 0) {  // the statistics of the same bytes (resolved already: an earlier row)
+      const Row& src = rows[r.same];
+      r.stats = src.stats;
+      std::memcpy(r.st, src.st, sizeof r.st);
+      std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
+    }
+    if (r.link < 0) continue;
+    const Row& s = rows[r.link];
+    // the same tensor's data; an input that is a view recorded earlier has its geometry too
+    // (not in a size probe: its views count as what they are, as Recorder counts them)
+    if (!g_probe && s.view >= 0 && r.view < 0 && r.numel == s.numel && r.shape == s.shape) r.view = s.view;
+    r.shard = s.shard, r.key = s.key;
+    // a note travels from the row linked to (an "alias" output, a meta tensor's), as Recorder
+    // passes it on: not from the end of the chain
+    if (s.note >= 0 && s.note != N_VIEW && r.note < 0) r.note = s.note;
+    if (s.link >= 0) r.link = s.link;
+    const Row& src = rows[r.link];
+    r.stats = src.stats;
+    std::memcpy(r.st, src.st, sizeof r.st);
+    std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
+  }
+}
+
+// A string column as Arrow's buffers: int32 offsets, characters, validity bits.
+struct Strings {
+  std::vector<int32_t> offsets{0};
+  std::string chars;
+  std::vector<uint8_t> bits;
+  explicit Strings(size_t n) : bits((n + 7) / 8) {}
+  void add(size_t i, const std::string* s) {
+    if (s) chars += *s, bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+    offsets.push_back(static_cast<int32_t>(chars.size()));
+  }
+  PyObject* take() {
+    return Py_BuildValue("NNN", bytes_of(offsets), PyBytes_FromStringAndSize(chars.data(), chars.size()),
+                         bytes_of(bits));
+  }
+};
+
+// The data columns of row i: its shard (index among the step's shards, -1: none) and the key
+// and view strings.
+int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
+  bool stored = r.shard >= 0 && static_cast<size_t>(r.shard) < shard_names.size() && shard_names[r.shard];
+  std::string key = stored ? "r" + std::to_string(r.key) : std::string();
+  keys.add(i, stored ? &key : nullptr);
+  geometry.add(i, r.view >= 0 ? &views_json[r.view] : nullptr);
+  return stored ? r.shard : -1;
+}
+
+// take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
+// value (see native/table.py, Columns): (n, ints, strs, names, args, shape_offsets,
+// shape_values, stats_f, stats_i, stats_valid, slow_links, keys, views). ints: int64 id, seq,
+// call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
+// (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;
+// stats_f: float64 min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte
+// per row, bit i set when statistic i (STAT_NAMES order) has a value; keys, views: string
+// columns (Strings). The step's last shard is handed over first; the step's state is cleared.
+PyObject* py_take_columns(PyObject*, PyObject*) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  flush_shard();
+  resolve_links();
+  size_t n = rows.size();
+  int fixed = static_cast<int>(names.size());  // phase, io and "cpu" texts follow the names
+  std::vector<int64_t> ints(n * 6);
+  std::vector<int32_t> strs(n * 12), offsets(n + 1);
+  Strings keys(n), geometry(n);
+  std::vector<int64_t> shape;
+  std::vector<double> sf(n * 6);
+  std::vector<uint64_t> si(n * 4);
+  std::vector<uint16_t> valid(n);
+  std::unordered_map<int, int> dtype_slots;  // dtype -> its place among the step's dtype names
+  PyObject* args = PyList_New(static_cast<Py_ssize_t>(n));
+  PyObject* links = PyList_New(0);
+  for (size_t i = 0; i < n; ++i) {
+    const Row& r = rows[i];
+    int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
+    for (int c = 0; c < 6; ++c) ints[c * n + i] = iv[c];
+    int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
+                      r.param, r.fwd, r.node, r.note};
+    for (int c = 0; c < 11; ++c) strs[c * n + i] = sv[c];
+    auto slot = dtype_slots.try_emplace(r.dtype, static_cast<int>(dtype_slots.size())).first->second;
+    strs[5 * n + i] = fixed + 9 + slot;  // the step's dtype names follow the fixed texts
+    offsets[i] = static_cast<int32_t>(shape.size());
+    shape.insert(shape.end(), r.shape.begin(), r.shape.end());
+    uint16_t bits = 0;
+    if (r.stats == HAVE) {
+      bool empty = r.numel == 0;
+      for (int c = 0; c < 6; ++c) {
+        sf[c * n + i] = r.st[c];
+        if (!empty || c == 4) bits |= 1u << c;
+      }
+      for (int c = 0; c < 4; ++c) si[c * n + i] = (empty && c < 3) ? 0 : r.cnt[c], bits |= 1u << (6 + c);
+    }
+    valid[i] = bits;
+    strs[11 * n + i] = data_of(r, i, keys, geometry);
+    PyList_SET_ITEM(args, i, args_obj(r.args));
+    if (r.link >= 0 && rows[r.link].stats == SLOW) {
+      PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
+      PyList_Append(links, pair);
+      Py_DECREF(pair);
+    }
+  }
+  offsets[n] = static_cast<int32_t>(shape.size());
+  PyObject* dict = PyList_New(0);
+  for (int i = 0; i < fixed; ++i) {
+    PyObject* o = name_obj(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (int i = 0; i < 9; ++i) {  // input output param forward backward optimizer cpu "" grad
+    PyObject* o = text(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  std::vector<int> by_slot(dtype_slots.size());
+  for (auto& [dtype, slot] : dtype_slots) by_slot[slot] = dtype;
+  for (int d : by_slot) {
+    PyObject* o = PyUnicode_FromString(dtype_name(d).c_str());
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  int shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
+  for (const auto& name : shard_names) {
+    PyObject* o = PyUnicode_FromString(name ? name->c_str() : "");
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (strs[11 * n + i] >= 0) strs[11 * n + i] += shards_at;
+  PyObject* out = Py_BuildValue("nNNNNNNNNNNNN", static_cast<Py_ssize_t>(n), bytes_of(ints), bytes_of(strs), dict,
+                                args, bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si), bytes_of(valid),
+                                links, keys.take(), geometry.take());
+  for (PyObject* o : py_args) Py_XDECREF(o);
+  py_args.clear();
+  clear_step(true);
+  return out;
+}
+
+}  // namespace
