@@ -42,24 +42,25 @@ GROUPS = [  # (name, dso pattern, symbol pattern): the first match wins
 ]
 
 CHILD = r"""
-import os, sys, time, signal, subprocess, warnings, torch
+import contextlib, os, sys, time, signal, subprocess, warnings, torch
 import opscope
 from opscope.demo.models import mlp_task, train_step, transformer_task
 torch.set_num_threads(1); warnings.filterwarnings("ignore")
 mode, n, level, tiny, out, root = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", *sys.argv[5:7]
 model, opt, batch = (lambda: mlp_task(batch=16, d_in=32, hidden=32, depth=2))() if tiny else transformer_task()
-def loop(k):
-    if mode == "bare":
-        for i in range(k): train_step(model, opt, *batch(i))
-        return
-    with opscope.dump(root, level=level, overwrite=True) as d:
-        for i in range(k): train_step(model, opt, *batch(i)); d.step()
-loop(3)
-perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "4000", "-o", out, "-p", str(os.getpid())],
-                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-time.sleep(1.0)
-loop(n)
-perf.send_signal(signal.SIGINT); perf.wait()
+def loop(k, d=None):
+    for i in range(k):
+        train_step(model, opt, *batch(i))
+        if d is not None: d.step()
+# the dump starts before and stops after the sampled loop: its start and stop (the manifest, the
+# writer's last flush) are no part of a step
+with (opscope.dump(root, level=level, overwrite=True) if mode == "dump" else contextlib.nullcontext()) as d:
+    loop(3, d)
+    perf = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "4000", "-o", out, "-p", str(os.getpid())],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    loop(n, d)
+    perf.send_signal(signal.SIGINT); perf.wait()
 print(os.getpid())
 """
 
