@@ -120,8 +120,8 @@ def monitor(path: str | os.PathLike | None = None, *, config: Any = None, model:
         optimizer: the optimizer to hook (default: every optimizer that steps).
         flight: an ``opscope.watch(action="record")`` session whose flight recorder an event triggers.
         **keys: ``every``, ``targets``, ``modules``, ``ranks``, ``window``, ``threshold``,
-            ``warmup``, ``chunk``, ``report``, ``overwrite``, ``enable``, ``tensorboard`` (see
-            docs/monitor.md).
+            ``warmup``, ``move_decades``, ``loss_rise``, ``chunk``, ``report``, ``overwrite``,
+            ``enable``, ``tensorboard`` (see docs/monitor.md).
 
     Returns:
         A :class:`~opscope.monitor.session.MonitorSession`; its ``stop()`` returns the

@@ -36,6 +36,8 @@ class MonitorConfig:
     window: int = 32
     threshold: float = 8.0
     warmup: int = 8
+    move_decades: float = 2.0  # the smallest move of a norm that departs (squared kinds: twice)
+    loss_rise: float = 0.25  # the smallest rise of the loss that departs, a fraction of its median
     chunk: int = 50
     report: bool = True
     overwrite: bool = False
@@ -72,6 +74,14 @@ def _int(key: str, minimum: int) -> Any:
     return parse
 
 
+def _positive(key: str, example: str) -> Any:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ConfigError(f"{key}: {value!r} is not a positive number; give one such as {example}")
+        return float(value)
+    return parse
+
+
 _MONITOR_PARSERS = {
     "path": lambda v: parse_path("path", v),
     "every": _int("every", 1),
@@ -81,6 +91,8 @@ _MONITOR_PARSERS = {
     "window": _int("window", 4),
     "threshold": lambda v: parse_number("threshold", v, 1),
     "warmup": _int("warmup", 2),
+    "move_decades": _positive("move_decades", "1.0 (a norm that moves 10x departs; default 2.0, 100x)"),
+    "loss_rise": _positive("loss_rise", "0.1 (a loss 10% above its median departs; default 0.25)"),
     "chunk": _int("chunk", 1),
     "report": lambda v: parse_bool("report", v),
     "overwrite": lambda v: parse_bool("overwrite", v),

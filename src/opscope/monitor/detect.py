@@ -9,11 +9,11 @@ raised by ``sqrt(16 / n)``: a median and MAD of few values are loose), *and* it 
 at least a smallest amount (the z-score says a move is unusual for the series, this says it
 is large enough to be trouble; on healthy training of real models the z-score alone fired):
 
-- a norm: ``MOVE`` decades (100x), up or down (squared kinds, Adam's ``exp_avg_sq``: twice
-  the decades, the same move of the gradient). Healthy tiny models moved a layer's gradient
+- a norm: ``move_decades`` (default ``MOVE``: 2 decades, 100x), up or down (squared kinds,
+  Adam's ``exp_avg_sq``: twice the decades, the same move of the gradient). Healthy tiny models moved a layer's gradient
   15x for a step, a small bias's gradient or weight 20x down by cancellation;
-- the loss: up only, by ``RISE`` (25%) of its median (a loss that falls is learning; a
-  batch seen after a longer gap came back 10% higher);
+- the loss: up only, by ``loss_rise`` (default ``RISE``: 25%) of its median (a loss that
+  falls is learning; a batch seen after a longer gap came back 10% higher);
 - the learning rate: up only, by any amount beyond the band (it is set by code: a rise out
   of a smooth schedule is deliberate or a bug; a decay, a step down, an end at 0 are not);
 - never against a band of zeros (a bias that gets no gradient: 0, then rounding's 1e-22).
@@ -58,8 +58,8 @@ from opscope.monitor.registry import SeriesTable
 
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
-MOVE = 2.0  # decades (100x) a norm must move by, either way, to depart (squared kinds: twice that)
-RISE = 0.25  # a fraction of |median| the loss must rise by to depart
+MOVE = 2.0  # default: decades (100x) a norm must move by, either way, to depart (squared kinds: twice that)
+RISE = 0.25  # default: a fraction of |median| the loss must rise by to depart
 FEW = 16  # below this many values in its window, a series needs a larger z to depart
 REFRESH = 4  # steps between two computations of a series' band (its median and MAD)
 TINY = 1e-30
@@ -96,10 +96,14 @@ class BandDetector:
     Args:
         window, threshold, warmup: the config's.
         series: the session's series (names and places of the ids given to :meth:`update`).
+        move_decades: the smallest move of a norm that departs, in decades (squared kinds: twice).
+        loss_rise: the smallest rise of the loss that departs, a fraction of its median.
     """
 
-    def __init__(self, window: int, threshold: float, warmup: int, series: SeriesTable | None = None) -> None:
+    def __init__(self, window: int, threshold: float, warmup: int, series: SeriesTable | None = None, *,
+                 move_decades: float = MOVE, loss_rise: float = RISE) -> None:
         self.window, self.threshold, self.warmup = window, threshold, warmup
+        self.move_decades, self.loss_rise = move_decades, loss_rise
         self.series = series if series is not None else SeriesTable()
         self.flags = np.zeros(0, dtype=np.uint8)  # LINEAR, UPWARD, SET, SQUARED, INNER
         self.logs = np.zeros((0, window), dtype=np.int8)  # log10 values - base, in 1/QUANTUM decades
@@ -215,9 +219,10 @@ class BandDetector:
         floor = np.where(linear, LINEAR_FLOOR * np.abs(med) + 1e-12, LOG_FLOOR)
         scale = np.maximum(1.4826 * mad, floor)
         delta = x[ready] - med
-        # the smallest move that departs: RISE of the loss; none for the lr; MOVE decades for a norm
-        # (squared: twice that); and none against a band of zeros
-        least = np.where(linear, RISE * np.abs(med), np.where(flags & SET, 0.0, MOVE * (1 + ((flags & SQUARED) > 0))))
+        # the smallest move that departs: loss_rise of the loss; none for the lr; move_decades for a
+        # norm (squared: twice that); and none against a band of zeros
+        move = self.move_decades * (1 + ((flags & SQUARED) > 0))
+        least = np.where(linear, self.loss_rise * np.abs(med), np.where(flags & SET, 0.0, move))
         within = (np.abs(delta) < least) | ((delta < 0) & ((flags & UPWARD) > 0)) | (~linear & (med <= ZERO))
         z[ready] = np.where(within, 0.0, np.abs(delta) / scale)
         median[ready] = np.where(linear, med, 10.0 ** med)

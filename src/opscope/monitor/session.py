@@ -77,7 +77,8 @@ class MonitorSession:
         self.targets = set(cfg.targets)
         self.clock = StepClock(self._boundary)
         self.series = SeriesTable()  # every series' kind, name and place, once; known elsewhere by id
-        self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup, self.series)
+        self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup, self.series,
+                                     move_decades=cfg.move_decades, loss_rise=cfg.loss_rise)
         follow = self.targets & {"activations", "activation_grads"}
         self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output, self._adopted)
         self.events: list[MonitorEvent] = []
