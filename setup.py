@@ -73,8 +73,8 @@ setup(
         ),
         Extension(  # the monitor's batched norms (src/opscope/monitor/_c/monstats.c)
             "opscope.monitor._monstats",
-            sources=["src/opscope/monitor/_c/monstats.c"],
-            depends=["src/opscope/_c/opscope_half.h"],
+            sources=["src/opscope/monitor/_c/monstats.c", "src/opscope/monitor/_c/band.c"],
+            depends=["src/opscope/_c/opscope_half.h", "src/opscope/monitor/_c/band.h"],
             include_dirs=["src/opscope/_c"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=gnu11", "-pthread"],
             extra_link_args=["-pthread"],

@@ -27,8 +27,12 @@ absorbed it (a healthy tiny Llama's gradient at its first norm's output jumped 1
 one step, with no trace in any parameter's gradient or the loss). A series that departed
 is not reported again for ``window`` steps: one incident, one event.
 
-All series are judged together with numpy (a sort of a ``[series, window]`` array), so the
-cost does not grow with Python calls per series; a series' band is recomputed every
+All series of a step are judged in one call of the monitor's native module (``band`` in
+``monitor/_c/band.c``: one pass per series, the GIL released), so the cost does not grow
+with Python calls per series; without a C compiler at install, by numpy on all series
+together (a sort of a ``[series, window]`` array; ~70 numpy calls a step, whose overhead
+made the cost on ~100 series). The two give the same state and events
+(``tests/unit/monitor/test_monitor_band.py``). A series' band is recomputed every
 ``REFRESH`` (4) steps of its own once its window is full (each step before), which the
 slowly moving window allows (a jump is judged against a band made from the steps before it
 either way).
@@ -56,6 +60,13 @@ import numpy as np
 from opscope.monitor.events import Departure, MonitorEvent
 from opscope.monitor.registry import SeriesTable
 
+try:  # the batched kernel's module: built with the package, absent without a C compiler
+    from opscope.monitor import _monstats  # type: ignore[attr-defined]
+
+    _BAND = getattr(_monstats, "band", None)
+except ImportError:
+    _BAND = None
+
 LOG_FLOOR = 0.05
 LINEAR_FLOOR = 0.01
 MOVE = 2.0  # default: decades (100x) a norm must move by, either way, to depart (squared kinds: twice that)
@@ -67,6 +78,7 @@ ZERO = -29.0  # log10: a band whose median is this low is of zeros, against whic
 QUANTUM = 32  # steps per decade of the windows of log10 values: int8 around a base (+-3.97 decades)
 _LIMIT = 127
 _ZERO_CODE = -128  # a norm of 0 (log10 at the TINY floor) in a window, whatever the base
+_ZERO_VALUE = math.log10(TINY)  # what that code reads as
 LINEAR_KINDS = ("loss",)  # judged as they are; the others in log10
 UPWARD_KINDS = ("loss", "lr")  # only a rise departs: a loss that falls is learning, a rate that falls a schedule
 SET_KINDS = ("lr",)  # set by code, not measured: judged by the band alone, no smallest move
@@ -75,6 +87,9 @@ INNER_KINDS = ("activation", "activation_grad")  # name where trouble starts; al
 LINEAR, UPWARD, SET, SQUARED, INNER = 1, 2, 4, 8, 16  # bits of a series' flags
 _FLAGS = ((LINEAR, LINEAR_KINDS), (UPWARD, UPWARD_KINDS), (SET, SET_KINDS), (SQUARED, SQUARED_KINDS),
           (INNER, INNER_KINDS))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def _middle(ordered: np.ndarray) -> np.ndarray:
@@ -99,6 +114,8 @@ class BandDetector:
         move_decades: the smallest move of a norm that departs, in decades (squared kinds: twice).
         loss_rise: the smallest rise of the loss that departs, a fraction of its median.
     """
+
+    native = _BAND is not None  # judge in the native module (False: numpy; tests compare the two)
 
     def __init__(self, window: int, threshold: float, warmup: int, series: SeriesTable | None = None, *,
                  move_decades: float = MOVE, loss_rise: float = RISE) -> None:
@@ -145,10 +162,41 @@ class BandDetector:
         the step's event (departures earliest first) or None; then adds the values to the windows."""
         if not len(ids):
             return None
-        rows = np.asarray(ids, dtype=np.int64)
-        if int(rows.max()) >= self.size:
-            self._grow(int(rows.max()) + 1)
-        x = np.where(self.linear[rows], raw, np.log10(np.maximum(np.abs(raw), TINY)))
+        rows = np.ascontiguousarray(ids, dtype=np.int64)
+        top = int(rows.max())
+        if top >= self.size:
+            self._grow(top + 1)
+        raw = np.ascontiguousarray(raw, dtype=np.float64)
+        bad = np.ascontiguousarray(bad, dtype=np.float64)
+        logx = np.log10(np.maximum(np.abs(raw), TINY))
+        judged = self._judge_native(step, rows, logx, raw, bad) if self.native else None
+        at, z, median = judged if judged is not None else self._judge(step, rows, logx, raw, bad)
+        if not len(at):
+            return None
+        departures = [self._departure(int(rows[j]), float(raw[j]), float(median[j]), float(z[j]), float(bad[j]))
+                      for j in at]
+        departures.sort(key=lambda d: (d.order, -d.z))
+        return MonitorEvent(step=step, rank=rank, departures=departures)
+
+    def _judge_native(self, step: int, rows: np.ndarray, logx: np.ndarray, raw: np.ndarray,
+                      bad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`_judge` in one native call; None when an id repeats in ``rows`` (then numpy,
+        whose fancy assignment keeps one of its values)."""
+        z, median, out = np.empty(len(rows)), np.empty(len(rows)), np.zeros(len(rows), dtype=np.bool_)
+        assert _BAND is not None
+        departed = _BAND(self.flags, self.logs, self.base, self.lin_ids, self.lins, self.count, self.quiet_until,
+                         self.med, self.mad, rows, logx, raw, bad, z, median, out, step, self.window, self.warmup,
+                         self.threshold, self.move_decades, self.loss_rise, FEW, REFRESH, _ZERO_VALUE)
+        if departed < 0:
+            return None
+        return np.flatnonzero(out) if departed else _NONE, z, median
+
+    def _judge(self, step: int, rows: np.ndarray, logx: np.ndarray, raw: np.ndarray,
+               bad: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Score every value, mark the departed quiet, add the values to the windows. Returns
+        the positions in ``rows`` that depart, the z-scores and the bands' medians (in judged
+        units: log10 for a norm; NaN where not judged yet)."""
+        x = np.where(self.linear[rows], raw, logx)
         nonfinite = ~np.isfinite(raw) | (bad > 0)
         z, median = self._score(rows, x)
         awake = self.quiet_until[rows] < step
@@ -158,14 +206,9 @@ class BandDetector:
         out = awake & (nonfinite | (z > limit))
         if not (nonfinite[out].any() or (self.flags[rows[out]] & INNER == 0).any()):
             out[:] = False  # activations alone: backward and the optimizer absorbed it
-        departures = [self._departure(int(rows[j]), raw[j], median[j], z[j], bool(nonfinite[j]), bad[j])
-                      for j in np.flatnonzero(out)]
         self.quiet_until[rows[out]] = step + self.window
         self._remember(rows, x, np.isfinite(x) & ~nonfinite)
-        if not departures:
-            return None
-        departures.sort(key=lambda d: (d.order, -d.z))
-        return MonitorEvent(step=step, rank=rank, departures=departures)
+        return np.flatnonzero(out), z, median
 
     def _remember(self, rows: np.ndarray, x: np.ndarray, ok: np.ndarray) -> None:
         """Each finite value into its series' window (the oldest one out)."""
@@ -225,7 +268,7 @@ class BandDetector:
         least = np.where(linear, self.loss_rise * np.abs(med), np.where(flags & SET, 0.0, move))
         within = (np.abs(delta) < least) | ((delta < 0) & ((flags & UPWARD) > 0)) | (~linear & (med <= ZERO))
         z[ready] = np.where(within, 0.0, np.abs(delta) / scale)
-        median[ready] = np.where(linear, med, 10.0 ** med)
+        median[ready] = med
         return z, median
 
     def _windows(self, rows: np.ndarray, n: int) -> np.ndarray:
@@ -252,14 +295,15 @@ class BandDetector:
             mad[at] = _middle(np.sort(np.abs(window - m[:, None]), axis=1))
         return med, mad
 
-    def _departure(self, i: int, value: float, median: float, z: float, nonfinite: bool, bad: float) -> Departure:
+    def _departure(self, i: int, value: float, band: float, z: float, bad: float) -> Departure:
         kind, name = self.series.key(i)
-        if nonfinite:
+        median = band if self.flags[i] & LINEAR else 10.0 ** band
+        if not math.isfinite(value) or bad > 0:
             what = "NaN" if math.isnan(value) or bad > 0 and not math.isinf(value) else "Inf"
             reason = f"{what} ({int(bad)} non-finite values)" if bad > 0 else what
             z = math.inf
         else:
             reason = f"{value:.4g} against a median of {median:.4g} (z={z:.1f})"
         stat = "value" if kind in ("loss", "lr") else "norm"
-        return Departure(kind=kind, name=name, stat=stat, value=float(value), median=float(median), z=float(z),
+        return Departure(kind=kind, name=name, stat=stat, value=value, median=median, z=z,
                          order=self.series.order[i], reason=reason)

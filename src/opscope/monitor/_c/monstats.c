@@ -36,6 +36,7 @@ typedef struct {
     uint64_t nan, inf;
 } mstat_t;
 
+#include "band.h"         /* band(): the detector's step (band.c) */
 #include "opscope_half.h" /* bf16_to_f32, f16_to_f32 (src/opscope/_c, on the include path) */
 static inline float f32_f32(float x) { return x; }
 
@@ -290,6 +291,7 @@ static PyMethodDef METHODS[] = {
     {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta: n addresses, n numels, n dtype codes)"},
     {"start", start, METH_VARARGS, "start(meta, out): the same on the monitor's thread; join() waits"},
     {"join", join, METH_NOARGS, "join(): wait for the batch given to start()"},
+    {"band", band_update, METH_VARARGS, "band(state..., step...): the detector judges one step (band.c)"},
     {NULL, NULL, 0, NULL},
 };
 
