@@ -114,12 +114,14 @@ class SeriesWriter:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            columns = _columns(held, self.series, known)
-            table = pa.table({"step": pa.array(columns[0], pa.int64()),
-                              "kind": pa.array(columns[1].tolist(), pa.string()).dictionary_encode(),
-                              "name": pa.array(columns[2].tolist(), pa.string()),
-                              "stat": pa.array(columns[3].tolist(), pa.string()).dictionary_encode(),
-                              "value": pa.array(columns[4], pa.float64())})
+            step, ids, stat, value = _columns(held)
+            kind_of = np.frombuffer(self.series.kind_of[:known], dtype=np.uint8)
+            # kind, name and stat from codes into the series' few strings: no Python string per row
+            table = pa.table({"step": pa.array(step, pa.int64()),
+                              "kind": _coded(kind_of[ids], list(self.series.kinds)),
+                              "name": _coded(ids, self.series.names[:known]).dictionary_decode(),
+                              "stat": _coded(stat, [*STATS, "value"]),
+                              "value": pa.array(value, pa.float64())})
             tmp = self.dir / (name + ".tmp")
             pq.write_table(table, tmp)
             os.replace(tmp, self.dir / name)
@@ -148,25 +150,41 @@ def _warm_pyarrow() -> None:
     pa.array([0.0], pa.float64())
 
 
-def _columns(held: list[Any], series: SeriesTable, known: int) -> tuple[np.ndarray, ...]:
-    """The held steps as Parquet columns: one row per step x tensor x statistic (numpy
-    repeats, no Python loop per row), then one row per scalar. Ids become names here, from
-    the first ``known`` series (all those the held steps use)."""
-    names = np.array(series.names[:known], dtype=object)
-    kinds = np.array(series.kinds, dtype=object)[np.frombuffer(series.kind_of[:known], dtype=np.uint8)]
-    parts: list[tuple[np.ndarray, ...]] = []
-    stat_names = np.array(STATS, dtype=object)
+def _columns(held: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The held steps as rows, one per step x tensor x statistic, then one per scalar, in
+    columns: step, series id, statistic (its index in STATS; len(STATS): a scalar's value),
+    value. A few numpy calls per chunk: per block of a step only its arrays are listed."""
+    ids: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    widths: list[int] = []  # rows per series of each block: len(STATS), or 1 for the scalars
+    steps: list[int] = []
     for step, blocks, scalars in held:
-        for ids, values in blocks:
-            n = len(ids)
-            parts.append((np.full(n * 4, step, dtype=np.int64), np.repeat(kinds[ids], 4), np.repeat(names[ids], 4),
-                          np.tile(stat_names, n), values.reshape(-1)))
+        for block_ids, stats in blocks:
+            ids.append(block_ids)
+            values.append(stats.reshape(-1))
+            widths.append(len(STATS))
+            steps.append(step)
         if scalars:
-            ids = np.fromiter(scalars, np.int64, len(scalars))
-            parts.append((np.full(len(scalars), step, dtype=np.int64), kinds[ids], names[ids],
-                          np.full(len(scalars), "value", object),
-                          np.fromiter(scalars.values(), np.float64, len(scalars))))
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
+            ids.append(np.fromiter(scalars, np.int64, len(scalars)))
+            values.append(np.fromiter(scalars.values(), np.float64, len(scalars)))
+            widths.append(1)
+            steps.append(step)
+    if not ids:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    counts = [len(i) for i in ids]
+    rows = np.repeat(np.array(widths, dtype=np.int64), counts)  # rows of each series
+    first = np.repeat(np.cumsum(rows) - rows, rows)  # each row's series' first row
+    stat = np.arange(int(rows.sum())) - first
+    stat[np.repeat(rows == 1, rows)] = len(STATS)
+    step_rows = np.repeat(np.repeat(np.array(steps, dtype=np.int64), counts), rows)
+    return step_rows, np.repeat(np.concatenate(ids).astype(np.int64), rows), stat, np.concatenate(values)
+
+
+def _coded(codes: np.ndarray, strings: list[str]) -> Any:
+    """A Parquet dictionary column: row i is ``strings[codes[i]]``."""
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(strings, pa.string()))
 
 
 def read(path: str | os.PathLike) -> MonitorData:

@@ -85,6 +85,37 @@ def test_a_tensor_name_never_becomes_a_path(tmp_path):
     assert read(tmp_path).ranks[0].values[("grad", evil, "norm")] == ([0], [1.0])
 
 
+def test_every_row_of_a_chunk_reads_back_as_written(tmp_path):
+    # blocks of several kinds, a series that appears at step 1, a step without blocks, scalars:
+    # the rows are built from ids and codes (no string per row), each must land under its own key
+    writer = SeriesWriter(str(tmp_path), 0, 3, {}, overwrite=False)
+    ids = writer.series.id
+    grads = np.array([ids("grad", "a"), ids("grad", "b")])
+    given: dict = {}
+    for step in range(3):
+        blocks = [(grads, np.arange(8.0).reshape(2, 4) + 10 * step)]
+        if step == 1:
+            blocks.append((np.array([ids("exp_avg", "a")]), np.array([[7.0, 8.0, 0.0, 1.0]])))
+        scalars = {ids("loss", "loss"): 3.0 - step, ids("lr", "lr"): 1e-3}
+        writer.add(step, blocks if step != 2 else [], scalars)
+        for block_ids, stats in blocks if step != 2 else []:
+            for i, row in zip(block_ids, stats, strict=True):
+                for stat, v in zip(("norm", "max", "nan", "inf"), row, strict=True):
+                    given.setdefault((*writer.series.key(int(i)), stat), ([], []))[0].append(step)
+                    given[(*writer.series.key(int(i)), stat)][1].append(float(v))
+        for i, v in scalars.items():
+            given.setdefault((*writer.series.key(i), "value"), ([], []))[0].append(step)
+            given[(*writer.series.key(i), "value")][1].append(v)
+    writer.close("complete")
+    assert read(tmp_path).ranks[0].values == given
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(tmp_path / "rank0" / "series-000000000.parquet")
+    assert [str(schema.field(c).type) for c in ("step", "kind", "name", "stat", "value")] == [
+        "int64", "dictionary<values=string, indices=int32, ordered=0>", "string",
+        "dictionary<values=string, indices=int32, ordered=0>", "double"]
+
+
 def test_not_a_monitor_folder(tmp_path):
     with pytest.raises(DumpFormatError, match="not a monitor folder"):
         read(tmp_path)
