@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from opscope.capture.steps import StepClock
 from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.context import (
@@ -201,16 +203,14 @@ class TFDumpSession:
             return None
         return self._value(arr)
 
-    def _measure_all(self, tensors: list[Any]) -> list[Value | None]:
-        arrays: list[Any] = []
-        for t in tensors:
-            try:
-                arrays.append(st.array_of(t))
-            except Exception:  # a tensor with no host buffer (a resource, a variant)
-                arrays.append(None)
-        stats = st.many_stats([a for a in arrays if a is not None])
-        it = iter(stats)
-        return [None if a is None else self._value(a, next(it)) for a in arrays]
+    def _measure_all(self, arrays: list[Any]) -> list[Value | None]:
+        """A graph run's values: numpy arrays (a 0-d tensor comes as a numpy scalar)."""
+        arrays = [np.asarray(a) for a in arrays]
+        stats = st.many_stats(arrays)
+        if self.cfg.data == "tensor":
+            return [self._value(a, s) for a, s in zip(arrays, stats, strict=True)]
+        name = st.name_of  # what _value gives for statistics, without a call per array
+        return [(name(a), list(a.shape), a.size, s, None, None) for a, s in zip(arrays, stats, strict=True)]
 
     def _value(self, arr: Any, stats: tuple[Any, ...] | None = None) -> Value:
         stats = st.host_stats(arr) if stats is None else stats
@@ -225,7 +225,7 @@ class TFDumpSession:
         return dtype, shape, int(arr.size), stats, data, key
 
     # -- host callbacks (tracing.Host) -------------------------------------------------
-    def graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None:
+    def graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None:
         # A graph run hands over ~1,000 tensors and makes a few thousand short-lived tuples:
         # with the collector on, they set off generation 0 and 1 collections (and promote
         # objects to the old generation, whose full collections scan every object of
@@ -234,18 +234,18 @@ class TFDumpSession:
         if collecting:
             gc.disable()
         try:
-            self._graph_ran(plan, tensors)
+            self._graph_ran(plan, arrays)
         finally:
             if collecting:
                 gc.enable()
 
-    def _graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None:
+    def _graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None:
         with self._lock:
             if plan.contains_step:
                 return  # a loop around the step function: its plumbing, not a step
             self.clock.poll()
             if self.selected:
-                values = self._measure_all(tensors)
+                values = self._measure_all(arrays)
                 constants = plan.__dict__.get("measured")
                 if constants is None or self.cfg.data == "tensor":  # tensors: each step's shards hold them
                     constants = plan.__dict__["measured"] = [self._value(c) for c in plan.constants]

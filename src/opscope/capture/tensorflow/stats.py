@@ -71,36 +71,33 @@ def host_stats(arr: np.ndarray) -> tuple[Any, ...]:
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
 
 
-_SPLIT = 64 << 10  # bytes: larger tensors go to the kernel's own thread, smaller stay here
 _QUEUE = threading.Lock()  # the kernel's worker queue serves one caller at a time
+_CODE_OF: dict[Any, int] = {}
+_NONE = 255  # not a code of the kernel: the array is measured by numpy
+
+
+def _code(arr: np.ndarray) -> int:
+    code = _CODE_OF.get(arr.dtype)
+    if code is None:
+        code = _CODE_OF[arr.dtype] = CODES.get(name_of(arr), _NONE)
+    return code
 
 
 def many_stats(arrays: list[np.ndarray]) -> list[tuple[Any, ...]]:
-    """Statistics of many arrays, on two cores: the large ones on the C kernel's worker
-    thread (no GIL) while this thread reduces the small ones."""
-    if _fastats is None or not hasattr(_fastats, "submit") or not _QUEUE.acquire(blocking=False):
+    """Statistics of many arrays in one call of the C kernel (a graph run hands over ~1,000),
+    on two cores: arrays of 64 KB or more on the kernel's worker thread while this thread
+    reduces the rest. Arrays the kernel does not take
+    (another dtype, not C-contiguous) are measured by numpy."""
+    if _fastats is None or not hasattr(_fastats, "stats_many"):
         return [host_stats(a) for a in arrays]
+    codes = bytes(map(_code, arrays))
+    worker = _QUEUE.acquire(blocking=False)
     try:
-        out: list[Any] = [None] * len(arrays)
-        jobs: list[tuple[int, int]] = []
-        for i, arr in enumerate(arrays):
-            code = CODES.get(name_of(arr))
-            if code is not None and arr.nbytes >= _SPLIT and arr.flags.c_contiguous:
-                jobs.append((i, _fastats.submit(address(arr), int(arr.size), code, 0)))
-        queued = {i for i, _ in jobs}
-        for i, arr in enumerate(arrays):
-            if i not in queued:
-                out[i] = host_stats(arr)
-        if jobs:
-            _fastats.wait(jobs[-1][1])
-            results = _fastats.results(jobs[0][1], jobs[-1][1] + 1)
-            for (i, _), stats in zip(jobs, results):
-                out[i] = stats  # the kernel finishes them as finish() does
-        return out
+        got = _fastats.stats_many(arrays, codes, worker)
     finally:
-        if _fastats is not None and hasattr(_fastats, "reset"):
-            _fastats.reset()
-        _QUEUE.release()
+        if worker:
+            _QUEUE.release()
+    return [tensor_stats(a) if s is None else s for a, s in zip(arrays, got, strict=True)]
 
 
 def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,

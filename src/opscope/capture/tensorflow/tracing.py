@@ -3,10 +3,13 @@
 ``op_callbacks.add_op_callback`` is called for every op TensorFlow creates in a graph and
 for every op it executes eagerly. While a ``tf.function`` is traced, :class:`Tracer`
 records each op's inputs and outputs (:mod:`.plan`); when the Python function of the trace
-returns, one ``tf.py_function`` is added to its graph with every planned tensor as input.
-Automatic control dependencies make that stateful op run with the graph; it hands the
-tensors to :meth:`Host.graph_ran` (TensorFlow holds them until then, so a variable read
-stays the value it read even if the variable is updated later in the graph).
+returns, one stateful ``tf.numpy_function`` is added to its graph with every planned tensor
+as input. Automatic control dependencies make it run with the graph; it hands the tensors,
+as numpy arrays sharing a CPU tensor's buffer, to :meth:`Host.graph_ran` (TensorFlow holds
+them until then, so a variable read stays the value it read even if the variable is updated
+later in the graph). A ``numpy_function`` rather than a ``py_function``: the conversion is
+TensorFlow's own C++, where a ``py_function`` makes an ``EagerTensor`` of each of a graph
+run's ~1,000 tensors for Python to convert one by one.
 Graphs compiled by XLA (``jit_compile=True``) get no host callback: XLA refuses it.
 """
 
@@ -22,10 +25,11 @@ from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan,
 from opscope.capture.tensorflow.stats import NUMERIC
 
 SKIP_GRAPHS = ("Dataset_", "__inference_Dataset")
+HOST_OPS = ("PyFunc", "EagerPyFunc")  # the host callback's own op (numpy_function, py_function)
 
 
 class Host(Protocol):
-    def graph_ran(self, plan: GraphPlan, tensors: list[Any]) -> None: ...
+    def graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None: ...
     def eager_op(self, op_type: str, inputs: Any, outputs: Any, ctx: CallContext) -> None: ...
     def function_ran(self, name: str, inputs: Any, outputs: Any) -> None: ...
     def variable_name(self, handle: Any) -> str | None: ...
@@ -229,9 +233,9 @@ class Tracer:
 
         host = self.host
 
-        def graph_ran(*tensors: Any) -> None:
-            host.graph_ran(plan, list(tensors))
-        tf.py_function(graph_ran, list(plan.values), Tout=[], name="opscope_dump")
+        def graph_ran(*arrays: Any) -> None:
+            host.graph_ran(plan, list(arrays))
+        tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
         plan.values = [t.name for t in plan.values]  # the plan keeps names, not the graph's tensors
 
     # -- the op callback ---------------------------------------------------------------
@@ -254,7 +258,7 @@ class Tracer:
             return outputs
         if self.ctx.phase == "optimizer":
             plan.steps = True
-        if plan.xla or op_type == "EagerPyFunc" and (op_name or "").startswith("opscope_dump"):
+        if plan.xla or op_type in HOST_OPS and (op_name or "").startswith("opscope_dump"):
             return outputs
         if self.op_level:
             self.plan_op(plan, op_type, str(op_name or op_type), list(inputs), list(outputs), attrs)
