@@ -4,7 +4,9 @@ and opscope's own failures kept away from the user's run."""
 
 from __future__ import annotations
 
+import collections
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -203,3 +205,87 @@ def test_filters_select_the_rows_of_the_python_path(tmp_path, monkeypatch, keys)
     assert 0 < len(native_rows) == len(python_rows)
     for column in _SAME:
         assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
+
+
+_Pair = collections.namedtuple("_Pair", "a b")
+
+
+class _Sub(torch.Tensor):
+    """A tensor subclass: walked in Python, as tensors_of walks it."""
+
+
+class _DictIn(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4, bias=False)  # its `bias` is a None parameter
+        self.scale = nn.Parameter(torch.full((4,), 0.5))
+        self.again = self.scale  # the same parameter under a second name: listed once
+
+    def forward(self, d: dict) -> dict:
+        return {"y": self.fc(d["x"]) * d["n"] * self.again, "none": None}
+
+
+class _PairOut(nn.Module):
+    def forward(self, y: torch.Tensor, rest: list) -> _Pair:
+        return _Pair(y + rest[0], y * rest[1])
+
+
+class _Reversed(nn.Linear):
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:  # overridden: its own order is honoured
+        return iter(reversed(list(super().named_parameters(*args, **kwargs))))
+
+
+class _Shapes(nn.Module):
+    """Module calls that take each way of the hooks' native walk: a dict, a list, None and
+    numbers (walked natively); a namedtuple, a tensor subclass and an overridden
+    ``named_parameters`` (walked in Python)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dict_in, self.pair, self.act, self.rev = _DictIn(), _PairOut(), nn.Tanh(), _Reversed(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dict_in({"x": x, "n": 3, "none": None})
+        p = self.pair(h["y"], [x, 2.0])
+        # (a fresh tensor each time: an alias of a recorded one links natively, not in Python)
+        z = (self.act((p.a * 1).as_subclass(_Sub)) * 1).as_subclass(torch.Tensor)
+        return self.rev(z + p.b)
+
+
+def test_module_calls_walked_natively_or_in_python_give_the_rows_of_the_python_path(tmp_path, monkeypatch, backend):
+    walked: list[bool] = []
+    real = backend.record_module
+
+    def counting(*args: Any) -> Any:
+        call = real(*args)
+        walked.append(call is not None)
+        return call
+
+    monkeypatch.setattr(backend, "record_module", counting)
+    tables, losses = {}, {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        torch.manual_seed(0)
+        model, x = _Shapes(), torch.randn(3, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with opscope.dump(tmp_path / name, level="module") as d:
+            losses[name] = []
+            for _ in range(2):
+                loss = model(x).square().sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses[name].append(loss.item())
+                d.step()
+        tables[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    assert losses["native"] == losses["python"]
+    assert True in walked and False in walked  # both ways were taken
+    native_rows, python_rows = tables["native"], tables["python"]
+    assert len(native_rows) == len(python_rows) > 30
+    for column in _SAME:
+        assert [_cell(v) for v in native_rows[column]] == [_cell(v) for v in python_rows[column]], column
+    assert list(native_rows["producer"].isna()) == list(python_rows["producer"].isna())
+    forward = native_rows[(native_rows.phase == "forward") & (native_rows.io == "param") & (native_rows.step == 0)]
+    assert list(forward[forward.module == "dict_in.fc"].arg) == ["weight"]  # no row for the None bias
+    assert list(forward[forward.module == "dict_in"].arg) == ["scale"]
+    assert list(forward[forward.module == "rev"].arg) == ["bias", "weight"]

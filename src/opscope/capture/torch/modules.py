@@ -33,14 +33,14 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 
 
 # types that tree_flatten keeps as leaves and that are never tensors
-_LEAVES = frozenset((int, float, bool, complex, str, bytes, type(None), slice, type(...), torch.dtype, torch.device,
+LEAVES = frozenset((int, float, bool, complex, str, bytes, type(None), slice, type(...), torch.dtype, torch.device,
                      torch.memory_format, torch.layout))
 
 
 def _collect(value: Any, c: type, out: list[torch.Tensor]) -> None:
     if c is torch.Tensor or c is torch.nn.Parameter:
         out.append(value)
-    elif c in _LEAVES:
+    elif c in LEAVES:
         return
     elif c is tuple or c is list:
         for x in value:

@@ -39,10 +39,11 @@ class OptimizerHooks:
 
     def __init__(self, session: OptimizerHost) -> None:
         self.session = session
-        # optimizer -> (the names known and its parameters' ids, the recorder, the selected
-        # parameters, its parameters): the walk over names and filters is done again only when one changes
-        self._params: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], Any, list[Param], list[Any]]] = (
-            weakref.WeakKeyDictionary())
+        # optimizer -> (the names known and its parameters' ids, the recorder, (the op, the
+        # selected parameters, all plain tensors), its parameters): the walk over names and
+        # filters is done again only when one changes
+        self._params: weakref.WeakKeyDictionary[
+            Any, tuple[tuple[int, ...], Any, tuple[str, list[Param], bool], list[Any]]] = weakref.WeakKeyDictionary()
 
     def pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self.session.clock.poll()
@@ -95,25 +96,34 @@ class OptimizerHooks:
 
     def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
         """The optimizer step's parameters (and gradients) before it, its parameters after."""
-        op = f"{type(optimizer).__name__}.step"
         recorder = self.session.recorder
-        params = self._selected(optimizer, op, recorder)
-        recorder.record_params(op, [(i, module, p, p.grad, name) for i, module, p, name in params], before)
+        op, params, plain = self._selected(optimizer, recorder)
+        native = getattr(recorder, "record_selected", None) if plain else None
+        if native is not None:  # one native call, which reads each parameter's gradient itself
+            native(op, params, before)
+        else:
+            recorder.record_params(op, [(i, module, p, p.grad, name) for i, module, p, name in params], before)
 
-    def _selected(self, optimizer: torch.optim.Optimizer, op: str, recorder: Any) -> list[Param]:
-        """The parameters of ``optimizer`` that the filters select, found again only when its
-        parameters (the very tensors), the names known or the recorder changed since the last step."""
+    def _selected(self, optimizer: torch.optim.Optimizer, recorder: Any) -> tuple[str, list[Param], bool]:
+        """The op name, the parameters of ``optimizer`` that the filters select and whether all
+        are plain tensors (no subclass: their ``grad`` is the tensor's own), found again only when
+        its parameters (the very tensors), the names known or the recorder changed since the last step."""
         names = self.session.modules.param_names
         params = [p for group in optimizer.param_groups for p in group["params"]]
         key = (len(names), *map(id, params))  # C speed: no Python-level walk per step
         known = self._params.get(optimizer)
         if known is not None and known[1] is recorder and known[0] == key:
             return known[2]
+        op = f"{type(optimizer).__name__}.step"
         selected: list[Param] = []
         for i, p in enumerate(params):
             name = names.get(id(p))
             module = (name or "").rpartition(".")[0]
             if recorder.selected(module, op, "optimizer"):
                 selected.append((i, module, p, name))
-        self._params[optimizer] = (key, recorder, selected, params)  # params held: their ids stay theirs
-        return selected
+        found = (op, selected, all(type(p) in _PLAIN for _, _, p, _ in selected))
+        self._params[optimizer] = (key, recorder, found, params)  # params held: their ids stay theirs
+        return found
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types whose ``grad`` is read natively as Python reads it

@@ -78,6 +78,10 @@ class NativeRecorder(Recorder):
                       before: bool) -> None:
         self.native.record_params(op, items, before)
 
+    def record_selected(self, op: str, params: list[tuple[int, str, torch.Tensor, str | None]], before: bool) -> None:
+        """:meth:`record_params` of plain tensors ``(call, module, param, name)``, each gradient read natively."""
+        self.native.record_params(op, params, before)
+
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)
         self.slow = {}

@@ -5,9 +5,12 @@ kernel and keeps the data flow in C++; it hooks the outputs that require grad wi
 tensor hooks, which make the gradient rows in backward without entering Python. The per-op
 observer is never registered at this level. Python keeps the filters and the module hooks.
 
-The rows are those of :class:`~opscope.capture.torch.levels.ModuleLevel` (the Python path,
-used without a C++ compiler or with ``OPSCOPE_DUMP_BACKEND=python``); the step leaves C++
-as columns, as at the aten level.
+Each hook is one native call (``record_module``) that walks the call's arguments or output
+and the module's own parameters itself; only what it does not know (a namedtuple, a
+registered pytree class, a tensor subclass, an overridden ``named_parameters``) is walked in
+Python, as before. The rows are those of :class:`~opscope.capture.torch.levels.ModuleLevel`
+(the Python path, used without a C++ compiler or with ``OPSCOPE_DUMP_BACKEND=python``); the
+step leaves C++ as columns, as at the aten level.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opscope.capture.torch.levels import module_inputs
-from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.modules import LEAVES, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
+
+_NAMED_PARAMETERS = torch.nn.Module.named_parameters  # a module type that overrides it: module_inputs
 
 
 class NativeModuleLevel(NativeAtenLevel):
@@ -36,6 +41,7 @@ class NativeModuleLevel(NativeAtenLevel):
         session.modules._on_exit = self._exit
         self._calls: list[int] = []
         self._grads = "backward" in session.cfg.phases
+        backend.set_leaves(set(LEAVES))  # what record_module's walk skips, as tensors_of does
 
     # the per-op observer stays unregistered: only the configuration changes
     def activate(self) -> None:
@@ -64,7 +70,13 @@ class NativeModuleLevel(NativeAtenLevel):
         call = -1
         try:
             if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
-                call = self.native.record_call(op, path, PHASE_CODES[s.phase], module_inputs(module, args), (), -1)
+                phase = PHASE_CODES[s.phase]
+                # one native call walks the arguments and own parameters (None: something
+                # only Python walks, or named_parameters overridden)
+                params = module._parameters if type(module).named_parameters is _NAMED_PARAMETERS else None
+                found = None if params is None else self.native.record_module(op, path, phase, args, params, -1)
+                call = found if found is not None else self.native.record_call(
+                    op, path, phase, module_inputs(module, args), (), -1)
         except Exception as exc:
             self._guard(exc)
         self._calls.append(call)
@@ -76,10 +88,11 @@ class NativeModuleLevel(NativeAtenLevel):
             return
         op = type(module).__name__
         try:
-            outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]
             # outputs that require grad get a C++ hook: their gradient's row in backward
             grads = self._grads and s.recorder.selected(path, op, "backward")
-            self.native.record_call(op, path, PHASE_CODES[s.phase], (), outs, call, grads)
+            phase = PHASE_CODES[s.phase]
+            if self.native.record_module(op, path, phase, output, None, call, grads) is None:
+                outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]
+                self.native.record_call(op, path, phase, (), outs, call, grads)
         except Exception as exc:
             self._guard(exc)
-

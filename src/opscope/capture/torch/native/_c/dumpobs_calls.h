@@ -53,26 +53,42 @@ void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>
   }
 }
 
+// The arguments of record_call and record_module: (op, module, phase, first, second, call[, grads])
+struct CallArgs {
+  const char *op, *module;
+  int phase, grads = 0;
+  long long call;
+  PyObject *first, *second;
+  bool parse(PyObject* a) {
+    return PyArg_ParseTuple(a, "ssiOOL|p", &op, &module, &phase, &first, &second, &call, &grads);
+  }
+};
+
+// The head of a module call's rows (under `mu`); call < 0 takes the next call index of
+// (module, phase, op) (a module's entry), else it is the entry's index (its exit).
+Head call_head(const char* op, const char* module, int phase, long long& call) {
+  int op_name = intern(op), mod = *module ? intern(module) : -1;
+  if (call < 0) call = calls[std::make_tuple(mod, phase, op_name)]++;
+  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
+  set_data(h);
+  return h;
+}
+
 // record_call(op, module, phase, inputs, outputs, call, grads) -> call: one module call's
 // rows. inputs / outputs: sequences of (slot, arg name or None, tensor); call < 0 takes the
 // next call index of (module, phase, op) (a module's entry), else the entry's index (its
 // exit); grads: hook the outputs that require grad, for a row of their gradient in backward.
 PyObject* py_record_call(PyObject*, PyObject* a) {
-  const char *op, *module;
-  int phase, grads = 0;
-  long long call;
-  PyObject *ins, *outs;
-  if (!PyArg_ParseTuple(a, "ssiOOL|p", &op, &module, &phase, &ins, &outs, &call, &grads)) return nullptr;
+  CallArgs c;
+  if (!c.parse(a)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
-  int op_name = intern(op), mod = *module ? intern(module) : -1;
-  if (call < 0) call = calls[std::make_tuple(mod, phase, op_name)]++;
-  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
-  set_data(h);
-  bool ok = !g_inputs || each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
+  Head h = call_head(c.op, c.module, c.phase, c.call);
+  bool grads = c.grads;
+  bool ok = !g_inputs || each_call_item(c.first, [&](int slot, int arg, const at::Tensor& t) {
     input_row(h, slot, arg, t);
   });
   std::vector<std::pair<int, at::Tensor>> hooked;
-  ok = ok && each_call_item(outs, [&](int slot, int arg, const at::Tensor& t) {
+  ok = ok && each_call_item(c.second, [&](int slot, int arg, const at::Tensor& t) {
     if (g_outputs) {
       output_row(h, slot, t, -1, false, nullptr);
       if (arg >= 0) rows.back().arg = arg;
@@ -81,7 +97,93 @@ PyObject* py_record_call(PyObject*, PyObject* a) {
   });
   if (!ok) return nullptr;
   hook_gradients(h, hooked);
+  return PyLong_FromLongLong(c.call);
+}
+
+// ---- module calls walked natively (record_module) ------------------------------------------
+PyObject* g_leaves = nullptr;  // the types tensors_of skips (modules.py's LEAVES), given by set_leaves
+
+// The tensors of a module call's arguments or output, in tensors_of's order (borrowed): plain
+// tensors, tuples, lists, dicts and the leaf types are walked here; false when anything else
+// is met (a namedtuple, a registered pytree class, a tensor subclass): Python's walk then.
+bool walk_tensors(PyObject* v, std::vector<PyObject*>& out, int depth = 0) {
+  if (THPVariable_CheckExact(v)) {
+    out.push_back(v);
+    return true;
+  }
+  PyTypeObject* tp = Py_TYPE(v);
+  if (tp == &PyTuple_Type || tp == &PyList_Type) {
+    if (depth > 32) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(v); ++i)
+      if (!walk_tensors(PySequence_Fast_GET_ITEM(v, i), out, depth + 1)) return false;
+    return true;
+  }
+  if (tp == &PyDict_Type) {
+    if (depth > 32) return false;
+    PyObject *key, *value;
+    for (Py_ssize_t pos = 0; PyDict_Next(v, &pos, &key, &value);)
+      if (!walk_tensors(value, out, depth + 1)) return false;
+    return true;
+  }
+  return v == Py_None || (g_leaves && PySet_Contains(g_leaves, reinterpret_cast<PyObject*>(tp)) == 1);
+}
+
+// A module's own parameters as named_parameters(recurse=False) gives them: its `_parameters`
+// in order, None and repeats left out; false when it is not a dict of tensors by name.
+bool own_params(PyObject* d, std::vector<std::pair<PyObject*, PyObject*>>& out) {
+  if (!PyDict_CheckExact(d)) return false;
+  PyObject *name, *p;
+  for (Py_ssize_t pos = 0; PyDict_Next(d, &pos, &name, &p);) {
+    if (p == Py_None) continue;
+    if (!THPVariable_Check(p) || !PyUnicode_Check(name)) return false;
+    if (std::none_of(out.begin(), out.end(), [p](const auto& o) { return o.second == p; })) out.emplace_back(name, p);
+  }
+  return true;
+}
+
+// record_module(op, module, phase, value, params, call, grads) -> call, or None: nothing
+// recorded, `value` or `params` holds what only Python walks (the hooks then call record_call).
+// call < 0: a module's entry, its inputs the tensors of `value` (its arguments), then `params`
+// (its `_parameters`) by name; else its exit, its outputs the tensors of `value`. The rows are
+// those record_call makes from module_inputs / tensors_of, without their Python lists.
+PyObject* py_record_module(PyObject*, PyObject* a) {
+  CallArgs c;
+  if (!c.parse(a)) return nullptr;
+  std::vector<PyObject*> tensors;
+  std::vector<std::pair<PyObject*, PyObject*>> own;
+  bool entry = c.call < 0;
+  if (!walk_tensors(c.first, tensors) || (entry && !own_params(c.second, own))) Py_RETURN_NONE;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  Head h = call_head(c.op, c.module, c.phase, c.call);
+  long long call = c.call;
+  bool grads = c.grads;
+  int n = static_cast<int>(tensors.size());
+  if (entry) {
+    if (!g_inputs) return PyLong_FromLongLong(call);
+    for (int i = 0; i < n; ++i) input_row(h, i, -1, THPVariable_Unpack(tensors[i]));
+    for (size_t j = 0; j < own.size(); ++j)
+      input_row(h, n + static_cast<int>(j), intern(PyUnicode_AsUTF8(own[j].first)), THPVariable_Unpack(own[j].second));
+    return PyLong_FromLongLong(call);
+  }
+  std::vector<std::pair<int, at::Tensor>> hooked;
+  for (int i = 0; i < n; ++i) {
+    const at::Tensor& t = THPVariable_Unpack(tensors[i]);
+    if (g_outputs) output_row(h, i, t, -1, false, nullptr);
+    if (grads) hooked.emplace_back(i, t);
+  }
+  hook_gradients(h, hooked);
   return PyLong_FromLongLong(call);
+}
+
+// set_leaves(types): the types that never hold a tensor (a set), for record_module's walk
+PyObject* py_set_leaves(PyObject*, PyObject* types) {
+  if (!PyAnySet_Check(types)) {
+    PyErr_SetString(PyExc_TypeError, "a set of types is expected");
+    return nullptr;
+  }
+  Py_INCREF(types);
+  Py_XSETREF(g_leaves, types);
+  Py_RETURN_NONE;
 }
 
 }  // namespace

@@ -158,7 +158,8 @@ PyObject* py_route_slow(PyObject*, PyObject* a) {
 
 // record_params(op, [(call, module, param, grad or None, name or None)], before): the
 // optimizer step's parameters (and gradients) before it, its parameters after, as
-// Recorder.record_params records them, one call per parameter.
+// Recorder.record_params records them, one call per parameter. An entry of four,
+// (call, module, param, name), has its gradient read here (`param.grad`; plain tensors only).
 PyObject* py_record_params(PyObject*, PyObject* a) {
   const char* op;
   PyObject* items;
@@ -171,11 +172,14 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
   for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); ++k) {
     long long call;
     const char* module;
-    PyObject *p, *g, *name;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "LsOOO", &call, &module, &p, &g, &name) ||
-        !THPVariable_Check(p)) {
+    PyObject *p, *g = nullptr, *name, *entry = PySequence_Fast_GET_ITEM(fast, k);
+    bool four = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) == 4;
+    if (!(four ? PyArg_ParseTuple(entry, "LsOO", &call, &module, &p, &name)
+               : PyArg_ParseTuple(entry, "LsOOO", &call, &module, &p, &g, &name)) ||
+        !THPVariable_Check(p) || (four && !THPVariable_CheckExact(p))) {
       Py_DECREF(fast);
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) expected");
+      if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) or (call, module, plain tensor, name) expected");
       return nullptr;
     }
     Head h{g_seq++, call, OPTIMIZER, *module ? intern(module) : -1, op_name, -1, -1, -1};
@@ -188,10 +192,12 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
       continue;
     }
     input_row(h, 0, a_param, param);
-    if (g != Py_None && THPVariable_Check(g)) {
+    const at::Tensor* grad = four ? (param.grad().defined() ? &param.grad() : nullptr)
+                                  : (g != Py_None && THPVariable_Check(g) ? &THPVariable_Unpack(g) : nullptr);
+    if (grad) {
       Head hg = h;
       hg.seq = g_seq++;
-      int64_t r = input_row(hg, 1, a_grad, THPVariable_Unpack(g), IO_GRAD);
+      int64_t r = input_row(hg, 1, a_grad, *grad, IO_GRAD);
       if (r >= 0 && name != Py_None) rows[r].param = intern(PyUnicode_AsUTF8(name));
     }
   }
@@ -221,6 +227,9 @@ PyMethodDef methods[] = {
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
+    {"record_module", py_record_module, METH_VARARGS,
+     "record_module(op, module, phase, value, params, call, grads) -> call or None: a module call, walked natively"},
+    {"set_leaves", py_set_leaves, METH_O, "set_leaves(types): the types record_module's walk skips"},
     {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args) -> token: an API call starts"},
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
