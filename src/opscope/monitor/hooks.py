@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import weakref
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 import torch
 
 from opscope.capture.torch.modules import strip_wrapped, tensors_of, unwrap
 from opscope.config import Filter
+from opscope.monitor.registry import Names
 
 
 def first_float(output: Any) -> torch.Tensor | None:
@@ -44,18 +46,20 @@ class ModelHooks:
         on_root_call: ``(args, kwargs)`` before each call of a root model.
         on_output: ``(path, output tensor)`` after a chosen module's call.
         on_adopt: ``(root)`` once for each root model hooked (given or found).
+        names: where the parameters' names go, a slot each (only these hooks add to it);
+            a new one when None.
     """
 
     def __init__(self, modules: Filter | None, on_root_call: Callable[[tuple[Any, ...], dict[str, Any]], None],
                  on_output: Callable[[str, torch.Tensor], None],
-                 on_adopt: Callable[[torch.nn.Module], None] | None = None) -> None:
+                 on_adopt: Callable[[torch.nn.Module], None] | None = None, names: Names | None = None) -> None:
         self.modules = modules
         self.on_root_call, self.on_output, self.on_adopt = on_root_call, on_output, on_adopt
         self.roots: list[weakref.ref[torch.nn.Module]] = []
-        # each parameter once: the parameter (hashed by id, no int object held) -> slot; its name
-        # and place in backward (0: not known) by slot
-        self._slot: dict[torch.Tensor, int] = {}
-        self._names: list[str] = []
+        # each parameter once, by slot: the parameter, its name (in ``names``) and its place in
+        # backward (0: not known); the slot of a tensor is found through a dict made when asked
+        self.names = names if names is not None else Names()
+        self._params: list[torch.Tensor] = []
         self._places = array("i")
         self.ordered = 0  # parameters whose place in backward is known
         self._handles: list[Any] = []
@@ -86,7 +90,7 @@ class ModelHooks:
         for h in self._handles:
             h.remove()
         self._handles = []
-        self._slot = {}  # it holds the parameters
+        self._params = []
 
     def _find_pre(self, module: torch.nn.Module, args: Any) -> None:
         if self._depth == 0 and not any(r() is module for r in self.roots):
@@ -100,19 +104,22 @@ class ModelHooks:
     def adopt(self, root: torch.nn.Module) -> None:
         """Hook a root model: its calls, its chosen modules, its gradients' order."""
         self.roots.append(weakref.ref(root))
+        known = self._slots()
         for name, p in root.named_parameters():
-            if p not in self._slot:
-                self._slot[p] = len(self._names)
-                self._names.append(strip_wrapped(name))
+            if id(p) not in known:
+                known[id(p)] = slot = self.names.add(strip_wrapped(name))
+                assert slot == len(self._params), "only the hooks add to their names"
+                self._params.append(p)
                 self._places.append(0)
         self._handles.append(root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
         if self.modules is not None:
             for name, module in unwrap(root).named_modules():
                 if name and self._chosen(name, module):
-                    self._handles.append(module.register_forward_hook(self._output_hook(strip_wrapped(name))))
+                    self._handles.append(module.register_forward_hook(partial(self._output_of, strip_wrapped(name))))
         for p in root.parameters():
             if p.requires_grad:
-                self._order_hooks.append(p.register_post_accumulate_grad_hook(self._accumulated))
+                hook = partial(self._accumulated, known[id(p)])
+                self._order_hooks.append(p.register_post_accumulate_grad_hook(hook))
         if self.on_adopt is not None:
             self.on_adopt(root)
 
@@ -125,16 +132,13 @@ class ModelHooks:
     def _root_pre(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         self.on_root_call(tuple(args), dict(kwargs))
 
-    def _output_hook(self, path: str) -> Callable[[torch.nn.Module, Any, Any], None]:
-        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            t = first_float(output)
-            if t is not None:
-                self.on_output(path, t)
-        return hook
+    def _output_of(self, path: str, module: torch.nn.Module, args: Any, output: Any) -> None:
+        t = first_float(output)
+        if t is not None:
+            self.on_output(path, t)
 
-    def _accumulated(self, p: torch.Tensor) -> None:
-        slot = self._slot.get(p)
-        if slot is not None and not self._places[slot]:
+    def _accumulated(self, slot: int, p: torch.Tensor) -> None:
+        if not self._places[slot]:
             self._places[slot] = self.tick()
             self.ordered += 1
 
@@ -149,12 +153,16 @@ class ModelHooks:
             h.remove()
         self._order_hooks = []
 
-    def name_of(self, p: torch.Tensor, fallback: str) -> str:
-        """The name of parameter ``p`` in its model, else ``fallback``."""
-        slot = self._slot.get(p)
-        return fallback if slot is None else self._names[slot]
+    def _slots(self) -> dict[int, int]:
+        return {id(p): slot for slot, p in enumerate(self._params)}  # (they are held: ids stay theirs)
 
-    def place(self, p: torch.Tensor) -> int | None:
-        """Where backward made ``p``'s gradient (learned on the first backward), None: not known."""
-        slot = self._slot.get(p)
-        return (self._places[slot] or None) if slot is not None else None
+    def slots(self, tensors: Iterable[torch.Tensor]) -> list[int]:
+        """The slot of each parameter in ``tensors`` (its name is ``names[slot]``), -1 for a
+        tensor that is no parameter of the models hooked."""
+        known = self._slots()
+        return [known.get(id(t), -1) for t in tensors]
+
+    def place_of(self, slot: int) -> int:
+        """Where backward made the gradient of the parameter in ``slot`` (learned on the first
+        backward), 0: not known."""
+        return self._places[slot]

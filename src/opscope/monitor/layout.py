@@ -1,27 +1,29 @@
 """What an optimizer step hands the monitor, found once and then reused while it holds.
 
-Per optimizer: its parameters (name, tensor, place in backward) as three parallel lists
-(:class:`Params`); the series ids of its gradients, per set of gradients present; the ids
-and tensors of its state (``exp_avg``, ``exp_avg_sq``, ...) and of the weights. Finding the
-state takes a lookup per parameter in ``optimizer.state``, whose keys are tensors (a hash is
-a Python call each): it is done once, then each step only checks, in C loops, that the state
-is what was found (:meth:`OptimizerLayouts.after`). The caches hold a few layouts each and
-start again when they outgrow that; :meth:`OptimizerLayouts.clear` drops them (and the tensors
-they hold) at stop.
+Per optimizer: its parameters (the tensors, and the slots of their names in the model
+hooks: :class:`Params`), with the series ids of its gradients per set of gradients present;
+the ids of its state (``exp_avg``, ``exp_avg_sq``, ...) and of the weights, and how to find
+their tensors again (:class:`_State`). Finding the state takes a lookup per parameter in
+``optimizer.state``, whose keys are tensors (a hash is a Python call each): it is done once,
+then each step takes the tensors from the state dicts found, in C loops, and sees that the
+sum of their ids is as found (a state tensor replaced: found again). The cache holds a few
+layouts and starts again when it outgrows that; :meth:`OptimizerLayouts.clear` drops them
+(and the tensors they hold) at stop.
 """
 
 from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Callable, Iterator
-from itertools import repeat
+from collections.abc import Iterator
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 import torch
 
 from opscope.monitor.hooks import ModelHooks
+from opscope.monitor.registry import SeriesTable
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 CACHED = 8  # layouts kept per cache (a cache that outgrows it starts again)
@@ -29,8 +31,8 @@ _GRAD = operator.attrgetter("grad")
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
-    """Series ids as the int64 array the statistics travel with."""
-    return np.array(ids, dtype=np.int64)
+    """Series ids as the array the statistics travel with (int32: a layout holds its own)."""
+    return np.array(ids, dtype=np.int32)
 
 
 def _put(cache: dict[Any, Any], key: Any, value: Any) -> Any:
@@ -42,117 +44,164 @@ def _put(cache: dict[Any, Any], key: Any, value: Any) -> Any:
 
 
 class Params:
-    """An optimizer's parameters: names, tensors and places in backward, in parallel lists."""
+    """An optimizer's parameters: the tensors (its group's own list when it has one group) and
+    the slots of their names in the hooks (-1: a tensor the hooks do not know, named by its
+    group and index); their places in backward are the hooks' (see :meth:`place`)."""
 
-    __slots__ = ("names", "params", "places")
+    __slots__ = ("params", "slots", "grads", "_hooks", "_sizes")
 
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.params: list[torch.Tensor] = []
-        self.places = array("i")
+    def __init__(self, params: list[torch.Tensor], hooks: ModelHooks, sizes: tuple[int, ...]) -> None:
+        self.params, self.slots, self._hooks, self._sizes = params, array("i", hooks.slots(params)), hooks, sizes
+        # which gradients are present (None: all) -> their ids, and which of them (None: all)
+        self.grads: dict[tuple[bool, ...] | None, tuple[np.ndarray, list[int] | None]] = {}
+
+    def name(self, i: int) -> str:
+        """The name of parameter ``i``."""
+        slot = self.slots[i]
+        if slot >= 0:
+            return self._hooks.names[slot]
+        for group, size in enumerate(self._sizes):
+            if i < size:
+                return f"group{group}.param{i}"
+            i -= size
+        raise IndexError(i)
+
+    def place(self, i: int) -> int:
+        """Where backward made parameter ``i``'s gradient; not known: the parameters' order, reversed."""
+        slot = self.slots[i]
+        return (self._hooks.place_of(slot) if slot >= 0 else 0) or len(self.params) - 1 - i
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor, int]]:
-        return zip(self.names, self.params, self.places, strict=True)
+        """``(name, tensor, place)`` of each parameter."""
+        return ((self.name(i), p, self.place(i)) for i, p in enumerate(self.params))
 
     def __len__(self) -> int:
         return len(self.params)
 
 
-class _StateCheck:
-    """What :meth:`OptimizerLayouts.after` found, to see cheaply that it still holds."""
+class _State:
+    """The optimizer's state and weights as :meth:`OptimizerLayouts.after` found them: the
+    ids followed, and what makes their tensors again each step and sees that it still holds."""
 
-    __slots__ = ("state", "params", "size", "dicts", "entries", "found")
+    __slots__ = ("state", "params", "size", "dicts", "entries", "kinds", "sum", "ids", "chosen", "weights")
 
     def __init__(self, state: Any, params: Params, dicts: list[dict[str, Any]],
-                 found: list[tuple[str, list[dict[str, Any]], list[torch.Tensor]]]) -> None:
+                 kinds: list[tuple[str, list[dict[str, Any]]]]) -> None:
         self.state, self.params, self.size = state, params, len(state)
         self.dicts, self.entries = dicts, sum(map(len, dicts))
-        self.found = found  # per kind: the state dicts that hold it and the tensor each holds
+        self.kinds = kinds  # per kind: the state dicts that hold it (``dicts`` itself when all do)
+        self.sum = sum(map(id, self.found()))  # the state tensors' ids, summed: none is held here
+        self.ids = np.zeros(0, dtype=np.int32)
+        self.chosen: list[int] | None = None  # which state tensors are followed (None: all)
+        self.weights: list[torch.Tensor] = []
 
-    def holds(self, state: Any, params: Params) -> bool:
-        """The same state dict and parameters, as many entries, each state tensor the same object."""
+    def found(self) -> list[torch.Tensor]:
+        """The tensor each state dict holds now, kind after kind (C loops)."""
+        get: Any = dict.get
+        return list(chain.from_iterable(map(get, dicts, repeat(kind)) for kind, dicts in self.kinds))
+
+    def tensors(self, state: Any, params: Params) -> list[torch.Tensor] | None:
+        """The tensors of :attr:`ids` now; None when the state is not as found (another state
+        dict or parameters, entries added or removed, a state tensor replaced)."""
         if self.state is not state or self.params is not params or len(state) != self.size:
-            return False
+            return None
         if sum(map(len, self.dicts)) != self.entries:
-            return False
-        return all(all(map(operator.is_, map(dict.get, dicts, repeat(kind)), tensors))
-                   for kind, dicts, tensors in self.found)
+            return None
+        found = self.found()
+        if sum(map(id, found)) != self.sum:
+            return None
+        return (found if self.chosen is None else [found[i] for i in self.chosen]) + self.weights
 
 
 class OptimizerLayouts:
     """The layouts of the optimizers one session follows (see the module docstring).
 
     Args:
-        hooks: the session's model hooks (parameters' names and places in backward).
-        place: ``(kind, name, position) -> series id``.
+        hooks: the session's model hooks (parameters' slots and places in backward).
+        series: the session's series (ids found by a parameter's slot, else by name).
         state, weights: whether the optimizer's state and the weights are followed.
     """
 
-    def __init__(self, hooks: ModelHooks, place: Callable[[str, str, int], int], state: bool, weights: bool) -> None:
-        self.hooks, self.place, self.state, self.weights = hooks, place, state, weights
+    def __init__(self, hooks: ModelHooks, series: SeriesTable, state: bool, weights: bool) -> None:
+        self.hooks, self.series, self.state, self.weights = hooks, series, state, weights
         self.reduced = 0  # under DDP: added to the gradients' places (after every rank's own, in the step)
-        self._params: dict[int, tuple[torch.optim.Optimizer, Any, Params]] = {}
-        # (params, which gradients are present: None for all) -> their ids, and which (None: all)
-        self._grads: dict[tuple[int, tuple[bool, ...] | None], tuple[np.ndarray, list[int] | None]] = {}
-        self._after: dict[int, tuple[_StateCheck, np.ndarray, list[torch.Tensor]]] = {}
+        # id(optimizer) -> [the optimizer, its groups' sizes and the hooks' order, its Params, its _State]
+        self._layouts: dict[int, list[Any]] = {}
 
     def clear(self) -> None:
-        self._params, self._grads, self._after = {}, {}, {}
+        self._layouts = {}
 
     def params(self, optimizer: torch.optim.Optimizer) -> Params:
         """Every parameter of ``optimizer``; kept while its groups hold the same parameters and
         the order of backward is as known."""
         shape = (tuple(len(g["params"]) for g in optimizer.param_groups), self.hooks.ordered)
-        cached = self._params.get(id(optimizer))
+        cached = self._layouts.get(id(optimizer))
         if cached is not None and cached[0] is optimizer and cached[1] == shape:
             return cached[2]
-        out, n = Params(), sum(shape[0])
-        for gi, group in enumerate(optimizer.param_groups):
-            for pi, p in enumerate(group["params"]):
-                out.names.append(self.hooks.name_of(p, f"group{gi}.param{pi}"))
-                out.params.append(p)
-                out.places.append(self.hooks.place(p) or n - 1 - len(out.places))
-        _put(self._params, id(optimizer), (optimizer, shape, out))
+        groups = optimizer.param_groups
+        tensors = groups[0]["params"] if len(groups) == 1 else [p for group in groups for p in group["params"]]
+        out = Params(tensors, self.hooks, shape[0])
+        if len(self._layouts) >= CACHED:
+            self._layouts.clear()
+        self._layouts[id(optimizer)] = [optimizer, shape, out, None]
         return out
+
+    def _id(self, kind: str, params: Params, i: int, shift: int = 0) -> int:
+        """The series id of ``kind`` of parameter ``i`` (placed at its place + ``shift`` when new)."""
+        slot, place = params.slots[i], params.place(i) + shift
+        return self.series.slot_id(kind, slot, place) if slot >= 0 else self.series.id(kind, params.name(i), place)
 
     def grads(self, params: Params) -> tuple[np.ndarray, list[torch.Tensor]]:
         """The ids and tensors of the gradients present; ids found once per set of them."""
         grads: list[Any] = list(map(_GRAD, params.params))  # (C loops: see stats._DATA_PTR)
         every = not any(map(operator.is_, grads, repeat(None)))
         found = grads if every else [g for g in grads if g is not None]
-        present = (id(params), None if every else tuple(g is not None for g in grads))
-        layout = self._grads.get(present)
+        present = None if every else tuple(g is not None for g in grads)
+        layout = params.grads.get(present)
         if layout is None:
             which = [i for i, g in enumerate(grads) if g is not None and g.numel()]
-            ids = ids_array([self.place("grad", params.names[i], params.places[i] + self.reduced) for i in which])
-            layout = _put(self._grads, present, (ids, which if len(which) < len(grads) else None))
+            ids = ids_array([self._id("grad", params, i, self.reduced) for i in which])
+            layout = _put(params.grads, present, (ids, which if len(which) < len(grads) else None))
         ids, chosen = layout
         return ids, found if chosen is None else [grads[i] for i in chosen]
 
     def after(self, optimizer: torch.optim.Optimizer, params: Params) -> tuple[np.ndarray, list[torch.Tensor]]:
         """The ids and tensors of the optimizer's state and of the weights, after its step."""
-        state = optimizer.state
-        cached = self._after.get(id(optimizer))
-        if cached is not None and cached[0].holds(state, params):
-            return cached[1], cached[2]
-        states = [state.get(p) for p in params.params] if self.state else []  # one lookup each
-        found: list[tuple[str, list[dict[str, Any]], list[torch.Tensor]]] = []
-        placed: list[tuple[int, torch.Tensor]] = []  # the ids followed and their tensors
+        cached = self._layouts.get(id(optimizer))
+        if cached is not None and cached[3] is not None:
+            tensors = cached[3].tensors(optimizer.state, params)
+            if tensors is not None:
+                return cached[3].ids, tensors
+        found = self._state(optimizer, params)
+        if cached is not None and cached[2] is params:
+            cached[3] = found
+        return found.ids, found.tensors(optimizer.state, params)  # type: ignore[return-value]
+
+    def _state(self, optimizer: torch.optim.Optimizer, params: Params) -> _State:
+        """The state's tensors followed (one lookup per parameter) and the weights."""
+        states = [optimizer.state.get(p) for p in params.params] if self.state else []
+        dicts = [st for st in states if st]
+        kinds: list[tuple[str, list[dict[str, Any]]]] = []
+        chosen: list[int] = []  # of every state tensor (kind after kind), those followed
+        ids: list[int] = []
+        found = 0
         for kind in STATE_KINDS if states else ():
-            dicts: list[dict[str, Any]] = []
-            tensors: list[torch.Tensor] = []
-            for (n, _, pos), st in zip(params, states, strict=True):
+            holding: list[dict[str, Any]] = []
+            for i, st in enumerate(states):
                 t = st.get(kind) if st else None
                 if isinstance(t, torch.Tensor):
-                    dicts.append(st)  # type: ignore[arg-type]
-                    tensors.append(t)
                     if t.dim() and t.numel():
-                        placed.append((self.place(kind, n, pos), t))
-            if tensors:
-                found.append((kind, dicts, tensors))
+                        chosen.append(found)
+                        ids.append(self._id(kind, params, i))
+                    holding.append(st)  # type: ignore[arg-type]
+                    found += 1
+            if holding:  # one list for the kinds every state holds (Adam's two)
+                kinds.append((kind, dicts if len(holding) == len(dicts) else holding))
+        out = _State(optimizer.state, params, dicts, kinds)
+        out.chosen = None if len(chosen) == found else chosen
         if self.weights:
-            placed += [(self.place("weight", n, pos), p) for n, p, pos in params if p.numel()]
-        check = _StateCheck(state, params, [st for st in states if st], found)
-        ids, tensors = ids_array([i for i, _ in placed]), [t for _, t in placed]
-        _put(self._after, id(optimizer), (check, ids, tensors))
-        return ids, tensors
+            which = [i for i, p in enumerate(params.params) if p.numel()]
+            ids += [self._id("weight", params, i) for i in which]
+            out.weights = [params.params[i] for i in which]
+        out.ids = ids_array(ids)
+        return out

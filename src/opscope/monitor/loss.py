@@ -9,7 +9,7 @@ graph kept, no read, so no device sync) to the listeners. A step that ran
 several backward passes (gradient accumulation) records their mean. Calls with a gradient
 argument or on several tensors are not losses and are ignored. What is wrapped is put back
 when the last listener leaves (unless something else wrapped it since: then the wrapper
-stays and only passes calls through).
+stays and only passes calls through); the wrapper is made once and serves the next monitor.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 Listener = Callable[[torch.Tensor], None]
 _listeners: list[Listener] = []
 _original: Callable[..., Any] | None = None
+_wrapper: tuple[Callable[..., Any], Callable[..., Any]] | None = None  # (original, its wrapper): made once
 
 
 def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -40,10 +41,12 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def listen(listener: Listener) -> None:
     """Call ``listener(loss)`` at each backward on a scalar, from now on."""
-    global _original
+    global _original, _wrapper
     if _original is None and getattr(torch.autograd.backward, "__opscope_wrapped__", None) is None:
         _original = torch.autograd.backward
-        setattr(torch.autograd, "backward", _wrap(_original))  # noqa: B010 (its declared type is the original's)
+        if _wrapper is None or _wrapper[0] is not _original:
+            _wrapper = (_original, _wrap(_original))
+        setattr(torch.autograd, "backward", _wrapper[1])  # noqa: B010 (its declared type is the original's)
     _listeners.append(listener)
 
 

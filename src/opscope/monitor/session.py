@@ -80,7 +80,8 @@ class MonitorSession:
         self.detector = BandDetector(cfg.window, cfg.threshold, cfg.warmup, self.series,
                                      move_decades=cfg.move_decades, loss_rise=cfg.loss_rise)
         follow = self.targets & {"activations", "activation_grads"}
-        self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output, self._adopted)
+        self.hooks = ModelHooks(cfg.modules if follow else None, self._root_call, self._output, self._adopted,
+                                names=self.series.params)
         self.events: list[MonitorEvent] = []
         self.writer: series.SeriesWriter | None = None
         self.judge: Judge | None = None
@@ -100,7 +101,7 @@ class MonitorSession:
         self._held: tuple[int, list[tuple[np.ndarray, np.ndarray]], dict[int, float], list[Departure]] | None = None
         self._defer = False
         self._after = bool(self.targets & {"optimizer", "weights"})
-        self.layouts = OptimizerLayouts(self.hooks, self._place, "optimizer" in self.targets, "weights" in self.targets)
+        self.layouts = OptimizerLayouts(self.hooks, self.series, "optimizer" in self.targets, "weights" in self.targets)
 
     @property
     def step_index(self) -> int:
@@ -276,8 +277,10 @@ class MonitorSession:
         layout = self._buckets.get(key)
         if layout is None or not all(map(operator.is_, layout[0], params)):
             chosen = [i for i, g in enumerate(grads) if g.numel()]
-            ids = ids_array([self._place("grad_local", self.hooks.name_of(params[i], f"param{i}"),
-                                         self.hooks.place(params[i]) or self.hooks.tick()) for i in chosen])
+            slots, hooks = self.hooks.slots(params), self.hooks
+            ids = ids_array([self.series.slot_id("grad_local", slots[i], hooks.place_of(slots[i]) or hooks.tick())
+                             if slots[i] >= 0 else self._place("grad_local", f"param{i}", hooks.tick())
+                             for i in chosen])
             layout = self._buckets[key] = (list(params), chosen, ids)
         _, chosen, ids = layout
         if len(ids):
@@ -329,10 +332,13 @@ class MonitorSession:
         self.judge.submit(step, [*blocks, block], scalars, held_causes + causes)
 
     def _grads_of_models(self) -> None:
-        named = [(self.hooks.name_of(p, n), p.grad) for ref in self.hooks.roots if ref() is not None
-                 for n, p in ref().named_parameters() if p.grad is not None]  # type: ignore[union-attr]
-        n = len(named)
-        self._track("grad", named, [n - 1 - i for i in range(n)])
+        named = [(n, p) for ref in self.hooks.roots if ref() is not None
+                 for n, p in ref().named_parameters() if p.grad is not None and p.grad.numel()]  # type: ignore[union-attr]
+        k = len(named)
+        ids = [self.series.slot_id("grad", slot, k - 1 - i) if slot >= 0 else self._place("grad", n, k - 1 - i)
+               for i, ((n, _), slot) in enumerate(zip(named, self.hooks.slots(p for _, p in named), strict=True))]
+        if ids:
+            self._pending.append((ids_array(ids), Pending([p.grad for _, p in named])))  # type: ignore[misc]
 
     def _read(self) -> None:
         """Bring every pending statistic of the step to the host (one read per device)."""
