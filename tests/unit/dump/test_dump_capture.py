@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from dump_helpers import bare, small_transformer, train
+from dump_helpers import bare, small_mlp, small_transformer, train
 
 import opscope
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize_one
+from opscope.demo.models import train_step
 
 
 def test_dumping_never_changes_the_losses(tmp_path):
@@ -106,6 +107,39 @@ def test_steps_selection_and_automatic_step_detection(tmp_path):
             model(torch.randn(2, 4))  # no optimizer: each outermost call is a step
     assert opscope.load(tmp_path / "c").steps() == [0, 1, 2]
     assert dd.step_index == 2
+
+
+@pytest.mark.parametrize("level", ["aten", "module"])
+def test_steps_not_selected_run_nothing_of_opscope(tmp_path, level):
+    """With d.step() ending the steps, a step not selected has no global hook installed and no
+    observer registered; the next selected step records what a step of a dump of every step
+    records (its phases included: the optimizer's hooks come back at its boundary)."""
+    from torch.optim import optimizer as optim
+
+    mm = torch.nn.modules.module
+
+    def hooks() -> int:
+        return (len(mm._global_forward_pre_hooks) + len(mm._global_forward_hooks)
+                + len(optim._global_optimizer_pre_hooks) + len(optim._global_optimizer_post_hooks))
+
+    before = hooks()
+    model, opt, batch = small_mlp()
+    seen = []
+    with opscope.dump(tmp_path / "some", level=level, steps="0|3") as d:
+        for i in range(5):
+            train_step(model, opt, *batch(i))
+            d.step()
+            seen.append((hooks() - before, d.level.on))
+    assert seen == [(0, False), (0, False), (4, True), (0, False), (0, False)]
+    assert hooks() == before
+    every = train(tmp_path / "every", 5, small_mlp, level=level)[1]
+    some = opscope.load(tmp_path / "some")
+    assert some.steps() == [0, 3]
+    keys = ["phase", "module", "op", "io", "slot", "shape", "hash"]
+    for step in (0, 3):
+        want = every.records(step=step).select(keys).to_pylist()
+        assert some.records(step=step).select(keys).to_pylist() == want
+        assert {r["phase"] for r in want} == {"forward", "backward", "optimizer"}
 
 
 def test_run_ending_before_the_window_is_said(tmp_path, run_cli):

@@ -127,10 +127,7 @@ class DumpSession:
             self._level = levels.make(cfg.level, self)
         self._watch_modules(True)
         self.compiled.poll()
-        from torch.optim import optimizer as opt
-        hooks = self.optimizer_hooks
-        self._handles = [opt.register_optimizer_step_pre_hook(hooks.pre),
-                         opt.register_optimizer_step_post_hook(hooks.post)]
+        self._watch_optimizers(True)
         atexit.register(self._atexit)
         # a process forked while capturing (a DataLoader worker) inherits the hooks and
         # the dispatch mode; it must not capture, nor pay for capturing
@@ -218,9 +215,7 @@ class DumpSession:
             self._level.remove()
         self._watch_modules(False)
         self.compiled.remove()
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        self._watch_optimizers(False)
 
     def internal_error(self, exc: BaseException) -> None:
         """An error inside opscope itself: stop capturing, keep what was captured, say so once.
@@ -261,6 +256,9 @@ class DumpSession:
         self.compiled.poll()  # torch.compile may have loaded dynamo since
         probe = step not in self.cfg.steps and self._probe_due(step)
         if step in self.cfg.steps or probe:
+            if not self._handles:  # back from steps not selected: the optimizer's phase starts over
+                self.phase = "forward"
+                self._watch_optimizers(True)
             self._watch_modules(True)
             self.recorder.begin_step(step, probe=probe)
             self.capturing = True
@@ -272,9 +270,12 @@ class DumpSession:
             level.deactivate()
             self.recorder.idle()
         if self.clock.manual and not self.modules.stack:
-            # steps end at d.step() only: until a captured step, module calls need no watching
-            # (global module hooks put every module call on torch's slower path)
+            # steps end at d.step() only: until a captured step, module calls and optimizer steps
+            # need no watching (global module hooks put every module call on torch's slower path,
+            # and the optimizer's hooks would run Python twice a step): nothing of opscope runs
+            # between two boundaries of a step not selected
             self._watch_modules(False)
+            self._watch_optimizers(False)
 
     def _watch_modules(self, on: bool) -> None:
         if on != self._modules_on:
@@ -283,6 +284,19 @@ class DumpSession:
                 self.modules.install()
             else:
                 self.modules.remove()
+
+    def _watch_optimizers(self, on: bool) -> None:
+        """torch's global optimizer step hooks, installed (``on``) or removed."""
+        if on and not self._handles:
+            from torch.optim import optimizer as opt
+
+            hooks = self.optimizer_hooks
+            self._handles = [opt.register_optimizer_step_pre_hook(hooks.pre),
+                             opt.register_optimizer_step_post_hook(hooks.post)]
+        elif not on:
+            for h in self._handles:
+                h.remove()
+            self._handles = []
 
     def _probe_due(self, step: int) -> bool:
         """Measure the step just before a tensor window opens, to say its size beforehand
