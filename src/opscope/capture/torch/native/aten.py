@@ -104,8 +104,22 @@ class NativeRecorder(Recorder):
             self.plan.estimate_from(self.step, table_rows(table), self.wants_data)
             self._reset()
             return
-        nbytes, count, refused = self.native.tensor_counts()
-        cols = Columns(self.native.take_columns(), self.rank, self.step)  # hands over the last shard
+        native, plan, step = self.native, self.plan, self.step
+        if plan is not None:
+            plan.admitted(step, *native.tensor_counts())
+        cols = Columns(native.take_columns(), self.rank, step)  # hands over the last shard
+        if self.slow:  # tensors measured in Python (only theirs, and rows linked to them, are SLOW)
+            self._slow_stats(cols)
+        self.meta_skipped = native.meta_skipped()
+        self.writer.add_table(step, cols)  # the writer thread builds the Arrow table
+        if self.rows:  # (no level of the native dump makes Python rows)
+            super().end_step()
+            return
+        self.writer.end_step(step)  # the step's end, as Recorder.end_step ends it
+        if plan is not None:
+            plan.end_step(step)
+
+    def _slow_stats(self, cols: Columns) -> None:
         stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if isinstance(st, tuple)}
         jobs = [(i, job) for i, job in self.slow.items() if not isinstance(job, tuple)]
         if jobs:
@@ -115,11 +129,6 @@ class NativeRecorder(Recorder):
                 stats[i] = stats[src]
         for i, st in stats.items():
             cols.set_stats(i, st)
-        self.meta_skipped = self.native.meta_skipped()
-        if self.plan is not None:
-            self.plan.admitted(self.step, nbytes, count, refused)
-        self.writer.add_table(self.step, cols)  # the writer thread builds the Arrow table
-        super().end_step()  # the step's end (the Python recorder holds no rows here)
 
     # -- hooks the native observer calls (with the GIL) ------------------------------------
     def slow_stats(self, index: int, t: torch.Tensor) -> None:

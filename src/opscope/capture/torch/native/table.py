@@ -49,7 +49,8 @@ class Columns:
         self.sf = np.frombuffer(sf, dtype=np.float64).reshape(6, n)
         self.si = np.frombuffer(si, dtype=np.uint64).reshape(4, n)
         self.valid = np.frombuffer(valid, dtype=np.uint16)
-        self.keys, self.views = keys, views  # Arrow string buffers: offsets, characters, validity bits
+        # Arrow string buffers (offsets, characters, validity bits): no Python object per row
+        self.keys, self.views = keys, views
         if self._stats:
             self.sf, self.si, self.valid = self.sf.copy(), self.si.copy(), self.valid.copy()
         for i, stats in self._stats.items():
@@ -100,8 +101,7 @@ class Columns:
             if name in ("nan", "inf", "zeros"):
                 data = data.astype(np.int64)
             arrays[name] = pa.array(data, mask=~present)
-        arrays["args"] = pa.array([a for c in parts for a in c.args] if len(parts) > 1 else parts[0].args,
-                                  type=pa.string())
+        arrays["args"] = _joined(_strings(c.n, c.args) for c in parts)
         arrays["key"] = _joined(_strings(c.n, c.keys) for c in parts)
         arrays["view"] = _joined(_strings(c.n, c.views) for c in parts)
         arrays["source"] = pa.nulls(n, type=pa.string())

@@ -24,15 +24,37 @@ PyObject* text(int i) {
   return py_text[i];
 }
 
-std::vector<PyObject*> py_args;  // this step's argument texts, one object per call (take_columns)
-
-PyObject* args_obj(int i) {
-  if (i < 0) Py_RETURN_NONE;
-  if (static_cast<size_t>(i) >= py_args.size()) py_args.resize(args_json.size(), nullptr);
-  PyObject*& o = py_args[i];
-  if (!o) o = PyUnicode_FromStringAndSize(args_json[i].data(), static_cast<Py_ssize_t>(args_json[i].size()));
-  Py_INCREF(o);
-  return o;
+// The names the string columns index: the interned names, the fixed texts, the step's dtype names
+// (`by_slot`). The same list object while none of them changed (the steps of a run, after the
+// first, share it: the writer then maps its names once for them all); a new reference.
+PyObject* names_list(const std::vector<int>& by_slot) {
+  static PyObject* last = nullptr;
+  static size_t last_names = 0;
+  static std::vector<int> last_dtypes;
+  if (last && last_names == names.size() && last_dtypes == by_slot) {
+    Py_INCREF(last);
+    return last;
+  }
+  PyObject* dict = PyList_New(0);
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    PyObject* o = name_obj(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (int i = 0; i < 9; ++i) {  // input output param forward backward optimizer cpu "" grad
+    PyObject* o = text(i);
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  for (int d : by_slot) {
+    PyObject* o = PyUnicode_FromString(dtype_name(d).c_str());
+    PyList_Append(dict, o);
+    Py_DECREF(o);
+  }
+  Py_XDECREF(last);
+  last = dict, last_names = names.size(), last_dtypes = by_slot;
+  Py_INCREF(last);
+  return last;
 }
 
 // The step's state cleared, its data flow freed here (a thread of its own that freed it measured
@@ -107,8 +129,8 @@ int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
 // call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
 // (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;
 // stats_f: float64 min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte
-// per row, bit i set when statistic i (STAT_NAMES order) has a value; keys, views: string
-// columns (Strings). The step's last shard is handed over first; the step's state is cleared.
+// per row, bit i set when statistic i (STAT_NAMES order) has a value; args, keys, views: string
+// columns (Strings); names: one list object for as long as it holds the same names. The step's last shard is handed over first; the step's state is cleared.
 PyObject* py_take_columns(PyObject*, PyObject*) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   flush_shard();
@@ -123,7 +145,7 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   std::vector<uint64_t> si(n * 4);
   std::vector<uint16_t> valid(n);
   std::unordered_map<int, int> dtype_slots;  // dtype -> its place among the step's dtype names
-  PyObject* args = PyList_New(static_cast<Py_ssize_t>(n));
+  Strings args(n);  // the call's argument JSON on each of its rows: no Python object per row or call
   PyObject* links = PyList_New(0);
   for (size_t i = 0; i < n; ++i) {
     const Row& r = rows[i];
@@ -147,7 +169,7 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     }
     valid[i] = bits;
     strs[11 * n + i] = data_of(r, i, keys, geometry);
-    PyList_SET_ITEM(args, i, args_obj(r.args));
+    args.add(i, r.args >= 0 ? &args_json[r.args] : nullptr);
     if (r.link >= 0 && rows[r.link].stats == SLOW) {
       PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
       PyList_Append(links, pair);
@@ -155,25 +177,15 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     }
   }
   offsets[n] = static_cast<int32_t>(shape.size());
-  PyObject* dict = PyList_New(0);
-  for (int i = 0; i < fixed; ++i) {
-    PyObject* o = name_obj(i);
-    PyList_Append(dict, o);
-    Py_DECREF(o);
-  }
-  for (int i = 0; i < 9; ++i) {  // input output param forward backward optimizer cpu "" grad
-    PyObject* o = text(i);
-    PyList_Append(dict, o);
-    Py_DECREF(o);
-  }
   std::vector<int> by_slot(dtype_slots.size());
   for (auto& [dtype, slot] : dtype_slots) by_slot[slot] = dtype;
-  for (int d : by_slot) {
-    PyObject* o = PyUnicode_FromString(dtype_name(d).c_str());
-    PyList_Append(dict, o);
-    Py_DECREF(o);
-  }
+  PyObject* dict = names_list(by_slot);
   int shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
+  if (!shard_names.empty()) {  // a list of the step's own (the names' list is shared by later steps)
+    PyObject* own = PyList_GetSlice(dict, 0, shards_at);
+    Py_DECREF(dict);
+    dict = own;
+  }
   for (const auto& name : shard_names) {
     PyObject* o = PyUnicode_FromString(name ? name->c_str() : "");
     PyList_Append(dict, o);
@@ -182,10 +194,8 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   for (size_t i = 0; i < n; ++i)
     if (strs[11 * n + i] >= 0) strs[11 * n + i] += shards_at;
   PyObject* out = Py_BuildValue("nNNNNNNNNNNNN", static_cast<Py_ssize_t>(n), bytes_of(ints), bytes_of(strs), dict,
-                                args, bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si), bytes_of(valid),
-                                links, keys.take(), geometry.take());
-  for (PyObject* o : py_args) Py_XDECREF(o);
-  py_args.clear();
+                                args.take(), bytes_of(offsets), bytes_of(shape), bytes_of(sf), bytes_of(si),
+                                bytes_of(valid), links, keys.take(), geometry.take());
   clear_step();
   return out;
 }
