@@ -8,12 +8,14 @@ throughput next to the disk's own, measured in the same run). Runs are interleav
 taken, so machine noise affects both sides alike. When mindstudio-probe is installed it is run on the same steps too.
 
 Then: the tensor dump's write speed as a share of a plain sequential write (each round), the
-fixed cost of a dumped tiny step (~0.5 ms, ~100 op calls: dumped minus bare per step, from the
-median step and from the whole loop with the dump's start and stop), and the
+fixed cost of a dumped tiny step (~0.5 ms, ~100 op calls: dumped minus bare per step, step by
+step in one process, and from whole loops with the dump's start and stop), and the
 memory the native tensor dump's chunk pool holds between two tensor windows. Each ratio is
 given with its spread (the lowest and highest of the rounds' bare/dumped pairs) and with the
-ratio of the training thread's CPU time per step (what a loaded machine distorts least);
-steps not selected run three times the steps and rounds (a ratio read within a percent).
+ratio of the training thread's CPU time per step (what a loaded machine distorts least).
+The two rows whose targets are finer than what whole runs resolve (steps not selected within
+1%, the tiny step's 200 us) are measured pair by pair of neighbouring steps in one process,
+two copies of the model stepping in turn, with a 95% confidence interval (dump_pairs.py).
 
     python benchmarks/bench_dump.py [--steps 30] [--rounds 6]
 """
@@ -28,6 +30,7 @@ import tempfile
 import time
 import warnings
 
+import dump_pairs  # this script's folder is on sys.path
 import torch
 
 import opscope
@@ -138,29 +141,52 @@ def _tiny_run(n: int, keys: dict | None, root: str) -> tuple[list[float], float,
     return times[5:], (time.perf_counter() - w0) / n, (time.thread_time() - c0) / n
 
 
+def _not_selected(name: str, task, args: argparse.Namespace, root: str) -> float:
+    """Steps not selected against bare ones, pair by pair in one process (dump_pairs.not_selected):
+    as many steps as the 3x steps and rounds of whole runs this row took before."""
+    got = dump_pairs.not_selected(task, 9 * args.steps, args.rounds, root)
+    r, lo, hi = got["wall"]
+    c, clo, chi = got["cpu"]
+    print(f"{name:12s} {NOT_SELECTED:58s} {r:5.3f}x  (95% CI {lo:.3f}..{hi:.3f} over {got['n']} pairs, rounds "
+          f"{got['rounds'][0]:.3f}..{got['rounds'][1]:.3f}; training thread's CPU {c:.3f}x, CI {clo:.3f}..{chi:.3f}; "
+          f"losses {'identical' if got['identical'] else 'DIFFER'}; global hooks left {got['hooks_left']})")
+    return r
+
+
 def _tiny_step(root: str, rounds: int, n: int = 400) -> None:
-    """The fixed cost of a dumped step: dumped minus bare per step, on a step of few ops, each
-    round's pair alternating which runs first; the spread is the lowest and highest pair."""
-    fixed, whole, cpu, base = [], [], [], []
+    """The fixed cost of a dumped step: dumped minus bare per step, on a step of few ops. First
+    step by step in one process (dump_pairs.tiny_cycle: the median of the cycles' differences
+    with its 95% CI), then whole loops of ``n`` steps (the dump's start and stop included),
+    each round's pair alternating which runs first; the spread is the lowest and highest pair."""
+    got = dump_pairs.tiny_cycle(tiny_task, 100 * rounds, root)
+    whole, cpu = [], []
     for r in range(max(rounds, 4)):
         order = [None, {"level": "aten"}] if r % 2 == 0 else [{"level": "aten"}, None]
-        got = {}
+        runs = {}
         for keys in order:
-            got[keys is None] = _tiny_run(n, keys, root)
-        (b, bw, bc), (c, cw, cc) = got[True], got[False]
-        fixed.append(statistics.median(c) - statistics.median(b))
+            runs[keys is None] = _tiny_run(n, keys, root)
+        (_, bw, bc), (_, cw, cc) = runs[True], runs[False]
         whole.append(cw - bw)
         cpu.append(cc - bc)
-        base.append(statistics.median(b))
     model, opt, batch = tiny_task()
     with opscope.dump(os.path.join(root, "tiny-ops"), level="aten", overwrite=True) as d:
         train_step(model, opt, *batch(0))
         d.step()
     ops = len({(r["seq"]) for r in opscope.load(os.path.join(root, "tiny-ops")).records(columns=["seq"]).to_pylist()})
     us = statistics.median
+
+    def span(key: str) -> str:
+        m, lo, hi = got[key]
+        return f"{m:.0f} us (CI {lo:.0f}..{hi:.0f})"
+
     print(f"{'tiny':12s} {'statistics, aten, every step: fixed cost per step (target <= 200 us)':58s} "
-          f"{us(fixed) * 1e6:5.0f} us  (pairs {min(fixed) * 1e6:.0f}..{max(fixed) * 1e6:.0f}; median step, "
-          f"bare {us(base) * 1e6:.0f} us; {ops} op calls a step, whose own cost this includes)")
+          f"{got['fixed_cpu'][0]:5.0f} us  (training thread's CPU, 95% CI {got['fixed_cpu'][1]:.0f}.."
+          f"{got['fixed_cpu'][2]:.0f} over {got['n']} cycles; wall {span('fixed')}; {ops} op calls a step, whose "
+          f"own cost this includes)")
+    print(f"{'tiny':12s} {'  the same against a step not selected; not selected against bare':58s} "
+          f"{got['vs_idle_cpu'][0]:5.0f} us  (CPU; wall {span('vs_idle')}); {span('idle_cpu')} CPU, wall "
+          f"{span('idle')}; writer thread {got['others_us']:.0f} us CPU a dumped step; losses "
+          f"{'identical' if got['identical'] else 'DIFFER'}")
     print(f"{'tiny':12s} {'  the same, whole loop with start and stop / steps':58s} {us(whole) * 1e6:5.0f} us  "
           f"(pairs {min(whole) * 1e6:.0f}..{max(whole) * 1e6:.0f}); training thread's CPU "
           f"{us(cpu) * 1e6:.0f} us (pairs {min(cpu) * 1e6:.0f}..{max(cpu) * 1e6:.0f})")
@@ -221,15 +247,17 @@ def main() -> None:
         ("statistics, aten level (target <= 1.2x)", {"level": "aten"}),
         ("statistics, api level (target <= 1.5x)", {"level": "api"}),
         ("statistics, module level (target <= 1.05x)", {"level": "module"}),
-        (NOT_SELECTED, {"level": "aten", "steps": "1000"}),
+        (NOT_SELECTED, {}),  # dump_pairs.not_selected
         ("full tensors, aten level (target <= 3x)", {"level": "aten", "data": "tensor"}),
     ]
     ours: dict[tuple[str, str], float] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as root:
         for name, task in TASKS.items():
             for label, keys in cases:
-                more = 3 if label == NOT_SELECTED else 1  # a ratio near 1, read within a percent: more steps and rounds
-                r, low, high, cpu = ratio(task, args.steps * more, keys, root, args.rounds * more)
+                if label == NOT_SELECTED:  # a ratio near 1, read within a percent: pair by pair
+                    ours[(name, label)] = _not_selected(name, task, args, root)
+                    continue
+                r, low, high, cpu = ratio(task, args.steps, keys, root, args.rounds)
                 ours[(name, label)] = r
                 print(f"{name:12s} {label:58s} {r:5.2f}x  (pairs {low:.2f}..{high:.2f}; "
                       f"training thread's CPU {cpu:.2f}x)")
