@@ -16,7 +16,8 @@ the activations and their gradients of every block (<= 1.10x), each with its tar
   the two models' losses are bit-identical. The verdict of each target is read here (wall).
 
 Then where the monitor's time goes per step (its hooks on the training thread, the judge
-thread, the Parquet writer), what the gradients' statistics cost with each engine, and the
+thread, the Parquet writer), what the gradients' statistics cost with each engine, what the
+detector's step costs natively and in numpy, and the
 memory the monitor holds beyond the rows it has not written yet (less what as many bare
 steps leave held): per series and as a share of the parameters' size, for each case,
 against the 1% target. The last lines repeat the three target rows with their verdicts.
@@ -39,6 +40,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 import opscope
@@ -234,6 +236,34 @@ def engines(repeat: int = 200) -> None:
     print(f"  ({len(grads)} gradients, {sum(g.numel() for g in grads)} values)")
 
 
+def detector_paths(steps: int = 300, rounds: int = 3) -> None:
+    """The detector's step (``BandDetector.update``) per path on the optimizer-state case's 92
+    series (30 gradients, 30 ``exp_avg``, 30 ``exp_avg_sq``, loss, lr; log-normal noise, no
+    departure), the paths alternating: CPU time of the calling thread, median of the rounds."""
+    from opscope.monitor.detect import BandDetector
+    from opscope.monitor.registry import SeriesTable
+
+    rng = np.random.default_rng(0)
+    keys = [(k, f"p{i}") for k in ("grad", "exp_avg", "exp_avg_sq") for i in range(30)] + [("loss", ""), ("lr", "")]
+    values = 10.0 ** rng.uniform(-6, 1, len(keys)) * np.exp(rng.normal(0, 0.2, (steps, len(keys))))
+    values[:, -2:] = 3.0, 1e-3
+    paths = [("native (monitor/_c/band.c)", True), ("numpy (without a C compiler)", False)]
+    spent: dict[str, list[float]] = {label: [] for label, _ in paths}
+    for r in range(rounds):
+        for label, native in paths if r % 2 == 0 else paths[::-1]:
+            if native and not BandDetector.native:
+                continue
+            det = BandDetector(32, 8.0, 8, SeriesTable())
+            det.native = native
+            ids = np.array([det.series.id(*k) for k in keys])
+            t0 = time.thread_time()
+            for i in range(steps):
+                det.update(i, 0, ids, values[i], np.zeros(len(keys)))
+            spent[label].append((time.thread_time() - t0) / steps)
+    for label, times in spent.items():
+        print(f"  {label:66s} " + (f"{statistics.median(times) * 1e6:.0f} us per step" if times else "not built here"))
+
+
 def _traced(step: Callable[[int], None], n: int, end: Callable[[], None] | None = None) -> tuple[int, int]:
     """Bytes traced (Python's and numpy's allocations) still held after ``n`` calls of
     ``step``: (right after them, after ``end()`` and a collection)."""
@@ -343,6 +373,8 @@ def main() -> None:
         where_time_goes(args.steps, root)
         print("the gradients' statistics, per step, by engine (CPU time of the calling thread):")
         engines()
+        print("the detector's step on 92 series, per path (CPU time of the judge's thread):")
+        detector_paths()
         print(f"memory after {args.steps} steps:")
         memory(args.steps, root)
     print(f"load average at the end {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s")
