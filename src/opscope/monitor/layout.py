@@ -31,8 +31,9 @@ _GRAD = operator.attrgetter("grad")
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
-    """Series ids as the array the statistics travel with (int32: a layout holds its own)."""
-    return np.array(ids, dtype=np.int32)
+    """Series ids as the array the statistics travel with (a layout holds its own: int16 while
+    they fit, else int32)."""
+    return np.array(ids, dtype=np.int16 if max(ids, default=0) < 2**15 else np.int32)
 
 
 def _put(cache: dict[Any, Any], key: Any, value: Any) -> Any:

@@ -99,7 +99,7 @@ class SeriesTable:
         # series are added in the slots' order), else an array slot -> id + 1 (0: none)
         self._by_slot: dict[str, int | array[int]] = {}
         self._by_name: dict[str, int] = {}  # "kind\tname" -> id, the series not found by slot
-        self._counts: dict[int, int] = {}  # a KIND_ORDER class -> series placed there without a position
+        self._counts = array("i", bytes(4 * 8))  # a KIND_ORDER class -> series placed there without a position
 
     def __len__(self) -> int:
         return len(self._name)
@@ -175,7 +175,7 @@ class SeriesTable:
             self.kinds.append(kind)
         rank = KIND_ORDER.get(kind, 6)
         if position is None:
-            position = self._counts.get(rank, 0)
+            position = self._counts[rank]
             self._counts[rank] = position + 1
         self.kind_of.append(self.kinds.index(kind))
         self.order.append(rank * PLACE + position)
