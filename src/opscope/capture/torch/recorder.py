@@ -353,6 +353,10 @@ class Recorder:
                 row[_NOTE] = src[_NOTE]  # e.g. "meta tensor: not measured" travels with the data
         if self.rows:
             self.writer.add_rows(self.step, self.rows)
+        self._close_step()
+
+    def _close_step(self) -> None:
+        """The step's end for the writer and the tensor plan; the step's state cleared."""
         self.writer.end_step(self.step)
         if self.plan is not None:
             self.plan.end_step(self.step)

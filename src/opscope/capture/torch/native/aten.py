@@ -115,9 +115,7 @@ class NativeRecorder(Recorder):
         if self.rows:  # (no level of the native dump makes Python rows)
             super().end_step()
             return
-        self.writer.end_step(step)  # the step's end, as Recorder.end_step ends it
-        if plan is not None:
-            plan.end_step(step)
+        self._close_step()
 
     def _slow_stats(self, cols: Columns) -> None:
         stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if isinstance(st, tuple)}
