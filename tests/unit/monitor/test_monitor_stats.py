@@ -73,3 +73,29 @@ def test_activations_are_not_kept_alive(native, monkeypatch):
     norm, mx, nan, inf = pending.values()[0]
     assert math.isnan(norm) and math.isnan(mx)
     assert (nan, inf) == (1, 0) if native else math.isnan(nan)  # the CPU kernel counts at once
+
+
+def test_a_background_batch_joined_at_any_point_gives_the_same_bits():
+    """join() reduces the tensors the kernel's thread has not taken yet (on a loaded machine it
+    may not have run at all) and waits for the one it is reading: whoever takes a tensor, its
+    statistics are the synchronous call's, bit for bit, and every tensor is reduced once."""
+    if not stats.BATCHED:
+        pytest.skip("the batched kernel is not built here")
+    import time
+
+    kernel = stats._monstats
+    torch.manual_seed(1)
+    ts = [torch.randn(n) * s for n, s in [(40_000, 1.0), (3, 1e20), (70_000, 1e-3), (2048, 1.0), (9_001, 5.0)] * 8]
+    ts += [torch.randn(5000).half(), torch.randn(3000).bfloat16(), torch.randn(777, dtype=torch.float64)]
+    codes = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
+    meta = np.array([t.data_ptr() for t in ts] + [t.numel() for t in ts] + [codes[t.dtype] for t in ts], np.int64)
+    ref = np.empty((len(ts), 4))
+    kernel.norms(meta, ref)
+    for delay in [0.0, 0.0, 1e-5, 1e-4, 1e-3, 0.0, 5e-5] * 10:
+        out = np.full((len(ts), 4), -1.0)
+        kernel.start(meta, out)
+        if delay:
+            time.sleep(delay)
+        kernel.join()
+        assert out.tobytes() == ref.tobytes()
+    kernel.join()  # nothing in flight: returns at once
