@@ -308,8 +308,10 @@ class MonitorSession:
                 self._late = (ids, Pending(tensors, background=True), optimizer, params)  # type: ignore[assignment]
             else:
                 if tensors:  # state and weights: one batch (the Adam-eps check reads only these)
-                    self._blocks.append((ids, Pending(tensors).values()))  # type: ignore[arg-type]
-                    self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
+                    pending = Pending(tensors)
+                    self._blocks.append((ids, pending.values()))  # type: ignore[arg-type]
+                    if not pending.finite:  # (the kernel's count says so without a numpy call)
+                        self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
         self.clock.optimizer_step()
 
     def _settle(self) -> None:
@@ -321,7 +323,7 @@ class MonitorSession:
             return
         ids, pending, optimizer, params = late
         block = (ids, pending.values())
-        causes = adam_eps_departures(optimizer, params, [block], self.series)
+        causes = [] if pending.finite else adam_eps_departures(optimizer, params, [block], self.series)
         if self._held is None:  # their step goes on
             self._blocks.append(block)
             self._causes += causes

@@ -46,9 +46,9 @@ class _Batched(Protocol):
     """``monitor/_c/monstats.c``: ``meta`` int64 ``[3n]`` (n addresses, n element counts, n dtype
     codes), ``out`` float64 ``[n, 4]``."""
 
-    def norms(self, meta: np.ndarray, out: np.ndarray, /) -> None: ...
+    def norms(self, meta: np.ndarray, out: np.ndarray, /) -> int: ...
     def start(self, meta: np.ndarray, out: np.ndarray, /) -> None: ...
-    def join(self) -> None: ...
+    def join(self) -> int: ...
 
 
 def _load_batched() -> _Batched | None:
@@ -63,6 +63,9 @@ _monstats = _load_batched()
 BATCHED = _monstats is not None  # False: the dump's kernel per tensor (benchmarks compare both)
 _BATCH_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _INFLIGHT: list[torch.Tensor] = []  # the background batch's tensors, alive until it is joined
+# the id of the background batch's results array (alive while it is in flight: its Pending holds
+# it), and the count of tensors with NaN/Inf of the last batch joined
+_JOINED: list[int] = [0, 0]
 # per-tensor calls made by map() in C loops: the interpreter's own work per tensor, not the calls,
 # was most of a batch's cost on the training thread (its caches cold after a backward pass)
 _DTYPE, _IS_CPU = operator.attrgetter("dtype"), operator.attrgetter("is_cpu")
@@ -73,7 +76,7 @@ def join() -> None:
     """Wait for the batch handed to the native thread (if any); its tensors may change after."""
     if _INFLIGHT:
         assert _monstats is not None
-        _monstats.join()
+        _JOINED[1] = _monstats.join()
         _INFLIGHT.clear()
 
 
@@ -88,7 +91,9 @@ class Pending:
     the counts of such a tensor are unknown (NaN); the CPU kernels count at once either way.
     ``background=True`` reduces the CPU tensors on the batched kernel's native thread: the
     caller must not write them, nor start another background batch it still needs, before
-    ``values()`` (or :func:`join`).
+    ``values()`` (or :func:`join`). After ``values()``, :attr:`finite` is True when the batched
+    kernel read every tensor and found no NaN or Inf (no numpy call needed to see it), else
+    False (a NaN/Inf, or not known).
     """
 
     def __init__(self, tensors: Sequence[torch.Tensor], keep: bool = True, background: bool = False) -> None:
@@ -96,6 +101,8 @@ class Pending:
         self.host: list[list[float] | None] = [None] * len(self.tensors)
         self.device: list[tuple[list[int], torch.Tensor]] = []
         self.batch: tuple[Any, np.ndarray] | None = None  # (indices or slice(None), [n, 4] results)
+        self.finite = False
+        self._bad: int | None = None  # the batch's tensors with NaN/Inf, from a call of norms()
         self._issue(background and keep)
         if not keep or not self.device:
             self.tensors = []
@@ -123,9 +130,12 @@ class Pending:
         """``[norm, max, nan, inf]`` of each tensor, in the order given: a ``[n, 4]`` array."""
         batch, self.batch = self.batch, None
         if batch is not None:
-            join()
+            if self._bad is None:  # a background batch: its count, if it was this one's join
+                join()
+                self._bad = _JOINED[1] if _JOINED[0] == id(batch[1]) else None
             if isinstance(batch[0], slice):  # all of them (the usual case): no copy
                 self.tensors = []
+                self.finite = self._bad == 0
                 return batch[1]
             for i, row in zip(batch[0], batch[1].tolist(), strict=True):
                 self.host[i] = row
@@ -168,8 +178,9 @@ class Pending:
             join()  # one batch in flight
             _INFLIGHT.extend(tensors)
             _monstats.start(meta, out)
+            _JOINED[0] = id(out)
         else:
-            _monstats.norms(meta, out)
+            self._bad = _monstats.norms(meta, out)
         self.batch = (chosen, out)
         return rest
 

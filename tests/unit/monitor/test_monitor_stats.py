@@ -99,3 +99,26 @@ def test_a_background_batch_joined_at_any_point_gives_the_same_bits():
         kernel.join()
         assert out.tobytes() == ref.tobytes()
     kernel.join()  # nothing in flight: returns at once
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["now", "background"])
+def test_finite_says_whether_the_kernel_saw_a_nan_or_inf(background):
+    """The session skips the Adam-eps check (numpy calls on the training thread) on ``finite``:
+    it must be False whenever any tensor read holds a NaN or an Inf, or was not the kernel's."""
+    if not stats.BATCHED:
+        pytest.skip("the batched kernel is not built here")
+    clean = [torch.randn(3000), torch.randn(10).half()]
+    nan, inf = torch.randn(50), torch.randn(5000).bfloat16()
+    nan[7], inf[4999] = math.nan, -math.inf
+    cases = [(clean, True), ([*clean, nan], False), ([inf, *clean], False), ([*clean, torch.randn(4, 4).t()], False)]
+    for ts, finite in cases:
+        pending = Pending(ts, background=background)
+        assert not pending.finite  # known only once read
+        pending.values()
+        assert pending.finite is finite
+    first = Pending(clean, background=True)
+    second = Pending(clean, background=True)  # joins the first: its count is not the first's to claim
+    first.values()
+    assert not first.finite  # joined by the second's start: its count is not known, so not claimed
+    second.values()
+    assert second.finite

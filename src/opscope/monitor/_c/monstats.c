@@ -2,13 +2,15 @@
  * counts of each (nothing else: no min, sum, zero count or hash, which the dump's kernel
  * also computes), written into a caller's float64 [n, 4] buffer.
  *
- * norms(meta, out)  reduces every tensor now (the GIL released);
+ * norms(meta, out)  reduces every tensor now (the GIL released); returns how many of them hold
+ *                   a NaN or an Inf (or have an unknown dtype code): 0 says all are finite;
  * start(meta, out)  hands the same work to the monitor's own native thread and returns at
  *                   once (both buffers are held until join);
  * join()            finishes it: the tensors the thread has not taken yet are reduced by the
  *                   caller (the thread may not have run at all on a loaded machine: waiting
  *                   for it cost the training thread ~0.34 ms a step), then it waits, without
- *                   the GIL, for the one tensor the thread may still be reading.
+ *                   the GIL, for the one tensor the thread may still be reading; returns
+ *                   the batch's count as norms() does (0 when none was in flight).
  * Each tensor is reduced whole by one thread, with the same code: the results do not depend
  * on which thread took it.
  * meta is a C-contiguous int64 [3n] buffer (numpy array): the n tensors' addresses, then
@@ -147,8 +149,9 @@ static void k_f64(const double *x, Py_ssize_t n, mstat_t *r) {
     }
 }
 
-/* out[4 * i ...] = norm, max |x|, NaN count, Inf count of tensor i. */
-static void run_one(const int64_t *meta, double *out, Py_ssize_t n, Py_ssize_t i) {
+/* out[4 * i ...] = norm, max |x|, NaN count, Inf count of tensor i; 1 when it holds a NaN or an
+ * Inf (or its dtype code is unknown), else 0. */
+static int run_one(const int64_t *meta, double *out, Py_ssize_t n, Py_ssize_t i) {
     mstat_t r = {0, 0, 0, 0};
     const void *p = (const void *)(uintptr_t)meta[i];
     Py_ssize_t len = (Py_ssize_t)meta[n + i];
@@ -169,10 +172,13 @@ static void run_one(const int64_t *meta, double *out, Py_ssize_t n, Py_ssize_t i
         o[2] = (double)r.nan;
         o[3] = (double)r.inf;
     }
+    return !known || r.nan || r.inf;
 }
 
-static void run_batch(const int64_t *meta, double *out, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++) run_one(meta, out, n, i);
+static Py_ssize_t run_batch(const int64_t *meta, double *out, Py_ssize_t n) {
+    Py_ssize_t bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) bad += run_one(meta, out, n, i);
+    return bad;
 }
 
 #define NBUF 2
@@ -203,18 +209,15 @@ static int take_buffers(PyObject *args, batch_t *batch) {
     return 0;
 }
 
-static void run_buffers(batch_t *batch) {
-    run_batch(batch->b[0].buf, batch->b[1].buf, batch->n);
-}
-
 static PyObject *norms(PyObject *self, PyObject *args) {
     batch_t batch;
+    Py_ssize_t bad;
     if (take_buffers(args, &batch) < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
-    run_buffers(&batch);
+    bad = run_batch(batch.b[0].buf, batch.b[1].buf, batch.n);
     Py_END_ALLOW_THREADS
     release(&batch);
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(bad);
 }
 
 /* The monitor's own worker: one batch at a time, never touching Python objects. The tensors of
@@ -225,6 +228,7 @@ static struct {
     pthread_cond_t cv;
     int started, pending, inside, held; /* pending: a batch the worker has not entered yet */
     Py_ssize_t next;                    /* the batch's next tensor not taken (atomic) */
+    Py_ssize_t bad;                     /* its tensors with a NaN or an Inf so far (atomic) */
     batch_t batch;
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
@@ -235,7 +239,7 @@ static void take_all(batch_t *batch) {
     for (;;) {
         Py_ssize_t i = __atomic_fetch_add(&W.next, 1, __ATOMIC_RELAXED);
         if (i >= batch->n) return;
-        run_one(meta, out, batch->n, i);
+        if (run_one(meta, out, batch->n, i)) __atomic_fetch_add(&W.bad, 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -267,8 +271,8 @@ static void *worker_main(void *unused) {
  * elements are left: letting it go when another Python thread waits for it hands it over, and
  * the caller then waits for that thread's Python), then wait for the worker to leave the batch, the GIL
  * let go only if it has not yet. A worker that had not woken finds no batch. */
-static void wait_idle(void) {
-    if (!W.held) return;
+static Py_ssize_t wait_idle(void) {
+    if (!W.held) return 0;
     if (left(&W.batch) > (1 << 20)) { /* a large model's batch: others may run meanwhile */
         Py_BEGIN_ALLOW_THREADS
         take_all(&W.batch);
@@ -289,11 +293,11 @@ static void wait_idle(void) {
     }
     release(&W.batch);
     W.held = 0;
+    return __atomic_load_n(&W.bad, __ATOMIC_RELAXED);
 }
 
 static PyObject *join(PyObject *self, PyObject *unused) {
-    wait_idle();
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(wait_idle());
 }
 
 static PyObject *start(PyObject *self, PyObject *args) {
@@ -314,6 +318,7 @@ static PyObject *start(PyObject *self, PyObject *args) {
     W.batch = batch;
     W.held = 1;
     __atomic_store_n(&W.next, 0, __ATOMIC_RELAXED); /* (the worker is outside any batch: see wait_idle) */
+    __atomic_store_n(&W.bad, 0, __ATOMIC_RELAXED);
     W.pending = 1;
     pthread_cond_signal(&W.cv);
     pthread_mutex_unlock(&W.mu);
@@ -328,7 +333,7 @@ static void child_after_fork(void) {
 }
 
 static PyMethodDef METHODS[] = {
-    {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta: n addresses, n numels, n dtype codes)"},
+    {"norms", norms, METH_VARARGS, "norms(meta, out): out[i] = norm, max|x|, nan, inf of tensor i (meta: n addresses, n numels, n dtype codes); the tensors with NaN/Inf"},
     {"start", start, METH_VARARGS, "start(meta, out): the same on the monitor's thread; join() waits"},
     {"join", join, METH_NOARGS, "join(): finish the batch given to start() (the tensors not taken yet here)"},
     {"band", band_update, METH_VARARGS, "band(state..., step...): the detector judges one step (band.c)"},
