@@ -7,11 +7,13 @@ Arrow arrays built once (:class:`GraphColumns`); a run gathers each row's measur
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
+from opscope.capture.tensorflow import stats as st
 from opscope.model.records import STAT_NAMES
 from opscope.storage.format import SCHEMA
 
@@ -25,20 +27,53 @@ _TYPES = {f.name: f.type for f in SCHEMA}
 PARQUET_OPTIONS = {"use_dictionary": False, "write_statistics": False}
 
 
+class Measured(NamedTuple):
+    """Values' statistics as columns (:func:`opscope.capture.tensorflow.stats.many_columns`),
+    their shapes and dtype names."""
+
+    stats: np.ndarray  # (10, n): STAT_NAMES, rows 6-9 uint64 bits
+    nulls: np.ndarray | None  # (10, n) bool: None statistics
+    shapes: list[tuple[int, ...]]
+    dtypes: list[str]
+
+
+def measure(plan: Any, arrays: list[Any]) -> Measured:
+    """A graph run's values (numpy arrays; a 0-d tensor comes as a numpy scalar) as columns.
+    Their dtype names are the graph's, the same every run: taken once per plan."""
+    arrays = [np.asarray(a) for a in arrays]
+    stats, nulls = st.many_columns(arrays)
+    dtypes = plan.__dict__.get("value_dtypes")
+    if dtypes is None or len(dtypes) != len(arrays):
+        dtypes = plan.__dict__["value_dtypes"] = [st.name_of(a) for a in arrays]
+    return Measured(stats, nulls, [a.shape for a in arrays], dtypes)
+
+
+def measured_constants(plan: Any) -> Measured:
+    """A graph's constants (read when it was traced) as columns, measured once."""
+    got = plan.__dict__.get("constant_columns")
+    if got is None:
+        arrays = [np.asarray(c) for c in plan.constants]
+        stats, nulls = st.many_columns(arrays)
+        got = plan.__dict__["constant_columns"] = Measured(stats, nulls, [a.shape for a in arrays],
+                                                           [st.name_of(a) for a in arrays])
+    return got
+
+
 class PendingTable:
     """One graph run's rows, built into an Arrow table on the dump writer's thread
-    (:meth:`opscope.storage.writer.DumpWriter.add_table`), off the training step."""
+    (:meth:`opscope.storage.writer.DumpWriter.add_table`), off the training step, from the
+    statistics columns: no Python object per value or statistic."""
 
     parquet_options = PARQUET_OPTIONS
 
-    def __init__(self, columns: GraphColumns, values: list[Any], base: int, step: int, seq0: int,
-                 offsets: np.ndarray) -> None:
+    def __init__(self, columns: GraphColumns, run: Measured, constants: Measured, base: int, step: int,
+                 seq0: int, offsets: np.ndarray) -> None:
         self.num_rows = len(columns.value)
-        self.columns, self.values, self.base, self.step, self.seq0, self.offsets = \
-            columns, values, base, step, seq0, offsets
+        self.columns, self.run, self.constants = columns, run, constants
+        self.base, self.step, self.seq0, self.offsets = base, step, seq0, offsets
 
     def table(self) -> pa.Table:
-        return self.columns.table(self.values, self.base, self.step, self.seq0, self.offsets)
+        return self.columns.stats_table(self.run, self.constants, self.base, self.step, self.seq0, self.offsets)
 
 
 class GraphColumns:
@@ -60,31 +95,52 @@ class GraphColumns:
         self.own_shapes = [s for s in own if s is not None]
         self.own_rows = np.array([i for i, s in enumerate(own) if s is not None], dtype=np.int64)
         self._own: tuple[int, pa.Array, pa.Array] | None = None  # (values, own shapes, take index)
+        self._described: tuple[list[tuple[int, ...]], list[pa.Array]] | None = None  # stats_table's
         self.ids, self.ops = ids, ops
 
-    def table(self, values: list[Any], base: int, step: int, seq0: int, offsets: np.ndarray) -> pa.Table:
-        """The run's table; ``values`` are the measured values then the constants (none None)."""
-        take = pa.array(self.value)
+    def _numbering(self, base: int, step: int, seq0: int, offsets: np.ndarray) -> dict[str, Any]:
+        """The fixed columns and the run's numbers (id, step, seq, call, producer)."""
         cols: dict[str, Any] = dict(self.static)
-        n = len(self.value)
         cols["id"] = pa.array(base + self.local_id, type=pa.int64())
-        cols["step"] = pa.array(np.full(n, step, dtype=np.int32))
+        cols["step"] = pa.array(np.full(len(self.value), step, dtype=np.int32))
         cols["seq"] = pa.array(seq0 + self.seq, type=pa.int64())
         cols["call"] = pa.array((self.call + offsets[self.key]).astype(np.int32))
         producer = base + self.producer
         cols["producer"] = pa.array(producer, mask=self.producer < 0, type=pa.int64())
-        dtypes, shapes, numels, stats, data, keys = zip(*values)  # one pass: a column per field
-        cols["dtype"] = pa.array(dtypes, type=pa.string()).take(take)
-        cols["numel"] = pa.array(numels, type=pa.int64()).take(take)
-        cols["shape"] = self._shapes(list(shapes), take)
-        for name, raw in zip(STAT_NAMES, zip(*stats)):
-            if name == "hash":
-                raw = tuple(None if h is None else h & 0xFFFFFFFFFFFFFFFF for h in raw)
-            cols[name] = pa.array(raw, type=_TYPES[name]).take(take)
-        cols["data"] = pa.array(data, type=pa.string()).take(take)
-        cols["key"] = pa.array(keys, type=pa.string()).take(take)
-        cols["view"] = pa.nulls(n, type=pa.string())
+        return cols
+
+    def stats_table(self, run: Measured, constants: Measured, base: int, step: int, seq0: int,
+                    offsets: np.ndarray) -> pa.Table:
+        """The run's table from its values' statistics columns (then the constants'): the rows
+        :meth:`~.rows.StepRows.graph_rows` makes of the values' tuples."""
+        cols = self._numbering(base, step, seq0, offsets)
+        cols["dtype"], cols["numel"], cols["shape"] = self._describe(run, constants)
+        # taken as uint64: the hash's bits must not pass through floating-point registers
+        raw = np.concatenate([run.stats, constants.stats], axis=1).view(np.uint64)[:, self.value]
+        nulls = None
+        if run.nulls is not None or constants.nulls is not None:
+            nulls = np.concatenate([np.zeros(run.stats.shape, bool) if run.nulls is None else run.nulls,
+                                    np.zeros(constants.stats.shape, bool) if constants.nulls is None
+                                    else constants.nulls], axis=1)[:, self.value]
+        views = [np.float64] * 6 + [np.int64] * 3 + [np.uint64]
+        for k, (name, kind) in enumerate(zip(STAT_NAMES, views, strict=True)):
+            cols[name] = pa.array(raw[k].view(kind), mask=None if nulls is None else nulls[k], type=_TYPES[name])
+        n = len(self.value)
+        for name in ("data", "key", "view"):
+            cols[name] = pa.nulls(n, type=pa.string())
         return pa.Table.from_arrays([cols[f.name] for f in SCHEMA], schema=SCHEMA)
+
+    def _describe(self, run: Measured, constants: Measured) -> list[pa.Array]:
+        """The rows' dtype, numel and shape columns: made again only when the values' shapes
+        differ from the last run's (a graph's dtypes are its own)."""
+        if self._described is None or self._described[0] != run.shapes:
+            shapes = [list(s) for s in run.shapes] + [list(s) for s in constants.shapes]
+            take = pa.array(self.value)
+            numels = [math.prod(s) for s in shapes]
+            self._described = (run.shapes, [pa.array(run.dtypes + constants.dtypes, type=pa.string()).take(take),
+                                            pa.array(numels, type=pa.int64()).take(take),
+                                            self._shapes(shapes, take)])
+        return self._described[1]
 
     def _shapes(self, value_shapes: list[Any], take: pa.Array) -> pa.Array:
         """Each row's shape: its value's, or its own where the row is a view of another shape

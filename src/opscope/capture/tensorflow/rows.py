@@ -88,27 +88,35 @@ class StepRows:
             template = plan.__dict__["rows_template"] = _Template(self, plan)
         return template
 
-    def graph_table(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> Any:
-        """The rows of one graph run as a :class:`~.columns.PendingTable` (an Arrow table built
-        on the writer's thread, no Python list per row), or None when a value could not be
-        measured or a view needs its own data (then use :meth:`graph_rows`)."""
-        measured = values + constants
-        if any(v is None for v in measured) or self.cfg.data == "tensor":
-            return None
-        template = self.template(plan)
-        from opscope.capture.tensorflow.columns import GraphColumns, PendingTable
+    def stats_table(self, plan: GraphPlan, run: Any, constants: Any) -> Any:
+        """The rows of one graph run from its values' statistics columns and the constants'
+        (:class:`~.columns.Measured`): a :class:`~.columns.PendingTable`, an Arrow table built
+        on the writer's thread (statistics only; tensors and the watch take :meth:`graph_rows`)."""
+        from opscope.capture.tensorflow.columns import PendingTable
 
+        columns = self._columns(plan, len(run.shapes))
+        return PendingTable(columns, run, constants, *self._number(plan))
+
+    def _columns(self, plan: GraphPlan, n_values: int) -> Any:
+        template = self.template(plan)
         if template.columns is None:
-            template.columns = GraphColumns(template.entries, COL, template.ids, template.ops, len(values))
+            from opscope.capture.tensorflow.columns import GraphColumns
+
+            template.columns = GraphColumns(template.entries, COL, template.ids, template.ops, n_values)
+        return template.columns
+
+    def _number(self, plan: GraphPlan) -> tuple[int, int, int, Any]:
+        """A run's first id, step, first seq and per-call-key offsets; counts the run."""
         import numpy as np
 
+        template = self.template(plan)
         offsets = np.array([self.calls[k] for k in template.keys] or [0], dtype=np.int64)
-        table = PendingTable(template.columns, measured, self.next_id, self.step, self.seq, offsets)
+        numbers = (self.next_id, self.step, self.seq, offsets)
         for key, count in zip(template.keys, template.counts):
             self.calls[key] += count
         self.next_id += template.ids
         self.seq += template.ops
-        return table
+        return numbers
 
     def graph_rows(self, plan: GraphPlan, values: list[Value | None], constants: list[Value | None]) -> list[list[Any]]:
         """Rows of one run of a traced graph, in the order its ops were created. The rows'

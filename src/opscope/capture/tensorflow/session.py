@@ -12,6 +12,7 @@ import numpy as np
 
 from opscope.capture.steps import StepClock
 from opscope.capture.tensorflow import stats as st
+from opscope.capture.tensorflow.columns import measure, measured_constants
 from opscope.capture.tensorflow.context import (
     CallContext,
     layer_args,
@@ -244,16 +245,14 @@ class TFDumpSession:
             if plan.contains_step:
                 return  # a loop around the step function: its plumbing, not a step
             self.clock.poll()
-            if self.selected:
+            if self.selected and self.cfg.data != "tensor" and self.on_rows is None:  # columns only
+                self._write_table(self.rows.stats_table(plan, measure(plan, arrays), measured_constants(plan)))
+            elif self.selected:
                 values = self._measure_all(arrays)
                 constants = plan.__dict__.get("measured")
                 if constants is None or self.cfg.data == "tensor":  # tensors: each step's shards hold them
                     constants = plan.__dict__["measured"] = [self._value(c) for c in plan.constants]
-                table = self.rows.graph_table(plan, values, constants) if self.on_rows is None else None
-                if table is not None:
-                    self._write_table(table)
-                else:
-                    self._write(self.rows.graph_rows(plan, values, constants))
+                self._write(self.rows.graph_rows(plan, values, constants))
             if plan.steps:
                 self.clock.optimizer_step()
 

@@ -100,6 +100,39 @@ def many_stats(arrays: list[np.ndarray]) -> list[tuple[Any, ...]]:
     return [tensor_stats(a) if s is None else s for a, s in zip(arrays, got, strict=True)]
 
 
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+
+
+def many_columns(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The statistics of many arrays as columns, as :func:`many_stats` measures them:
+    ``(stats, nulls)``, ``stats`` a ``(10, len(arrays))`` float64 array whose rows are the
+    statistics in ``STAT_NAMES`` order (rows 6-9 hold the uint64 counts and hash: view them
+    so), ``nulls`` marks the statistics that are None (None where there is none). The kernel
+    writes the columns itself: no Python object per array or statistic."""
+    out = np.empty((10, len(arrays)), np.float64)
+    missing: Any = range(len(arrays))
+    if _fastats is not None and hasattr(_fastats, "stats_many"):
+        codes = bytes(map(_code, arrays))
+        worker = _QUEUE.acquire(blocking=False)
+        try:
+            missing = _fastats.stats_many(arrays, codes, worker, out)
+        finally:
+            if worker:
+                _QUEUE.release()
+    nulls = None
+    counts = out[6:].view(np.uint64)
+    for i in missing:  # the kernel's dtypes left out, empty arrays (None statistics), no kernel
+        for k, v in enumerate(host_stats(arrays[i])):
+            if v is None:
+                nulls = np.zeros(out.shape, bool) if nulls is None else nulls
+                nulls[k, i], v = True, 0
+            if k < 6:
+                out[k, i] = v
+            else:
+                counts[k - 6, i] = v & _MASK64
+    return out, nulls
+
+
 def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
            hash_: int, n: int) -> tuple[Any, ...]:
     """Raw sums into the stored statistics (the same rule as the PyTorch capture's)."""
@@ -133,4 +166,5 @@ def stored_buffer(arr: np.ndarray) -> tuple[str, list[int], np.ndarray]:
     return name, [int(d) for d in arr.shape], buf
 
 
-__all__ = ["BACKEND", "CODES", "NUMERIC", "array_of", "dtype_name", "finish", "host_stats", "stored_buffer"]
+__all__ = ["BACKEND", "CODES", "NUMERIC", "array_of", "dtype_name", "finish", "host_stats", "many_columns",
+           "stored_buffer"]

@@ -1,6 +1,9 @@
 # Types of the optional C extension built from _c/fastats.c (see build.py). A statistics
 # tuple is (min, max, sum, sum of squares, NaN count, Inf count, zero count, hash).
 
+from collections.abc import Sequence
+from typing import Any, overload
+
 SIMD: int
 HASH: str
 
@@ -11,3 +14,10 @@ def done() -> int: ...
 def results(start: int, end: int, /) -> list[tuple[float, float, float, float, int, int, int, int]]: ...
 def reset() -> None: ...
 def stats(ptr: int, numel: int, code: int, /) -> tuple[float, float, float, float, int, int, int, int]: ...
+# stats_many: one tuple (min, max, mean, std, norm, absmax, nan, inf, zeros, hash) or None per
+# array; with `out` (10 x len(arrays) 8-byte slots: rows 0-5 float64, 6-9 uint64) the statistics
+# are written there column by column and the indexes of the arrays not measured (or empty) are returned.
+@overload
+def stats_many(arrays: Sequence[Any], codes: bytes, worker: bool = False, /) -> list[tuple[Any, ...] | None]: ...
+@overload
+def stats_many(arrays: Sequence[Any], codes: bytes, worker: bool, out: Any, /) -> list[Any]: ...

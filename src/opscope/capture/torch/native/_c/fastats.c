@@ -273,17 +273,67 @@ static void reduce_items(item_t *it, Py_ssize_t m, int worker) {
     pthread_mutex_unlock(&W.mu);
 }
 
+/* Array i's statistics into column slots i of `out` (10 rows of m), the arithmetic of finish()
+ * for n > 0 (an empty array's statistics are mostly None: the caller takes it). */
+static void finish_column(const acc_t *a, Py_ssize_t n, double *out, Py_ssize_t m, Py_ssize_t i) {
+    uint64_t *counts = (uint64_t *)(out + 6 * m);
+    counts[i] = a->nan;
+    counts[m + i] = a->inf;
+    counts[2 * m + i] = a->zeros;
+    counts[3 * m + i] = a->hash;
+    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
+    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
+    if (a->nan) mn = mx = mean = std = norm = NAN;
+    if (!isfinite(a->sumsq)) std = NAN;
+    double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
+    out[i] = mn; out[m + i] = mx; out[2 * m + i] = mean; out[3 * m + i] = std;
+    out[4 * m + i] = norm; out[5 * m + i] = absmax;
+}
+
+/* The results of stats_many: a tuple (or None) per array, or (with `out`) the columns there
+ * and the list of the arrays not measured. Releases every held buffer. */
+static PyObject *many_results(item_t *it, Py_ssize_t m, double *out) {
+    PyObject *res = PyList_New(out ? 0 : m);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *t = NULL;
+        if (it[i].held) {
+            PyBuffer_Release(&it[i].view);
+            if (!res) continue;
+            if (out && it[i].n > 0) { finish_column(&it[i].acc, it[i].n, out, m, i); continue; }
+            t = out ? PyLong_FromSsize_t(i) : finish(&it[i].acc, it[i].n);
+        } else if (res) {
+            t = out ? PyLong_FromSsize_t(i) : Py_NewRef(Py_None);
+        }
+        if (!res) { Py_XDECREF(t); continue; }
+        if (!t) { Py_CLEAR(res); continue; }
+        if (out) {
+            if (PyList_Append(res, t) < 0) Py_CLEAR(res);
+            Py_DECREF(t);
+        } else {
+            PyList_SET_ITEM(res, i, t);
+        }
+    }
+    return res;
+}
+
 /* stats_many(arrays, codes[, worker]) -> [stats tuple or None], the tuples as results() gives
  * them. One call for a graph run's ~1,000 arrays instead of a Python step per array. `arrays`:
  * objects exporting a C-contiguous buffer; `codes`: bytes, each array's dtype code (any code
  * above BOOL: not reduced here, None). An array that exports no contiguous buffer, or whose
- * size is not a whole number of its elements, is None too; the caller takes those its own way. */
+ * size is not a whole number of its elements, is None too; the caller takes those its own way.
+ * With `out` (a writable C-contiguous buffer of 10 x len(arrays) 8-byte slots), the statistics
+ * go there column by column instead: row k holds statistic k of every array (rows 0-5 the
+ * float64 min, max, mean, std, norm, absmax as finish() computes them, rows 6-9 the uint64
+ * NaN, Inf and zero counts and the hash), and the result is the list of the indexes of the
+ * arrays not measured there: those above, and empty arrays (whose statistics are mostly None);
+ * their slots are left as they were. */
 static PyObject *stats_many(PyObject *self, PyObject *args) {
     PyObject *arrays;
     const char *codes;
     Py_ssize_t ncodes;
     int worker = 0;
-    if (!PyArg_ParseTuple(args, "Oy#|p", &arrays, &codes, &ncodes, &worker)) return NULL;
+    PyObject *out_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "Oy#|pO", &arrays, &codes, &ncodes, &worker, &out_obj)) return NULL;
     PyObject *seq = PySequence_Fast(arrays, "stats_many: arrays must be a sequence");
     if (!seq) return NULL;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
@@ -292,8 +342,18 @@ static PyObject *stats_many(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "stats_many: one code per array");
         return NULL;
     }
+    Py_buffer outv = {0};
+    if (out_obj != Py_None) {
+        if (PyObject_GetBuffer(out_obj, &outv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) { Py_DECREF(seq); return NULL; }
+        if (outv.len < 10 * m * (Py_ssize_t)sizeof(double)) {
+            PyBuffer_Release(&outv);
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "stats_many: out must hold 10 x len(arrays) 8-byte slots");
+            return NULL;
+        }
+    }
     item_t *it = PyMem_Calloc(m ? m : 1, sizeof(item_t));
-    if (!it) { Py_DECREF(seq); return PyErr_NoMemory(); }
+    if (!it) { if (outv.obj) PyBuffer_Release(&outv); Py_DECREF(seq); return PyErr_NoMemory(); }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < m; i++) {
         int code = (unsigned char)codes[i];
@@ -308,21 +368,11 @@ static PyObject *stats_many(PyObject *self, PyObject *args) {
     /* The GIL is kept: ~3 ms for a graph run's 44 MB, the large arrays on the worker. Given
      * away, it came back up to a switch interval (5 ms) late, from the dump's writer thread. */
     reduce_items(it, m, worker);
-    PyObject *out = PyList_New(m);
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *t = NULL;
-        if (it[i].held) {
-            PyBuffer_Release(&it[i].view);
-            if (out) t = finish(&it[i].acc, it[i].n);
-            if (!t) Py_CLEAR(out);
-        } else if (out) {
-            t = Py_NewRef(Py_None);
-        }
-        if (out) PyList_SET_ITEM(out, i, t);
-    }
+    PyObject *res = many_results(it, m, outv.obj ? (double *)outv.buf : NULL);
+    if (outv.obj) PyBuffer_Release(&outv);
     PyMem_Free(it);
     Py_DECREF(seq);
-    return out;
+    return res;
 }
 
 static PyMethodDef METHODS[] = {
@@ -332,7 +382,7 @@ static PyMethodDef METHODS[] = {
     {"done", w_done, METH_NOARGS, "done() -> number of finished jobs (a prefix of the ids)"},
     {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
     {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},
-    {"stats_many", stats_many, METH_VARARGS, "stats_many(arrays, codes[, worker]) -> [stats tuple or None]: many arrays in one call"},
+    {"stats_many", stats_many, METH_VARARGS, "stats_many(arrays, codes[, worker[, out]]) -> [stats tuple or None], or with out (10 x len(arrays) 8-byte slots) the columns there and [index not measured]: many arrays in one call"},
     {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash)"},
     {NULL, NULL, 0, NULL},
 };
