@@ -37,8 +37,8 @@ made the cost on ~100 series). The two give the same state and events
 slowly moving window allows (a jump is judged against a band made from the steps before it
 either way).
 
-The state is one array per quantity, indexed by the series' id (:mod:`~opscope.monitor.registry`),
-~51 bytes a series with the default window of 32: the windows of log10 values as int8 in
+The state is one quantity after another in one buffer (a view of each by name), indexed by
+the series' id (:mod:`~opscope.monitor.registry`), ~51 bytes a series with the default window of 32: the windows of log10 values as int8 in
 steps of 1/32 decade around a base of its own (int16; +-3.97 decades around it, clipped
 beyond), which is moved to the median each time the band is computed (a value clipped is an
 outlier: the median and MAD hold) and, before a series is judged or while its band is of
@@ -98,13 +98,6 @@ def _middle(ordered: np.ndarray) -> np.ndarray:
     return (ordered[:, (n - 1) // 2] + ordered[:, n // 2]) / 2
 
 
-def _grown(a: np.ndarray, n: int, fill: float | int | bool) -> np.ndarray:
-    """``a`` extended to ``n`` entries (rows), the new ones ``fill``: exactly, no spare room."""
-    out = np.full((n, *a.shape[1:]), fill, dtype=a.dtype)
-    out[:len(a)] = a
-    return out
-
-
 class BandDetector:
     """Judges every series of a run at each step. See the module docstring.
 
@@ -122,15 +115,45 @@ class BandDetector:
         self.window, self.threshold, self.warmup = window, threshold, warmup
         self.move_decades, self.loss_rise = move_decades, loss_rise
         self.series = series if series is not None else SeriesTable()
-        self.flags = np.zeros(0, dtype=np.uint8)  # LINEAR, UPWARD, SET, SQUARED, INNER
-        self.logs = np.zeros((0, window), dtype=np.int8)  # log10 values - base, in 1/QUANTUM decades
-        self.base = np.zeros(0, dtype=np.int16)  # in 1/QUANTUM decades: the median when last computed
-        self.lin_ids = np.zeros(0, dtype=np.int64)  # the linear series (the loss), ascending
-        self.lins = np.zeros((0, window), dtype=np.float64)  # their values, a row each
-        self.count = np.zeros(0, dtype=np.int32)
-        self.quiet_until = np.zeros(0, dtype=np.int32)
-        self.med = np.zeros(0, dtype=np.float32)
-        self.mad = np.zeros(0, dtype=np.float32)
+        self._n = self._nlin = 0  # series, and linear ones among them
+        self._state = np.zeros(0, dtype=np.uint8)  # every quantity below, packed (see _fields)
+
+    def _fields(self, n: int, nlin: int) -> list[tuple[str, np.dtype, tuple[int, ...], int]]:
+        """Where each quantity sits in the packed state of ``n`` series (``nlin`` linear):
+        ``(name, dtype, shape, offset in bytes)``, the widest first (each aligned). One buffer,
+        not nine arrays: each array held costs ~100 B of header, and numpy's cached buffer info
+        (~60 B) once handed to the native step."""
+        w = self.window
+        layout = [("lins", np.float64, (nlin, w)),  # the linear series' (the loss's) values, a row each
+                  ("lin_ids", np.int64, (nlin,)),  # the linear series, ascending
+                  ("count", np.int32, (n,)),  # values each series has had
+                  ("quiet_until", np.int32, (n,)),  # the step until which it is quiet
+                  ("med", np.float32, (n,)), ("mad", np.float32, (n,)),  # the band when last computed
+                  ("base", np.int16, (n,)),  # in 1/QUANTUM decades: the median when last computed
+                  ("flags", np.uint8, (n,)),  # LINEAR, UPWARD, SET, SQUARED, INNER
+                  ("logs", np.int8, (n, w))]  # log10 values - base, in 1/QUANTUM decades (a spare row for a linear one)
+        out, at = [], 0
+        for name, dtype, shape in layout:
+            out.append((name, np.dtype(dtype), shape, at))
+            at += math.prod(shape) * np.dtype(dtype).itemsize
+        return out
+
+    def _view(self, name: str) -> np.ndarray:
+        """The quantity ``name`` of the packed state (a view: writes go to the state)."""
+        for field, dtype, shape, at in self._fields(self._n, self._nlin):
+            if field == name:
+                return self._state[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+        raise KeyError(name)
+
+    flags = property(lambda self: self._view("flags"), doc="Per series: its kind's bits (LINEAR, ...).")
+    logs = property(lambda self: self._view("logs"), doc="The log windows, int8 around each series' base.")
+    base = property(lambda self: self._view("base"), doc="Each log window's base, in 1/QUANTUM decades.")
+    lin_ids = property(lambda self: self._view("lin_ids"), doc="The linear series' ids, ascending.")
+    lins = property(lambda self: self._view("lins"), doc="The linear series' windows, float64.")
+    count = property(lambda self: self._view("count"), doc="Values each series has had.")
+    quiet_until = property(lambda self: self._view("quiet_until"), doc="The step until which a series is quiet.")
+    med = property(lambda self: self._view("med"), doc="Each band's median (judged units), float32.")
+    mad = property(lambda self: self._view("mad"), doc="Each band's MAD (judged units), float32.")
 
     @property
     def linear(self) -> np.ndarray:
@@ -140,22 +163,27 @@ class BandDetector:
     @property
     def size(self) -> int:
         """Series the detector holds state for."""
-        return len(self.count)
+        return self._n
 
     def _grow(self, n: int) -> None:
-        """State for series ids up to ``n - 1`` (new ids come in groups: one step's)."""
-        old = len(self.count)
-        kinds, kind_of = self.series.kinds, self.series.kind_of
-        new = [kinds[kind_of[i]] for i in range(old, n)]
-        flags = np.array([sum(bit for bit, of in _FLAGS if k in of) for k in new], dtype=np.uint8)
-        linear = (flags & LINEAR) > 0
-        self.flags = np.concatenate([self.flags, flags])
-        self.lin_ids = np.concatenate([self.lin_ids, old + np.flatnonzero(linear)])
-        self.lins = _grown(self.lins, len(self.lin_ids), np.nan)
-        self.logs, self.base = _grown(self.logs, n, 0), _grown(self.base, n, 0)  # a (spare) row for a linear one too
-        self.count = _grown(self.count, n, 0)
-        self.quiet_until = _grown(self.quiet_until, n, -1)
-        self.med, self.mad = _grown(self.med, n, np.nan), _grown(self.mad, n, np.nan)
+        """State for series ids up to ``n - 1`` (new ids come in groups: one step's), exactly:
+        no spare room."""
+        old, kinds, kind_of = self._n, self.series.kinds, self.series.kind_of
+        flags = np.array([sum(bit for bit, of in _FLAGS if kinds[kind_of[i]] in of) for i in range(old, n)],
+                         dtype=np.uint8)
+        lin_ids = np.concatenate([self.lin_ids, old + np.flatnonzero((flags & LINEAR) > 0)])
+        before = {name: self._view(name) for name, *_ in self._fields(old, self._nlin)}
+        fields = self._fields(n, len(lin_ids))
+        *_, (_, dtype, shape, at) = fields
+        self._state = np.zeros(at + math.prod(shape) * dtype.itemsize, dtype=np.uint8)
+        self._n, self._nlin = n, len(lin_ids)
+        fill = {"lins": np.nan, "quiet_until": -1, "med": np.nan, "mad": np.nan}
+        for name, *_ in fields:
+            view = self._view(name)
+            view[...] = fill.get(name, 0)
+            view[:len(before[name])] = before[name]
+        self.lin_ids[:] = lin_ids
+        self.flags[old:] = flags
 
     def update(self, step: int, rank: int, ids: np.ndarray, raw: np.ndarray, bad: np.ndarray) -> MonitorEvent | None:
         """Judge one step: series ``ids[i]`` has value ``raw[i]`` and ``bad[i]`` NaN/Inf. Returns
@@ -184,9 +212,8 @@ class BandDetector:
         whose fancy assignment keeps one of its values)."""
         z, median, out = np.empty(len(rows)), np.empty(len(rows)), np.zeros(len(rows), dtype=np.bool_)
         assert _BAND is not None
-        departed = _BAND(self.flags, self.logs, self.base, self.lin_ids, self.lins, self.count, self.quiet_until,
-                         self.med, self.mad, rows, logx, raw, bad, z, median, out, step, self.window, self.warmup,
-                         self.threshold, self.move_decades, self.loss_rise, FEW, REFRESH, _ZERO_VALUE)
+        departed = _BAND(self._state, self._n, self._nlin, rows, logx, raw, bad, z, median, out, step, self.window,
+                         self.warmup, self.threshold, self.move_decades, self.loss_rise, FEW, REFRESH, _ZERO_VALUE)
         if departed < 0:
             return None
         return np.flatnonzero(out) if departed else _NONE, z, median

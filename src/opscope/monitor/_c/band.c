@@ -2,7 +2,7 @@
  * the work its numpy path does in ~70 calls on arrays of ~100 series (each call's overhead,
  * not the arithmetic, was the cost), done in one pass per series, the GIL released.
  *
- * band(flags, logs, base, lin_ids, lins, count, quiet, med, mad,      the detector's state
+ * band(state, size, nlin,                                             the detector's state, packed (unpack)
  *      rows, x, raw, bad,                                              the step: ids, log10|raw|, raw, NaN/Inf counts
  *      z, band_med, out,                                               written: z-score, the band's median, departs
  *      step, window, warmup, threshold, move_decades, loss_rise, zero_value, few, refresh)
@@ -196,29 +196,51 @@ static int distinct(const int64_t *rows, Py_ssize_t n, Py_ssize_t size) {
     return ok;
 }
 
-enum { NBUF = 16 };
+enum { NBUF = 8 };
+
+/* The detector's state packed in one buffer, as BandDetector._fields lays it out for size series
+ * (nlin linear), the widest first: lins double [nlin, window], lin_ids int64 [nlin], count,
+ * quiet int32 [size], med, mad float [size], base int16 [size], flags uint8 [size], logs int8
+ * [size, window]. Returns its length in bytes. */
+static Py_ssize_t unpack(char *p, Py_ssize_t size, Py_ssize_t nlin, Py_ssize_t window, state_t *s) {
+    Py_ssize_t at = 0;
+    s->lins = (double *)(p + at), at += 8 * nlin * window;
+    s->lin_ids = (const int64_t *)(p + at), at += 8 * nlin;
+    s->count = (int32_t *)(p + at), at += 4 * size;
+    s->quiet = (int32_t *)(p + at), at += 4 * size;
+    s->med = (float *)(p + at), at += 4 * size;
+    s->mad = (float *)(p + at), at += 4 * size;
+    s->base = (int16_t *)(p + at), at += 2 * size;
+    s->flags = (uint8_t *)(p + at), at += size;
+    s->logs = (int8_t *)(p + at), at += size * window;
+    s->size = size;
+    s->nlin = nlin;
+    s->window = window;
+    return at;
+}
 
 PyObject *band_update(PyObject *self, PyObject *args) {
     Py_buffer b[NBUF];
     memset(b, 0, sizeof b);
+    Py_ssize_t size, nlin;
     int step, window, warmup, few, refresh_every;
     double threshold, move_decades, loss_rise, zero_value;
-    if (!PyArg_ParseTuple(args, "w*w*w*y*w*w*w*w*w*y*y*y*y*w*w*w*iiidddiid", &b[0], &b[1], &b[2], &b[3], &b[4],
-                          &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14], &b[15], &step,
-                          &window, &warmup, &threshold, &move_decades, &loss_rise, &few, &refresh_every, &zero_value))
+    if (!PyArg_ParseTuple(args, "w*nny*y*y*y*w*w*w*iiidddiid", &b[0], &size, &nlin, &b[1], &b[2], &b[3], &b[4], &b[5],
+                          &b[6], &b[7], &step, &window, &warmup, &threshold, &move_decades, &loss_rise, &few,
+                          &refresh_every, &zero_value))
         return NULL;
-    Py_ssize_t size = b[0].len, nlin = b[3].len / 8, n = b[9].len / 8;
-    /* the sizes in bytes each buffer must have: state by series, then by the step's series */
-    Py_ssize_t want[NBUF] = {size, size * window, 2 * size, 8 * nlin, 8 * nlin * window, 4 * size, 4 * size, 4 * size,
-                             4 * size, 8 * n, 8 * n, 8 * n, 8 * n, 8 * n, 8 * n, n};
+    Py_ssize_t n = b[1].len / 8;
+    /* the sizes in bytes each buffer of the step must have (the state's: unpack) */
+    Py_ssize_t want[NBUF] = {0, 8 * n, 8 * n, 8 * n, 8 * n, 8 * n, 8 * n, n};
     long result = -2;
-    int fits = window > 0 && refresh_every > 0;
+    state_t s = {0};
+    int fits = window > 0 && refresh_every > 0 && size >= 0 && nlin >= 0 && nlin <= size;
+    if (fits) want[0] = unpack(b[0].buf, size, nlin, window, &s);
     for (int k = 0; k < NBUF; k++) fits = fits && b[k].len == want[k];
     if (fits) {
-        state_t s = {b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, b[7].buf, b[8].buf,
-                     size, nlin, window, zero_value, NULL, NULL};
+        s.zero_value = zero_value;
         rule_t r = {threshold, move_decades, loss_rise, step, warmup, few, refresh_every};
-        step_t t = {b[9].buf, b[10].buf, b[11].buf, b[12].buf, b[13].buf, b[14].buf, b[15].buf, n};
+        step_t t = {b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, b[7].buf, n};
         Py_BEGIN_ALLOW_THREADS
         s.v = malloc(2 * (size_t)window * sizeof(double));
         s.d = s.v == NULL ? NULL : s.v + window;
@@ -229,7 +251,7 @@ PyObject *band_update(PyObject *self, PyObject *args) {
     for (int k = 0; k < NBUF; k++) PyBuffer_Release(&b[k]);
     if (result == -3) return PyErr_NoMemory();
     if (result == -2) {
-        PyErr_SetString(PyExc_ValueError, "band: buffers of the wrong size (state by series, step by id)");
+        PyErr_SetString(PyExc_ValueError, "band: buffers of the wrong size (the state for its series, the step by id)");
         return NULL;
     }
     return PyLong_FromLong(result);
