@@ -121,7 +121,8 @@ class DumpWriter:
         """Queue index rows of one step as an Arrow table in :data:`SCHEMA` order, or as an
         object with ``num_rows`` whose ``table()`` builds one (called on the writer thread:
         the native capture hands its columns over unconverted). Such an object may carry
-        ``parquet_options``, keywords for ``pyarrow.parquet.write_table`` (``use_dictionary``...)."""
+        ``parquet_options``, keywords for ``pyarrow.parquet.write_table`` (``use_dictionary``...),
+        and ``batch_options = True`` where a batch file of several steps may take them (``batch``)."""
         if table.num_rows:
             index = self._rows_index.get(step, 0)
             self._rows_index[step] = index + 1
@@ -237,7 +238,8 @@ class DumpWriter:
         name = fmt.batch_name(min(steps), max(steps), self._batches)
         self._batches += 1
         tmp = rdir / f"{name}.tmp"
-        pq.write_table(table, tmp, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none")
+        pq.write_table(table, tmp, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none",
+                       **_batch_options(payloads))
         os.replace(tmp, rdir / name)
         self.records += table.num_rows
 
@@ -331,8 +333,16 @@ class DumpWriter:
 
 def _batched(rows: Any) -> bool:
     """Whether a step's rows go into the round's batch file: a small index, and none that
-    asks for its own Parquet options."""
-    return _n_rows(rows) < BATCH_STEP_ROWS and not getattr(rows, "parquet_options", None)
+    asks for its own Parquet options unless it says they hold for a batch file too
+    (``batch_options``: the batch is written with them when all its parts have the same)."""
+    options = getattr(rows, "parquet_options", None)
+    return _n_rows(rows) < BATCH_STEP_ROWS and (not options or bool(getattr(rows, "batch_options", False)))
+
+
+def _batch_options(payloads: list[Any]) -> dict[str, Any]:
+    """The Parquet options of a batch file: its parts' own where they all ask for the same."""
+    options = [getattr(p, "parquet_options", None) or {} for p in payloads]
+    return options[0] if all(o == options[0] for o in options) else {}
 
 
 def _n_rows(rows: Any) -> int:

@@ -55,9 +55,41 @@ def test_columns_write_the_rows_the_tuples_give(tmp_path):
         ours, theirs = by_columns.records(step=step), by_tuples.records(step=step)
         assert ours.schema.equals(theirs.schema) and ours.num_rows == theirs.num_rows > 40
         assert str(ours.to_pylist()) == str(theirs.to_pylist()), step
+    _written_together(tmp_path / "columns")
     rows = by_columns.records(step=1).to_pandas()
     assert rows["min"].isna().any() and (rows.numel == 0).any(), "an empty tensor: None statistics"
     assert {"complex64", "bfloat16", "int64"} <= set(rows.dtype)
+
+
+def _written_together(path):
+    """Both steps' rows in one file of the rank's folder (the writer's batch), written with
+    the TensorFlow tables' options: no dictionary pages, no column statistics."""
+    import pyarrow.parquet as pq
+
+    files = list((path / "rank0").glob("records-*-*-*.parquet"))
+    assert files and not list(path.glob("rank0/step*/records-*.parquet"))
+    steps = set()
+    for f in files:
+        meta = pq.ParquetFile(f).metadata
+        columns = [meta.row_group(0).column(i) for i in range(meta.num_columns)]
+        assert not any(c.is_stats_set or c.has_dictionary_page for c in columns)
+        steps |= set(pq.read_table(f, columns=["step"]).column("step").to_pylist())
+    assert steps == {0, 1}
+
+
+def test_mixed_parts_of_a_batch_file_get_the_default_options(tmp_path):
+    from opscope.capture.tensorflow.columns import PARQUET_OPTIONS
+    from opscope.storage import writer as w
+
+    class Part:
+        parquet_options, batch_options, num_rows = PARQUET_OPTIONS, True, 3
+
+    class Own:
+        parquet_options, num_rows = {"use_dictionary": False}, 3
+
+    assert w._batched(Part()) and not w._batched(Own()) and w._batched([[0]] * 3)
+    assert w._batch_options([Part(), Part()]) == PARQUET_OPTIONS
+    assert w._batch_options([Part(), [[0]]]) == {}
 
 
 def test_many_columns_are_many_stats_by_column():

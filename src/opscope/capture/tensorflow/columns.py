@@ -65,6 +65,7 @@ class PendingTable:
     statistics columns: no Python object per value or statistic."""
 
     parquet_options = PARQUET_OPTIONS
+    batch_options = True  # the writer may put several steps' runs in one file with these options
 
     def __init__(self, columns: GraphColumns, run: Measured, constants: Measured, base: int, step: int,
                  seq0: int, offsets: np.ndarray) -> None:

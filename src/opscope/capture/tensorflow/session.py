@@ -78,7 +78,8 @@ class TFDumpSession:
             return self
         self.writer = DumpWriter(self.cfg.path, self.rank, manifest(self.cfg, self.level, LEVELS[self.level]),
                                  queue_limit=int(self.cfg.queue_limit_mb * (1 << 20)),
-                                 shard_bytes=int(self.cfg.shard_mb * (1 << 20)), overwrite=self.cfg.overwrite)
+                                 shard_bytes=int(self.cfg.shard_mb * (1 << 20)), overwrite=self.cfg.overwrite,
+                                 batch=self.cfg.data != "tensor")  # small steps' rows: a file a round
         self.writer.open()
         self._install()
         return self
