@@ -38,17 +38,17 @@ slowly moving window allows (a jump is judged against a band made from the steps
 either way).
 
 The state is one quantity after another in one buffer (a view of each by name), indexed by
-the series' id (:mod:`~opscope.monitor.registry`), ~51 bytes a series with the default window of 32: the windows of log10 values as int8 in
-steps of 1/32 decade around a base of its own (int16; +-3.97 decades around it, clipped
-beyond), which is moved to the median each time the band is computed (a value clipped is an
-outlier: the median and MAD hold) and, before a series is judged or while its band is of
-zeros, to a value that does not fit (a learning rate of 0 at the first step is clipped
-instead); a norm of 0 has a code of its own (-128), which no base moves; those of linear series (the
-loss) as float64; the flags of its kind, the count of values, the step until which a series
-is quiet (int32), the band (median and MAD, float32). The rounding (1/64 decade at most)
-moves a z-score by 0.3 at most at the 0.05 floor, against a smallest move of 2 decades
-(z = 40 there) for a norm; the learning rate, judged without one, is a flat series whose
-values are its base.
+the series' id (:mod:`~opscope.monitor.registry`), ~51 bytes a series with the default
+window of 32: the windows of log10 values as int8 in steps of 1/32 decade around a base of
+its own (int16; +-3.97 decades around it, clipped beyond), which is moved to the median each
+time the band is computed (a value clipped is an outlier: the median and MAD hold) and,
+before a series is judged or while its band is of zeros, to a value that does not fit (a
+learning rate of 0 at the first step is clipped instead); a norm of 0 has a code of its own
+(-128), which no base moves; those of linear series (the loss) as float64; the flags of its
+kind, the count of values, the step until which a series is quiet (int32), the band (median
+and MAD, float32). The rounding (1/64 decade at most) moves a z-score by 0.3 at most at the
+0.05 floor, against a smallest move of 2 decades (z = 40 there) for a norm; the learning
+rate, judged without one, is a flat series whose values are its base.
 """
 
 from __future__ import annotations

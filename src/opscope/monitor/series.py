@@ -33,9 +33,10 @@ FORMAT = "opscope-monitor/1"
 Block = tuple[np.ndarray, np.ndarray]  # a step's tensors of one kind: series ids, [n, 4] statistics
 
 
-def _replace_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # every rank writes monitor.json: its own temp file
-    tmp.write_text(json.dumps(data, indent=1, allow_nan=False, default=str), encoding="utf-8")
+def _replace_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"  # every rank writes monitor.json: its own temp file
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, allow_nan=False, default=str))
     os.replace(tmp, path)
 
 
@@ -46,15 +47,17 @@ class SeriesWriter:
     def __init__(self, path: str, rank: int, chunk: int, config: dict[str, Any], overwrite: bool,
                  series: SeriesTable | None = None) -> None:
         self.series = series if series is not None else SeriesTable()
-        self.root = Path(path)
-        self.dir = self.root / f"rank{rank}"
-        if (self.dir / "index.json").exists() and not overwrite:
+        self._root = str(path)  # (strings: a Path held costs ~400 B with its parts)
+        self._dir = os.path.join(self._root, f"rank{rank}")
+        # the files by os.path: pathlib interns each name it parses (held for good: a chunk's name each)
+        if os.path.exists(os.path.join(self._dir, "index.json")) and not overwrite:
             raise DumpExistsError(f"{self.dir} holds a monitor run already; pass overwrite=True (or \"overwrite\": "
                                   "true in the monitor section) or another path")
         self.dir.mkdir(parents=True, exist_ok=True)
         for old in self.dir.glob("series-*.parquet"):
             old.unlink()
-        (self.dir / "events.jsonl").write_text("", encoding="utf-8")
+        with open(os.path.join(self._dir, "events.jsonl"), "w", encoding="utf-8"):
+            pass
         self.rank, self.chunk = rank, chunk
         _warm_pyarrow()
         self.held: list[tuple[int, list[Block], dict[int, float]]] = []
@@ -62,11 +65,21 @@ class SeriesWriter:
         self.first_step: int | None = None
         self.steps_held = 0
         self.last_step = -1
-        if rank == 0 or not (self.root / "monitor.json").exists():
-            _replace_json(self.root / "monitor.json", {"format": FORMAT, "config": config})
+        if rank == 0 or not os.path.exists(os.path.join(self._root, "monitor.json")):
+            _replace_json(os.path.join(self._root, "monitor.json"), {"format": FORMAT, "config": config})
         self._writing: threading.Thread | None = None
         self.error: BaseException | None = None
         self._index("running", 0, 0)
+
+    @property
+    def root(self) -> Path:
+        """The monitor's folder."""
+        return Path(self._root)
+
+    @property
+    def dir(self) -> Path:
+        """This rank's folder in it."""
+        return Path(self._dir)
 
     def add(self, step: int, blocks: list[Block], scalars: dict[int, float]) -> None:
         """One finished step: blocks of tensors (their series ids and ``[n, 4]`` statistics, in
@@ -83,7 +96,7 @@ class SeriesWriter:
 
     def event(self, event: MonitorEvent) -> None:
         """Append one event to ``events.jsonl`` (flushed at once)."""
-        with open(self.dir / "events.jsonl", "a", encoding="utf-8") as f:
+        with open(os.path.join(self._dir, "events.jsonl"), "a", encoding="utf-8") as f:
             f.write(json.dumps(event.to_json(), allow_nan=False) + "\n")
 
     def flush(self, wait: bool = False) -> None:
@@ -122,9 +135,9 @@ class SeriesWriter:
                               "name": _coded(ids, self.series.names[:known]).dictionary_decode(),
                               "stat": _coded(stat, [*STATS, "value"]),
                               "value": pa.array(value, pa.float64())})
-            tmp = self.dir / (name + ".tmp")
+            tmp = os.path.join(self._dir, name + ".tmp")
             pq.write_table(table, tmp)
-            os.replace(tmp, self.dir / name)
+            os.replace(tmp, os.path.join(self._dir, name))
             self.chunks.append(name)
             self._index("running", known, steps)
         except Exception as exc:  # a full disk, a removed folder: raised on the training thread
@@ -136,9 +149,9 @@ class SeriesWriter:
 
     def _index(self, status: str, known: int, steps: int) -> None:
         """index.json, with the places of the first ``known`` series."""
-        _replace_json(self.dir / "index.json", {"format": FORMAT, "rank": self.rank, "status": status,
-                                                "chunks": list(self.chunks), "order": self.series.places(known),
-                                                "steps": steps})
+        _replace_json(os.path.join(self._dir, "index.json"),
+                      {"format": FORMAT, "rank": self.rank, "status": status, "chunks": list(self.chunks),
+                       "order": self.series.places(known), "steps": steps})
 
 
 def _warm_pyarrow() -> None:
