@@ -9,8 +9,8 @@ the names are held once each:
 - a parameter's name (one for its gradient, its optimizer state and its weight) is a slot of
   :class:`Names`, packed UTF-8 in one buffer, which the model hooks fill as they find the
   parameters; its series are found by slot, through one array per kind (slot -> id);
-- the other names (the loss, learning rates, inputs, activations, a parameter no hook knows)
-  are strings, found through one ``{"kind\\tname": id}`` dict: few series, looked up each step.
+- the other series (the loss, learning rates, inputs, activations, a parameter no hook knows)
+  are ``"kind\\tname"`` in another :class:`Names`, found by a scan of its buffer: few series.
 
 Appends happen on the training thread; other threads only read ids handed to them, which
 exist by then (an id counts once its name reference is appended, last).
@@ -93,12 +93,14 @@ class SeriesTable:
         self.kind_of = array("B")  # id -> kind code
         self.order = array("i")  # id -> place in the step (earliest first; below 2**31: PLACE x 8)
         self.params = Names()  # a parameter's name by its slot (the model hooks add them)
-        self._others: list[str] = []  # the names not of a slot
+        # the series not found by slot: "kind\tname" packed (found by a scan: a few series, the loss,
+        # learning rates, inputs, activations; a dict with a str key each held ~100 B a series more)
+        self._others = Names()
+        self._other_ids = array("i")  # their ids, in that order
         self._name = array("i")  # id -> its parameter's slot (>= 0), or ~ its index in _others
         # kind -> its series by slot: an int f when each is id f + slot (the usual case: a kind's
         # series are added in the slots' order), else an array slot -> id + 1 (0: none)
         self._by_slot: dict[str, int | array[int]] = {}
-        self._by_name: dict[str, int] = {}  # "kind\tname" -> id, the series not found by slot
         self._counts = array("i", bytes(4 * 8))  # a KIND_ORDER class -> series placed there without a position
 
     def __len__(self) -> int:
@@ -112,7 +114,7 @@ class SeriesTable:
     def name(self, i: int) -> str:
         """The name of series ``i``."""
         ref = self._name[i]
-        return self.params[ref] if ref >= 0 else self._others[~ref]
+        return self.params[ref] if ref >= 0 else self._others[~ref].split("\t", 1)[1]
 
     def key(self, i: int) -> Key:
         """``(kind, name)`` of series ``i``."""
@@ -127,14 +129,15 @@ class SeriesTable:
         slot = self.params.find(name)
         if slot is not None:  # a parameter's: its slot holds the name
             return self.slot_id(kind, slot, position)
-        self._others.append(name)
-        return self._by_name.setdefault(f"{kind}\t{name}", self._add(kind, ~(len(self._others) - 1), position))
+        i = self._add(kind, ~self._others.add(f"{kind}\t{name}"), position)
+        self._other_ids.append(i)
+        return i
 
     def slot_id(self, kind: str, slot: int, position: int | None = None) -> int:
         """The id of series ``(kind, name of parameter slot)``, added when new (see :meth:`id`)."""
         i = self._of_slot(kind, slot)
         if i is None:
-            i = self._by_name.get(f"{kind}\t{self.params[slot]}")  # added by name before the slot was
+            i = self._other(kind, self.params[slot])  # added by name before the slot was
             i = self._slotted(kind, slot, i if i is not None else self._add(kind, slot, position))
         return i
 
@@ -164,11 +167,16 @@ class SeriesTable:
 
     def find(self, kind: str, name: str) -> int | None:
         """The id of ``(kind, name)``, None when there is no such series."""
-        i = self._by_name.get(f"{kind}\t{name}")
+        i = self._other(kind, name)
         if i is not None or kind not in self._by_slot:
             return i
         slot = self.params.find(name)
         return None if slot is None else self._of_slot(kind, slot)
+
+    def _other(self, kind: str, name: str) -> int | None:
+        """The id of ``(kind, name)`` among the series not found by slot, None if not there."""
+        j = self._others.find(f"{kind}\t{name}")
+        return None if j is None else self._other_ids[j]
 
     def _add(self, kind: str, ref: int, position: int | None) -> int:
         if kind not in self.kinds:
