@@ -25,6 +25,7 @@ from typing import overload
 from opscope.monitor.events import KIND_ORDER
 
 Key = tuple[str, str]
+SCALAR_KINDS = ("loss", "lr")  # series looked up by name every step (the others once per call of a hook)
 PLACE = 1_000_000  # a series' place: KIND_ORDER[kind] * PLACE + its position within that class
 
 
@@ -97,6 +98,7 @@ class SeriesTable:
         # learning rates, inputs, activations; a dict with a str key each held ~100 B a series more)
         self._others = Names()
         self._other_ids = array("i")  # their ids, in that order
+        self._scalars: dict[Key, int] = {}  # the loss's and learning rates' ids: looked up a few times a step
         self._name = array("i")  # id -> its parameter's slot (>= 0), or ~ its index in _others
         # kind -> its series by slot: an int f when each is id f + slot (the usual case: a kind's
         # series are added in the slots' order), else an array slot -> id + 1 (0: none)
@@ -175,8 +177,15 @@ class SeriesTable:
 
     def _other(self, kind: str, name: str) -> int | None:
         """The id of ``(kind, name)`` among the series not found by slot, None if not there."""
+        scalar = kind in SCALAR_KINDS
+        if scalar and (i := self._scalars.get((kind, name))) is not None:
+            return i
         j = self._others.find(f"{kind}\t{name}")
-        return None if j is None else self._other_ids[j]
+        if j is None:
+            return None
+        if scalar:  # (a scan of the buffer cost ~5 us a look-up on the training thread)
+            self._scalars[kind, name] = self._other_ids[j]
+        return self._other_ids[j]
 
     def _add(self, kind: str, ref: int, position: int | None) -> int:
         if kind not in self.kinds:
