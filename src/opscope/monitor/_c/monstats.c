@@ -269,8 +269,8 @@ static void *worker_main(void *unused) {
 
 /* Finish the batch in flight: take what the worker has not (the GIL kept unless over a million
  * elements are left: letting it go when another Python thread waits for it hands it over, and
- * the caller then waits for that thread's Python), then wait for the worker to leave the batch, the GIL
- * let go only if it has not yet. A worker that had not woken finds no batch. */
+ * the caller then waits for that thread's Python), then wait for the worker to leave the
+ * batch, the GIL let go only if it has not yet. A worker that had not woken finds no batch. */
 static Py_ssize_t wait_idle(void) {
     if (!W.held) return 0;
     if (left(&W.batch) > (1 << 20)) { /* a large model's batch: others may run meanwhile */
@@ -291,8 +291,10 @@ static Py_ssize_t wait_idle(void) {
         pthread_mutex_unlock(&W.mu);
         Py_END_ALLOW_THREADS
     }
-    release(&W.batch);
-    W.held = 0;
+    if (W.held) { /* (another thread's join may have released it while this one had let the GIL go) */
+        release(&W.batch);
+        W.held = 0;
+    }
     return __atomic_load_n(&W.bad, __ATOMIC_RELAXED);
 }
 
