@@ -224,3 +224,24 @@ def test_outputs_holding_their_inputs_bytes_take_their_statistics_unread(tmp_pat
     assert out.loc[("aten.clone.default", 0), "hash"] == out.loc[("aten.mul.Tensor", 0), "hash"]
     assert out.loc[("aten.clone.default", 2), "hash"] == out.loc[("aten.add_.Tensor", 0), "hash"]
     assert out.loc[("aten.clone.default", 2), "hash"] != out.loc[("aten.clone.default", 0), "hash"]
+
+
+def test_number_arguments_keep_their_exact_value(tmp_path, monkeypatch):
+    """Doubles in the argument JSON are written natively ("%.17g", by std::to_chars): each reads
+    back as the very same float, an integral one still a float (2.0, not 2)."""
+    import json
+    import math
+
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    values = [0.1, 1e-05, 2.0, -1e300, 1e16, 123456789012345680.0, 5e-324, 1 / 3, -0.0]
+    x = torch.randn(4, dtype=torch.float64)  # holds every alpha below
+    with opscope.dump(tmp_path / "d") as d:
+        for v in values:
+            torch.add(x, x, alpha=v)
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    calls = df[df.op == "aten.add.Tensor"].drop_duplicates("seq").sort_values("seq")
+    got = [json.loads(a)["kwargs"]["alpha"] for a in calls.args]
+    assert len(got) == len(values)
+    for v, g in zip(values, got, strict=True):
+        assert isinstance(g, float) and g == v and math.copysign(1, g) == math.copysign(1, v), (v, g)

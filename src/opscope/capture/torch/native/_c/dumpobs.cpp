@@ -24,6 +24,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <charconv>
 #include <optional>
 #include <unordered_set>
 

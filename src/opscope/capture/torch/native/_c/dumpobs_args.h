@@ -23,10 +23,12 @@ void json_double(std::string& out, double v) {
   if (std::isnan(v)) out += "NaN";
   else if (std::isinf(v)) out += v > 0 ? "Infinity" : "-Infinity";
   else {
+    // what printf's "%.17g" writes, character for character (the standard defines it so), at a
+    // fraction of snprintf's cost (~1,100 instructions a number: the largest item of args_of)
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.17g", v);
-    out += buf;
-    if (!std::strpbrk(buf, ".eE")) out += ".0";
+    char* end = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general, 17).ptr;
+    out.append(buf, end);
+    if (std::find_if(buf, end, [](char c) { return c == '.' || c == 'e' || c == 'E'; }) == end) out += ".0";
   }
 }
 
@@ -93,8 +95,10 @@ int args_of(const OpKind& k) {
     } else {
       if (pos.size() > 1) pos += ", ";
       char index[24];
-      std::snprintf(index, sizeof index, "[%zu, ", i);
-      pos += index, pos += value, pos += ']';
+      index[0] = '[';
+      char* end = std::to_chars(index + 1, index + sizeof index - 2, i).ptr;
+      end[0] = ',', end[1] = ' ';
+      pos.append(index, end + 2), pos += value, pos += ']';
     }
   }
   if (pos == "[" && kw == "{" && t_rng.empty()) return -1;
