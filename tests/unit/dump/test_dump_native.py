@@ -245,3 +245,31 @@ def test_number_arguments_keep_their_exact_value(tmp_path, monkeypatch):
     assert len(got) == len(values)
     for v, g in zip(values, got, strict=True):
         assert isinstance(g, float) and g == v and math.copysign(1, g) == math.copysign(1, v), (v, g)
+
+
+def test_non_contiguous_inputs_are_measured_as_their_contiguous_copy(tmp_path, monkeypatch):
+    """A non-contiguous tensor is read natively in row-major order (no torch op): every statistic
+    and the hash are those of the same values laid out contiguously."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    torch.manual_seed(0)
+    base = torch.randn(6, 10, 4, dtype=torch.float64)
+    strided = [base.transpose(0, 2), base[:, ::3, 1:], base.permute(1, 2, 0)[2:], base[0, :1].expand(5, 4),
+               base.float().transpose(0, 1), base.half()[::2, :, ::2], base.bfloat16().mT, (base > 0).transpose(1, 2),
+               (base * 100).to(torch.int64)[:, :, ::2], (base * 50).to(torch.int8).transpose(0, 1)]
+    assert not any(t.is_contiguous() for t in strided)
+    copies = [t.contiguous().clone() for t in strided]
+    with opscope.dump(tmp_path / "d") as d:
+        for t in strided + copies:
+            t.sum()
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas(integer_object_nulls=True)
+    rows = df[(df.op.str.startswith("aten.sum")) & (df.io == "input")].sort_values("seq")
+    assert len(rows) == 2 * len(strided)
+    cols = [c for c in ("hash", "min", "max", "mean", "std", "norm", "nan_count", "inf_count", "zero_count")
+            if c in rows.columns]
+    assert "hash" in cols and "mean" in cols
+    got, want = rows.iloc[:len(strided)], rows.iloc[len(strided):]
+    for i in range(len(strided)):
+        for c in cols:
+            a, b = got.iloc[i][c], want.iloc[i][c]
+            assert (a == b) or (a != a and b != b), (i, c, a, b)
