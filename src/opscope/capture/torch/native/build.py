@@ -60,7 +60,10 @@ def _command(source: Path, out: Path) -> list[str]:
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     includes = [f"-I{p}" for p in [*ce.include_paths(), sysconfig.get_paths()["include"]]]
     libs = ce.library_paths()
-    return [cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-w", "-DNDEBUG", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    # local-dynamic: the observers' thread-locals (internal) reached from one __tls_get_addr of the
+    # module per function, not one each (the initial-exec model would need glibc's static-TLS reserve)
+    return [cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-ftls-model=local-dynamic", "-w", "-DNDEBUG",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             str(source), "-o", str(out), f"-I{source.parent}", f"-I{_SHARED}", *includes, *[f"-L{p}" for p in libs],
             *[f"-Wl,-rpath,{p}" for p in libs], "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
 
