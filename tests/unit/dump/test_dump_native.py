@@ -273,3 +273,53 @@ def test_non_contiguous_inputs_are_measured_as_their_contiguous_copy(tmp_path, m
         for c in cols:
             a, b = got.iloc[i][c], want.iloc[i][c]
             assert (a == b) or (a != a and b != b), (i, c, a, b)
+
+
+def _intra_op_task():
+    """Ops whose kernels run on ATen's intra-op pool with 2 threads: a float64 3-d convolution
+    (slow_conv3d: no oneDNN for float64, the batch split over threads), a batched float64
+    matrix product and elementwise ops over more elements than one thread's grain."""
+    conv = torch.nn.Conv3d(2, 3, 3).double()
+    w = torch.randn(4, 16, 16, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.SGD([*conv.parameters(), w], lr=0.01)
+
+    def step(i):
+        torch.manual_seed(i)
+        x = torch.randn(8, 2, 6, 6, 6, dtype=torch.float64)
+        m = torch.baddbmm(torch.randn(4, 16, 16, dtype=torch.float64), torch.randn(4, 16, 16, dtype=torch.float64), w)
+        big = torch.randn(200_000, dtype=torch.float64)
+        loss = conv(x).relu().mean() + m.square().mean() + (big * 2.0).exp().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def test_ops_run_by_intra_op_workers_are_not_recorded_as_the_users(tmp_path, monkeypatch):
+    """With 2 intra-op threads the native observer records what the Python mode sees, op for
+    op: ATen's parallel_for does not carry the thread-local callback to its workers, so an op
+    a kernel calls there is not taken for a top-level op (the worker's own open-op count is 0)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = {}
+        for name in ("native", "python"):
+            monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+            torch.manual_seed(0)
+            step = _intra_op_task()
+            with opscope.dump(tmp_path / name, steps="all") as d:
+                losses = []
+                for i in range(2):
+                    losses.append(step(i))
+                    d.step()
+            got[name] = (losses, _calls(opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)))
+    finally:
+        torch.set_num_threads(threads)
+    (losses_n, nat), (losses_p, py) = got["native"], got["python"]
+    assert losses_n == losses_p
+    assert set(nat) == set(py)  # not one row more: no op of a worker recorded
+    assert all(nat[k] == py[k] for k in nat)
+    ops = {k[3] for k in nat}
+    assert {"convolution", "baddbmm", "exp"} <= ops and not ops & {"select", "slow_conv3d_forward", "addmm"}
