@@ -13,8 +13,11 @@ warm steps, and off again:
 
 ``bare`` instead of ``this`` counts the same loop without a dump; a path to another build of
 ``_opscope_dump`` (e.g. from ``~/.cache/opscope/native/<older tree's tag>/``) counts that
-build. Callgrind counts instructions, not cache misses: a change that only saves memory
-traffic (allocation, a table's layout) shows little here.
+build. With ``tiny`` as the count (``... this tiny``) the step is instead ten steps of
+``bench_dump.tiny_task`` (a ~0.5 ms MLP step, ~100 op calls), each dumped with its hooks and
+boundary: (dumped - bare) / 10 is issue 18's fixed cost a step. Callgrind counts instructions,
+not cache misses: a change that only saves memory traffic (allocation, a table's layout) shows
+little here.
 """
 
 from __future__ import annotations
@@ -38,8 +41,41 @@ def _callgrind(on: bool) -> None:
     os.system(f"callgrind_control -i {'on' if on else 'off'} {os.getpid()} > /dev/null")
 
 
+def _tiny(which: str) -> None:
+    """Ten tiny steps counted (after three warm ones), dumped every step unless ``bare``."""
+    from bench_dump import tiny_task
+
+    from opscope.demo.models import train_step
+
+    model, opt, batch = tiny_task()
+    root = tempfile.mkdtemp(prefix="opscope-instr-")
+    gc.disable()
+    try:
+        if which == "bare":
+            for i in range(3):
+                train_step(model, opt, *batch(i))
+            _callgrind(True)
+            for i in range(3, 13):
+                train_step(model, opt, *batch(i))
+            _callgrind(False)
+            return
+        with opscope.dump(os.path.join(root, "d"), level="aten") as d:
+            for i in range(3):
+                train_step(model, opt, *batch(i))
+                d.step()
+            time.sleep(0.5)
+            _callgrind(True)
+            for i in range(3, 13):
+                train_step(model, opt, *batch(i))
+                d.step()
+            _callgrind(False)
+    finally:
+        gc.enable()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
-    which, n = sys.argv[1], int(sys.argv[2])
+    which = sys.argv[1]
     torch.set_num_threads(1)
     if which not in ("bare", "this"):
         spec = importlib.util.spec_from_file_location("_opscope_dump", which)
@@ -47,6 +83,10 @@ def main() -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         native._LOADED["_opscope_dump"] = module
+    if sys.argv[2] == "tiny":
+        _tiny(which)
+        return
+    n = int(sys.argv[2])
     root = tempfile.mkdtemp(prefix="opscope-instr-")
     gc.disable()
     try:
