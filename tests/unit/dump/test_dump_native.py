@@ -323,3 +323,41 @@ def test_ops_run_by_intra_op_workers_are_not_recorded_as_the_users(tmp_path, mon
     assert all(nat[k] == py[k] for k in nat)
     ops = {k[3] for k in nat}
     assert {"convolution", "baddbmm", "exp"} <= ops and not ops & {"select", "slow_conv3d_forward", "addmm"}
+
+
+def test_arguments_are_written_as_json_by_the_writer(tmp_path, monkeypatch):
+    """The observer keeps each call's arguments as a binary record and the writer's thread
+    writes the JSON: dtypes, layouts and memory formats by name, strings, int and bool lists,
+    None, infinities, Python numbers passed as tensors, keyword arguments by name."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    x = torch.randn(4, 6, dtype=torch.float64)
+    with opscope.dump(tmp_path / "d") as d:
+        torch.nn.functional.gelu(x, approximate="tanh")
+        torch.zeros(3, 2, dtype=torch.bfloat16, layout=torch.strided)
+        torch.empty(1, 2, 3, 3, memory_format=torch.channels_last)
+        x.sum(dim=[0, 1], keepdim=True)
+        x.clamp(min=-0.5, max=None)
+        x.masked_fill(x > 0, float("-inf"))
+        torch.div(x, 3, rounding_mode="floor")
+        torch.ops.aten.convolution_backward(torch.ones(1, 3, 3, 3), torch.ones(1, 2, 5, 5), torch.ones(3, 2, 3, 3),
+                                            [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, False, True])
+        x + True
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    got = {(r.op, r.args) for r in df.drop_duplicates("seq").itertuples()}
+    pin = '"device": "cpu", "pin_memory": false'
+    want = {
+        ("aten.gelu.default", '{"args": [], "kwargs": {"approximate": "tanh"}}'),
+        ("aten.zeros.default",
+         '{"args": [[0, [3, 2]]], "kwargs": {"dtype": "torch.bfloat16", "layout": "torch.strided", ' + pin + '}}'),
+        ("aten.empty.memory_format", '{"args": [[0, [1, 2, 3, 3]]], "kwargs": {"dtype": null, "layout": null, '
+         + pin + ', "memory_format": "torch.channels_last"}}'),
+        ("aten.sum.dim_IntList", '{"args": [[1, [0, 1]], [2, true]], "kwargs": {"dtype": null}}'),
+        ("aten.clamp.default", '{"args": [[1, -0.5], [2, null]], "kwargs": {}}'),
+        ("aten.masked_fill.Scalar", '{"args": [[2, -Infinity]], "kwargs": {}}'),
+        ("aten.div.Tensor_mode", '{"args": [[1, 3]], "kwargs": {"rounding_mode": "floor"}}'),
+        ("aten.convolution_backward.default", '{"args": [[3, [3]], [4, [1, 1]], [5, [0, 0]], [6, [1, 1]], [7, false], '
+         '[8, [0, 0]], [9, 1], [10, [true, false, true]]], "kwargs": {}}'),
+        ("aten.add.Tensor", '{"args": [[1, true]], "kwargs": {"alpha": 1}}'),
+    }
+    assert want <= got, want - got

@@ -99,7 +99,8 @@ class NativeRecorder(Recorder):
     def end_step(self) -> None:
         if self.probing:  # what a tensor step would store, said before the window opens
             self.probing = False
-            table = Columns(self.native.take_columns(), self.rank, self.step).table()
+            raw = self.native.take_columns()
+            table = Columns(raw, self.rank, self.step, getattr(self.native, "args_json", None)).table()
             assert self.plan is not None  # probing is planned by the tensor plan
             self.plan.estimate_from(self.step, table_rows(table), self.wants_data)
             self._reset()
@@ -107,7 +108,8 @@ class NativeRecorder(Recorder):
         native, plan, step = self.native, self.plan, self.step
         if plan is not None:
             plan.admitted(step, *native.tensor_counts())
-        cols = Columns(native.take_columns(), self.rank, step)  # hands over the last shard
+        # hands over the last shard; the arguments become JSON on the writer's thread (args_json)
+        cols = Columns(native.take_columns(), self.rank, step, getattr(native, "args_json", None))
         if self.slow:  # tensors measured in Python (only theirs, and rows linked to them, are SLOW)
             self._slow_stats(cols)
         self.meta_skipped = native.meta_skipped()

@@ -6,7 +6,7 @@ training thread runs torch code without the GIL (see ``_c/dumpobs_module.h``).""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -23,10 +23,14 @@ _STRS = ("phase", "module", "op", "io", "arg", "dtype", "device", "param", "fwd_
 class Columns:
     """One step's columns. Cheap to make: the buffers are read by :meth:`table`, which the
     dump writer calls on its own thread. Statistics that Python measured (tensors the kernel
-    could not read, and their links) are given with :meth:`set_stats` before that."""
+    could not read, and their links) are given with :meth:`set_stats` before that. The
+    arguments come as the observer's records, made JSON by ``args_json`` (the module's
+    function of that name) on the writer's thread too."""
 
-    def __init__(self, raw: tuple[Any, ...], rank: int, step: int) -> None:
+    def __init__(self, raw: tuple[Any, ...], rank: int, step: int,
+                 args_json: Callable[..., tuple[bytes, bytes, bytes]] | None = None) -> None:
         self.raw = raw
+        self.args_json = args_json
         self.n = raw[0]
         self.links = raw[10]
         self.rank, self.step = rank, step
@@ -40,7 +44,9 @@ class Columns:
         self._stats[i] = stats
 
     def _parse(self) -> None:
-        (n, ints, strs, names, self.args, offsets, values, sf, si, valid, _, keys, views) = self.raw
+        (n, ints, strs, names, args, offsets, values, sf, si, valid, _, keys, views) = self.raw
+        # (records, offset of each row's record): JSON here; an older build's string buffers as they are
+        self.args = args if len(args) == 3 else self._json(n, args[0], args[1], names)
         self.ints = np.frombuffer(ints, dtype=np.int64).reshape(len(_INTS), n)
         self.strs = np.frombuffer(strs, dtype=np.int32).reshape(len(_STRS), n)
         self.names = names
@@ -64,6 +70,11 @@ class Columns:
                 else:
                     self.si[k - 6, i] = int(v) & 0xFFFFFFFFFFFFFFFF
             self.valid[i] = bits
+
+    def _json(self, n: int, records: bytes, at: bytes, names: list[str]) -> tuple[bytes, bytes, bytes]:
+        if self.args_json is None:
+            raise ValueError("Columns: the observer's args_json is needed to read its argument records")
+        return self.args_json(n, records, at, names)
 
     def table(self) -> pa.Table:
         """The Arrow table in :data:`SCHEMA` order."""

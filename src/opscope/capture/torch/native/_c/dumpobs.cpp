@@ -101,7 +101,7 @@ PyObject* g_no_stats = nullptr;
 int64_t g_rank = 0, g_step = -1, g_next_id = 0, g_seq = 0, g_meta = 0;
 bool g_inputs = true, g_outputs = true;
 std::vector<Row> rows;
-std::vector<std::string> args_json;
+std::string args_bin;  // the step's calls' arguments (dumpobs_args.h), under mu
 std::unordered_map<intptr_t, Flow> flow;
 std::unordered_map<Elems, Flow, ElemsHash> geo;
 std::unordered_map<intptr_t, std::vector<Elems>> views;  // storage -> geometries registered on it

@@ -106,8 +106,7 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
     Py_ssize_t n;
     const char* s = PyUnicode_AsUTF8AndSize(args, &n);
     if (!s) return nullptr;
-    args_json.emplace_back(s, static_cast<size_t>(n));
-    h.args = static_cast<int>(args_json.size()) - 1;
+    h.args = args_doc(s, static_cast<size_t>(n));
   }
   if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) { input_row(h, slot, arg, t); }))
     return nullptr;

@@ -78,36 +78,182 @@ bool json_value(std::string& out, const c10::IValue& v, int8_t kind) {
   return true;
 }
 
-int args_of(const OpKind& k) {
-  static thread_local std::string pos, kw, value;  // kept: no allocation per op
-  pos.assign("["), kw.assign("{");
-  for (size_t i = 0; i < t_args.size(); ++i) {
-    const auto& v = t_args[i];
-    bool number = v.isTensor() && v.toTensor().defined() && v.toTensor().unsafeGetTensorImpl()->is_wrapped_number();
-    bool none = v.isTensor() && !v.toTensor().defined();  // an optional tensor not given: None, as a mode sees it
-    if ((v.isTensor() && !number && !none) || v.isTensorList() || v.isGenerator()) continue;
-    value.assign(none ? "null" : "");
-    if (!none && !json_value(value, v, i < k.arg_kinds.size() ? k.arg_kinds[i] : 0)) continue;
-    if (i < k.kwarg_only.size() && k.kwarg_only[i]) {
-      if (kw.size() > 1) kw += ", ";
-      json_string(kw, names[k.arg_names[i]]);
-      kw += ": ", kw += value;
-    } else {
-      if (pos.size() > 1) pos += ", ";
-      char index[24];
-      index[0] = '[';
-      char* end = std::to_chars(index + 1, index + sizeof index - 2, i).ptr;
-      end[0] = ',', end[1] = ' ';
-      pos.append(index, end + 2), pos += value, pos += ']';
-    }
-  }
-  if (pos == "[" && kw == "{" && t_rng.empty()) return -1;
-  std::string doc;
-  doc.reserve(pos.size() + kw.size() + t_rng.size() + 32);
-  doc += "{\"args\": ", doc += pos, doc += "], \"kwargs\": ", doc += kw, doc += '}';
-  if (!t_rng.empty()) doc += ", \"rng\": ", doc += t_rng;
-  doc += '}';
-  args_json.push_back(std::move(doc));
-  return static_cast<int>(args_json.size()) - 1;
+// ---- the arguments of a call, in a compact binary form ------------------------------------------
+// The training thread only copies each argument's value into the step's `args_bin` (args_of,
+// ~1.6k instructions a call less than writing its JSON there); the dump writer's thread turns
+// the records into JSON (args_json, dumpobs_columns.h), character for character what
+// json_value writes. A call's record: entries, each a head and its payload, then A_END.
+enum ArgTag : uint8_t { A_END = 0, A_NULL, A_BOOL, A_INT, A_DOUBLE, A_INTS, A_DOUBLES, A_BOOLS, A_TEXT, A_RNG, A_DOC };
+struct ArgHead {
+  uint8_t tag, kw, kind, flag;  // kw: a keyword argument; kind: OpKind::arg_kinds; flag: a bool's value
+  int32_t key;                  // its position, or (kw) its interned name
+};
+
+template <typename T>
+void put(const T& v) {
+  size_t at = args_bin.size();
+  args_bin.resize(at + sizeof(T));
+  std::memcpy(args_bin.data() + at, &v, sizeof(T));
 }
 
+void put_text(ArgHead h, uint8_t tag, const char* s, size_t n) {
+  h.tag = tag;
+  put(h), put(static_cast<uint32_t>(n));
+  args_bin.append(s, n);
+}
+
+template <typename T>
+void put_list(ArgHead h, uint8_t tag, const c10::IValue& v) {
+  h.tag = tag;
+  auto list = v.toListRef();
+  put(h), put(static_cast<uint32_t>(list.size()));
+  for (const auto& x : list) put(static_cast<T>(tag == A_DOUBLES ? x.toDouble() : tag == A_INTS ? x.toInt() : x.toBool()));
+}
+
+// One argument appended (head and payload); false, nothing appended, for one the JSON leaves out
+// (a list holding a tensor, a generator).
+bool put_value(ArgHead h, const c10::IValue& v) {
+  if (v.isTensor()) {  // an optional tensor not given (None, as a mode sees it), or a Python number
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return h.tag = A_NULL, put(h), true;
+    h.kind = 0;  // read where it lies (what item() returns)
+    if (t.is_cpu() && t.scalar_type() == at::kDouble) return h.tag = A_DOUBLE, put(h), put(*t.const_data_ptr<double>()), true;
+    if (t.is_cpu() && t.scalar_type() == at::kLong) return h.tag = A_INT, put(h), put(*t.const_data_ptr<int64_t>()), true;
+    if (t.is_cpu() && t.scalar_type() == at::kBool)
+      return h.tag = A_BOOL, h.flag = *t.const_data_ptr<bool>(), put(h), true;
+    Internal guard;
+    return put_value(h, c10::IValue(t.item()));
+  }
+  if (v.isNone()) return h.tag = A_NULL, put(h), true;
+  if (v.isBool()) return h.tag = A_BOOL, h.flag = v.toBool(), put(h), true;
+  if (v.isInt()) return h.tag = A_INT, put(h), put(v.toInt()), true;
+  if (v.isDouble()) return h.tag = A_DOUBLE, put(h), put(v.toDouble()), true;
+  if (v.isScalar() && !v.toScalar().isComplex()) {
+    auto s = v.toScalar();
+    h.kind = 0;
+    if (s.isBoolean()) return h.tag = A_BOOL, h.flag = s.toBool(), put(h), true;
+    if (s.isIntegral(false)) return h.tag = A_INT, put(h), put(s.toLong()), true;
+    return h.tag = A_DOUBLE, put(h), put(s.toDouble()), true;
+  }
+  if (v.isIntList()) return put_list<int64_t>(h, A_INTS, v), true;
+  if (v.isDoubleList()) return put_list<double>(h, A_DOUBLES, v), true;
+  if (v.isBoolList()) return put_list<uint8_t>(h, A_BOOLS, v), true;
+  static std::string text;  // anything else written as JSON now (strings, devices, other lists); under mu
+  text.clear();
+  if (!json_value(text, v, h.kind)) return false;
+  put_text(h, A_TEXT, text.data(), text.size());
+  return true;
+}
+
+// The recorded op's arguments (t_args) and random state (t_rng) as a record in args_bin: its
+// offset, or -1 when it has none (under mu).
+int args_of(const OpKind& k) {
+  size_t start = args_bin.size();
+  for (size_t i = 0; i < t_args.size(); ++i) {
+    const auto& v = t_args[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) continue;
+    } else if (v.isTensorList() || v.isGenerator()) {
+      continue;
+    }
+    bool kw = i < k.kwarg_only.size() && k.kwarg_only[i];
+    ArgHead h{A_END, kw, static_cast<uint8_t>(i < k.arg_kinds.size() ? k.arg_kinds[i] : 0), 0,
+              kw ? k.arg_names[i] : static_cast<int32_t>(i)};
+    size_t at = args_bin.size();
+    if (!put_value(h, v)) args_bin.resize(at);
+  }
+  if (!t_rng.empty()) put_text(ArgHead{}, A_RNG, t_rng.data(), t_rng.size());
+  if (args_bin.size() == start) return -1;
+  put(ArgHead{});
+  return static_cast<int>(start);
+}
+
+// A call's whole document given as JSON (the api level's, from Python): its record's offset.
+int args_doc(const char* s, size_t n) {
+  size_t start = args_bin.size();
+  put_text(ArgHead{}, A_DOC, s, n);
+  put(ArgHead{});
+  return static_cast<int>(start);
+}
+
+// ---- the writer's side: a record as JSON ---------------------------------------------------------
+template <typename T>
+T get(const char*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  p += sizeof(T);
+  return v;
+}
+
+// Entry `h`'s value (its payload at p) as json_value writes it.
+void format_value(std::string& out, const ArgHead& h, const char*& p) {
+  switch (h.tag) {
+    case A_NULL: out += "null"; break;
+    case A_BOOL: out += h.flag ? "true" : "false"; break;
+    case A_INT: {
+      int64_t v = get<int64_t>(p);
+      if (h.kind == 1) json_string(out, "torch." + dtype_name(static_cast<int>(v)));
+      else if (h.kind == 2) json_string(out, v == 0 ? "torch.strided" : "torch.sparse_coo");
+      else if (h.kind == 3 && v >= 0 && v < 4) {
+        static const char* const mf[] = {"torch.contiguous_format", "torch.preserve_format", "torch.channels_last",
+                                         "torch.channels_last_3d"};
+        json_string(out, mf[v]);
+      } else {
+        out += std::to_string(v);
+      }
+      break;
+    }
+    case A_DOUBLE: json_double(out, get<double>(p)); break;
+    case A_INTS: case A_DOUBLES: case A_BOOLS: {
+      uint32_t n = get<uint32_t>(p);
+      out += '[';
+      for (uint32_t i = 0; i < n; ++i) {
+        if (i) out += ", ";
+        if (h.tag == A_INTS) out += std::to_string(get<int64_t>(p));
+        else if (h.tag == A_DOUBLES) json_double(out, get<double>(p));
+        else out += get<uint8_t>(p) ? "true" : "false";
+      }
+      out += ']';
+      break;
+    }
+    default: {  // A_TEXT
+      uint32_t n = get<uint32_t>(p);
+      out.append(p, n);
+      p += n;
+    }
+  }
+}
+
+// The record at p (ending before `end`) as the call's JSON document, appended to out; kwarg names
+// from `names` (the interned names, by index).
+void format_call(std::string& out, const char* p, const char* end, const std::vector<std::string_view>& names) {
+  std::string pos = "[", kw = "{";
+  std::string_view rng;
+  while (p + sizeof(ArgHead) <= end) {
+    ArgHead h = get<ArgHead>(p);
+    if (h.tag == A_END) break;
+    if (h.tag == A_DOC || h.tag == A_RNG) {
+      uint32_t n = get<uint32_t>(p);
+      if (h.tag == A_DOC) out.append(p, n);
+      else rng = std::string_view(p, n);
+      p += n;
+      continue;
+    }
+    if (h.kw) {
+      if (kw.size() > 1) kw += ", ";
+      json_string(kw, h.key >= 0 && static_cast<size_t>(h.key) < names.size() ? std::string(names[h.key]) : "");
+      kw += ": ";
+      format_value(kw, h, p);
+    } else {
+      if (pos.size() > 1) pos += ", ";
+      pos += '[', pos += std::to_string(h.key), pos += ", ";
+      format_value(pos, h, p);
+      pos += ']';
+    }
+  }
+  if (pos.size() == 1 && kw.size() == 1 && rng.empty()) return;  // a document given whole (A_DOC)
+  out += "{\"args\": ", out += pos, out += "], \"kwargs\": ", out += kw, out += '}';
+  if (!rng.empty()) out += ", \"rng\": ", out.append(rng);
+  out += '}';
+}

@@ -60,7 +60,7 @@ PyObject* names_list(const std::vector<int>& by_slot) {
 // The step's state cleared, its data flow freed here (a thread of its own that freed it measured
 // no faster on the tiny step or the transformer: docs/dump.md, "The tiny step, third round")
 void clear_step() {
-  rows.clear(), args_json.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
+  rows.clear(), args_bin.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
   shared.clear(), views_json.clear(), shard_names.clear(), g_writes.clear();
   drop_shard();  // a step left unfinished (capture stopped): its tensors go
   g_seq = 0;
@@ -126,6 +126,47 @@ struct Strings {
   }
 };
 
+// args_json(n, records, at, names) -> the argument column as Strings' buffers (offsets,
+// characters, validity bits): row i's call's JSON from its record at offset at[i] of the
+// records (-1: none), as take_columns gives them; names: take_columns' names. Called by the
+// dump writer's thread; the JSON is written with the GIL released.
+PyObject* py_args_json(PyObject*, PyObject* a) {
+  Py_ssize_t n;
+  PyObject *records, *at, *list;
+  if (!PyArg_ParseTuple(a, "nSSO!", &n, &records, &at, &PyList_Type, &list)) return nullptr;
+  if (n < 0 || PyBytes_GET_SIZE(at) != n * static_cast<Py_ssize_t>(sizeof(int32_t))) {
+    PyErr_SetString(PyExc_ValueError, "args_json: one int32 offset a row is expected");
+    return nullptr;
+  }
+  std::vector<std::string_view> names(static_cast<size_t>(PyList_GET_SIZE(list)));
+  for (size_t i = 0; i < names.size(); ++i) {
+    Py_ssize_t len;
+    PyObject* s = PyList_GET_ITEM(list, static_cast<Py_ssize_t>(i));
+    const char* c = PyUnicode_Check(s) ? PyUnicode_AsUTF8AndSize(s, &len) : nullptr;
+    if (!c) return PyErr_Occurred() ? nullptr : (PyErr_SetString(PyExc_TypeError, "names: str expected"), nullptr);
+    names[i] = std::string_view(c, static_cast<size_t>(len));
+  }
+  const char* base = PyBytes_AS_STRING(records);
+  const Py_ssize_t size = PyBytes_GET_SIZE(records);
+  const char* rows_at = PyBytes_AS_STRING(at);
+  Strings out(static_cast<size_t>(n));
+  Py_BEGIN_ALLOW_THREADS
+  std::string doc;
+  int32_t last = -1;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    int32_t r;
+    std::memcpy(&r, rows_at + i * sizeof r, sizeof r);
+    if (r < 0 || r >= size) {
+      out.add(static_cast<size_t>(i), nullptr);
+      continue;
+    }
+    if (r != last) doc.clear(), format_call(doc, base + r, base + size, names), last = r;
+    out.add(static_cast<size_t>(i), &doc);
+  }
+  Py_END_ALLOW_THREADS
+  return out.take();
+}
+
 // The data columns of row i: its shard (index among the step's shards, -1: none) and the key
 // and view strings.
 int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
@@ -142,8 +183,9 @@ int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
 // call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
 // (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;
 // stats_f: float64 min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte
-// per row, bit i set when statistic i (STAT_NAMES order) has a value; args, keys, views: string
-// columns (Strings); names: one list object for as long as it holds the same names. The step's last shard is handed over first; the step's state is cleared.
+// per row, bit i set when statistic i (STAT_NAMES order) has a value; args: (the step's argument
+// records, int32 offset of each row's record or -1), made a string column by args_json; keys,
+// views: string columns (Strings); names: one list object for as long as it holds the same names. The step's last shard is handed over first; the step's state is cleared.
 PyObject* py_take_columns(PyObject*, PyObject*) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   flush_shard();
@@ -155,11 +197,11 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   Column<double> sf(n * 6);
   Column<uint64_t> si(n * 4);
   Column<uint16_t> valid(n);
-  if (!ints.p || !strs.p || !offsets.p || !sf.p || !si.p || !valid.p) return nullptr;  // no memory: the error is set
+  Column<int32_t> args(n);  // the call's record in args_bin on each of its rows (-1: none): JSON on the writer's thread
+  if (!ints.p || !strs.p || !offsets.p || !sf.p || !si.p || !valid.p || !args.p) return nullptr;  // no memory: the error is set
   Strings keys(n), geometry(n);
   std::vector<int64_t> shape;
   std::unordered_map<int, int> dtype_slots;  // dtype -> its place among the step's dtype names
-  Strings args(n);  // the call's argument JSON on each of its rows: no Python object per row or call
   PyObject* links = PyList_New(0);
   for (size_t i = 0; i < n; ++i) {
     const Row& r = rows[i];
@@ -184,7 +226,7 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     }
     valid.p[i] = bits;
     strs.p[11 * n + i] = data_of(r, i, keys, geometry);
-    args.add(i, r.args >= 0 ? &args_json[r.args] : nullptr);
+    args.p[i] = r.args;
     if (r.link >= 0 && rows[r.link].stats == SLOW) {
       PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
       PyList_Append(links, pair);
@@ -208,7 +250,8 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   }
   for (size_t i = 0; i < n; ++i)
     if (strs.p[11 * n + i] >= 0) strs.p[11 * n + i] += shards_at;
-  PyObject* out = Py_BuildValue("nNNNNNNNNNNNN", static_cast<Py_ssize_t>(n), ints.take(), strs.take(), dict,
+  PyObject* out = Py_BuildValue("nNNN(NN)NNNNNNNN", static_cast<Py_ssize_t>(n), ints.take(), strs.take(), dict,
+                                PyBytes_FromStringAndSize(args_bin.data(), static_cast<Py_ssize_t>(args_bin.size())),
                                 args.take(), offsets.take(), bytes_of(shape), sf.take(), si.take(),
                                 valid.take(), links, keys.take(), geometry.take());
   clear_step();

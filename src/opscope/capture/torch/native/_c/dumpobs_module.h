@@ -225,6 +225,7 @@ PyMethodDef methods[] = {
     {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor as one on another device (tests)"},
     {"set_tensor_ops", py_set_tensor_ops, METH_O, "set_tensor_ops(on): full tensors only for tensor_op(name) ops"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
+    {"args_json", py_args_json, METH_VARARGS, "args_json(n, records, at, names): take_columns' arguments as JSON"},
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
     {"record_module", py_record_module, METH_VARARGS,
