@@ -237,13 +237,13 @@ void set_data(Head& h) {
 
 size_t new_row(const Head& h, int8_t io, int slot, int arg, const at::Tensor& t, int param = -1,
                int64_t producer = -1) {
-  Row r;
+  Row& r = rows.emplace_back();  // made in place: no Row (and its shape) moved
   r.id = g_next_id++, r.seq = h.seq, r.call = h.call, r.phase = h.phase, r.module = h.module, r.op = h.op;
   r.io = io, r.slot = slot, r.arg = arg, r.dtype = static_cast<int>(t.scalar_type());
-  r.shape = dims(t.sizes());
+  at::IntArrayRef sizes = t.sizes();
+  r.shape.assign(sizes.begin(), sizes.end());
   r.device = t.is_cpu() ? -1 : intern(t.device().str());
   r.numel = t.numel(), r.producer = producer, r.param = param, r.fwd = h.fwd, r.node = h.node, r.args = h.args;
-  rows.push_back(std::move(r));
   return rows.size() - 1;
 }
 
