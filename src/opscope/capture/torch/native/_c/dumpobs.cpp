@@ -115,7 +115,7 @@ std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> i
 // api level: storage -> in-place calls seen writing it this step. A write through another tensor
 // of the same storage (`p.data.mul_()`) moves no version counter of `p`: this does.
 std::unordered_map<intptr_t, int64_t> g_writes;
-thread_local std::string t_rng;               // "rng" JSON of the random op running
+std::string g_rng;  // "rng" JSON of the random op starting (under mu: set and read within its before_op)
 // full tensors (data="tensor"): wanted this step (until tensor_limit_mb stops them), or only
 // counted by a size probe; bytes the step may store (-1: no limit), stored; where the limit hit
 bool g_want = false, g_probe = false, g_route_slow = false;
@@ -291,7 +291,7 @@ const Flow* find_flow(const at::Tensor& t) {
   if (auto k = shared_key(t)) {  // a saved tensor of autograd: the same elements and version counter
     auto si = shared.find(*k);
     if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t)) {
-      static thread_local Flow found;
+      static Flow found;  // (under mu)
       found = Flow{std::nullopt, si->second.row, si->second.version, si->second.param, c10::Storage()};
       return &found;
     }
@@ -358,18 +358,18 @@ namespace {
 
 // random ops: the generator state before the op draws, so that replay draws the same numbers
 namespace {
-void rng_before(const OpKind& k) {
-  t_rng.clear();
+void rng_before(const Thread& T, const OpKind& k) {
+  g_rng.clear();
   if (!k.random || !g_hooks) return;
   std::string device = "cpu";
-  for (const auto& a : t_args)
+  for (const auto& a : T.args)
     if (a.isTensor() && a.toTensor().defined()) {
       device = a.toTensor().device().str();
       break;
     }
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* r = PyObject_CallMethod(g_hooks, "rng", "s", device.c_str());
-  if (r && PyUnicode_Check(r)) t_rng = PyUnicode_AsUTF8(r);
+  if (r && PyUnicode_Check(r)) g_rng = PyUnicode_AsUTF8(r);
   if (!r) hook_failed("generator state");
   Py_XDECREF(r);
   PyGILState_Release(gil);

@@ -145,12 +145,12 @@ bool put_value(ArgHead h, const c10::IValue& v) {
   return true;
 }
 
-// The recorded op's arguments (t_args) and random state (t_rng) as a record in args_bin: its
+// The recorded op's arguments (T.args) and random state (g_rng) as a record in args_bin: its
 // offset, or -1 when it has none (under mu).
-int args_of(const OpKind& k) {
+int args_of(const Thread& T, const OpKind& k) {
   size_t start = args_bin.size();
-  for (size_t i = 0; i < t_args.size(); ++i) {
-    const auto& v = t_args[i];
+  for (size_t i = 0; i < T.args.size(); ++i) {
+    const auto& v = T.args[i];
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) continue;
@@ -163,7 +163,7 @@ int args_of(const OpKind& k) {
     size_t at = args_bin.size();
     if (!put_value(h, v)) args_bin.resize(at);
   }
-  if (!t_rng.empty()) put_text(ArgHead{}, A_RNG, t_rng.data(), t_rng.size());
+  if (!g_rng.empty()) put_text(ArgHead{}, A_RNG, g_rng.data(), g_rng.size());
   if (args_bin.size() == start) return -1;
   put(ArgHead{});
   return static_cast<int>(start);

@@ -76,7 +76,7 @@ void wait_done(std::unique_lock<std::mutex>& lock, size_t n) {
 
 // Set while the inputs of an op that writes them in place are measured: at once, on this thread
 // (the op writes them as soon as it runs)
-thread_local bool t_measure_here = false;
+bool g_measure_here = false;  // (under mu) set by before_op around its inputs
 
 // Does the op write its argument named `arg` (an interned name; -1: unknown, so maybe)?
 bool writes_arg(const OpKind& k, int arg) {

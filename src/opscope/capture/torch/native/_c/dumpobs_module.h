@@ -38,7 +38,7 @@ PyObject* py_uninstall(PyObject*, PyObject*) {
   });
   Py_CLEAR(g_hooks);
   Py_CLEAR(g_no_stats);
-  t_rng.clear();
+  g_rng.clear();
   Py_RETURN_NONE;
 }
 

@@ -1,10 +1,10 @@
 // What the native dump does when a recorded op starts and ends (included by dumpobs.cpp,
 // inside its anonymous namespace).
 // ---- the op ----------------------------------------------------------------------------------------
-void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out) {
-  for (size_t i = 0; i < t_args.size(); ++i) {
+void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out) {
+  for (size_t i = 0; i < T.args.size(); ++i) {
     int arg = i < k.arg_names.size() ? k.arg_names[i] : -1;
-    const auto& a = t_args[i];
+    const auto& a = T.args[i];
     if (a.isTensor()) {
       const at::Tensor& t = a.toTensor();  // a Python number passed as a tensor is an argument value
       if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number())
@@ -26,26 +26,27 @@ struct Pending {  // the recorded op running on this thread, between its start a
 };
 thread_local Pending t_pending;
 
-void flatten_inputs(const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
-int args_of(const OpKind& k);
+void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
+int args_of(const Thread& T, const OpKind& k);
 
 // A recorded op starts: its head (phase, module, call, arguments) and its input rows, taken
 // now, before an in-place op changes what it received.
-void before_op(const at::RecordFunction& fn, const OpKind& k) {
+void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  t_pending.valid = false;
-  forget_views_written(k);
+  Pending& pending = kept(t_pending);  // this thread's, reached once
+  pending.valid = false;
+  forget_views_written(T, k);
   // an op run with Python dispatch excluded (torch.tensor() filling its new tensor) is one no
   // dispatch mode sees: not recorded either
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return;
-  rng_before(k);
+  rng_before(T, k);
   Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
-  if (!t_nodes.empty()) {
-    h.phase = BACKWARD, h.node = t_nodes.back().second, h.module = -1;
+  if (!T.nodes.empty()) {
+    h.phase = BACKWARD, h.node = T.nodes.back().second, h.module = -1;
     // what runs after backward until the optimizer step or the next forward (the outermost
     // module's call; see DumpSession) is backward too: gradient clipping, unscaling, all-reduce
     if (g_phase == FORWARD) g_phase = BACKWARD;
-    if (const Owner* o = owner_of(t_nodes.back().first)) h.module = o->module, h.fwd = o->op;
+    if (const Owner* o = owner_of(T.nodes.back().first)) h.module = o->module, h.fwd = o->op;
   } else if (h.phase == FORWARD && fn.seqNr() >= 0) {
     own(fn.seqNr(), h.module, k.name);
   }
@@ -53,38 +54,40 @@ void before_op(const at::RecordFunction& fn, const OpKind& k) {
   set_data(h);
   h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
   h.seq = g_seq++;
-  h.args = args_of(k);
-  static thread_local std::vector<std::tuple<int, int, at::Tensor>> ins;  // kept: no allocation per op
+  h.args = args_of(T, k);
+  static std::vector<std::tuple<int, int, at::Tensor>> ins;  // kept: no allocation per op (under mu)
   ins.clear();
-  flatten_inputs(k, ins);
+  flatten_inputs(T, k, ins);
   int64_t first = -1;
   Base base;
-  t_held.clear();
-  t_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
+  std::vector<Held>& held = kept(t_held);
+  held.clear();
+  g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
-      t_measure_here = writes_arg(k, arg);
+      g_measure_here = writes_arg(k, arg);
       int64_t r = input_row(h, slot, arg, t);
-      t_measure_here = false;
-      hold_input(r, t, slot == 0);
+      g_measure_here = false;
+      hold_input(held, r, t, slot == 0);
       if (first < 0 && r >= 0) {
         first = r;
         if (h.place && k.view_outputs) base = base_of(t);
       }
     }
-  t_share = false;
+  g_share = false;
   ins.clear();  // its tensors are not held past the op's start
-  t_pending = Pending{true, h, first, base};
+  pending = Pending{true, h, first, base};
 }
 
-void on_op(const at::RecordFunction& fn, const OpKind& k) {
+void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  if (!t_pending.valid) return;
-  t_pending.valid = false;
-  const Head& h = t_pending.h;
-  int64_t first = t_pending.first;
+  Pending& pending = kept(t_pending);  // this thread's, reached once
+  if (!pending.valid) return;
+  pending.valid = false;
+  const Head& h = pending.h;
+  int64_t first = pending.first;
   if (!g_outputs) return;
-  static thread_local std::vector<std::pair<int, at::Tensor>> outs;  // kept: no allocation per op
+  static std::vector<std::pair<int, at::Tensor>> outs;  // kept: no allocation per op (under mu)
   outs.clear();
   const auto& ov = fn.outputs();
   for (size_t i = 0; i < ov.size(); ++i) {
@@ -97,15 +100,16 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
   uint64_t mutated = k.written_outputs;
   if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
     for (int pos : k.written) {
-      if (pos >= static_cast<int>(t_args.size())) continue;
-      const auto& a = t_args[pos];
+      if (pos >= static_cast<int>(T.args.size())) continue;
+      const auto& a = T.args[pos];
       if (a.isTensor()) outs.emplace_back(static_cast<int>(outs.size()), a.toTensor());
       else if (a.isTensorList())
         for (const at::Tensor& t : a.toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
     }
     mutated = ~0ull;
   }
-  t_share = !t_held.empty(), t_copies = k.copies;
+  std::vector<Held>& held = kept(t_held);
+  g_share = !held.empty(), g_copies = k.copies;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
     if (k.uninitialized) {
@@ -114,10 +118,10 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
       // data in directly), so whoever reads it next measures what is there
       rows[i].note = intern("uninitialized memory (empty): not measured");
     } else {
-      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &t_pending.base);
+      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &pending.base);
     }
   }
-  t_share = t_copies = false;
-  t_held.clear();
+  g_share = g_copies = false;
+  held.clear();
   outs.clear();
 }

@@ -17,21 +17,21 @@ struct Held {
   bool first;  // the op's first tensor input (what a copying op copies)
 };
 thread_local std::vector<Held> t_held;
-thread_local bool t_share = false, t_copies = false;
+bool g_share = false, g_copies = false;  // (under mu) set within a before_op or an on_op
 
 bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in memory
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
          !python_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
 }
 
-void hold_input(int64_t row, const at::Tensor& t, bool first) {
-  if (t_share && first && row >= 0 && plain_bytes(t))
-    t_held.push_back(Held{row, t.numel(), static_cast<int8_t>(t.scalar_type()), first});
+void hold_input(std::vector<Held>& held, int64_t row, const at::Tensor& t, bool first) {
+  if (g_share && first && row >= 0 && plain_bytes(t))
+    held.push_back(Held{row, t.numel(), static_cast<int8_t>(t.scalar_type()), first});
 }
 
 // The row of the first input whose bytes output `t` of a copying op holds, or -1.
 int64_t same_bytes(const at::Tensor& t) {
-  if (!t_share || !t_copies || t_held.empty() || !plain_bytes(t)) return -1;
+  if (!g_share || !g_copies || t_held.empty() || !plain_bytes(t)) return -1;
   for (const Held& h : t_held)
     if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
       return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
@@ -65,16 +65,16 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   record_flow(t, i, version, param, view);
 }
 
-void rng_before(const OpKind& k);
+void rng_before(const Thread& T, const OpKind& k);
 
 // Its storages are about to be written in place: views registered on them are forgotten, and
 // the statistics still to be taken of them are taken first.
-void forget_views_written(const OpKind& k) {
+void forget_views_written(const Thread& T, const OpKind& k) {
   if (k.written.empty() || (views.empty() && g_async.last.empty())) return;
   for (int pos : k.written) {
-    if (pos >= static_cast<int>(t_args.size())) continue;
+    if (pos >= static_cast<int>(T.args.size())) continue;
     std::vector<at::Tensor> ts;
-    const auto& a = t_args[pos];
+    const auto& a = T.args[pos];
     if (a.isTensor()) ts.push_back(a.toTensor());
     else if (a.isTensorList())
       for (const at::Tensor& x : a.toTensorList()) ts.push_back(x);

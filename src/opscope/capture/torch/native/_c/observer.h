@@ -4,8 +4,8 @@
 // the op kinds learnt from Python once per overload; opscope's own ops kept out of sight;
 // the SIMD range pass. Each observer is its own extension module (its own copy of this
 // state) and defines, before including this file's hooks, what it does with an op:
-//   void on_op(const at::RecordFunction&, const OpKind&)   a recorded op ended
-//   void before_op(const at::RecordFunction&, const OpKind&)  a recorded op starts (its inputs in t_args)
+//   void on_op(Thread&, const at::RecordFunction&, const OpKind&)      a recorded op ended
+//   void before_op(Thread&, const at::RecordFunction&, const OpKind&)  a recorded op starts (inputs in Thread::args)
 //   void on_error(const char*)                              an exception inside the observer
 #pragma once
 #include <Python.h>
@@ -80,16 +80,31 @@ std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted b
 // autograd level. A CompositeImplicitAutograd op (linear, var.dim, to.dtype, matmul...) is
 // not recorded but its decomposition is; any other op is recorded, and the ops its kernel
 // calls are not (they run below autograd, unseen by a dispatch mode too).
-thread_local int t_opaque = 0;                                       // open recorded-kind ops
-thread_local std::vector<std::pair<const OpKind*, uint8_t>> t_open;  // (kind, OPAQUE|RECORD)
 constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8;
-thread_local std::vector<c10::IValue> t_args;                 // the recorded op's arguments
-thread_local std::vector<std::pair<int64_t, int>> t_nodes;  // (sequence nr, node name)
-thread_local std::unordered_map<OpKey, const OpKind*, PairHash> t_kinds;
-thread_local int t_generation = -1;
+struct Thread {
+  int opaque = 0;                                       // open recorded-kind ops
+  std::vector<std::pair<const OpKind*, uint8_t>> open;  // (kind, OPAQUE|RECORD)
+  std::vector<c10::IValue> args;                        // the recorded op's arguments
+  std::vector<std::pair<int64_t, int>> nodes;           // (sequence nr, node name)
+  std::unordered_map<OpKey, const OpKind*, PairHash> kinds;
+  int generation = -1;
+};
+thread_local Thread t_thread;
 
-void on_op(const at::RecordFunction& fn, const OpKind& k);
-void before_op(const at::RecordFunction& fn, const OpKind& k);
+// This thread's state. Its address is computed once by the caller and kept: each reach of a
+// thread-local of this (dlopen'ed, local-dynamic) module calls __tls_get_addr, and the compiler
+// recomputes an address rather than keep it across a call (14 calls an op, ~70k instructions
+// a tiny step), unless the address is opaque to it as here.
+template <typename T>
+T& kept(T& x) {  // x's address, opaque to the compiler: computed here once, then kept in a register
+  T* p = &x;
+  asm("" : "+r"(p));
+  return *p;
+}
+inline Thread& here() { return kept(t_thread); }
+
+void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k);
+void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k);
 void on_error(const char* what);
 
 struct Internal {  // opscope's own ops: not observed, not seen by Python dispatch modes, no autograd
@@ -162,17 +177,17 @@ void parse_kind(PyObject* d, OpKind& k) {
   PyErr_Clear();
 }
 
-const OpKind& kind_of(const at::RecordFunction& fn) {
+const OpKind& kind_of(Thread& T, const at::RecordFunction& fn) {
   OpKey key{fn.name(), fn.overload_name()};
-  if (t_generation != g_generation) t_kinds.clear(), t_generation = g_generation;
-  auto cached = t_kinds.find(key);
-  if (cached != t_kinds.end()) return *cached->second;
+  if (T.generation != g_generation) T.kinds.clear(), T.generation = g_generation;
+  auto cached = T.kinds.find(key);
+  if (cached != T.kinds.end()) return *cached->second;
   const char* name = key.first;
   const char* overload = key.second;
   {
     std::lock_guard<std::recursive_mutex> lock(mu);
     auto it = kinds.find(key);
-    if (it != kinds.end()) return *(t_kinds[key] = &it->second);
+    if (it != kinds.end()) return *(T.kinds[key] = &it->second);
   }
   std::string qual(name);
   auto colon = qual.find("::");
@@ -201,7 +216,7 @@ const OpKind& kind_of(const at::RecordFunction& fn) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   k.name = intern(qual);
   OpKind& stored = kinds[key] = k;
-  t_kinds[key] = &stored;
+  T.kinds[key] = &stored;
   return stored;
 }
 
@@ -235,8 +250,8 @@ const Owner* owner_of(int64_t seq) {
 // A custom autograd Function's apply is a record named after its class, numbered with the
 // sequence nr its backward node is about to take: that node belongs to the module calling
 // apply, not (nearest earlier number) to whatever op ran before it.
-void own_function(const at::RecordFunction& fn) {
-  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !t_nodes.empty() || g_phase != FORWARD) return;
+void own_function(const Thread& T, const at::RecordFunction& fn) {
+  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !T.nodes.empty() || g_phase != FORWARD) return;
   std::lock_guard<std::recursive_mutex> lock(mu);
   own(fn.seqNr(), g_module, intern(fn.name()));
 }
@@ -250,10 +265,11 @@ bool engine_record(const char* name) {
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!g_installed) return nullptr;
-  if (t_opaque > 0 && fn.scope() == at::RecordScope::FUNCTION) {
+  Thread& T = here();
+  if (T.opaque > 0 && fn.scope() == at::RecordScope::FUNCTION) {
     // an op inside one no dispatch mode looks into (what its kernel calls): never recorded, so
     // neither its name nor its kind is looked up (most ops of a step are such inner ops)
-    t_open.emplace_back(nullptr, INNER);
+    T.open.emplace_back(nullptr, INNER);
     return nullptr;
   }
   const char* name = fn.name();
@@ -263,58 +279,59 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     const char* colon = std::strstr(name, ": ");
     std::string node(colon ? colon + 2 : name);
     std::lock_guard<std::recursive_mutex> lock(mu);
-    if (!t_nodes.empty() && t_nodes.back().first < 0 && fn.seqNr() >= 0)
-      t_nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
-    t_nodes.emplace_back(fn.seqNr(), intern(node));
-    if (fn.scope() != at::RecordScope::BACKWARD_FUNCTION) t_open.emplace_back(nullptr, ENGINE);
+    if (!T.nodes.empty() && T.nodes.back().first < 0 && fn.seqNr() >= 0)
+      T.nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
+    T.nodes.emplace_back(fn.seqNr(), intern(node));
+    if (fn.scope() != at::RecordScope::BACKWARD_FUNCTION) T.open.emplace_back(nullptr, ENGINE);
     return nullptr;
   }
-  const OpKind& k = kind_of(fn);
-  if (k.wrapper && t_opaque == 0 && g_on) own_function(fn);
+  const OpKind& k = kind_of(T, fn);
+  if (k.wrapper && T.opaque == 0 && g_on) own_function(T, fn);
   uint8_t flags = k.composite ? 0 : OPAQUE;
-  if (t_opaque == 0 && !k.composite && g_on && !tracing()) {
+  if (T.opaque == 0 && !k.composite && g_on && !tracing()) {
     flags |= RECORD;
     auto in = fn.inputs();
-    t_args.assign(in.begin(), in.end());
-    ++t_opaque;  // ops run by before_op (Python hooks: a generator's state...) are not the user's
+    T.args.assign(in.begin(), in.end());
+    ++T.opaque;  // ops run by before_op (Python hooks: a generator's state...) are not the user's
     try {
-      before_op(fn, k);
+      before_op(T, fn, k);
     } catch (const std::exception& e) {
       on_error(e.what());
     }
-    --t_opaque;
+    --T.opaque;
   }
-  t_opaque += flags & OPAQUE;
-  t_open.emplace_back(&k, flags);
+  T.opaque += flags & OPAQUE;
+  T.open.emplace_back(&k, flags);
   return nullptr;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (!g_installed) return;
+  Thread& T = here();
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-    if (!t_nodes.empty()) t_nodes.pop_back();
+    if (!T.nodes.empty()) T.nodes.pop_back();
     return;
   }
-  if (t_open.empty()) return;  // started before the observer was registered
-  auto [k, flags] = t_open.back();
-  t_open.pop_back();
+  if (T.open.empty()) return;  // started before the observer was registered
+  auto [k, flags] = T.open.back();
+  T.open.pop_back();
   if (flags & INNER) return;
   if (flags & ENGINE) {  // the engine's record of a node (told at its start, without reading its name again)
-    if (!t_nodes.empty()) t_nodes.pop_back();
+    if (!T.nodes.empty()) T.nodes.pop_back();
     return;
   }
-  t_opaque -= flags & OPAQUE;
+  T.opaque -= flags & OPAQUE;
   if (!(flags & RECORD)) return;
   if (g_on) {
-    ++t_opaque;  // ops run while judging (and on a hit, in Python) are not the user's
+    ++T.opaque;  // ops run while judging (and on a hit, in Python) are not the user's
     try {
-      on_op(fn, *k);
+      on_op(T, fn, *k);
     } catch (const std::exception& e) {
       on_error(e.what());
     }
-    --t_opaque;
+    --T.opaque;
   }
-  t_args.clear();
+  T.args.clear();
 }
 
 // The callback is registered only while checking is on: ops of steps not selected (and of
@@ -342,8 +359,9 @@ bool start_observer(PyObject* classify, const char* what) {
   Py_INCREF(classify);
   g_classify = classify;
   g_installed = true;
-  t_opaque = 0;
-  t_open.clear();
+  Thread& T = here();
+  T.opaque = 0;
+  T.open.clear();
   return true;
 }
 
@@ -361,7 +379,8 @@ void stop_observer(F clear) {
     ++g_generation;
   }
   Py_CLEAR(g_classify);
-  t_args.clear(), t_nodes.clear();
+  Thread& T = here();
+  T.args.clear(), T.nodes.clear();
 }
 
 // register(on): add or remove the thread-local callback. Only between steps and around the

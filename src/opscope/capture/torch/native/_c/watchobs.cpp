@@ -246,7 +246,7 @@ at::Tensor alive(const Rec& r) {
   return strong ? at::Tensor(std::move(strong)) : at::Tensor();
 }
 
-void before_op(const at::RecordFunction&, const OpKind&) {}
+void before_op(Thread&, const at::RecordFunction&, const OpKind&) {}
 
 void on_error(const char* what) {
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -254,11 +254,11 @@ void on_error(const char* what) {
   PyGILState_Release(gil);
 }
 
-void on_op(const at::RecordFunction& fn, const OpKind& k) {
+void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::vector<at::Tensor>& args = t_in;
   std::vector<at::Tensor>& outs = t_out;
   args.clear(), outs.clear();
-  flatten(t_args, args);
+  flatten(T.args, args);
   for (const auto& v : fn.outputs()) {
     if (v.isTensor()) {
       if (v.toTensor().defined()) outs.push_back(v.toTensor());
@@ -269,7 +269,7 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
   if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
     std::vector<c10::IValue> w;
     for (int i : k.written)
-      if (i < static_cast<int>(t_args.size())) w.push_back(t_args[i]);
+      if (i < static_cast<int>(T.args.size())) w.push_back(T.args[i]);
     flatten(w, outs);
   }
   std::vector<intptr_t>& ins = t_ids;
@@ -280,11 +280,11 @@ void on_op(const at::RecordFunction& fn, const OpKind& k) {
     std::lock_guard<std::recursive_mutex> lock(mu);
     int module = g_module, fwd = -1, node = -1;
     int8_t phase = g_phase;
-    if (!t_nodes.empty()) {
+    if (!T.nodes.empty()) {
       phase = BACKWARD;
-      node = t_nodes.back().second;
+      node = T.nodes.back().second;
       module = -1;
-      const Owner* owner = owner_of(t_nodes.back().first);
+      const Owner* owner = owner_of(T.nodes.back().first);
       if (owner) module = owner->module, fwd = owner->op;
     } else if (phase == FORWARD && fn.seqNr() >= 0) {
       own(fn.seqNr(), module, k.name);
