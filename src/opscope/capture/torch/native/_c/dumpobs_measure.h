@@ -160,7 +160,7 @@ void measure(size_t index, const at::Tensor& t, bool data) {
   if (!p) p = x.const_data_ptr();
   g_read_bytes += x.numel() * static_cast<int64_t>(x.element_size());
   // statistics only, with the per-op observer watching for in-place writes: off this thread
-  if (!data && g_handle && !t_measure_here && x.numel() > 0 && submit(index, x, p, code)) {
+  if (!data && g_handle && !g_measure_here && x.numel() > 0 && submit(index, x, p, code)) {
     r.stats = HAVE;
     return;
   }
