@@ -60,8 +60,9 @@ PyObject* names_list(const std::vector<int>& by_slot) {
 // The step's state cleared, its data flow freed here (a thread of its own that freed it measured
 // no faster on the tiny step or the transformer: docs/dump.md, "The tiny step, third round")
 void clear_step() {
-  rows.clear(), args_bin.clear(), flow.clear(), geo.clear(), views.clear(), calls.clear(), seq_owner.clear();
-  shared.clear(), views_json.clear(), shard_names.clear(), g_writes.clear();
+  rows.clear(), args_bin.clear(), seq_owner.clear();
+  reset_arena();  // flow, geo, views, shared, calls
+  views_json.clear(), shard_names.clear(), g_writes.clear();
   drop_shard();  // a step left unfinished (capture stopped): its tensors go
   g_seq = 0;
 }

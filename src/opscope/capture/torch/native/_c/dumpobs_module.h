@@ -30,6 +30,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
 PyObject* py_uninstall(PyObject*, PyObject*) {
   stop_observer([] {
     clear_step();
+    reset_arena(true);  // its buffer given back
     pool_clear();
     chosen.clear(), params.clear(), op_keeps.clear();
     g_tensor_ops = false;
