@@ -202,7 +202,9 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
   if (!ints.p || !strs.p || !offsets.p || !sf.p || !si.p || !valid.p || !args.p) return nullptr;  // no memory: the error is set
   Strings keys(n), geometry(n);
   std::vector<int64_t> shape;
-  std::unordered_map<int, int> dtype_slots;  // dtype -> its place among the step's dtype names
+  std::vector<int> by_slot;  // the step's dtypes in order of first use
+  int slot_of[256];          // dtype (a c10::ScalarType, < 256) -> its place among them, -1: none yet
+  std::fill(std::begin(slot_of), std::end(slot_of), -1);
   PyObject* links = PyList_New(0);
   for (size_t i = 0; i < n; ++i) {
     const Row& r = rows[i];
@@ -211,7 +213,8 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
                       r.param, r.fwd, r.node, r.note};
     for (int c = 0; c < 11; ++c) strs.p[c * n + i] = sv[c];
-    auto slot = dtype_slots.try_emplace(r.dtype, static_cast<int>(dtype_slots.size())).first->second;
+    int& slot = slot_of[r.dtype & 255];
+    if (slot < 0) slot = static_cast<int>(by_slot.size()), by_slot.push_back(r.dtype);
     strs.p[5 * n + i] = fixed + 9 + slot;  // the step's dtype names follow the fixed texts
     offsets.p[i] = static_cast<int32_t>(shape.size());
     shape.insert(shape.end(), r.shape.begin(), r.shape.end());
@@ -235,8 +238,6 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     }
   }
   offsets.p[n] = static_cast<int32_t>(shape.size());
-  std::vector<int> by_slot(dtype_slots.size());
-  for (auto& [dtype, slot] : dtype_slots) by_slot[slot] = dtype;
   PyObject* dict = names_list(by_slot);
   int shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
   if (!shard_names.empty()) {  // a list of the step's own (the names' list is shared by later steps)
