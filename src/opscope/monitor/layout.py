@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from opscope.monitor import stats, torchext
 from opscope.monitor.hooks import ModelHooks
 from opscope.monitor.registry import SeriesTable
 
@@ -128,9 +129,43 @@ class OptimizerLayouts:
         self.reduced = 0  # under DDP: added to the gradients' places (after every rank's own, in the step)
         # id(optimizer) -> [the optimizer, its groups' sizes and the hooks' order, its Params, its _State]
         self._layouts: dict[int, list[Any]] = {}
+        self._rates: dict[int, tuple[torch.optim.Optimizer, list[int]]] = {}  # its groups' lr ids
+        self.extension: Any = None  # the torch extension (torchext), loaded at the first gradients
+        self._loaded = False
 
     def clear(self) -> None:
         self._layouts = {}
+        self._rates = {}
+
+    def rates(self, optimizer: torch.optim.Optimizer, scalars: dict[int, float]) -> None:
+        """Each parameter group's learning rate (``lr``, ``lr.group1``...) into ``scalars`` by
+        series id, unless the step has the first one already (``m.step(lr=...)``)."""
+        groups = optimizer.param_groups
+        cached = self._rates.get(id(optimizer))
+        if cached is None or cached[0] is not optimizer or len(cached[1]) != len(groups):
+            ids = [self.series.id("lr", f"lr.group{g}" if g else "lr") for g in range(len(groups))]
+            cached = _put(self._rates, id(optimizer), (optimizer, ids))
+        ids = cached[1]
+        if ids[0] not in scalars:
+            for i, group in zip(ids, groups, strict=True):
+                lr = group["lr"]
+                scalars[i] = lr if type(lr) is float else stats.scalar_stats(lr)
+
+    def grad_batch(self, params: Params) -> tuple[np.ndarray, stats.Pending] | None:
+        """The ids of the gradients present and their statistics started on the kernel's native
+        thread (:class:`~opscope.monitor.stats.Pending` with ``background=True``); None when
+        there are none. When every gradient is present as last found, their arguments are read
+        by the torch extension in one call (:func:`~opscope.monitor.stats.background_grads`)."""
+        if not self._loaded:
+            self._loaded = True
+            self.extension = torchext.load() if stats.NATIVE and stats.BATCHED else None
+        layout = params.grads.get(None)  # (every gradient present and non-empty: chosen None)
+        if self.extension is not None and layout is not None and layout[1] is None:
+            pending = stats.background_grads(params.params, self.extension)
+            if pending is not None:
+                return layout[0], pending
+        ids, tensors = self.grads(params)
+        return (ids, stats.Pending(tensors, background=True)) if len(ids) else None
 
     def params(self, optimizer: torch.optim.Optimizer) -> Params:
         """Every parameter of ``optimizer``; kept while its groups hold the same parameters and

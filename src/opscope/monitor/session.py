@@ -227,9 +227,9 @@ class MonitorSession:
     def _track_grads(self, optimizer: torch.optim.Optimizer) -> None:
         """The gradients of ``optimizer``'s parameters, reduced on the batched kernel's native
         thread while ``optimizer.step()`` runs (it only reads them); read in the post-hook."""
-        ids, tensors = self.layouts.grads(self.layouts.params(optimizer))
-        if len(ids):
-            self._pending.append((ids, Pending(tensors, background=True)))
+        batch = self.layouts.grad_batch(self.layouts.params(optimizer))
+        if batch is not None:
+            self._pending.append(batch)
 
     def _scalar(self, key: Key, value: float) -> None:
         self._scalars[self._place(*key)] = value
@@ -293,26 +293,29 @@ class MonitorSession:
         self.hooks.stop_learning_order()
         if not self.on:
             return
-        if "lr" in self.targets and not self._has_scalar("lr", "lr"):
-            for gi, group in enumerate(optimizer.param_groups):
-                self._scalar(("lr", "lr" if gi == 0 else f"lr.group{gi}"), scalar_stats(group["lr"]))
+        if "lr" in self.targets:
+            self.layouts.rates(optimizer, self._scalars)
         if "grads" in self.targets:
             self._track_grads(optimizer)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.on:
-            params = self.layouts.params(optimizer)
             self._read()  # the gradients (from the kernel's thread) and what else the step made
-            ids, tensors = self.layouts.after(optimizer, params) if self._after else (None, None)
-            if tensors and self._defer:  # the state alone: on the kernel's thread while training goes on
-                self._late = (ids, Pending(tensors, background=True), optimizer, params)  # type: ignore[assignment]
-            else:
-                if tensors:  # state and weights: one batch (the Adam-eps check reads only these)
-                    pending = Pending(tensors)
-                    self._blocks.append((ids, pending.values()))  # type: ignore[arg-type]
-                    if not pending.finite:  # (the kernel's count says so without a numpy call)
-                        self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
+            if self._after:
+                self._track_after(optimizer)
         self.clock.optimizer_step()
+
+    def _track_after(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer's state and the weights, after its step."""
+        params = self.layouts.params(optimizer)
+        ids, tensors = self.layouts.after(optimizer, params)
+        if tensors and self._defer:  # the state alone: on the kernel's thread while training goes on
+            self._late = (ids, Pending(tensors, background=True), optimizer, params)
+        elif tensors:  # state and weights: one batch (the Adam-eps check reads only these)
+            pending = Pending(tensors)
+            self._blocks.append((ids, pending.values()))
+            if not pending.finite:  # (the kernel's count says so without a numpy call)
+                self._causes += adam_eps_departures(optimizer, params, self._blocks, self.series)
 
     def _settle(self) -> None:
         """Read the optimizer state's statistics taken on the kernel's thread (their values are

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from typing import Any, Protocol, cast
 
@@ -37,7 +37,7 @@ from opscope.capture.torch.stats import CODES, F16_FAST, _fastats
 from opscope.config.env import env
 from opscope.monitor.events import STATS
 
-__all__ = ["BATCHED", "NATIVE", "STATS", "Pending", "join", "scalar_stats"]
+__all__ = ["BATCHED", "NATIVE", "STATS", "Pending", "background_grads", "join", "scalar_stats"]
 # OPSCOPE_STATS_BACKEND=torch takes the device path on the CPU too (as dump does)
 NATIVE = (env("STATS_BACKEND") or "auto").lower() != "torch"
 
@@ -63,6 +63,10 @@ _monstats = _load_batched()
 BATCHED = _monstats is not None  # False: the dump's kernel per tensor (benchmarks compare both)
 _BATCH_CODES = {torch.float32: 0, torch.float64: 1, torch.float16: 2, torch.bfloat16: 3}
 _INFLIGHT: list[torch.Tensor] = []  # the background batch's tensors, alive until it is joined
+# or, for a batch of gradients read by the monitor's torch extension (:func:`background_grads`),
+# its release(): the extension holds them
+_RELEASE: list[Callable[[], None]] = []
+_META: list[np.ndarray] = []  # that batch's int64 [3n] arguments, one buffer reused (written once joined)
 # the id of the background batch's results array (alive while it is in flight: its Pending holds
 # it), and the count of tensors with NaN/Inf of the last batch joined
 _JOINED: list[int] = [0, 0]
@@ -74,10 +78,33 @@ _CONTIGUOUS, _DATA_PTR, _NUMEL = torch.Tensor.is_contiguous, torch.Tensor.data_p
 
 def join() -> None:
     """Wait for the batch handed to the native thread (if any); its tensors may change after."""
-    if _INFLIGHT:
+    if _INFLIGHT or _RELEASE:
         assert _monstats is not None
         _JOINED[1] = _monstats.join()
         _INFLIGHT.clear()
+        if _RELEASE:
+            _RELEASE.pop()()
+
+
+def background_grads(params: list[torch.Tensor], extension: Any) -> Pending | None:
+    """The statistics of every parameter's gradient on the kernel's native thread (as
+    ``Pending(grads, background=True)``), the kernel's arguments read by the monitor's torch
+    extension (``monitor/_c/montorch.cpp``: no Python call per tensor; it holds the gradients
+    until :func:`join`). None when a parameter has no gradient, or one the kernel does not read
+    (empty, not a contiguous CPU tensor of a float dtype it knows, a subclass): nothing started,
+    the caller takes the Python path."""
+    assert _monstats is not None  # (the caller checked BATCHED)
+    join()  # one batch in flight: the last one's gradients released, its arguments' buffer read
+    n = len(params)
+    if not _META or len(_META[0]) != 3 * n:
+        _META[:] = [np.empty(3 * n, np.int64)]
+    if extension.grads(params, _META[0]) < 0:
+        return None
+    out = np.empty((n, 4), dtype=np.float64)
+    _RELEASE.append(extension.release)
+    _monstats.start(_META[0], out)
+    _JOINED[0] = id(out)
+    return Pending.running(out)
 
 
 class Pending:
@@ -125,6 +152,15 @@ class Pending:
             maxes = torch._foreach_max(torch._foreach_abs(group))
             pair = torch.stack([torch.stack(norms).double(), torch.stack(maxes).double()], 1)
             self.device.append((indices, pair))
+
+    @classmethod
+    def running(cls, out: np.ndarray) -> Pending:
+        """The Pending of a batch already handed to the kernel's thread, all of whose tensors it
+        reads, its results to come in ``out`` (:func:`background_grads`)."""
+        self = cls.__new__(cls)
+        self.tensors, self.host, self.device, self.finite, self._bad = [], [], [], False, None
+        self.batch = (slice(None), out)
+        return self
 
     def values(self) -> np.ndarray:
         """``[norm, max, nan, inf]`` of each tensor, in the order given: a ``[n, 4]`` array."""
