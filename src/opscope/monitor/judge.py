@@ -23,7 +23,7 @@ import numpy as np
 
 from opscope.monitor.detect import BandDetector
 from opscope.monitor.events import Departure, MonitorEvent
-from opscope.monitor.series import Block, SeriesWriter
+from opscope.monitor.series import Block, SeriesWriter, as_array
 from opscope.monitor.tensorboard import ScalarWriter
 
 HANDOFF = 16  # steps handed to the background thread at once
@@ -102,6 +102,7 @@ class Judge:
 
     def judge(self, step: int, blocks: list[Block], scalars: dict[int, float], causes: list[Departure]) -> None:
         """Detect, keep the rows, report the step's event."""
+        blocks = [(i, as_array(v)) for i, v in blocks]  # (the gradients' come as bytes: stats.Running)
         ids = np.concatenate([*(i for i, _ in blocks), np.fromiter(scalars, np.int64, len(scalars))])
         stats = np.concatenate([v for _, v in blocks]) if blocks else np.zeros((0, 4))
         raw = np.concatenate([stats[:, 0], np.fromiter(scalars.values(), np.float64, len(scalars))])

@@ -151,7 +151,7 @@ class OptimizerLayouts:
                 lr = group["lr"]
                 scalars[i] = lr if type(lr) is float else stats.scalar_stats(lr)
 
-    def grad_batch(self, params: Params) -> tuple[np.ndarray, stats.Pending] | None:
+    def grad_batch(self, params: Params) -> tuple[np.ndarray, stats.Pending | stats.Running] | None:
         """The ids of the gradients present and their statistics started on the kernel's native
         thread (:class:`~opscope.monitor.stats.Pending` with ``background=True``); None when
         there are none. When every gradient is present as last found, their arguments are read

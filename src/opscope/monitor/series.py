@@ -33,6 +33,13 @@ FORMAT = "opscope-monitor/1"
 Block = tuple[np.ndarray, np.ndarray]  # a step's tensors of one kind: series ids, [n, 4] statistics
 
 
+def as_array(values: np.ndarray | bytearray) -> np.ndarray:
+    """A block's statistics as a ``[n, 4]`` array: the training thread hands the gradients' over
+    as the batched kernel wrote them, float64 bytes (``stats.Running``), and the judge's
+    thread makes them an array."""
+    return values if isinstance(values, np.ndarray) else np.frombuffer(values, np.float64).reshape(-1, 4)
+
+
 def _replace_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"  # every rank writes monitor.json: its own temp file
     with open(tmp, "w", encoding="utf-8") as f:

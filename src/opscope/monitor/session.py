@@ -43,7 +43,7 @@ from opscope.monitor.hooks import ModelHooks, named_inputs
 from opscope.monitor.judge import Judge
 from opscope.monitor.layout import OptimizerLayouts, ids_array
 from opscope.monitor.registry import SeriesTable
-from opscope.monitor.stats import Pending, scalar_stats
+from opscope.monitor.stats import Pending, Running, scalar_stats
 from opscope.monitor.tensorboard import ScalarWriter
 
 log = logging.getLogger("opscope.monitor")
@@ -87,8 +87,8 @@ class MonitorSession:
         self.judge: Judge | None = None
         self.on = True
         self._handles: list[Any] = []
-        self._pending: list[tuple[np.ndarray, Pending]] = []  # series ids, their statistics to come
-        self._blocks: list[tuple[np.ndarray, np.ndarray]] = []  # read: series ids, [n, 4] statistics
+        self._pending: list[tuple[np.ndarray, Pending | Running]] = []  # series ids, their statistics to come
+        self._blocks: list[tuple[np.ndarray, np.ndarray]] = []  # read: series ids, [n, 4] statistics (Running's: bytes)
         self._scalars: dict[int, float] = {}  # the loss and learning rates, by series id
         self._losses: list[torch.Tensor] = []  # what backward started from this step (loss.py)
         self._calls: dict[str, int] = {}
@@ -347,7 +347,7 @@ class MonitorSession:
 
     def _read(self) -> None:
         """Bring every pending statistic of the step to the host (one read per device)."""
-        self._blocks += [(keys, pending.values()) for keys, pending in self._pending]
+        self._blocks += [(keys, pending.read()) for keys, pending in self._pending]  # type: ignore[misc]
         self._pending = []
 
     # -- steps -------------------------------------------------------------------------
