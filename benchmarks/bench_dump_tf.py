@@ -6,7 +6,10 @@ does not inflate), with each round's own ratio as the spread; then the tensor du
 speed next to the disk's own sequential write. Targets (issue 16): statistics at op level
 <= 2x; steps not selected ~1.0x; tensor dump writing at >= 50% of the disk's speed.
 
-    python benchmarks/bench_dump_tf.py [--steps 40] [--rounds 4]
+    python benchmarks/bench_dump_tf.py [--steps 40] [--rounds 4] [--case op] [--host-stats]
+
+``--case op``: the op-level statistics case only (A/Bs of two trees, one process each);
+``--host-stats``: statistics measured by the host callback instead of the in-graph op.
 
 Rounds of 12 steps spread by +-15% on a quiet 2-core machine (one round of the same code read
 1.90x, the next 2.41x): the defaults pool ~150 steps per case, which resolves a few percent.
@@ -121,15 +124,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=4, help="even: each case runs first as often as bare")
+    parser.add_argument("--case", choices=["all", "op"], default="all", help="op: the op-level statistics case only")
+    parser.add_argument("--host-stats", action="store_true", help="measure on the host, not by the in-graph op")
     args = parser.parse_args()
     import tensorflow as tf
+
+    if args.host_stats:
+        from opscope.capture.tensorflow import opbuild
+
+        opbuild.ENABLED = False
 
     model, data = transformer(), batches(args.steps)
     model.fit(*data, batch_size=16, epochs=1, verbose=0)  # trace the bare step once
     cases = [("statistics, op level (target <= 2x)", {"level": "op"}),
              ("statistics, layer level", {"level": "layer"}),
              ("steps not selected (target ~1.0x)", {"level": "op", "steps": [10_000]}),
-             ("full tensors, op level", {"level": "op", "data": "tensor"})]
+             ("full tensors, op level", {"level": "op", "data": "tensor"})][:1 if args.case == "op" else None]
     print(f"tensorflow {tf.__version__}, Keras transformer d=64 seq=32 batch=16; "
           f"{args.steps} steps x {args.rounds} rounds, order alternating; load average {os.getloadavg()[0]:.1f}")
     print(f"{'case':38s} {'wall':>6s} {'(each round)':>18s} {'CPU':>7s} {'(each round)':>18s}")
@@ -138,7 +148,8 @@ def main() -> None:
             wall, cpu, walls, cpus = ratios(lambda: run(model, data, root, None),
                                             lambda k=keys: run(model, data, root, k), args.rounds)
             print(f"{name:38s} {wall:5.2f}x {_spread(walls):>18s} {cpu:6.2f}x {_spread(cpus):>18s}")
-        _tensor_speed(model, data, root)
+        if args.case == "all":
+            _tensor_speed(model, data, root)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

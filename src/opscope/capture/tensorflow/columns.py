@@ -39,7 +39,13 @@ class Measured(NamedTuple):
 
 def measure(plan: Any, arrays: list[Any]) -> Measured:
     """A graph run's values (numpy arrays; a 0-d tensor comes as a numpy scalar) as columns.
-    Their dtype names are the graph's, the same every run: taken once per plan."""
+    Their dtype names are the graph's, the same every run: taken once per plan. A graph whose
+    statistics its ``OpscopeStats`` op measured hands over that op's outputs instead
+    (:func:`opscope.capture.tensorflow.opstats.measured`)."""
+    if "in_graph" in plan.__dict__:
+        from opscope.capture.tensorflow.opstats import measured
+
+        return measured(plan, arrays)
     arrays = [np.asarray(a) for a in arrays]
     stats, nulls = st.many_columns(arrays)
     dtypes = plan.__dict__.get("value_dtypes")

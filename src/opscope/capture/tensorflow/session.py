@@ -227,6 +227,11 @@ class TFDumpSession:
         return dtype, shape, int(arr.size), stats, data, key
 
     # -- host callbacks (tracing.Host) -------------------------------------------------
+    def stats_in_graph(self) -> bool:
+        """Whether a traced graph's statistics may be measured by its ``OpscopeStats`` op: only
+        columns are written (no tensors, no watch, which take the arrays)."""
+        return self.cfg.data != "tensor" and self.on_rows is None
+
     def graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None:
         # A graph run hands over ~1,000 tensors and makes a few thousand short-lived tuples:
         # with the collector on, they set off generation 0 and 1 collections (and promote
@@ -246,7 +251,7 @@ class TFDumpSession:
             if plan.contains_step:
                 return  # a loop around the step function: its plumbing, not a step
             self.clock.poll()
-            if self.selected and self.cfg.data != "tensor" and self.on_rows is None:  # columns only
+            if self.selected and self.stats_in_graph():  # columns only
                 self._write_table(self.rows.stats_table(plan, measure(plan, arrays), measured_constants(plan)))
             elif self.selected:
                 values = self._measure_all(arrays)

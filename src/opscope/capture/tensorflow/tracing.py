@@ -3,13 +3,17 @@
 ``op_callbacks.add_op_callback`` is called for every op TensorFlow creates in a graph and
 for every op it executes eagerly. While a ``tf.function`` is traced, :class:`Tracer`
 records each op's inputs and outputs (:mod:`.plan`); when the Python function of the trace
-returns, one stateful ``tf.numpy_function`` is added to its graph with every planned tensor
-as input. Automatic control dependencies make it run with the graph; it hands the tensors,
-as numpy arrays sharing a CPU tensor's buffer, to :meth:`Host.graph_ran` (TensorFlow holds
-them until then, so a variable read stays the value it read even if the variable is updated
-later in the graph). A ``numpy_function`` rather than a ``py_function``: the conversion is
-TensorFlow's own C++, where a ``py_function`` makes an ``EagerTensor`` of each of a graph
-run's ~1,000 tensors for Python to convert one by one.
+returns, one stateful ``tf.numpy_function`` is added to its graph. Automatic control
+dependencies make it run with the graph; it calls :meth:`Host.graph_ran`. For a statistics
+dump (no tensors, no watch) the planned tensors go to ``OpscopeStats`` ops in the graph
+(:mod:`.opstats`, built on first use by :mod:`.opbuild`), which measure them on TensorFlow's
+threads; the host callback receives their small outputs (and any tensor of a dtype the
+kernel does not read). Otherwise, or where the op cannot be built, the callback receives
+every planned tensor as a numpy array sharing a CPU tensor's buffer. Either way TensorFlow
+holds a tensor until it is measured, so a variable read stays the value it read even if the
+variable is updated later in the graph. A ``numpy_function`` rather than a ``py_function``:
+the conversion is TensorFlow's own C++, where a ``py_function`` makes an ``EagerTensor`` of
+each of a graph run's ~1,000 tensors for Python to convert one by one.
 Graphs compiled by XLA (``jit_compile=True``) get no host callback: XLA refuses it.
 """
 
@@ -20,16 +24,17 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from opscope.capture.tensorflow import opbuild, opstats
 from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
 from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan, OpPlan, Ref
 from opscope.capture.tensorflow.stats import NUMERIC
 
 SKIP_GRAPHS = ("Dataset_", "__inference_Dataset")
-HOST_OPS = ("PyFunc", "EagerPyFunc")  # the host callback's own op (numpy_function, py_function)
 
 
 class Host(Protocol):
     def graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None: ...
+    def stats_in_graph(self) -> bool: ...
     def eager_op(self, op_type: str, inputs: Any, outputs: Any, ctx: CallContext) -> None: ...
     def function_ran(self, name: str, inputs: Any, outputs: Any) -> None: ...
     def variable_name(self, handle: Any) -> str | None: ...
@@ -235,7 +240,9 @@ class Tracer:
 
         def graph_ran(*arrays: Any) -> None:
             host.graph_ran(plan, list(arrays))
-        tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
+        lib = opbuild.load() if host.stats_in_graph() else None
+        if lib is None or not opstats.add(plan, list(plan.values), lib, graph_ran):
+            tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
         plan.values = [t.name for t in plan.values]  # the plan keeps names, not the graph's tensors
 
     # -- the op callback ---------------------------------------------------------------
@@ -258,7 +265,7 @@ class Tracer:
             return outputs
         if self.ctx.phase == "optimizer":
             plan.steps = True
-        if plan.xla or op_type in HOST_OPS and (op_name or "").startswith("opscope_dump"):
+        if plan.xla or (op_name or "").startswith("opscope_dump"):  # the dump's own ops (opstats)
             return outputs
         if self.op_level:
             self.plan_op(plan, op_type, str(op_name or op_type), list(inputs), list(outputs), attrs)
