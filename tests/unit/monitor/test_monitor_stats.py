@@ -122,3 +122,27 @@ def test_finite_says_whether_the_kernel_saw_a_nan_or_inf(background):
     assert not first.finite  # joined by the second's start: its count is not known, so not claimed
     second.values()
     assert second.finite
+
+
+@pytest.mark.parametrize("pattern", [(0.006,), (0.001, 0.007)], ids=["one-a-step", "two-a-step"])
+def test_batches_at_a_steady_pace_meet_the_worker_woken_on_its_own(pattern):
+    """At a steady pace the kernel's thread wakes on its own (a timed wait) before the next batch
+    is expected, then waits again (monstats.c, PREWAKE_NS); a batch that comes before, during or
+    after that wake is reduced whole, the same bits as the synchronous call's."""
+    if not stats.BATCHED:
+        pytest.skip("the batched kernel is not built here")
+    import time
+
+    kernel = stats._monstats
+    ts = [torch.randn(50_000), torch.randn(3000).bfloat16(), torch.randn(10, dtype=torch.float64)]
+    codes = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 3}
+    meta = np.array([t.data_ptr() for t in ts] + [t.numel() for t in ts] + [codes[t.dtype] for t in ts], np.int64)
+    ref = np.empty((len(ts), 4))
+    kernel.norms(meta, ref)
+    for i in range(24):
+        time.sleep(pattern[i % len(pattern)] * (3.0 if i == 15 else 1.0))  # and once late
+        out = np.full((len(ts), 4), -1.0)
+        kernel.start(meta, out)
+        time.sleep(0.0005)
+        kernel.join()
+        assert out.tobytes() == ref.tobytes()

@@ -24,10 +24,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <float.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3 };
 #define BLOCK 2048 /* float lanes hold the squares of a block, then a double the blocks */
@@ -221,7 +223,16 @@ static PyObject *norms(PyObject *self, PyObject *args) {
 }
 
 /* The monitor's own worker: one batch at a time, never touching Python objects. The tensors of
- * a batch are taken one at a time (next) by the worker and, in join(), by the caller. */
+ * a batch are taken one at a time (next) by the worker and, in join(), by the caller.
+ *
+ * Waking it costs the caller: on the reference VM (KVM, haltpoll) start() took 27-38 us of the
+ * training thread's CPU when the worker's CPU had been idle for a step (~20 ms), 5-6 us when it
+ * had run up to ~3 ms before. So the worker wakes on its own (a timed wait) PREWAKE before the
+ * next batch is expected, and waits again: the caller's wake then finds a CPU that ran recently.
+ * The next start is expected one interval-before-last after the last one (s3 + (s2 - s1)), which
+ * holds for one batch a step (the gradients) and two (the gradients, then the state after a
+ * short interval); none when the intervals are over a second, or shorter than the lead. */
+#define PREWAKE_NS 2000000LL
 static struct {
     pthread_t thread;
     pthread_mutex_t mu;
@@ -230,7 +241,24 @@ static struct {
     Py_ssize_t next;                    /* the batch's next tensor not taken (atomic) */
     Py_ssize_t bad;                     /* its tensors with a NaN or an Inf so far (atomic) */
     batch_t batch;
+    int64_t starts[3];                  /* the last three start() times (CLOCK_REALTIME ns), latest last */
+    int64_t wake_at;                    /* when the worker wakes on its own before the next batch; 0: not */
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* (pthread_cond_timedwait's clock) */
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* A batch starts now (W.mu held): when to wake before the next one (see above). */
+static void expect_next(void) {
+    int64_t now = now_ns();
+    W.starts[0] = W.starts[1], W.starts[1] = W.starts[2], W.starts[2] = now;
+    int64_t gap = W.starts[1] - W.starts[0];
+    int known = W.starts[0] > 0 && gap > 2 * PREWAKE_NS && gap < 1000000000LL;
+    W.wake_at = known ? now + gap - PREWAKE_NS : 0;
+}
 
 /* Reduce the batch's tensors not taken yet, one at a time, until none is left. */
 static void take_all(batch_t *batch) {
@@ -255,7 +283,14 @@ static void *worker_main(void *unused) {
     (void)unused;
     pthread_mutex_lock(&W.mu);
     for (;;) {
-        while (!W.pending) pthread_cond_wait(&W.cv, &W.mu);
+        while (!W.pending) {
+            if (W.wake_at > now_ns()) { /* a timed wait: its timeout is the wake before the batch */
+                struct timespec at = {.tv_sec = W.wake_at / 1000000000LL, .tv_nsec = W.wake_at % 1000000000LL};
+                if (pthread_cond_timedwait(&W.cv, &W.mu, &at) == ETIMEDOUT) W.wake_at = 0;
+            } else {
+                pthread_cond_wait(&W.cv, &W.mu);
+            }
+        }
         W.pending = 0;
         W.inside = 1; /* join() waits for it to leave the batch: its tensor, its writes into out */
         pthread_mutex_unlock(&W.mu);
@@ -322,6 +357,7 @@ static PyObject *start(PyObject *self, PyObject *args) {
     __atomic_store_n(&W.next, 0, __ATOMIC_RELAXED); /* (the worker is outside any batch: see wait_idle) */
     __atomic_store_n(&W.bad, 0, __ATOMIC_RELAXED);
     W.pending = 1;
+    expect_next();
     pthread_cond_signal(&W.cv);
     pthread_mutex_unlock(&W.mu);
     Py_RETURN_NONE;
@@ -332,6 +368,7 @@ static void child_after_fork(void) {
     pthread_mutex_init(&W.mu, NULL);
     pthread_cond_init(&W.cv, NULL);
     W.started = W.pending = W.inside = W.held = 0;
+    W.starts[0] = W.starts[1] = W.starts[2] = W.wake_at = 0;
 }
 
 static PyMethodDef METHODS[] = {
