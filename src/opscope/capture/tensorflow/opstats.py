@@ -20,8 +20,8 @@ from opscope.capture.tensorflow.columns import Measured
 
 # Values per op: an op runs as soon as its values are made, on a TensorFlow thread, while
 # the graph goes on (and reads them while they are likely in cache); one op for all ran at
-# the end of the step (see docs/tensorflow.md, session 11: 16 and 32 measured best).
-CHUNK = 16
+# the end of the step (see docs/tensorflow.md, session 11: 8 and 16 measured best, 8 with less CPU).
+CHUNK = 8
 _NONE_ROWS = np.array([0, 1, 2, 3, 5])  # an empty value's None statistics: min, max, mean, std, absmax
 
 
