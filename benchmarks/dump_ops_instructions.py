@@ -15,7 +15,10 @@ warm steps, and off again:
 ``_opscope_dump`` (e.g. from ``~/.cache/opscope/native/<older tree's tag>/``) counts that
 build. With ``tiny`` as the count (``... this tiny``) the step is instead ten steps of
 ``bench_dump.tiny_task`` (a ~0.5 ms MLP step, ~100 op calls), each dumped with its hooks and
-boundary: (dumped - bare) / 10 is issue 18's fixed cost a step. Callgrind counts instructions,
+boundary: (dumped - bare) / 10 is issue 18's fixed cost a step; ``transformer`` or ``mlp`` counts
+ten steps of that task of ``bench_dump.TASKS`` the same way (dumped / bare: the aten level's
+ratio in instructions); ``transformer:3`` counts 3 steps instead of ten (a transformer step
+takes ~1 min under callgrind here). Callgrind counts instructions,
 not cache misses: a change that only saves memory traffic (allocation, a table's layout) shows
 little here.
 """
@@ -41,13 +44,13 @@ def _callgrind(on: bool) -> None:
     os.system(f"callgrind_control -i {'on' if on else 'off'} {os.getpid()} > /dev/null")
 
 
-def _tiny(which: str) -> None:
-    """Ten tiny steps counted (after three warm ones), dumped every step unless ``bare``."""
-    from bench_dump import tiny_task
+def _steps(which: str, task_name: str, n: int = 10) -> None:
+    """``n`` steps of a task counted (after three warm ones), dumped every step unless ``bare``."""
+    from bench_dump import TASKS, tiny_task
 
     from opscope.demo.models import train_step
 
-    model, opt, batch = tiny_task()
+    model, opt, batch = (tiny_task if task_name == "tiny" else TASKS[task_name])()
     root = tempfile.mkdtemp(prefix="opscope-instr-")
     gc.disable()
     try:
@@ -55,7 +58,7 @@ def _tiny(which: str) -> None:
             for i in range(3):
                 train_step(model, opt, *batch(i))
             _callgrind(True)
-            for i in range(3, 13):
+            for i in range(3, 3 + n):
                 train_step(model, opt, *batch(i))
             _callgrind(False)
             return
@@ -65,7 +68,7 @@ def _tiny(which: str) -> None:
                 d.step()
             time.sleep(0.5)
             _callgrind(True)
-            for i in range(3, 13):
+            for i in range(3, 3 + n):
                 train_step(model, opt, *batch(i))
                 d.step()
             _callgrind(False)
@@ -83,8 +86,9 @@ def main() -> None:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         native._LOADED["_opscope_dump"] = module
-    if sys.argv[2] == "tiny":
-        _tiny(which)
+    task, _, steps = sys.argv[2].partition(":")
+    if task in ("tiny", "transformer", "mlp"):
+        _steps(which, task, int(steps or 10))
         return
     n = int(sys.argv[2])
     root = tempfile.mkdtemp(prefix="opscope-instr-")
