@@ -1,11 +1,12 @@
 """Statistics measured inside the graph by the ``OpscopeStats`` op (:mod:`.opbuild`).
 
-A statistics dump without a watch adds to each traced graph one ``OpscopeStats`` op over the
-values of the kernel's dtypes (``stats.CODES``): it gives back their statistics as columns,
-float64 ``[10, n]`` as ``stats_many`` writes them, and their shapes (``[rank, dims...]`` per
-value). The graph's host callback then receives those two small arrays, and the values of
-other dtypes (complex, unsigned wider than a byte: numpy measures them, as before), instead
-of ~1,100 arrays. :func:`measured` puts them together into the columns the writer takes.
+A statistics dump without a watch adds to each traced graph ``OpscopeStats`` ops over the
+values of the kernel's dtypes (``stats.CODES``), :data:`CHUNK` values each: each gives back
+their statistics as columns, float64 ``[10, n]`` as ``stats_many`` writes them, and their
+shapes (``[rank, dims...]`` per value); the graph concatenates them. The graph's host callback
+then receives those two small arrays, and the values of other dtypes (complex, unsigned wider
+than a byte: numpy measures them, as before), instead of ~1,100 arrays. :func:`measured` puts
+them together into the columns the writer takes.
 """
 
 from __future__ import annotations

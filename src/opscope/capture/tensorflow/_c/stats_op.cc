@@ -1,11 +1,12 @@
 // OpscopeStats: the TensorFlow dump's statistics computed inside the graph, on the CPU.
 //
-// One op per traced graph takes every value the dump measures (`values`, a list of tensors of
-// the kernel's dtypes) and gives back two small tensors: `stats`, float64 [10, N], the columns
+// Each op takes a few of the values the dump measures (`values`, a list of tensors of the
+// kernel's dtypes; opstats.py makes one op per few values, so that each runs as soon as its
+// values are made) and gives back two small tensors: `stats`, float64 [10, N], the columns
 // that fastats' stats_many writes into its `out` (rows 0-5 min, max, mean, std, norm, absmax;
 // rows 6-9 the uint64 bits of the NaN, Inf and zero counts and the hash), and `dims`, int64,
-// each value's rank followed by its dimensions. The host callback then receives those two
-// arrays instead of ~1,100. The statistics are those of the same one-pass kernel
+// each value's rank followed by its dimensions. The host callback then receives those
+// (concatenated) instead of ~1,100 arrays. The statistics are those of the same one-pass kernel
 // (capture/torch/native/_c/fastats_kernel.h, included, not copied), so the same bits.
 // An empty value's slots hold zeros (its statistics are mostly None: the host marks them).
 // Stateful: never pruned, constant-folded or merged with another run's.
