@@ -71,20 +71,19 @@ void rng_before(const Thread& T, const OpKind& k);
 // the statistics still to be taken of them are taken first.
 void forget_views_written(const Thread& T, const OpKind& k) {
   if (k.written.empty() || (views.empty() && g_async.last.empty())) return;
-  for (int pos : k.written) {
+  auto forget = [](const at::Tensor& t) {
+    if (!t.defined()) return;
+    wait_storage(t);
+    auto it = views.find(storage_of(t));
+    if (it == views.end()) return;
+    for (const Elems& g : it->second) geo.erase(g);
+    views.erase(it);
+  };
+  for (int pos : k.written) {  // each tensor where it lies (no list of them made per op)
     if (pos >= static_cast<int>(T.args.size())) continue;
-    std::vector<at::Tensor> ts;
     const auto& a = T.args[pos];
-    if (a.isTensor()) ts.push_back(a.toTensor());
+    if (a.isTensor()) forget(a.toTensor());
     else if (a.isTensorList())
-      for (const at::Tensor& x : a.toTensorList()) ts.push_back(x);
-    for (const auto& t : ts) {
-      if (!t.defined()) continue;
-      wait_storage(t);
-      auto it = views.find(storage_of(t));
-      if (it == views.end()) continue;
-      for (const Elems& g : it->second) geo.erase(g);
-      views.erase(it);
-    }
+      for (const at::Tensor& x : a.toTensorList()) forget(x);
   }
 }

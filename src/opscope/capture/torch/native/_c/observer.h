@@ -25,6 +25,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -60,7 +61,11 @@ at::CallbackHandle g_handle = 0;
 bool g_installed = false;
 
 std::vector<std::string> names;
-std::unordered_map<std::string, int> name_index;
+struct NameHash {  // looks names up by std::string_view too: no string made to find one
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+};
+std::unordered_map<std::string, int, NameHash, std::equal_to<>> name_index;
 struct PairHash {
   size_t operator()(const std::pair<const char*, const char*>& p) const {
     return std::hash<const void*>()(p.first) * 31u ^ std::hash<const void*>()(p.second);
@@ -114,11 +119,11 @@ struct Internal {  // opscope's own ops: not observed, not seen by Python dispat
   at::NoGradGuard no_grad;
 };
 
-int intern(const std::string& s) {
+int intern(std::string_view s) {
   auto it = name_index.find(s);
   if (it != name_index.end()) return it->second;
-  names.push_back(s);
-  return name_index[s] = static_cast<int>(names.size()) - 1;
+  names.emplace_back(s);
+  return name_index[names.back()] = static_cast<int>(names.size()) - 1;
 }
 
 #include "ranges.h"
@@ -277,7 +282,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // ops inside a node, and the engine's own ops on its outputs (reducing a gradient to its
     // input's shape), are backward ops of that node
     const char* colon = std::strstr(name, ": ");
-    std::string node(colon ? colon + 2 : name);
+    std::string_view node(colon ? colon + 2 : name);
     std::lock_guard<std::recursive_mutex> lock(mu);
     if (!T.nodes.empty() && T.nodes.back().first < 0 && fn.seqNr() >= 0)
       T.nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
