@@ -78,8 +78,8 @@ class ModelHooks:
         self._places = array("i")
         self.ordered = 0  # parameters whose place in backward is known
         self._handles: list[Any] = []
-        self._finder: list[Any] = []
-        self._order_hooks: list[Any] = []
+        self.finder: list[Any] = []
+        self.order_hooks: list[Any] = []
         self._depth = 0
         self._backward_seq = 0
 
@@ -90,14 +90,14 @@ class ModelHooks:
             return
         from torch.nn.modules import module as nn_module
 
-        self._finder = [nn_module.register_module_forward_pre_hook(self._find_pre),
+        self.finder = [nn_module.register_module_forward_pre_hook(self._find_pre),
                         nn_module.register_module_forward_hook(self._find_post)]
 
     def stop_finding(self) -> None:
         """The first step is over: no more global hooks."""
-        for h in self._finder:
+        for h in self.finder:
             h.remove()
-        self._finder = []
+        self.finder = []
 
     def remove(self) -> None:
         self.stop_finding()
@@ -134,7 +134,7 @@ class ModelHooks:
         for p in root.parameters():
             if p.requires_grad:
                 hook = partial(self._accumulated, known[id(p)])
-                self._order_hooks.append(p.register_post_accumulate_grad_hook(hook))
+                self.order_hooks.append(p.register_post_accumulate_grad_hook(hook))
         if self.on_adopt is not None:
             self.on_adopt(root)
 
@@ -159,9 +159,9 @@ class ModelHooks:
 
     def stop_learning_order(self) -> None:
         """One backward has run: the gradients' order is known."""
-        for h in self._order_hooks:
+        for h in self.order_hooks:
             h.remove()
-        self._order_hooks = []
+        self.order_hooks = []
 
     def _slots(self) -> dict[int, int]:
         return {id(p): slot for slot, p in enumerate(self._params)}  # (they are held: ids stay theirs)

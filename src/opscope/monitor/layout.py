@@ -28,7 +28,7 @@ from opscope.monitor.registry import SeriesTable
 
 STATE_KINDS = ("exp_avg", "exp_avg_sq", "momentum_buffer", "max_exp_avg_sq")
 CACHED = 8  # layouts kept per cache (a cache that outgrows it starts again)
-_GRAD = operator.attrgetter("grad")
+_GRAD, _PARAMS = operator.attrgetter("grad"), operator.itemgetter("params")
 
 
 def ids_array(ids: list[int]) -> np.ndarray:
@@ -143,7 +143,7 @@ class OptimizerLayouts:
         groups = optimizer.param_groups
         cached = self._rates.get(id(optimizer))
         if cached is None or cached[0] is not optimizer or len(cached[1]) != len(groups):
-            ids = [self.series.id("lr", f"lr.group{g}" if g else "lr") for g in range(len(groups))]
+            ids = [self.series.scalar("lr", f"lr.group{g}" if g else "lr") for g in range(len(groups))]
             cached = _put(self._rates, id(optimizer), (optimizer, ids))
         ids = cached[1]
         if ids[0] not in scalars:
@@ -170,7 +170,7 @@ class OptimizerLayouts:
     def params(self, optimizer: torch.optim.Optimizer) -> Params:
         """Every parameter of ``optimizer``; kept while its groups hold the same parameters and
         the order of backward is as known."""
-        shape = (tuple(len(g["params"]) for g in optimizer.param_groups), self.hooks.ordered)
+        shape = (tuple(map(len, map(_PARAMS, optimizer.param_groups))), self.hooks.ordered)  # (C loops)
         cached = self._layouts.get(id(optimizer))
         if cached is not None and cached[0] is optimizer and cached[1] == shape:
             return cached[2]

@@ -135,6 +135,11 @@ class SeriesTable:
         self._other_ids.append(i)
         return i
 
+    def scalar(self, kind: str, name: str) -> int:
+        """:meth:`id` of a series looked up every step (the loss, a learning rate): a dict look-up."""
+        i = self._scalars.get((kind, name))
+        return i if i is not None else self.id(kind, name)
+
     def slot_id(self, kind: str, slot: int, position: int | None = None) -> int:
         """The id of series ``(kind, name of parameter slot)``, added when new (see :meth:`id`)."""
         i = self._of_slot(kind, slot)

@@ -147,7 +147,7 @@ class MonitorSession:
             return
         if self.on:
             if loss is not None and "loss" in self.targets:
-                self._scalar(("loss", "loss"), scalar_stats(loss))
+                self._scalars[self.series.scalar("loss", "loss")] = scalar_stats(loss)
             if lr is not None and "lr" in self.targets:
                 self._scalar(("lr", "lr"), scalar_stats(lr))
             if not self._optimizer_seen and "grads" in self.targets:
@@ -288,9 +288,11 @@ class MonitorSession:
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.clock.poll()
-        self._settle()  # the last optimizer step's state, read before this one writes it
+        if self._late is not None:
+            self._settle()  # the last optimizer step's state, read before this one writes it
         self._optimizer_seen = True
-        self.hooks.stop_learning_order()
+        if self.hooks.order_hooks:
+            self.hooks.stop_learning_order()
         if not self.on:
             return
         if "lr" in self.targets:
@@ -352,7 +354,7 @@ class MonitorSession:
 
     # -- steps -------------------------------------------------------------------------
     def _boundary(self, finished: int, step: int) -> None:
-        if self.hooks.roots:
+        if self.hooks.finder and self.hooks.roots:
             self.hooks.stop_finding()
         if self.on:
             self._end_step(finished)
