@@ -8,12 +8,13 @@ Arrow arrays built once (:class:`GraphColumns`); a run gathers each row's measur
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from opscope.capture.tensorflow import stats as st
+from opscope.capture.tensorflow.stats import Measured
 from opscope.model.records import STAT_NAMES
 from opscope.storage.format import SCHEMA
 
@@ -25,16 +26,6 @@ _TYPES = {f.name: f.type for f in SCHEMA}
 # The TensorFlow index files: no Parquet dictionaries or column statistics (the reader uses
 # neither; measured on a 2,905-row step: 4.7 -> 3.3 ms of the writer's CPU, 93 -> 78 kB).
 PARQUET_OPTIONS = {"use_dictionary": False, "write_statistics": False}
-
-
-class Measured(NamedTuple):
-    """Values' statistics as columns (:func:`opscope.capture.tensorflow.stats.many_columns`),
-    their shapes and dtype names."""
-
-    stats: np.ndarray  # (10, n): STAT_NAMES, rows 6-9 uint64 bits
-    nulls: np.ndarray | None  # (10, n) bool: None statistics
-    shapes: list[tuple[int, ...]]
-    dtypes: list[str]
 
 
 def measure(plan: Any, arrays: list[Any]) -> Measured:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from opscope.capture.tensorflow import stats as st
-from opscope.capture.tensorflow.columns import Measured
+from opscope.capture.tensorflow.stats import Measured
 
 # Values per op: an op runs as soon as its values are made, on a TensorFlow thread, while
 # the graph goes on (and reads them while they are likely in cache); one op for all ran at

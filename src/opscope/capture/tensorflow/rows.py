@@ -90,7 +90,7 @@ class StepRows:
 
     def stats_table(self, plan: GraphPlan, run: Any, constants: Any) -> Any:
         """The rows of one graph run from its values' statistics columns and the constants'
-        (:class:`~.columns.Measured`): a :class:`~.columns.PendingTable`, an Arrow table built
+        (:class:`~.stats.Measured`): a :class:`~.columns.PendingTable`, an Arrow table built
         on the writer's thread (statistics only; tensors and the watch take :meth:`graph_rows`)."""
         from opscope.capture.tensorflow.columns import PendingTable
 

@@ -10,11 +10,21 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from opscope.model.tensor_stats import dtype_name, tensor_stats
+
+
+class Measured(NamedTuple):
+    """Values' statistics as columns (:func:`opscope.capture.tensorflow.stats.many_columns`),
+    their shapes and dtype names."""
+
+    stats: np.ndarray  # (10, n): STAT_NAMES, rows 6-9 uint64 bits
+    nulls: np.ndarray | None  # (10, n) bool: None statistics
+    shapes: list[tuple[int, ...]]
+    dtypes: list[str]
 
 
 def _load_kernel() -> Any:

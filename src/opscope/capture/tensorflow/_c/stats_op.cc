@@ -45,28 +45,6 @@ int code_of(DataType t) {
     }
 }
 
-// Value i's statistics into column i of out (10 rows of m): fastats.c's finish_column, static in
-// that Python module's source (not in fastats_kernel.h), so its ten lines are repeated here;
-// tests/unit/tensorflow/test_tf_statsop.py checks every column against the host path's.
-void finish_column(const acc_t& a, int64_t n, double* out, int64_t m, int64_t i) {
-    uint64_t* counts = reinterpret_cast<uint64_t*>(out + 6 * m);
-    counts[i] = a.nan;
-    counts[m + i] = a.inf;
-    counts[2 * m + i] = a.zeros;
-    counts[3 * m + i] = a.hash;
-    if (n == 0) {  // the host marks min, max, mean, std and absmax None; the norm is 0
-        for (int k = 0; k < 6; k++) out[k * m + i] = 0.0;
-        return;
-    }
-    double mn = a.mn, mx = a.mx, mean = a.sum / n, var = a.sumsq / n - mean * mean;
-    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a.sumsq);
-    if (a.nan) mn = mx = mean = std = norm = NAN;
-    if (!isfinite(a.sumsq)) std = NAN;
-    double absmax = a.nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
-    out[i] = mn; out[m + i] = mx; out[2 * m + i] = mean; out[3 * m + i] = std;
-    out[4 * m + i] = norm; out[5 * m + i] = absmax;
-}
-
 void reduce(const Tensor& t, int code, acc_t* a) {
     *a = acc_t{};
     a->mn = INFINITY;
@@ -104,7 +82,7 @@ class OpscopeStatsOp : public OpKernel {
         std::vector<acc_t> accs(m);
         for (int64_t i = 0; i < m; i++) reduce(values[i], codes[i], &accs[i]);
         double* out = stats->flat<double>().data();
-        for (int64_t i = 0; i < m; i++) finish_column(accs[i], values[i].NumElements(), out, m, i);
+        for (int64_t i = 0; i < m; i++) finish_column(&accs[i], values[i].NumElements(), out, m, i);
     }
 };
 

@@ -273,23 +273,6 @@ static void reduce_items(item_t *it, Py_ssize_t m, int worker) {
     pthread_mutex_unlock(&W.mu);
 }
 
-/* Array i's statistics into column slots i of `out` (10 rows of m), the arithmetic of finish()
- * for n > 0 (an empty array's statistics are mostly None: the caller takes it). */
-static void finish_column(const acc_t *a, Py_ssize_t n, double *out, Py_ssize_t m, Py_ssize_t i) {
-    uint64_t *counts = (uint64_t *)(out + 6 * m);
-    counts[i] = a->nan;
-    counts[m + i] = a->inf;
-    counts[2 * m + i] = a->zeros;
-    counts[3 * m + i] = a->hash;
-    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
-    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
-    if (a->nan) mn = mx = mean = std = norm = NAN;
-    if (!isfinite(a->sumsq)) std = NAN;
-    double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
-    out[i] = mn; out[m + i] = mx; out[2 * m + i] = mean; out[3 * m + i] = std;
-    out[4 * m + i] = norm; out[5 * m + i] = absmax;
-}
-
 /* The results of stats_many: a tuple (or None) per array, or (with `out`) the columns there
  * and the list of the arrays not measured. Releases every held buffer. */
 static PyObject *many_results(item_t *it, Py_ssize_t m, double *out) {

@@ -174,6 +174,29 @@ static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
     a->hash = ((uint64_t)h1 << 32) | h2;
 }
 
+/* Array i's statistics into column slots i of `out` (10 rows of m: min, max, mean, std, norm,
+ * absmax, then the uint64 bits of the NaN, Inf and zero counts and the hash), the arithmetic of
+ * finish(). An empty array's slots hold zeros (its statistics are mostly None: the caller marks
+ * them). Used by fastats.c's stats_many and by the TensorFlow OpscopeStats op. */
+static inline void finish_column(const acc_t *a, Py_ssize_t n, double *out, Py_ssize_t m, Py_ssize_t i) {
+    uint64_t *counts = (uint64_t *)(out + 6 * m);
+    counts[i] = a->nan;
+    counts[m + i] = a->inf;
+    counts[2 * m + i] = a->zeros;
+    counts[3 * m + i] = a->hash;
+    if (n == 0) {
+        for (int k = 0; k < 6; k++) out[k * m + i] = 0.0;
+        return;
+    }
+    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
+    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
+    if (a->nan) mn = mx = mean = std = norm = NAN;
+    if (!isfinite(a->sumsq)) std = NAN;
+    double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
+    out[i] = mn; out[m + i] = mx; out[2 * m + i] = mean; out[3 * m + i] = std;
+    out[4 * m + i] = norm; out[5 * m + i] = absmax;
+}
+
 /* Final statistics tuple (min, max, mean, std, norm, absmax, nan, inf, zeros, hash),
  * as opscope stores it: NaN propagates as in torch, std is the population std. */
 static PyObject *finish(const acc_t *a, Py_ssize_t n) {
