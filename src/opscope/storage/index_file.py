@@ -51,6 +51,26 @@ def read(path: str | Path, columns: list[str] | None = None) -> pa.Table:
             close()
 
 
+def key_value(path: str | Path) -> dict[bytes, bytes]:
+    """The key-value metadata of one Parquet file (its footer only is read)."""
+    if READER is not None:
+        reader = READER()
+        try:
+            reader.open(str(path), pre_buffer=False)
+        except TypeError:
+            pass
+        else:
+            try:
+                return dict(reader.metadata.metadata or {})
+            finally:
+                close = getattr(reader, "close", None)
+                if close is not None:
+                    close()
+    import pyarrow.parquet as pq
+
+    return dict(pq.read_metadata(path).metadata or {})
+
+
 def _indices(paths: list[list[str]], columns: list[str]) -> list[int]:
     """The leaf columns of each named column (a list column's leaf is ``shape.list.element``),
     in the order named; a name the file lacks has none (as ``ParquetFile.read`` skips it)."""

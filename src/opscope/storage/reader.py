@@ -69,6 +69,7 @@ class Dump:
         self.problems: list[str] = []
         self._shards: dict[str, ShardReader] = {}
         self._batches: dict[int, tuple[int, list[tuple[Path, int, int]]]] = {}  # rank -> (folder mtime, files)
+        self._batch_steps: dict[Path, list[int]] = {}  # a batch file -> the steps it holds
         self._batch_read: tuple[Any, pa.Table | None] = (None, None)  # the last batch file read
         if self.status == "running":
             self.problems.append(f"{self.path} is still marked running: its last steps may be missing")
@@ -113,7 +114,8 @@ class Dump:
         return next((s["error"] for s in self.rank_status.values() if s.get("error")), None)
 
     def steps(self, rank: int | None = None) -> list[int]:
-        """Steps present on disk for ``rank`` (all ranks when None)."""
+        """Steps present on disk for ``rank`` (all ranks when None): step folders, and the steps
+        of the rank's files of several steps' rows (format 3.0: such a step has no folder)."""
         ranks = self.ranks if rank is None else [rank]
         found: set[int] = set()
         for r in ranks:
@@ -121,7 +123,28 @@ class Dump:
                 m = re.fullmatch(r"step(\d+)", d.name)
                 if m and d.is_dir():
                     found.add(int(m.group(1)))
+            for f, _, _ in self._batch_files(r):
+                found.update(self._steps_in(f))
         return sorted(found)
+
+    def _steps_in(self, f: Path) -> list[int]:
+        """The steps a file of several steps' rows holds: listed in its metadata (format 3.0),
+        else (2.0, whose steps have folders anyway) read from its ``step`` column."""
+        steps = self._batch_steps.get(f)
+        if steps is None:
+            from opscope.storage import index_file
+
+            try:
+                listed = index_file.key_value(f).get(fmt.BATCH_STEPS.encode())
+                steps = (fmt.steps_of_runs(listed) if listed is not None else
+                         sorted(set(index_file.read(f, ["step"]).column("step").to_pylist())))
+            except Exception as exc:  # pyarrow raises several types for corrupt files
+                msg = f"skipped {f.relative_to(self.path)}: unreadable ({type(exc).__name__}: {exc})"
+                if msg not in self.problems:
+                    self.problems.append(msg)
+                steps = []
+            self._batch_steps[f] = steps
+        return steps
 
     def partitions(self) -> list[tuple[int, int]]:
         """Every (rank, step) present on disk."""
@@ -190,7 +213,8 @@ class Dump:
         if self._batch_read[0] != key:
             self._batch_read = (None, None)  # the earlier one goes before the next is read
             wanted = None if columns is None else list(dict.fromkeys([*columns, "step"]))
-            self._batch_read = (key, self._read_index(f, wanted))
+            read = self._read_index(f, wanted)  # without the file's list of steps (format 3.0)
+            self._batch_read = (key, read.replace_schema_metadata(None))
         table = self._batch_read[1]
         assert table is not None
         steps = table.column("step").to_numpy()

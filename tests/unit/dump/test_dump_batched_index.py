@@ -11,6 +11,7 @@ import opscope
 from opscope.capture.torch.session import DumpSession
 from opscope.config import dump_config
 from opscope.demo.models import mlp_task, train_step
+from opscope.storage import format as fmt
 from opscope.storage import writer as writer_module
 from opscope.storage.writer import DumpWriter
 
@@ -72,3 +73,35 @@ def test_the_python_rows_of_several_steps_batch_too(tmp_path, monkeypatch):
         a, b = batched.records(step=step), per_step.records(step=step)
         assert a.num_rows > 0 and a.equals(b.cast(a.schema) if a.schema != b.schema else b)
     assert isinstance(batched.records(), pa.Table)
+
+
+def test_batched_steps_have_no_folder_and_are_listed_by_their_files(tmp_path):
+    _, dump = _run(tmp_path / "a", True, steps=4)
+    rank = tmp_path / "a" / "rank0"
+    assert not [p for p in rank.iterdir() if p.is_dir()]  # format 3.0: no folder per step
+    files = sorted(rank.glob("records-*.parquet"))
+    listed = [fmt.steps_of_runs(pq.read_metadata(f).metadata[fmt.BATCH_STEPS.encode()]) for f in files]
+    assert sorted(s for steps in listed for s in steps) == dump.steps() == [0, 1, 2, 3]
+    assert dump.records(step=2).schema.metadata is None  # the list stays in the file
+
+
+def test_a_format_2_dump_reads_as_before(tmp_path):
+    """2.0 wrote a folder for every step and no list of steps in its files: the steps come from
+    the folders (a file without the list is read for its steps as well)."""
+    _, new = _run(tmp_path / "a", True, steps=4)
+    expected = {step: new.records(step=step) for step in new.steps()}
+    rank = tmp_path / "a" / "rank0"
+    for f in rank.glob("records-*.parquet"):
+        pq.write_table(pq.read_table(f), f)  # written again without the list
+        assert fmt.BATCH_STEPS.encode() not in (pq.read_metadata(f).metadata or {})
+    (rank / "step1").mkdir()
+    old = opscope.load(tmp_path / "a")
+    assert old.steps() == [0, 1, 2, 3]
+    for step, table in expected.items():
+        assert old.records(step=step).equals(table), step
+
+
+def test_step_runs():
+    assert fmt.step_runs([5, 0, 1, 2, 7, 6, 1]) == "[[0,2],[5,7]]"
+    assert fmt.steps_of_runs(fmt.step_runs([9, 3, 4])) == [3, 4, 9]
+    assert fmt.steps_of_runs(fmt.step_runs([])) == []

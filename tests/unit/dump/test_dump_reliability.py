@@ -148,8 +148,8 @@ def test_reader_refuses_newer_format_and_reports_corrupt_shards(tmp_path):
         assert dump.records(step=s).num_rows == (0 if s in held else before[s])
     assert any(target.name in p and "unreadable" in p for p in dump.problems)
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
-    assert manifest["format_version"] == "2.0"
-    manifest["format_version"] = "3.0"
+    assert manifest["format_version"] == "3.0"
+    manifest["format_version"] = "4.0"
     (tmp_path / "d" / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DumpFormatError, match="newer than this opscope reads"):
         opscope.load(tmp_path / "d")
