@@ -6,7 +6,8 @@ thread's CPU time (``time.thread_time``, so other processes on a shared machine 
 median and range over ``--repeat`` timed loops. ``--against PATH`` loads another build of the
 extension (e.g. one built from an older commit) and times the two alternately, loop by loop,
 with the ratio new/old; it also checks that both give the same statistics and hash.
-With ``OPSCOPE_NO_SIMD=1`` in the environment the portable loops run.
+With ``OPSCOPE_SIMD=portable`` (or ``avx2``) in the environment the portable loops (at most the
+AVX2 ones) run, in both builds where both read it; the first line says which ran.
 
     python benchmarks/bench_stats_kernel.py [--mb 256] [--l2-kb 256] [--repeat 9] [--against OLD.so]
 """
@@ -25,7 +26,7 @@ import torch
 
 from opscope.capture.torch.stats import CODES, _fastats
 
-DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int64, torch.bool)
 LOOP_S = 0.02  # CPU seconds per timed loop
 
 
@@ -86,7 +87,8 @@ def main() -> None:
     if _fastats is None:
         raise SystemExit("the C kernel is not built (python setup.py build_ext --inplace)")
     kernels = [_fastats] + ([load_other(args.against)] if args.against else [])
-    print(f"SIMD={_fastats.SIMD}  GB/s per CPU second: median (range) of {args.repeat} loops"
+    paths = " / ".join(getattr(k, "SIMD_PATH", "avx2" if k.SIMD else "portable") for k in kernels)
+    print(f"kernels {paths}  GB/s per CPU second: median (range) of {args.repeat} loops"
           + ("; second column of each size: --against, then new/old" if args.against else ""))
     sizes = {f"{args.l2_kb} KB": args.l2_kb << 10, f"{args.mb} MB": args.mb << 20}
     for name in args.dtypes.split(","):

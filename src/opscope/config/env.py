@@ -23,6 +23,10 @@ OPTIONS: dict[str, str] = {
                     "(opt-in: an op whose schema hides an in-place write would be measured after it)",
     "DUMP_BACKEND": "native (default: the C++ observer where it applies) or python (the Python dispatch mode)",
     "WATCH_BACKEND": "native (default: the C++ observer) or python (the Python dispatch mode)",
+    "SIMD": "the statistics kernel's vector code (read by the C kernel, native/_c/fastats_avx2.h): avx2 stops "
+            "at AVX2 on a CPU with AVX-512, portable runs the plain loops (the tests compare the three); "
+            "default: the best the CPU has",
+    "NO_SIMD": "1: the statistics kernel runs its plain loops (as OPSCOPE_SIMD=portable)",
     "CACHE_DIR": "where native extensions are built (default $XDG_CACHE_HOME/opscope or ~/.cache/opscope)",
 }
 

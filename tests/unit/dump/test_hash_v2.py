@@ -1,6 +1,6 @@
 """wsum64-v2 tells apart what wsum64-v1 did not (a Mixtral routing mask whose top-2 experts
 swap order for one token), and every implementation computes the same bits: the C kernel's
-portable loops and AVX2 path, the numpy reference and the torch reductions."""
+portable loops, AVX2 and AVX-512 paths, the numpy reference and the torch reductions."""
 
 from __future__ import annotations
 
@@ -45,14 +45,14 @@ KERNEL = "import torch\n" + inspect.getsource(routing_masks) + textwrap.dedent("
             t = torch.randn(n + 1).to(dt) if dt.is_floating_point else torch.randint(-9, 9, (n + 1,)).to(dt)
             for view in (t[:n], t[1:]):  # the second starts off any 4-byte boundary for narrow dtypes
                 cases.append([str(dt), n, h(view), bytes(view.contiguous().view(torch.uint8).numpy()).hex()])
-    print(json.dumps({"simd": _fastats.SIMD, "mask": [h(m) for m in masks],
+    print(json.dumps({"path": _fastats.SIMD_PATH, "mask": [h(m) for m in masks],
                       "mask_as_float32": [h(m.view(torch.float32)) for m in masks], "cases": cases}))
 """)
 
 
 
-def _kernel(no_simd: bool) -> dict:
-    env = {**os.environ, "OPSCOPE_NO_SIMD": "1" if no_simd else "0"}
+def _kernel(path: str) -> dict:
+    env = {**os.environ, "OPSCOPE_NO_SIMD": "0", "OPSCOPE_SIMD": path}
     proc = subprocess.run([sys.executable, "-c", KERNEL], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -69,12 +69,11 @@ def test_the_swapped_mask_collided_in_v1_and_differs_in_v2_in_numpy_and_torch():
 
 
 @pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
-@pytest.mark.parametrize("no_simd", [True, False], ids=["portable", "avx2"])
-def test_c_kernel_tells_the_swapped_masks_apart_and_equals_the_reference(no_simd):
-    out = _kernel(no_simd)
-    if not no_simd and not out["simd"]:
-        pytest.skip("this CPU has no AVX2: only the portable loops exist here")
-    assert out["simd"] == (0 if no_simd else 1)
+@pytest.mark.parametrize("path", ["portable", "avx2", "avx512"])
+def test_c_kernel_tells_the_swapped_masks_apart_and_equals_the_reference(path):
+    out = _kernel(path)
+    if out["path"] != path:
+        pytest.skip(f"this CPU has no {path}: the {out['path']} kernels run here")
     ref = [content_hash(m.numpy()) for m in routing_masks()]
     assert out["mask"][0] != out["mask"][1]
     assert out["mask"] == out["mask_as_float32"] == ref  # int64 and the float32 path, same words

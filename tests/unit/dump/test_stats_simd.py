@@ -1,7 +1,8 @@
-"""The SIMD statistics kernels give bit for bit what the portable loops give."""
+"""The SIMD statistics kernels (AVX2, AVX-512) give bit for bit what the portable loops give."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -13,7 +14,8 @@ import pytest
 
 from opscope.capture.torch import stats
 
-SIZES = (0, 1, 15, 16, 17, 31, 48, 4095, 4096, 4097, 4096 + 48 + 5, 10000, 300007)  # the last: over 512 KB (prefetch)
+# around every lane, 64-byte step, block and hash tail; the last: over 512 KB (prefetch)
+SIZES = (0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 4095, 4096, 4097, 4096 + 48 + 5, 10000, 300007)
 PATTERNS = ("randn", "big", "zeros", "nan", "inf", "signed_zeros", "wide", "cancel", "overflow", "nan_mid",
             "subnormal", "all_nan", "offset")
 CASES = textwrap.dedent(f"""
@@ -71,25 +73,53 @@ CASES = textwrap.dedent(f"""
                     t[:] = 0
                 t = t.to(dt)
                 ints.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
-    print(json.dumps({{"simd": _fastats.SIMD, "stats": out, "ints": ints}}))
+    for dt, code in {{torch.int16: 6, torch.int32: 7, torch.int64: 8}}.items():  # the hash alone is SIMD
+        for n in {SIZES!r}:
+            t = torch.randint(-1000, 1000, (n + 1,)).to(dt)[1:]  # off 8-byte alignment
+            ints.append([repr(x) for x in _fastats.stats(t.data_ptr(), n, code)])
+    print(json.dumps({{"path": _fastats.SIMD_PATH, "simd": _fastats.SIMD, "stats": out, "ints": ints}}))
 """)
 
 
-def _run(no_simd: bool) -> dict:
-    env = {**os.environ, "OPSCOPE_NO_SIMD": "1" if no_simd else "0"}
-    proc = subprocess.run([sys.executable, "-c", CASES], capture_output=True, text=True, env=env, timeout=300)
+@functools.cache
+def _run(path: str) -> dict:
+    """The cases' statistics with OPSCOPE_SIMD=path: "portable", "avx2" or "avx512" (the best the
+    CPU has; the result's "path" says which ran)."""
+    env = {**os.environ, "OPSCOPE_NO_SIMD": "0", "OPSCOPE_SIMD": path}
+    proc = subprocess.run([sys.executable, "-c", CASES], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
 
-@pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
-def test_simd_and_portable_kernels_agree_bit_for_bit():
-    simd, portable = _run(False), _run(True)
-    assert portable["simd"] == 0
-    if not simd["simd"]:
-        pytest.skip("this CPU has no AVX2: only the portable loops exist here")
+def _assert_same(simd: dict, portable: dict) -> None:
     assert len(simd["stats"]) == 4 * len(SIZES) * len(PATTERNS)
     assert simd["stats"] == portable["stats"]  # min, max, sum, sumsq, nan, inf, zeros, hash
-    assert len(simd["ints"]) == 3 * (len(SIZES) + 2) * 4 and simd["ints"] == portable["ints"]
+    assert len(simd["ints"]) == 3 * (len(SIZES) + 2) * 4 + 3 * len(SIZES) and simd["ints"] == portable["ints"]
     nan_cases = [s for s in simd["stats"] if s[4] not in ("0",)]
     assert nan_cases and all(math.isfinite(float(s[0])) or s[0] in ("inf", "-inf") for s in nan_cases)
+
+
+@pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
+def test_avx2_and_portable_kernels_agree_bit_for_bit():
+    avx2, portable = _run("avx2"), _run("portable")
+    assert (portable["path"], portable["simd"]) == ("portable", 0)
+    if avx2["path"] != "avx2":
+        pytest.skip("this CPU has no AVX2: only the portable loops exist here")
+    _assert_same(avx2, portable)
+
+
+@pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
+def test_avx512_and_portable_and_avx2_kernels_agree_bit_for_bit():
+    avx512 = _run("avx512")
+    if avx512["path"] != "avx512":
+        pytest.skip("this CPU has no AVX-512 (F, BW, DQ and VL): the AVX2 or portable loops run here")
+    _assert_same(avx512, _run("portable"))
+    assert avx512["stats"] == _run("avx2")["stats"] and avx512["ints"] == _run("avx2")["ints"]
+
+
+@pytest.mark.skipif(stats._fastats is None, reason="built without a C compiler")
+def test_the_old_switch_still_runs_the_portable_loops():
+    env = {**os.environ, "OPSCOPE_NO_SIMD": "1"}
+    code = "from opscope.capture.torch.native import _fastats; print(_fastats.SIMD_PATH, _fastats.SIMD)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.stdout.split() == ["portable", "0"], proc.stderr

@@ -375,9 +375,11 @@ static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_fastats", NULL, -1,
 PyMODINIT_FUNC PyInit__fastats(void) {
     pthread_atfork(NULL, NULL, child_after_fork);
     PyObject *m = PyModule_Create(&MODULE);
-    /* SIMD: the AVX2 kernels run (float16 is then faster here than through torch) */
+    /* SIMD: vector kernels run (float16 is then faster here than through torch); SIMD_PATH:
+     * which ones, "avx512", "avx2" or "portable" */
     /* HASH: the content hash this build computes (a stale build must not be trusted) */
-    if (m && (PyModule_AddIntConstant(m, "SIMD", avx2_available()) < 0
+    if (m && (PyModule_AddIntConstant(m, "SIMD", simd_level() > 0) < 0
+              || PyModule_AddStringConstant(m, "SIMD_PATH", simd_name()) < 0
               || PyModule_AddStringConstant(m, "HASH", "wsum64-v2") < 0)) {
         Py_DECREF(m);
         return NULL;

@@ -7,7 +7,8 @@
  * Statistics and hash run in ONE loop over each 64 bytes (fastats_fused.h): the kernel is
  * bound by the vector ALU ops it issues (4 a cycle on Zen 3; ~7 per 32 bytes for float32
  * statistics, 13 for the hash), not by memory, so what counts is issuing no op twice and
- * reading each byte once. Included by fastats_kernel.h only. */
+ * reading each byte once. The AVX-512 versions (fastats_avx512.h, included below) run
+ * instead where the CPU has AVX-512. Included by fastats_kernel.h only. */
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -136,19 +137,29 @@ AVX2 static void count_nonfinite(const void *x, Py_ssize_t n, int code, acc_t *a
     a->inf += code == F64 ? ti / 2 : ti;
 }
 
-static int has_avx2(void) {
+/* Which kernels run: 2 the AVX-512 ones, 1 the AVX2 ones, 0 the portable loops. The tests
+ * compare the three: OPSCOPE_SIMD=avx2 stops at AVX2, OPSCOPE_SIMD=portable (or the older
+ * OPSCOPE_NO_SIMD=1) runs the portable loops. */
+static int simd_level(void) {
     static int known = -1;
-    if (known < 0) { /* OPSCOPE_NO_SIMD=1 runs the portable loops (tests compare the two) */
-        const char *off = getenv("OPSCOPE_NO_SIMD");
+    if (known < 0) {
+        const char *off = getenv("OPSCOPE_NO_SIMD"), *want = getenv("OPSCOPE_SIMD");
+        int level = 0;
         __builtin_cpu_init();
-        known = !(off && *off && *off != '0') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+            level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+                    && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") ? 2 : 1;
+        if (want && strcmp(want, "avx2") == 0 && level > 1) level = 1;
+        if ((want && strcmp(want, "portable") == 0) || (off && *off && *off != '0')) level = 0;
+        known = level;
     }
     return known;
 }
 
-static int avx2_available(void) { return has_avx2(); }
+static int has_avx2(void) { return simd_level() >= 1; }
 
 #include "fastats_fused.h"
+#include "fastats_avx512.h"
 
 /* Every dtype's hash with AVX2, the float types' statistics fused with it, the 8-bit types'
  * with integer sums (the wider integers' are the portable loops); 0 when the portable code
@@ -173,10 +184,20 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     hash_avx2(p, (size_t)n * ITEMSIZE[code], 0, h1, h2);
     return 1;
 }
-#else
-static int avx2_available(void) { return 0; }
+#else /* not x86: the portable loops */
+static int simd_level(void) { return 0; }
+static int run_avx512(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
+    (void)p; (void)n; (void)code; (void)a; (void)h1; (void)h2;
+    return 0;
+}
 static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
     (void)p; (void)n; (void)code; (void)a; (void)h1; (void)h2;
     return 0;
 }
 #endif
+
+/* The kernels that run, by name (what the benchmarks print). */
+static const char *simd_name(void) {
+    static const char *const NAMES[] = {"portable", "avx2", "avx512"};
+    return NAMES[simd_level()];
+}

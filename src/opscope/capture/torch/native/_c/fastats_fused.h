@@ -67,8 +67,37 @@ AVX2_INLINE uint64_t sum_epi32(__m256i v) {
     return t;
 }
 
-/* The end of a block: NaN/Inf counted if its sums say so, the tail (elements m16..m-1) added
- * to lane 0, the lanes combined into `a` in lane order. */
+/* v*v rounded on its own, as the portable loop rounds it: no FMA may take the product (C++
+ * builds contract by default, and the AVX-512 code is compiled with FMA at hand). */
+static inline float square_f(float v) {
+    float q = v * v;
+    __asm__("" : "+x"(q));
+    return q;
+}
+
+static inline double square_d(double v) {
+    double q = v * v;
+    __asm__("" : "+x"(q));
+    return q;
+}
+
+/* The tail of a block (elements m16..m-1) added to lane 0, then the lanes combined into `a`
+ * in lane order. */
+static inline void lanes_finish(lanes_t *L, const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a) {
+    for (Py_ssize_t i = m16; i < m; i++) {
+        float v = load1(xb, i, code);
+        a->nan += v != v; a->inf += fabsf(v) == INFINITY; a->zeros += v == 0.0f;
+        L->mn[0] = v < L->mn[0] ? v : L->mn[0]; L->mx[0] = v > L->mx[0] ? v : L->mx[0];
+        L->s[0] += v; L->q[0] += square_f(v);
+    }
+    for (int l = 0; l < LANES; l++) {
+        a->sum += L->s[l]; a->sumsq += L->q[l];
+        if (L->mn[l] < a->mn) a->mn = L->mn[l];
+        if (L->mx[l] > a->mx) a->mx = L->mx[l];
+    }
+}
+
+/* The end of a block: NaN/Inf counted if its sums say so, then lanes_finish. */
 AVX2_INLINE void block_end(const fl8_t *f0, const fl8_t *f1, int first1, int stride, uint64_t zeros,
                            const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a) {
     if (!fl8_finite(f0) || !fl8_finite(f1)) count_nonfinite(xb, m16, code, a);
@@ -76,17 +105,7 @@ AVX2_INLINE void block_end(const fl8_t *f0, const fl8_t *f1, int first1, int str
     lanes_t L;
     fl8_store(f0, &L, 0, stride);
     fl8_store(f1, &L, first1, stride);
-    for (Py_ssize_t i = m16; i < m; i++) {
-        float v = load1(xb, i, code);
-        a->nan += v != v; a->inf += fabsf(v) == INFINITY; a->zeros += v == 0.0f;
-        L.mn[0] = v < L.mn[0] ? v : L.mn[0]; L.mx[0] = v > L.mx[0] ? v : L.mx[0];
-        L.s[0] += v; L.q[0] += v * v;
-    }
-    for (int l = 0; l < LANES; l++) {
-        a->sum += L.s[l]; a->sumsq += L.q[l];
-        if (L.mn[l] < a->mn) a->mn = L.mn[l];
-        if (L.mx[l] > a->mx) a->mx = L.mx[l];
-    }
+    lanes_finish(&L, xb, m16, m, code, a);
 }
 
 AVX2_INLINE void f32_loop(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2, int fetch) {
@@ -191,6 +210,26 @@ AVX2_INLINE int d4_finite(const d4_t *d) {
     return _mm256_movemask_pd(_mm256_cmp_pd(_mm256_and_pd(d->s, absmask), _mm256_set1_pd(INFINITY), _CMP_LT_OQ)) == 0xf;
 }
 
+/* float64's 8 lanes, in the portable loop's order. */
+typedef struct {
+    double s[8], q[8], mn[8], mx[8];
+} dlanes_t;
+
+/* The tail (elements n8..n-1) added to lane 0, as in the portable loop, then the lanes combined. */
+static inline void dlanes_finish(dlanes_t *L, const double *x, Py_ssize_t n8, Py_ssize_t n, acc_t *a) {
+    for (Py_ssize_t i = n8; i < n; i++) {
+        double v = x[i];
+        a->nan += v != v; a->inf += fabs(v) == INFINITY; a->zeros += v == 0.0;
+        L->mn[0] = v < L->mn[0] ? v : L->mn[0]; L->mx[0] = v > L->mx[0] ? v : L->mx[0];
+        L->s[0] += v; L->q[0] += square_d(v);
+    }
+    for (int l = 0; l < 8; l++) {
+        a->sum += L->s[l]; a->sumsq += L->q[l];
+        if (L->mn[l] < a->mn) a->mn = L->mn[l];
+        if (L->mx[l] > a->mx) a->mx = L->mx[l];
+    }
+}
+
 /* The lanes' sums are checked every CHUNK64 elements; once one is non-finite (also by
  * overflow) it stays so, and every later stretch is counted. */
 #define CHUNK64 2048
@@ -217,27 +256,17 @@ AVX2_INLINE void f64_loop(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1,
         }
         if (!d4_finite(&d[0]) || !d4_finite(&d[1])) count_nonfinite(x + c0, c1 - c0, F64, a);
     }
-    double s[8], q[8], mn[8], mx[8];
     uint64_t zeros[4];
     _mm256_storeu_si256((__m256i *)zeros, nz);
     for (int k = 0; k < 4; k++) a->zeros += zeros[k];
+    dlanes_t L;
     for (int k = 0; k < 2; k++) {
-        _mm256_storeu_pd(s + 4 * k, d[k].s);
-        _mm256_storeu_pd(q + 4 * k, d[k].q);
-        _mm256_storeu_pd(mn + 4 * k, d[k].mn);
-        _mm256_storeu_pd(mx + 4 * k, d[k].mx);
+        _mm256_storeu_pd(L.s + 4 * k, d[k].s);
+        _mm256_storeu_pd(L.q + 4 * k, d[k].q);
+        _mm256_storeu_pd(L.mn + 4 * k, d[k].mn);
+        _mm256_storeu_pd(L.mx + 4 * k, d[k].mx);
     }
-    for (Py_ssize_t i = n8; i < n; i++) { /* the tail goes to lane 0, as in the portable loop */
-        double v = x[i];
-        a->nan += v != v; a->inf += fabs(v) == INFINITY; a->zeros += v == 0.0;
-        mn[0] = v < mn[0] ? v : mn[0]; mx[0] = v > mx[0] ? v : mx[0];
-        s[0] += v; q[0] += v * v;
-    }
-    for (int l = 0; l < 8; l++) {
-        a->sum += s[l]; a->sumsq += q[l];
-        if (mn[l] < a->mn) a->mn = mn[l];
-        if (mx[l] > a->mx) a->mx = mx[l];
-    }
+    dlanes_finish(&L, x, n8, n, a);
     hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
 }
 
@@ -280,6 +309,34 @@ AVX2_INLINE void int8_add(__m256i v, int is_signed, __m256i *mn, __m256i *mx, __
     *q32 = _mm256_add_epi32(*q32, _mm256_add_epi32(_mm256_madd_epi16(lo, lo), _mm256_madd_epi16(hi, hi)));
 }
 
+/* The sums of an int8 loop's first elements: sum, squares, zeros. */
+typedef struct {
+    int64_t sum;
+    uint64_t q, zeros;
+} int8_sums_t;
+
+/* The end of an int8 loop: the min and max's 32 bytes folded, elements i..n-1 added to `t`,
+ * the statistics into `a`. */
+AVX2_INLINE void int8_end(__m256i mn, __m256i mx, int8_sums_t t, const uint8_t *x, Py_ssize_t i, Py_ssize_t n,
+                          int is_signed, acc_t *a) {
+    uint8_t bmn[32], bmx[32];
+    _mm256_storeu_si256((__m256i *)bmn, mn);
+    _mm256_storeu_si256((__m256i *)bmx, mx);
+    int least = is_signed ? 127 : 255, most = is_signed ? -128 : 0; /* any element is within them */
+    for (int k = 0; k < 32; k++) {
+        int m0 = is_signed ? (int8_t)bmn[k] : bmn[k], m1 = is_signed ? (int8_t)bmx[k] : bmx[k];
+        least = m0 < least ? m0 : least;
+        most = m1 > most ? m1 : most;
+    }
+    for (; i < n; i++) {
+        int v = is_signed ? (int8_t)x[i] : x[i];
+        t.sum += v; t.q += (uint64_t)(v * v); t.zeros += v == 0;
+        least = v < least ? v : least;
+        most = v > most ? v : most;
+    }
+    a->mn = least; a->mx = most; a->sum = (double)t.sum; a->sumsq = (double)t.q; a->zeros = t.zeros;
+}
+
 AVX2_INLINE void int8_loop(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t *a, uint32_t *h1, uint32_t *h2,
                            int fetch) {
     const __m256i zero = _mm256_setzero_si256();
@@ -303,23 +360,8 @@ AVX2_INLINE void int8_loop(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t 
         zeros += sum_epi64(_mm256_sad_epu8(nz, zero));
         q += sum_epi32(q32);
     }
-    uint8_t bmn[32], bmx[32];
-    _mm256_storeu_si256((__m256i *)bmn, mn);
-    _mm256_storeu_si256((__m256i *)bmx, mx);
-    int64_t sum = (int64_t)sum_epi64(s) - (is_signed ? 128 * (int64_t)n64 : 0);
-    int least = is_signed ? 127 : 255, most = is_signed ? -128 : 0; /* any element is within them */
-    for (int k = 0; k < 32; k++) {
-        int m0 = is_signed ? (int8_t)bmn[k] : bmn[k], m1 = is_signed ? (int8_t)bmx[k] : bmx[k];
-        least = m0 < least ? m0 : least;
-        most = m1 > most ? m1 : most;
-    }
-    for (; i < n; i++) {
-        int v = is_signed ? (int8_t)x[i] : x[i];
-        sum += v; q += (uint64_t)(v * v); zeros += v == 0;
-        least = v < least ? v : least;
-        most = v > most ? v : most;
-    }
-    a->mn = least; a->mx = most; a->sum = (double)sum; a->sumsq = (double)q; a->zeros = zeros;
+    int8_sums_t t = {(int64_t)sum_epi64(s) - (is_signed ? 128 * (int64_t)n64 : 0), q, zeros};
+    int8_end(mn, mx, t, x, i, n, is_signed, a);
     hasher_done(&h, x, (size_t)n, 0, h1, h2);
 }
 
