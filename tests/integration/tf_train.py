@@ -2,14 +2,19 @@
 
     python tf_train.py DUMP [--loop fit|custom|eager] [--policy mixed_bfloat16] [--fault ff0a]
                       [--level op|layer] [--steps 0|1] [--data statistics|tensor] [--jit] [--nan]
+                      [--weights FILE]
 
 ``--fault LAYER`` scales that Dense layer's output by 1.05 (a one-layer fault); ``--nan``
-puts a NaN in ``ff0b``'s output at step 1. Without DUMP ("-") it trains with no dump.
+puts a NaN in ``ff0b``'s output at step 1. Without DUMP ("-") it trains with no dump (fit:
+as ``opscope run`` / ``$OPSCOPE_CONFIG`` decide). ``--weights FILE`` writes there the SHA-1
+of every weight's bytes after training (the tests compare dumped and bare runs bit for bit).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -82,11 +87,23 @@ def main() -> None:
     p.add_argument("--jit", action="store_true")
     p.add_argument("--nan", action="store_true")
     p.add_argument("--spe", type=int, default=1, help="steps_per_execution")
+    p.add_argument("--weights", default=None, help="write the SHA-1 of the trained weights here")
     args = p.parse_args()
     model = build(args)
+    train(model, args)
+    if args.weights:
+        digest = hashlib.sha1(b"".join(w.numpy().tobytes() for w in model.weights)).hexdigest()
+        with open(args.weights, "w") as f:
+            f.write(digest)
+
+
+def train(model, args) -> None:
     x, y = data()
-    if args.dump == "-":  # zero-code: OPSCOPE_CONFIG / opscope run decide
+    if args.dump == "-" and args.loop == "fit":  # zero-code: OPSCOPE_CONFIG / opscope run decide
         model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+        return
+    if args.dump == "-":
+        custom_loop(model, x, y, args, None)
         return
     import opscope.tensorflow as otf
 
@@ -113,10 +130,11 @@ def custom_loop(model, x, y, args, session) -> None:
         return loss
 
     step = train_step if args.loop == "eager" else tf.function(train_step, jit_compile=args.jit)
-    with session as d:
+    with session if session is not None else contextlib.nullcontext() as d:
         for i in range(0, len(x), 16):
             step(tf.constant(x[i:i + 16]), tf.constant(y[i:i + 16]))
-            d.step()
+            if d is not None:
+                d.step()
 
 
 if __name__ == "__main__":

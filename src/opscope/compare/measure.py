@@ -22,6 +22,7 @@ from opscope.compare.align import Pair
 from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measure; defined beside its reader)
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
+from opscope.model.records import ABSENT_NOTE
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
@@ -59,8 +60,11 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
     if n_t is not None and n_r is not None and n_t != n_r:
         _skip_shapes(pair, t, r)
         return None
+    if t.get("note") == r.get("note") == ABSENT_NOTE:  # neither graph that ran has it: nothing differs
+        pair.mode, pair.metrics = "absent", M.finish(M.identical(0))
+        return None
     for side, row in (("target", t), ("reference", r)):
-        if not row.get("data") and row.get("norm") is None and row.get("hash") is None and (row.get("numel") or 0):
+        if not row.get("data") and row.get("norm") is None and row.get("hash") is None and row.get("numel") != 0:
             # a record with neither statistics nor a tensor (a peer dump's file that could not
             # be trusted): nothing to judge it by, which is not "no difference"
             pair.mode = "skipped"

@@ -52,6 +52,7 @@ from opscope.compare.state import (
     statistics_spread,
 )
 from opscope.compare.tolerance import NoiseModel, is_float
+from opscope.model.records import ABSENT_NOTE
 
 
 def index(state: VerdictState) -> None:
@@ -162,6 +163,10 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and own.mode == "skipped" and "shapes differ" in own.note:
             # a data-dependent shape (tokens routed to an expert, a nonzero): the input is
             # another tensor on each side, so this op's output says nothing of the op itself
+            in_error = math.inf
+            continue
+        if row.get("note") == ABSENT_NOTE or (own is not None and any(r.get("note") == ABSENT_NOTE for r in own.rows)):
+            # not in the graph that ran (TensorFlow, Grappler): what the op read is unknown
             in_error = math.inf
             continue
         if measured is None:

@@ -59,6 +59,9 @@ COLUMNS = tuple(name for name, _ in SCHEMA_FIELDS if name not in STAT_NAMES) + (
 COL = {name: i for i, name in enumerate(COLUMNS)}
 STATS = COL["stats"]
 NO_STATS: tuple[Any, ...] = (None,) * len(STAT_NAMES)
+# The note of a record whose tensor the graph that ran does not have (a TensorFlow graph
+# Grappler rewrote: docs/tensorflow.md, "absent"): it holds no statistics and no data.
+ABSENT_NOTE = "absent: not in the graph that ran (Grappler removed or rewrote it)"
 
 
 def new_row(**values: Any) -> list[Any]:

@@ -97,7 +97,8 @@ def test_a_failed_build_falls_back_to_the_host_path(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert "OpscopeStats" not in ops and opbuild.load() is None
     notices = [line for line in err.splitlines() if "statistics op is not available" in line]
-    assert len(notices) == 1 and "compiling stats_op.cc failed" in notices[0], err
+    assert len(notices) == 1 and "compiling stats_op.cc and tap_passes.cc failed" in notices[0], err
+    assert "dumped steps may compute other bits" in notices[0]  # what losing the passes means
     assert not opbuild.target().exists()  # nothing left in the cache under that command's key
     _same_rows(reference, by_host)
     assert losses == losses_host

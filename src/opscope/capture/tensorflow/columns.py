@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from opscope.capture.tensorflow import absent
 from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.stats import Measured
 from opscope.model.records import STAT_NAMES
@@ -42,7 +43,7 @@ def measure(plan: Any, arrays: list[Any]) -> Measured:
     dtypes = plan.__dict__.get("value_dtypes")
     if dtypes is None or len(dtypes) != len(arrays):
         dtypes = plan.__dict__["value_dtypes"] = [st.name_of(a) for a in arrays]
-    return Measured(stats, nulls, [a.shape for a in arrays], dtypes)
+    return absent.mark(plan, Measured(stats, nulls, [a.shape for a in arrays], dtypes))
 
 
 def measured_constants(plan: Any) -> Measured:
@@ -93,7 +94,8 @@ class GraphColumns:
         self.own_shapes = [s for s in own if s is not None]
         self.own_rows = np.array([i for i, s in enumerate(own) if s is not None], dtype=np.int64)
         self._own: tuple[int, pa.Array, pa.Array] | None = None  # (values, own shapes, take index)
-        self._described: tuple[list[tuple[int, ...]], list[pa.Array]] | None = None  # stats_table's
+        self._described: tuple[Any, list[pa.Array]] | None = None  # stats_table's
+        self._notes: tuple[np.ndarray, pa.Array] | None = None  # absent values and their note column
         self.ids, self.ops = ids, ops
 
     def _numbering(self, base: int, step: int, seq0: int, offsets: np.ndarray) -> dict[str, Any]:
@@ -113,6 +115,8 @@ class GraphColumns:
         :meth:`~.rows.StepRows.graph_rows` makes of the values' tuples."""
         cols = self._numbering(base, step, seq0, offsets)
         cols["dtype"], cols["numel"], cols["shape"] = self._describe(run, constants)
+        if run.absent is not None:
+            cols["note"] = self._absent_notes(run.absent)
         # taken as uint64: the hash's bits must not pass through floating-point registers
         raw = np.concatenate([run.stats, constants.stats], axis=1).view(np.uint64)[:, self.value]
         nulls = None
@@ -132,13 +136,22 @@ class GraphColumns:
         """The rows' dtype, numel and shape columns: made again only when the values' shapes
         differ from the last run's (a graph's dtypes are its own)."""
         if self._described is None or self._described[0] != run.shapes:
-            shapes = [list(s) for s in run.shapes] + [list(s) for s in constants.shapes]
+            shapes = [None if s is None else list(s) for s in [*run.shapes, *constants.shapes]]
             take = pa.array(self.value)
-            numels = [math.prod(s) for s in shapes]
+            numels = [None if s is None else math.prod(s) for s in shapes]
             self._described = (run.shapes, [pa.array(run.dtypes + constants.dtypes, type=pa.string()).take(take),
                                             pa.array(numels, type=pa.int64()).take(take),
                                             self._shapes(shapes, take)])
         return self._described[1]
+
+    def _absent_notes(self, gone: np.ndarray) -> pa.Array:
+        """The note column, with :data:`.absent.NOTE` on the rows of absent values (made
+        once per set of them: a graph's are the same every run)."""
+        if self._notes is None or not np.array_equal(self._notes[0], gone):
+            notes = self.static["note"].to_numpy(zero_copy_only=False).copy()
+            notes[np.isin(self.value, gone)] = absent.NOTE
+            self._notes = (gone, pa.array(notes, type=_TYPES["note"]))
+        return self._notes[1]
 
     def _shapes(self, value_shapes: list[Any], take: pa.Array) -> pa.Array:
         """Each row's shape: its value's, or its own where the row is a view of another shape

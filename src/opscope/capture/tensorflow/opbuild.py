@@ -1,4 +1,5 @@
-"""The TensorFlow statistics op (``_c/stats_op.cc``), built on first use and loaded.
+"""The TensorFlow statistics op (``_c/stats_op.cc``) and the tap passes (``_c/tap_passes.cc``,
+which keep the dump's taps out of Grappler's sight), built on first use and loaded.
 
 A TensorFlow custom op must be compiled against the installed TensorFlow's headers and
 framework library, so it cannot ship prebuilt. It is compiled (~8 s with g++) into the same
@@ -6,7 +7,8 @@ cache as the PyTorch native observers, ``$OPSCOPE_CACHE_DIR`` or ``~/.cache/opsc
 ``native/tf-<version>-py<version>-<hash of the sources, headers and command>/``; concurrent
 processes wait for one build under a file lock. Without a compiler, or when the build or the
 load fails, :func:`load` returns None and says once why: the dump then measures on the host
-(a ``numpy_function`` per graph run), with the same rows.
+(a ``numpy_function`` per graph run), with the same rows, but Grappler sees its taps (dumped
+steps may then round differently from steps without the dump: docs/tensorflow.md, session 12).
 
 ``python -m opscope.capture.tensorflow.opbuild`` builds it now.
 """
@@ -27,10 +29,10 @@ from typing import Any
 from opscope.config.env import env, foreign
 
 _C = Path(__file__).parent / "_c"
-_SOURCE = _C / "stats_op.cc"
+_SOURCES = (_C / "stats_op.cc", _C / "tap_passes.cc")  # the op; the passes that hide the taps from Grappler
 _KERNEL = Path(__file__).parents[1] / "torch" / "native" / "_c"  # fastats_kernel.h, fastats_*.h
 _SHARED = Path(__file__).parents[2] / "_c"  # opscope_half.h
-ENABLED = True  # False: every graph measures on the host (tests compare the two paths)
+ENABLED = True  # False: every graph measures on the host, the passes still load (tests compare the two paths)
 _STATE: dict[str, Any] = {}  # "module": the loaded op library or None, "error": why not
 
 
@@ -50,7 +52,7 @@ def command(out: Path) -> list[str]:
     rpath = [f"-Wl,-rpath,{f[2:]}" for f in link if f.startswith("-L")]
     return [cxx, "-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-shared", "-fPIC", "-w",
             "-DNDEBUG", *tf.sysconfig.get_compile_flags(), f"-I{_KERNEL}", f"-I{_SHARED}",
-            f"-I{sysconfig.get_paths()['include']}", str(_SOURCE), "-o", str(out), *link, *rpath]
+            f"-I{sysconfig.get_paths()['include']}", *map(str, _SOURCES), "-o", str(out), *link, *rpath]
 
 
 def target() -> Path:
@@ -58,7 +60,7 @@ def target() -> Path:
     import tensorflow as tf
 
     flags = " ".join(command(Path("out")))
-    sources = [_SOURCE, *sorted(_KERNEL.glob("fastats*.h")), *sorted(_SHARED.glob("*.h"))]
+    sources = [*_SOURCES, *sorted(_C.glob("*.h")), *sorted(_KERNEL.glob("fastats*.h")), *sorted(_SHARED.glob("*.h"))]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags.encode()).hexdigest()[:12]
     tag = f"tf-{tf.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     return cache_dir() / tag / "_opscope_tf_stats.so"
@@ -81,16 +83,15 @@ def build() -> Path:
             proc = subprocess.run(command(out), capture_output=True, text=True)
             if proc.returncode != 0 or not out.exists():
                 tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
-                raise RuntimeError(f"compiling {_SOURCE.name} failed (exit {proc.returncode}): {tail[0][:200]}")
+                names = " and ".join(p.name for p in _SOURCES)
+                raise RuntimeError(f"compiling {names} failed (exit {proc.returncode}): {tail[0][:200]}")
             os.replace(out, path)
     return path
 
 
 def load() -> Any:
     """The op library (``.opscope_stats``), built if needed; None when it cannot be, said once
-    on stderr. None also while :data:`ENABLED` is False."""
-    if not ENABLED:
-        return None
+    on stderr. Loading it registers the tap passes (``_c/tap_passes.cc``) for the process."""
     if "module" not in _STATE:
         module = None
         try:
@@ -100,7 +101,8 @@ def load() -> Any:
         except Exception as exc:  # no compiler, no headers, a TensorFlow without them: the host path
             _STATE["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             print(f"opscope: the TensorFlow statistics op is not available ({_STATE['error']}); "
-                  "statistics are measured by a host callback instead", file=sys.stderr, flush=True)
+                  "statistics are measured by a host callback instead, and Grappler sees the dump's taps: "
+                  "dumped steps may compute other bits than steps without the dump", file=sys.stderr, flush=True)
         _STATE["module"] = module
     return _STATE["module"]
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from opscope.capture.tensorflow import absent
 from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.stats import Measured
 
@@ -61,7 +62,8 @@ def add(plan: Any, values: list[Any], lib: Any, graph_ran: Callable[..., None]) 
 def measured(plan: Any, arrays: list[Any]) -> Measured:
     """A graph run's values as columns, from what its ``OpscopeStats`` op and host callback
     handed over (``[stats, dims, *host values]``): the columns
-    :func:`opscope.capture.tensorflow.columns.measure` makes of every value's array."""
+    :func:`opscope.capture.tensorflow.columns.measure` makes of every value's array (absent
+    values marked: :func:`.absent.mark`)."""
     got: InGraph = plan.__dict__["in_graph"]
     shapes, empty = _op_shapes(plan, np.asarray(arrays[1]))
     others = [np.asarray(a) for a in arrays[2:]]
@@ -71,7 +73,7 @@ def measured(plan: Any, arrays: list[Any]) -> Measured:
         if len(empty):
             nulls = np.zeros(stats.shape, bool)
             nulls[np.ix_(_NONE_ROWS, empty)] = True
-        return Measured(stats, nulls, shapes, got.dtypes)
+        return absent.mark(plan, Measured(stats, nulls, shapes, got.dtypes))
     host_stats, host_nulls = st.many_columns(others)
     stats = np.empty((10, got.n), np.float64)
     stats[:, got.inside] = np.asarray(arrays[0])
@@ -88,7 +90,7 @@ def measured(plan: Any, arrays: list[Any]) -> Measured:
         every[i], dtypes[i] = shapes[k], got.dtypes[k]
     for a, i in zip(others, got.host.tolist(), strict=True):
         every[i], dtypes[i] = a.shape, st.name_of(a)
-    return Measured(stats, nulls, every, dtypes)
+    return absent.mark(plan, Measured(stats, nulls, every, dtypes))
 
 
 def _op_shapes(plan: Any, dims: np.ndarray) -> tuple[list[tuple[int, ...]], np.ndarray]:

@@ -6,13 +6,14 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from opscope.capture.tensorflow import absent
 from opscope.capture.tensorflow.plan import GraphPlan, OpPlan, Ref
 from opscope.config import DumpConfig
 from opscope.model.records import COL, STATS, new_row
 
 _ID, _STEP, _SEQ, _CALL, _IO, _SLOT, _ARG = (COL[c] for c in ("id", "step", "seq", "call", "io", "slot", "arg"))
 _DTYPE, _SHAPE, _NUMEL, _DATA, _KEY = (COL[c] for c in ("dtype", "shape", "numel", "data", "key"))
-_PRODUCER, _PARAM, _VIEW = COL["producer"], COL["param"], COL["view"]
+_PRODUCER, _PARAM, _VIEW, _NOTE = COL["producer"], COL["param"], COL["view"], COL["note"]
 Value = tuple[str, list[int], int, tuple[Any, ...], str | None, str | None]  # dtype, shape, numel, stats, data, key
 
 
@@ -141,6 +142,8 @@ class StepRows:
             row[_ID], row[_STEP], row[_SEQ] = base + local_id, step, seq + seq_local
             row[_CALL], row[_DTYPE], row[_SHAPE], row[_NUMEL] = call_local + offsets[key], dtype, vshape, numel
             row[STATS], row[_DATA], row[_KEY] = stats, data, tkey
+            if stats is absent.STATS:
+                row[_NOTE] = absent.NOTE
             row[_PRODUCER] = None if producer is None else base + producer
             row[_VIEW] = view
             rows.append(row)

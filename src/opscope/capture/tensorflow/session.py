@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from opscope.capture.steps import StepClock
+from opscope.capture.tensorflow import absent
 from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.columns import measure, measured_constants
 from opscope.capture.tensorflow.context import (
@@ -205,14 +206,15 @@ class TFDumpSession:
             return None
         return self._value(arr)
 
-    def _measure_all(self, arrays: list[Any]) -> list[Value | None]:
-        """A graph run's values: numpy arrays (a 0-d tensor comes as a numpy scalar)."""
+    def _measure_all(self, plan: GraphPlan, arrays: list[Any]) -> list[Value | None]:
+        """A graph run's values: numpy arrays (a 0-d tensor comes as a numpy scalar); an
+        absent one (the graph that ran has no such tensor) without statistics or data."""
         arrays = [np.asarray(a) for a in arrays]
         stats = st.many_stats(arrays)
-        if self.cfg.data == "tensor":
-            return [self._value(a, s) for a, s in zip(arrays, stats, strict=True)]
         name = st.name_of  # what _value gives for statistics, without a call per array
-        return [(name(a), list(a.shape), a.size, s, None, None) for a, s in zip(arrays, stats, strict=True)]
+        values = [self._value(a, s) if self.cfg.data == "tensor" and not absent.is_missing(a.shape)
+                  else (name(a), list(a.shape), a.size, s, None, None) for a, s in zip(arrays, stats, strict=True)]
+        return absent.values(plan, values, self.notes)
 
     def _value(self, arr: Any, stats: tuple[Any, ...] | None = None) -> Value:
         stats = st.host_stats(arr) if stats is None else stats
@@ -252,9 +254,11 @@ class TFDumpSession:
                 return  # a loop around the step function: its plumbing, not a step
             self.clock.poll()
             if self.selected and self.stats_in_graph():  # columns only
-                self._write_table(self.rows.stats_table(plan, measure(plan, arrays), measured_constants(plan)))
+                run = measure(plan, arrays)
+                absent.note_once(plan, 0 if run.absent is None else len(run.absent), self.notes)
+                self._write_table(self.rows.stats_table(plan, run, measured_constants(plan)))
             elif self.selected:
-                values = self._measure_all(arrays)
+                values = self._measure_all(plan, arrays)
                 constants = plan.__dict__.get("measured")
                 if constants is None or self.cfg.data == "tensor":  # tensors: each step's shards hold them
                     constants = plan.__dict__["measured"] = [self._value(c) for c in plan.constants]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -23,8 +24,9 @@ class Measured(NamedTuple):
 
     stats: np.ndarray  # (10, n): STAT_NAMES, rows 6-9 uint64 bits
     nulls: np.ndarray | None  # (10, n) bool: None statistics
-    shapes: list[tuple[int, ...]]
+    shapes: Sequence[tuple[int, ...] | None]  # None: an absent value whose shape was not known
     dtypes: list[str]
+    absent: np.ndarray | None = None  # the values the graph that ran did not have (absent.py)
 
 
 def _load_kernel() -> Any:

@@ -11,7 +11,10 @@ threads; the host callback receives their small outputs (and any tensor of a dty
 kernel does not read). Otherwise, or where the op cannot be built, the callback receives
 every planned tensor as a numpy array sharing a CPU tensor's buffer. Either way TensorFlow
 holds a tensor until it is measured, so a variable read stays the value it read even if the
-variable is updated later in the graph. A ``numpy_function`` rather than a ``py_function``:
+variable is updated later in the graph. Those ops read the graph's tensors unseen by Grappler
+(the passes of ``_c/tap_passes.cc``, loaded with the op: a dumped graph computes the bits of the
+bare one), and a tensor Grappler removed or rewrote is recorded as absent (:mod:`.absent`).
+A ``numpy_function`` rather than a ``py_function``:
 the conversion is TensorFlow's own C++, where a ``py_function`` makes an ``EagerTensor`` of
 each of a graph run's ~1,000 tensors for Python to convert one by one.
 Graphs compiled by XLA (``jit_compile=True``) get no host callback: XLA refuses it.
@@ -240,9 +243,12 @@ class Tracer:
 
         def graph_ran(*arrays: Any) -> None:
             host.graph_ran(plan, list(arrays))
-        lib = opbuild.load() if host.stats_in_graph() else None
-        if lib is None or not opstats.add(plan, list(plan.values), lib, graph_ran):
-            tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
+        lib = opbuild.load()  # with the op, the passes that keep these taps out of Grappler's sight
+        in_graph = lib is not None and opbuild.ENABLED and host.stats_in_graph()
+        if not in_graph or not opstats.add(plan, list(plan.values), lib, graph_ran):
+            with tf.name_scope("opscope_dump"):  # the tap passes know the dump's ops by this scope
+                tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
+        plan.__dict__["value_shapes"] = [static_shape(t) for t in plan.values]  # an absent value's (absent.py)
         plan.values = [t.name for t in plan.values]  # the plan keeps names, not the graph's tensors
 
     # -- the op callback ---------------------------------------------------------------
