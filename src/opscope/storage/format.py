@@ -53,6 +53,10 @@ def step_dir(root: str | os.PathLike, rank: int, step: int) -> Path:
 BATCH_FILE = re.compile(r"records-(\d+)-(\d+)-(\d+)\.parquet")  # in a rank's folder: steps first..last
 
 
+# Index files written without Parquet dictionaries or column statistics: the reader uses neither
+# (a TensorFlow step of 2,905 rows: 4.7 -> 3.3 ms of the writer's CPU, 93 -> 78 kB; a batch file of
+# 500 tiny steps: ~180 -> ~95 us a step, 5.0 -> 4.1 kB a step). Batch files and TensorFlow's tables.
+LEAN_PARQUET = {"use_dictionary": False, "write_statistics": False}
 BATCH_STEPS = "opscope.steps"  # a batch file's key-value metadata: its steps, as step_runs writes them
 
 

@@ -9,6 +9,8 @@ itself. That reader is used when this pyarrow has it as expected; otherwise
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,27 @@ def _reader_class() -> Any:
 READER = _reader_class()
 
 
+@contextmanager
+def _opened(path: str | Path) -> Iterator[Any]:
+    """The Cython reader opened on ``path``, closed after; None when this pyarrow has none
+    as expected (then the caller takes the public API)."""
+    if READER is None:
+        yield None
+        return
+    reader = READER()
+    try:
+        reader.open(str(path), pre_buffer=False)
+    except TypeError:  # an open() of another signature: the public reader knows it
+        yield None
+        return
+    try:
+        yield reader
+    finally:
+        close = getattr(reader, "close", None)
+        if close is not None:
+            close()
+
+
 def read(path: str | Path, columns: list[str] | None = None) -> pa.Table:
     """The rows of one Parquet file (only ``columns`` when given, in that order).
 
@@ -34,38 +57,19 @@ def read(path: str | Path, columns: list[str] | None = None) -> pa.Table:
         pyarrow.ArrowException, OSError: the file is unreadable or not Parquet (as
             ``pyarrow.parquet.ParquetFile`` raises).
     """
-    if READER is None:
-        return _read_with_parquet_file(path, columns)
-    reader = READER()
-    try:
-        reader.open(str(path), pre_buffer=False)
-    except TypeError:  # an open() of another signature: the public reader knows it
-        return _read_with_parquet_file(path, columns)
-    try:
+    with _opened(path) as reader:
+        if reader is None:
+            return _read_with_parquet_file(path, columns)
         indices = None if columns is None else _indices(reader.column_paths, columns)
         table: pa.Table = reader.read_all(column_indices=indices, use_threads=True)
         return table
-    finally:
-        close = getattr(reader, "close", None)
-        if close is not None:
-            close()
 
 
 def key_value(path: str | Path) -> dict[bytes, bytes]:
     """The key-value metadata of one Parquet file (its footer only is read)."""
-    if READER is not None:
-        reader = READER()
-        try:
-            reader.open(str(path), pre_buffer=False)
-        except TypeError:
-            pass
-        else:
-            try:
-                return dict(reader.metadata.metadata or {})
-            finally:
-                close = getattr(reader, "close", None)
-                if close is not None:
-                    close()
+    with _opened(path) as reader:
+        if reader is not None:
+            return dict(reader.metadata.metadata or {})
     import pyarrow.parquet as pq
 
     return dict(pq.read_metadata(path).metadata or {})

@@ -11,9 +11,7 @@ next call, as :class:`~opscope.errors.DumpWriteError`, and never hangs it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import shutil
 import threading
 import time
 from collections import deque
@@ -22,7 +20,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from opscope.errors import DumpExistsError, DumpWriteError
+from opscope.errors import DumpWriteError
+from opscope.storage import dump_root
 from opscope.storage import format as fmt
 from opscope.storage.safetensors_io import write_chunks, write_shard
 from opscope.storage.table import rows_to_table
@@ -34,9 +33,6 @@ WAKE_EVERY = 0.25  # seconds between the starts of two rounds of the writer thre
 COMPRESS_ROWS = 1024  # index files of fewer rows are written uncompressed
 BATCH_STEP_ROWS = 4096  # with ``batch``: a step's index of fewer rows is written with the round's other small steps
 BATCH_ROWS = 1 << 16  # rows of one batch file at most
-# A batch file's Parquet options when its parts give none: no dictionaries or column statistics (the
-# reader uses neither; a file of 500 tiny steps: ~180 -> ~95 us of the writer's CPU a step, 5.0 -> 4.1 kB)
-BATCH_PARQUET = {"use_dictionary": False, "write_statistics": False}
 # step -> (open shard's name, its (key, dtype, shape, buffer) chunks)
 OpenShards = dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]]
 
@@ -86,7 +82,7 @@ class DumpWriter:
     # -- caller side -------------------------------------------------------------------
     def open(self) -> None:
         """Create the layout, refuse to mix runs, start the writer thread."""
-        self._prepare_root()
+        dump_root.prepare(self.root, self.rank, self.manifest.get("run_id"), self.overwrite)
         self.manifest.update(status="running", started=_now(), format_version=fmt.FORMAT_VERSION)
         self._write_status("running")
         self._thread = threading.Thread(target=self._loop, name="opscope-writer", daemon=True)
@@ -250,7 +246,7 @@ class DumpWriter:
         name = fmt.batch_name(min(steps), max(steps), self._batches)
         self._batches += 1
         tmp = rdir / f"{name}.tmp"
-        options = _batch_options(payloads) or BATCH_PARQUET
+        options = _batch_options(payloads) or fmt.LEAN_PARQUET  # the parts give none
         with pq.ParquetWriter(tmp, table.schema, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none",
                               **options) as out:
             out.write_table(table)
@@ -263,7 +259,7 @@ class DumpWriter:
         try:
             fn(*args)
         except OSError as exc:
-            self.error = _write_error(exc, self.root)
+            self.error = dump_root.write_error(exc, self.root)
         except Exception as exc:  # keep the caller from waiting forever on a dead thread
             self.error = DumpWriteError(f"dump writer failed: {type(exc).__name__}: {exc}")
         self.write_seconds += time.perf_counter() - start
@@ -315,27 +311,6 @@ class DumpWriter:
                 write_shard(directory / current[0], current[1])
 
     # -- layout ------------------------------------------------------------------------
-    def _prepare_root(self) -> None:
-        root, rdir = self.root, fmt.rank_dir(self.root, self.rank)
-        if root.exists() and not root.is_dir():
-            raise DumpWriteError(f"dump path {str(root)!r} is a file; give a directory path")
-        manifest = root / fmt.MANIFEST
-        run_id = self.manifest.get("run_id")
-        if self.overwrite:
-            shutil.rmtree(rdir, ignore_errors=True)
-            _remove_other_runs(root, run_id)
-        elif rdir.exists() or (manifest.exists() and not _same_run(manifest, run_id)):
-            raise DumpExistsError(
-                f"{str(root)!r} already holds a dump; choose a new path or pass overwrite=True "
-                "(config key \"overwrite\": true) to replace it")
-        try:
-            rdir.mkdir(parents=True, exist_ok=True)
-            probe = rdir / ".write-test"
-            probe.write_bytes(b"")
-            probe.unlink()
-        except OSError as exc:
-            raise _write_error(exc, root) from None
-
     def _write_status(self, status: str, error: str | None = None) -> None:
         # one line: rewritten every second while the dump runs, with every step written so far
         fmt.write_json(fmt.rank_dir(self.root, self.rank) / fmt.RANK_STATUS, {
@@ -371,44 +346,6 @@ def _table_of(rows: Any) -> pa.Table:
     if isinstance(rows, pa.Table):
         return rows
     return rows.table() if hasattr(rows, "table") else rows_to_table(rows)
-
-
-def _remove_other_runs(root: Path, run_id: str | None) -> None:
-    """With overwrite, rank folders an earlier run left must not mix with this run's."""
-    import json
-
-    for d in root.glob("rank*"):
-        try:
-            other = json.loads((d / fmt.RANK_STATUS).read_text()).get("run_id")
-        except (OSError, ValueError):
-            continue  # being created right now by another rank of this run
-        if not run_id or other != run_id:
-            shutil.rmtree(d, ignore_errors=True)
-
-
-def _same_run(manifest: Path, run_id: str | None) -> bool:
-    if not run_id:
-        return False
-    try:
-        import json
-
-        return json.loads(manifest.read_text()).get("run_id") == run_id
-    except (OSError, ValueError):
-        return False
-
-
-def _write_error(exc: OSError, root: Path) -> DumpWriteError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-        what = "the disk is full (or a file-size limit was hit)"
-        fix = "free space or point the dump to a larger disk; narrow it with steps, scope or ops"
-    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        what = "permission denied"
-        fix = "choose a directory you can write to"
-    else:
-        what = exc.strerror or str(exc)
-        fix = "check the dump path"
-    return DumpWriteError(f"cannot write the dump at {str(root)!r}: {what} ({exc.filename or root}); {fix}. "
-                          "Steps completed before this stay readable.")
 
 
 def _now() -> str:
