@@ -19,18 +19,18 @@ from opscope.tensorflow import resolve  # noqa: E402
 STEPS = 3
 
 
-def _train(path=None, data="statistics"):
+def _train(path=None, data="statistics", loops=0):
     """Three steps of a graph with what Grappler regroups when no one else reads the parts: an
     Add chain over operands of two shapes and a product chain with a constant; and AddN of
-    three, whose sum order follows the input buffer it may write into. Returns the losses and
-    the variables' bytes."""
+    three, whose sum order follows the input buffer it may write into. ``loops``: that inside
+    as many nested ``tf.while_loop`` (fit's ``steps_per_execution`` loop around a model's own
+    loop is two). Returns the losses and the variables' bytes."""
     rng = np.random.default_rng(1)
     w = tf.Variable(rng.standard_normal((8, 16)).astype(np.float32))
     b1, b2 = (tf.Variable(rng.standard_normal(16).astype(np.float32)) for _ in range(2))
     x = tf.constant(rng.standard_normal((32, 8)).astype(np.float32))
 
-    @tf.function
-    def step(x):
+    def update(x):
         with tf.GradientTape() as tape:
             h = tf.matmul(x, w)
             y = h * 0.3 + b1 + b2
@@ -40,6 +40,15 @@ def _train(path=None, data="statistics"):
         for v, g in zip((w, b1, b2), grads):
             v.assign_sub(1e-3 * g)
         return loss
+
+    def looped(body, depth):
+        if depth == 0:
+            return body
+        inner = looped(body, depth - 1)
+        return lambda x: tf.while_loop(lambda i, _: i < 2, lambda i, _: (i + 1, inner(x)),
+                                       (tf.constant(0), tf.constant(0.0)))[1]
+
+    step = tf.function(looped(update, loops))
 
     losses = []
     if path is None:
@@ -77,3 +86,17 @@ def test_the_merged_inner_add_is_absent_and_the_rest_is_measured(tmp_path):
     _train(host, data="tensor")  # the host callback's path records the same values, the same absent ones
     theirs = load(host).records(step=1).to_pandas()
     assert rows.hash.equals(theirs.hash) and rows.note.equals(theirs.note)
+
+
+def test_taps_in_a_loop_inside_a_loop_are_hidden_too(tmp_path):
+    """fit with ``steps_per_execution`` > 1 runs the step in a while loop, and a model's own
+    loop (an RNN layer's) is then a loop inside a loop: its taps too are kept out of
+    Grappler's sight, and the inner Add it merged is absent there too."""
+    bare = _train(loops=2)
+    assert _train(tmp_path / "op", loops=2) == bare
+    assert _train(tmp_path / "host", data="tensor", loops=2) == bare
+    rows = load(tmp_path / "op").records(step=1).to_pandas()
+    inner = rows[(rows.node == "while/while/add_1") & (rows.io == "output")]  # add: the loop's i + 1
+    chain = rows[(rows.node == "while/while/add_2") & (rows.io == "output")]
+    assert len(inner) == 4 and (inner.note == ABSENT_NOTE).all(), rows[["op", "node", "io", "note"]]
+    assert len(chain) == 4 and chain.norm.notna().all()

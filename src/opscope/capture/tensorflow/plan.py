@@ -64,6 +64,17 @@ class GraphPlan:
     written: dict[str, Any] = field(default_factory=dict)   # resource name -> last value assigned here
     steps: bool = False          # traced an optimizer apply / gradient: its run ends a step
     contains_step: bool = False  # calls a graph that ends steps: not a step itself
+    outer: GraphPlan | None = field(default=None, repr=False, compare=False)  # the graph it was traced in
+
+    predicates: bool = False     # every value is a bool of at most 8 elements (a loop's condition)
+
+    def around_steps(self) -> bool:
+        """Plumbing of a loop over steps, which no step records: a graph that calls the step
+        function (Keras' loop over ``steps_per_execution`` steps), or the condition of such a
+        loop (traced in it, and computing only predicates)."""
+        outer = self.outer
+        return self.contains_step or (self.predicates and not self.steps and outer is not None
+                                      and outer.contains_step)
 
     def value(self, tensor: Any, numeric: bool) -> int:
         """The value index of a graph tensor (adding it), or -1 when it is not measured:
@@ -91,6 +102,15 @@ class GraphPlan:
 
 
 INTEGERS = frozenset({"int32", "int64", "int16", "int8", "uint8", "uint16", "uint32", "uint64"})
+
+
+def predicate(tensor: Any) -> bool:
+    """A bool scalar or vector of at most 8 elements, fully known."""
+    try:
+        shape = tensor.shape
+        return tensor.dtype.name == "bool" and bool(shape.is_fully_defined()) and shape.num_elements() <= 8
+    except (AttributeError, ValueError, TypeError):
+        return False
 
 
 def plumbing(tensor: Any) -> bool:

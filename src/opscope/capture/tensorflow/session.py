@@ -250,8 +250,8 @@ class TFDumpSession:
 
     def _graph_ran(self, plan: GraphPlan, arrays: list[Any]) -> None:
         with self._lock:
-            if plan.contains_step:
-                return  # a loop around the step function: its plumbing, not a step
+            if plan.around_steps():
+                return  # a loop around the step function, its condition: plumbing, not a step
             self.clock.poll()
             if self.selected and self.stats_in_graph():  # columns only
                 run = measure(plan, arrays)

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from opscope.capture.tensorflow import opbuild, opstats
 from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
-from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan, OpPlan, Ref
+from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan, OpPlan, Ref, predicate
 from opscope.capture.tensorflow.stats import NUMERIC
 
 SKIP_GRAPHS = ("Dataset_", "__inference_Dataset")
@@ -222,8 +222,8 @@ class Tracer:
             return None
         outer = self.current()
         if name.startswith(SKIP_GRAPHS) or (outer is not None and outer.xla):
-            return GraphPlan(name, xla=True) if outer is not None and outer.xla else None
-        return GraphPlan(name, xla=xla)
+            return GraphPlan(name, xla=True, outer=outer) if outer is not None and outer.xla else None
+        return GraphPlan(name, xla=xla, outer=outer)
 
     def _close(self, plan: GraphPlan) -> None:
         """The traced function returned: add the host callback that receives every value."""
@@ -249,6 +249,7 @@ class Tracer:
             with tf.name_scope("opscope_dump"):  # the tap passes know the dump's ops by this scope
                 tf.numpy_function(graph_ran, list(plan.values), Tout=[], stateful=True, name="opscope_dump")
         plan.__dict__["value_shapes"] = [static_shape(t) for t in plan.values]  # an absent value's (absent.py)
+        plan.predicates = all(predicate(t) for t in plan.values)
         plan.values = [t.name for t in plan.values]  # the plan keeps names, not the graph's tensors
 
     # -- the op callback ---------------------------------------------------------------
@@ -271,7 +272,7 @@ class Tracer:
             return outputs
         if self.ctx.phase == "optimizer":
             plan.steps = True
-        if plan.xla or (op_name or "").startswith("opscope_dump"):  # the dump's own ops (opstats)
+        if plan.xla or is_dump_op(op_name):  # the dump's own ops (opstats)
             return outputs
         if self.op_level:
             self.plan_op(plan, op_type, str(op_name or op_type), list(inputs), list(outputs), attrs)
@@ -330,6 +331,12 @@ class Tracer:
             if scope and scope not in plan.scopes:
                 plan.scopes[scope] = (module, "")
         return module, phase, None
+
+
+def is_dump_op(name: str | None) -> bool:
+    """An op the dump added: in an ``opscope_dump`` name scope, at any depth (a while loop's
+    cond graph names it ``while/opscope_dump/OpscopeStats``), as ``_c/tap_graph.h`` finds them."""
+    return bool(name) and any(part.startswith("opscope_dump") for part in str(name).split("/"))
 
 
 def static_shape(tensor: Any) -> list[int] | None:

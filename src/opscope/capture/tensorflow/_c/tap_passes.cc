@@ -51,28 +51,42 @@ std::map<int64_t, Snapshot> snapshots;  // taken by HideTaps, used once by Resto
 int64_t next_snapshot = 0;
 
 // The placeholders hidden tap inputs read: an empty constant per dtype and device, entered
-// (as a loop invariant) into the frame of a tap inside a lowered while loop (fit's
-// steps_per_execution > 1): a node's inputs must come from its own frame.
+// (as a loop invariant) into the frame of a tap inside a lowered while loop, frame by frame
+// for a loop inside a loop (fit's steps_per_execution > 1 around a model's own loop): a node's
+// inputs must come from its own frame.
 class Holes {
   public:
     Holes(Graph* g, std::vector<tensorflow::ControlFlowInfo> flow) : g_(g), flow_(std::move(flow)) {}
 
-    // nullptr for a tap in a loop inside a loop, or out of the flow's reach (its inputs then
-    // stay in Grappler's sight).
+    // nullptr for a tap out of the flow's reach (its inputs then stay in Grappler's sight).
     Node* For(const Node* tap, DataType dtype) {
-        if (tap->id() >= static_cast<int>(flow_.size())) return nullptr;
-        const tensorflow::ControlFlowInfo& where = flow_[tap->id()];
-        if (where.frame == nullptr || where.parent_frame == nullptr) return nullptr;
-        const bool in_loop = !where.frame->IsSource();
-        if (in_loop && !where.parent_frame->IsSource()) return nullptr;
-        const std::string frame = in_loop ? where.frame_name : "";
-        Node*& node = made_[{dtype, tap->assigned_device_name() + "|" + frame}];
-        if (node == nullptr) node = Make(dtype, tap->assigned_device_name(), in_loop ? where.frame : nullptr, frame);
-        return node;
+        if (tap->id() >= static_cast<int>(flow_.size()) || flow_[tap->id()].frame == nullptr) return nullptr;
+        return In(flow_[tap->id()].frame, dtype, tap->assigned_device_name(), 0);
     }
 
   private:
-    Node* Make(DataType dtype, const std::string& device, const Node* enter, const std::string& frame) {
+    // The placeholder in the frame `frame` enters (one of its Enter nodes; the source node:
+    // outside every loop), made of the one in its parent frame.
+    Node* In(const Node* frame, DataType dtype, const std::string& device, int depth) {
+        const bool source = frame->IsSource();
+        if (!source && (depth > 32 || frame->id() >= static_cast<int>(flow_.size()))) return nullptr;
+        const tensorflow::ControlFlowInfo* where = source ? nullptr : &flow_[frame->id()];
+        const std::string name = source ? "" : where->frame_name;
+        const auto key = std::make_pair(dtype, device + "|" + name);
+        auto found = made_.find(key);
+        if (found != made_.end()) return found->second;
+        Node* node = nullptr;
+        if (source) {
+            node = Constant(dtype, device);
+        } else if (where->parent_frame != nullptr) {
+            Node* outer = In(where->parent_frame, dtype, device, depth + 1);
+            if (outer != nullptr) node = Enter(outer, frame, name, device);
+        }
+        made_[key] = node;
+        return node;
+    }
+
+    Node* Constant(DataType dtype, const std::string& device) {
         tensorflow::Tensor empty(dtype, tensorflow::TensorShape(std::vector<int64_t>(kMissingRank, 0)));
         Node* value = nullptr;
         if (!tensorflow::NodeBuilder(g_->NewName("opscope_dump/missing"), "Const")
@@ -82,13 +96,16 @@ class Holes {
                  .ok())
             return nullptr;
         value->set_assigned_device_name(device);
-        if (enter == nullptr) return value;
+        return value;
+    }
+
+    Node* Enter(Node* outer, const Node* frame, const std::string& name, const std::string& device) {
         int64_t parallel = 10;
-        tensorflow::TryGetNodeAttr(enter->attrs(), "parallel_iterations", &parallel);
+        tensorflow::TryGetNodeAttr(frame->attrs(), "parallel_iterations", &parallel);
         Node* entered = nullptr;
         if (!tensorflow::NodeBuilder(g_->NewName("opscope_dump/missing_in_loop"), "Enter")
-                 .Input(value)
-                 .Attr("frame_name", frame)
+                 .Input(outer)
+                 .Attr("frame_name", name)
                  .Attr("is_constant", true)
                  .Attr("parallel_iterations", parallel)
                  .Finalize(g_, &entered)
@@ -151,7 +168,7 @@ void Restore(Graph* g, Node* tap, SameCheck* same) {
     if (!tensorflow::TryGetNodeAttr(tap->attrs(), kSources, &sources)) return;
     for (size_t i = 0; i < sources.size() && i < static_cast<size_t>(tap->num_inputs()); i++) {
         const std::string holder = sources[i].empty() ? "" : same->Holder(sources[i]);
-        if (holder.empty()) { if (getenv("OPSCOPE_TAP_DEBUG")) fprintf(stderr, "DBG noholder %s\n", sources[i].c_str()); continue; }  // stays on the placeholder: absent
+        if (holder.empty()) continue;  // stays on the placeholder: absent
         const auto [name, slot] = Split(holder);
         Node* src = same->Find(name);
         if (slot < src->num_outputs() && src->output_type(slot) == tap->input_type(i) && same->Same(name))
@@ -212,14 +229,15 @@ void CopyBeforeSums(Graph* g) {
     }
 }
 
-// The placeholders no tap reads any more (an Enter's constant after the Enter).
+// The placeholders no tap reads any more (an Enter's, then the outer frame's, then the constant).
 void DropUnread(Graph* g) {
-    for (const char* op : {"Enter", "Const"}) {
+    for (bool dropped = true; dropped;) {
         std::vector<Node*> unread;
         for (Node* n : g->op_nodes())
-            if (n->type_string() == op && n->out_edges().empty() && n->name().find("opscope_dump/missing") != std::string::npos)
+            if (n->out_edges().empty() && n->name().find("opscope_dump/missing") != std::string::npos)
                 unread.push_back(n);
         for (Node* n : unread) g->RemoveNode(n);
+        dropped = !unread.empty();
     }
 }
 
