@@ -200,7 +200,6 @@ class TFProfileSession(keras.callbacks.Callback):
         model = self.model
         if self.state == "running" and model is not None and all(m is not model for m in self._models):
             self._models.append(model)
-            self.timers.gate_data = self.timers.gate_data or bool(getattr(model, "jit_compile", False))
             model.make_train_function(force=True)
             spe = int(getattr(model, "steps_per_execution", 1) or 1)
             if spe > 1 and self.config.training_trace:

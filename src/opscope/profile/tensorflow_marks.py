@@ -19,11 +19,14 @@ mark                  runs after                                   what waits fo
 ``optimizer_end``     every op ``apply`` created                   (nothing)
 ====================  ===========================================  ============================
 
-Each timestamp is written into one slot of a small float64 variable that the session reads
-once per step; in eager code (``run_eagerly``, an eager custom loop) the same hooks take a
-host clock mark instead. The added ops are identities and timestamps: the numbers the model
-computes do not change. Inside an XLA cluster no timestamp can run, so no mark is placed
-there (:attr:`PhaseMarks.notes` says so).
+Each timestamp is written into one slot of a small float64 variable, one per depth of
+function nesting (a graph that calls another, as fit's loop calls its step, then shares no
+variable with it: automatic control dependencies add no edge into the call, whose inlining
+made an identity of each captured input per edge, ~110 a step of the benchmark's model), which
+the session reads every :data:`READ_EVERY` steps; in eager code (``run_eagerly``, an eager
+custom loop) the same hooks take a host clock mark instead. The added ops are identities and
+timestamps: the numbers the model computes do not change. Inside an XLA cluster no timestamp
+can run, so no mark is placed there (:attr:`PhaseMarks.notes` says so).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from opscope.profile.tensorflow_graph import (
 from opscope.profile.tensorflow_phases import SLOT, SLOTS
 
 ROWS = 128  # graph marks kept between two reads: one row per run of a graph that marks
+BANKS = 6  # marks variables: one per depth of nesting (the deepest shared by any deeper)
 READ_EVERY = 32  # steps between reads of the marks (and at a task-traced step and at the end)
 XLA_NOTE = (
     "XLA: forward, backward and optimizer inside a jit-compiled function are not separated "
@@ -86,20 +90,12 @@ class PhaseMarks:
         self.step_functions: set[str] = set()
         self.bp_variables: set[int] = set()  # ids of the bp_point layer's variables
         self.host: list[tuple[int, int]] = []  # (slot, perf_counter_ns) from eager code
-        with tf.device("/CPU:0"):
-            # One row per run of a marking graph (fit: two per step), ROWS of them:
-            # read once every READ_EVERY steps, not after each (an eager read waits for
-            # TensorFlow's inter-op threads, 0.1-0.2 ms a step with one of them).
-            self.slots = tf.Variable(
-                tf.zeros([ROWS, len(SLOTS)], tf.float64), trainable=False, name="opscope_profile_marks"
-            )
-            self.cursor = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="opscope_profile_row")
+        with tf.device("/CPU:0"):  # made eagerly: a tf.function may not make variables while traced
+            self._banks = [(_variable(tf.zeros([ROWS * len(SLOTS)], tf.float64), "opscope_profile_marks"),
+                            _variable(tf.constant(0, tf.int64), "opscope_profile_row")) for _ in range(BANKS)]
+        self._used: set[int] = set()  # banks written by some graph
         self._on_poll, self._on_opt = on_poll, on_optimizer_step
         self._depth = 0
-        # Hold the step back until the data-end mark ran: needed before an XLA-compiled step
-        # (one op, which the executor ran first: 8 ms of false data wait), and it cost ~8%
-        # of a Keras fit step otherwise, so only there (the Keras callback sets it).
-        self.gate_data = False
         self._rows: dict[int, Any] = {}  # graph id -> its row tensor
         self._opt_depth = 0
         self._grads_gate: tuple[Any, dict[int, Any], Any] = (None, {}, None)  # graph, gated gradients, stamp
@@ -152,10 +148,10 @@ class PhaseMarks:
         if not self.detailed:
             return []
         out = []
-        for row in self.slots.numpy().tolist():
-            for slot, seconds in enumerate(row):
+        for bank in sorted(self._used):
+            for at, seconds in enumerate(self._banks[bank][0].numpy().tolist()):
                 if seconds:
-                    out.append((round(seconds * 1e9) - offset_ns, slot))
+                    out.append((round(seconds * 1e9) - offset_ns, at % len(SLOTS)))
         return out
 
     def unresolved_points(self) -> list[str]:
@@ -185,10 +181,23 @@ class PhaseMarks:
         return stamp
 
     def _write(self, slot: str, stamp: Any) -> None:
-        """Store a graph timestamp in ``slot`` of this run's row."""
+        """Store a graph timestamp in ``slot`` of this run's row (one scatter of a scalar: the
+        marks are ops the step runs, fewest is cheapest)."""
         tf = self.tf
-        index = tf.reshape(tf.stack([self._row(), tf.constant(SLOT[slot], tf.int64)]), [1, 2])
-        self.slots.scatter_nd_update(index, tf.reshape(stamp, [1]))
+        slots, _ = self._bank()
+        index = self._row() + tf.constant(SLOT[slot], tf.int64)
+        tf.raw_ops.ResourceScatterUpdate(resource=slots.handle, indices=index, updates=stamp)
+
+    def _bank(self) -> tuple[Any, Any]:
+        """The marks variable (``ROWS`` rows: one per run of a graph, read once every
+        ``READ_EVERY`` steps, not after each: an eager read waits for TensorFlow's inter-op
+        threads, 0.1-0.2 ms a step with one of them) and row cursor of the current graph's
+        depth of nesting."""
+        depth, graph = 0, default_graph()
+        while getattr(graph, "outer_graph", None) is not None and depth < BANKS - 1:
+            graph, depth = graph.outer_graph, depth + 1
+        self._used.add(depth)
+        return self._banks[depth]
 
     def _gradients_stamp(self, grads: Any) -> Any:
         """The ``backward_end`` stamp when ``grads`` are exactly the gradients it gated (in
@@ -200,12 +209,13 @@ class PhaseMarks:
         return stamp
 
     def _row(self) -> Any:
-        """The row this run of the current graph writes its marks to: each run of a graph
-        that marks takes the next row once (at its first mark), whatever the graph holds."""
+        """Where the row this run of the current graph writes its marks to starts: each run of
+        a graph that marks takes the next row once (at its first mark), whatever it holds."""
         graph = default_graph()
         row = self._rows.get(id(graph))
         if row is None or row.graph is not graph:
-            row = (self.cursor.assign_add(1, read_value=True) - 1) % ROWS
+            _, cursor = self._bank()
+            row = (cursor.assign_add(1, read_value=True) - 1) % ROWS * len(SLOTS)
             self._rows[id(graph)] = row
         return row
 
@@ -264,9 +274,15 @@ class PhaseMarks:
                 with marks.tf.control_dependencies([stamp]):
                     out = original(iterator, *args, **kwargs)
             stamp = marks._mark("data_end", flat_tensors(marks.tf, out))
-            if not marks.gate_data or stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
+            if stamp is None or not isinstance(out, (marks.tf.Tensor, tuple, list, dict)):
                 return out  # (an Optional, with steps_per_execution > 1, is never held back)
-            with marks.tf.control_dependencies([stamp]):  # else an XLA step may run before the mark
+            # The step waits for the data-end mark (an identity of each batch tensor): else the
+            # executor may run the step first (with one inter-op thread the whole step counted as
+            # data wait; an XLA-compiled step, one op: 8 ms of false data wait). The step's call
+            # used to wait through the marks variable both wrote (an automatic control edge,
+            # ~110 identities once inlined: ~5% of the benchmark's step); now each depth of
+            # nesting has its own (_bank).
+            with marks.tf.control_dependencies([stamp]):
                 return marks.tf.nest.map_structure(lambda t: identity(marks.tf, t), out, expand_composites=True)
 
         return next_element
@@ -356,3 +372,9 @@ class PhaseMarks:
             return out
 
         return apply
+
+
+def _variable(value: Any, name: str) -> Any:
+    import tensorflow as tf
+
+    return tf.Variable(value, trainable=False, name=name)
