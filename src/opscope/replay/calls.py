@@ -87,16 +87,16 @@ def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     missing = []
     for row in inputs:
         if row.get("data") and row.get("key"):
-            call.tensors[row["id"]] = _read(dump, row)
+            call.tensors[row["id"]] = read_tensor(dump, row)
         elif "uninitialized" in str(row.get("note") or "") and row.get("arg") in written:
             call.tensors[row["id"]] = None  # an empty() buffer the op overwrites: its values do not matter
         else:
             missing.append(f"{row.get('arg') or 'input'} {row.get('slot')}")
     if missing:
-        raise ReplayError(_missing_message(dump, name, side, missing))
+        raise ReplayError(missing_message(dump, name, side, missing))
     for row in outputs:
         if row.get("data") and row.get("key") and "uninitialized" not in str(row.get("note") or ""):
-            call.recorded[row.get("slot") or 0] = _read(dump, row)
+            call.recorded[row.get("slot") or 0] = read_tensor(dump, row)
     if not call.recorded:
         what = "holds no output tensor" if not outputs else "has no full output tensor in the dump"
         raise ReplayError(f"{name} {what} on the {side} side: nothing to check a replay against")
@@ -124,12 +124,12 @@ def read_rows(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     call = Call(side, name, None, head, inputs, outputs, {})
     missing = [f"{r.get('arg') or r.get('io')} {r.get('slot')}" for r in inputs if not (r.get("data") and r.get("key"))]
     if missing:
-        raise ReplayError(_missing_message(dump, name, side, missing))
+        raise ReplayError(missing_message(dump, name, side, missing))
     for row in inputs:
-        call.tensors[row["id"]] = _read(dump, row)
+        call.tensors[row["id"]] = read_tensor(dump, row)
     for row in outputs:
         if row.get("data") and row.get("key"):
-            call.recorded[row.get("slot") or 0] = _read(dump, row)
+            call.recorded[row.get("slot") or 0] = read_tensor(dump, row)
     if not call.recorded:
         raise ReplayError(f"{name} has no full output tensor in the {side} dump: nothing to check a replay against")
     return call
@@ -303,7 +303,7 @@ def _random_state(call: Call, kwargs: dict[str, Any]) -> Iterator[None]:
 
 
 # -- reading -------------------------------------------------------------------------------
-def _read(dump: Any, row: dict[str, Any]) -> torch.Tensor:
+def read_tensor(dump: Any, row: dict[str, Any]) -> torch.Tensor:
     import numpy as np
 
     from opscope.errors import DumpFormatError
@@ -327,7 +327,7 @@ def torch_dtype(name: str | None) -> torch.dtype:
     return found
 
 
-def _missing_message(dump: Any, name: str, side: str, missing: list[str]) -> str:
+def missing_message(dump: Any, name: str, side: str, missing: list[str]) -> str:
     cfg = (dump.manifest or {}).get("config") or {}
     stats_only = cfg.get("data", "statistics") == "statistics"
     what = (f"{dump.path} is a statistics-only dump" if stats_only and not cfg.get("suspects")

@@ -212,11 +212,17 @@ def judge(sides: dict[str, SideReplay], errors: dict[str, str], ref: CallRef) ->
         return "both_within", (f"{_join(sides)}: the op is right for its inputs on "
                                f"{'both sides' if len(sides) == 2 else 'the only side it ran on'}; "
                                f"the difference comes from its inputs{_suffix(others)}")
+    owner = kernel_owner(next(iter(sides.values())).op)
     if wrong:
-        return "both_off", (f"{_join(sides)}: both are further from float64 than torch's CPU kernel in their "
-                            "precision: both implementations differ from torch's")
-    return "both_off", (f"{_join(sides)}: far from float64, but no further than torch's CPU kernel in the "
+        return "both_off", (f"{_join(sides)}: both are further from float64 than {owner} CPU kernel in their "
+                            f"precision: both implementations differ from {owner}")
+    return "both_off", (f"{_join(sides)}: far from float64, but no further than {owner} CPU kernel in the "
                         f"same precision: the op is ill-conditioned here{_suffix(others)}")
+
+
+def kernel_owner(op: str) -> str:
+    """Whose CPU kernel the native run used: TensorFlow re-runs its own ops, torch the rest."""
+    return "TensorFlow's" if op.startswith("tf.") else "torch's"
 
 
 def _argument_difference(sides: dict[str, SideReplay]) -> str:
@@ -231,7 +237,8 @@ def _argument_difference(sides: dict[str, SideReplay]) -> str:
 
 
 def _describe(s: SideReplay) -> str:
-    native = "" if s.native_units is None else f"; torch's CPU kernel in {s.dtype}: {_fmt(s.native_units)} eps"
+    native = "" if s.native_units is None else \
+        f"; {kernel_owner(s.op)} CPU kernel in {s.dtype}: {_fmt(s.native_units)} eps"
     return f"the {s.side}'s output is {_fmt(s.units)} eps ({s.dtype}) from float64 on its own inputs{native}"
 
 

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from opscope.capture.tensorflow import opbuild, opstats
+from opscope.capture.tensorflow import opattrs, opbuild, opstats
 from opscope.capture.tensorflow.context import BACKWARD_SCOPE, CallContext
 from opscope.capture.tensorflow.plan import ALIASES, ASSIGNS, SILENT, GraphPlan, OpPlan, Ref, predicate
 from opscope.capture.tensorflow.stats import NUMERIC
@@ -311,8 +311,8 @@ class Tracer:
         if silent or not any(r.value >= 0 for r in outs) and not any(r.value != -1 for r in ins):
             plan.ops.append(OpPlan(op_type, node, module, phase, fwd, [], [], note="silent"))
             return
-        plan.ops.append(OpPlan(op_type, node, module, phase, fwd, ins, outs,
-                               note="view" if alias else None))
+        plan.ops.append(OpPlan(op_type, node, module, phase, fwd, ins, outs, note="view" if alias else None,
+                               args=opattrs.describe(attrs, inputs, [r.value >= 0 for r in ins])))
 
     def _ref(self, plan: GraphPlan, tensor: Any) -> Ref:
         numeric = is_numeric(tensor)
