@@ -2,7 +2,8 @@
 ``_opscope_dump.take_columns`` (buffers of numbers and indices into a list of names) without a
 Python object per value. Building it costs a few hundred microseconds a step whatever the
 number of rows; the dump writer's thread does it (:meth:`Columns.table`), mostly while the
-training thread runs torch code without the GIL (see ``_c/dumpobs_module.h``)."""
+training thread runs torch code without the GIL (see ``_c/dumpobs_module.h``). The rows
+become those columns there too: the training thread only takes them (``_c/dumpobs_columns.h``)."""
 
 from __future__ import annotations
 
@@ -21,24 +22,36 @@ _STRS = ("phase", "module", "op", "io", "arg", "dtype", "device", "param", "fwd_
 
 
 class Columns:
-    """One step's columns. Cheap to make: the buffers are read by :meth:`table`, which the
-    dump writer calls on its own thread. Statistics that Python measured (tensors the kernel
-    could not read, and their links) are given with :meth:`set_stats` before that. The
-    arguments come as the observer's records, made JSON by ``args_json`` (the module's
-    function of that name) on the writer's thread too."""
+    """One step's columns. Cheap to make: ``taken`` is ``take_columns()``'s (rows, the callable
+    that makes the columns' buffers), called by :meth:`table`, which the dump writer calls on its
+    own thread. Statistics that Python measured (tensors the kernel could not read, and their
+    links) are given with :meth:`set_stats` before that. The arguments come as the observer's
+    records, made JSON by ``args_json`` (the module's function of that name) on the writer's
+    thread too."""
 
-    def __init__(self, raw: tuple[Any, ...], rank: int, step: int,
+    def __init__(self, taken: tuple[int, Callable[[], tuple[Any, ...]]], rank: int, step: int,
                  args_json: Callable[..., tuple[bytes, bytes, bytes]] | None = None) -> None:
-        self.raw = raw
+        self.n, self._build = taken
+        self._raw: tuple[Any, ...] | None = None
         self.args_json = args_json
-        self.n = raw[0]
-        self.links = raw[10]
         self.rank, self.step = rank, step
         self._stats: dict[int, tuple[Any, ...]] = {}
 
     @property
     def num_rows(self) -> int:
         return self.n
+
+    @property
+    def raw(self) -> tuple[Any, ...]:
+        """The columns' buffers (see ``py_build_columns``), made on first use."""
+        if self._raw is None:
+            self._raw = self._build()
+        return self._raw
+
+    @property
+    def links(self) -> list[tuple[int, int]]:
+        """(row, the row whose statistics Python measured) for rows linked to such a row."""
+        return self.raw[10]
 
     def set_stats(self, i: int, stats: tuple[Any, ...]) -> None:
         self._stats[i] = stats

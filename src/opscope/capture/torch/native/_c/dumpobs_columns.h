@@ -85,7 +85,24 @@ PyObject* bytes_of(const std::vector<T>& v) {
   return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(v.data()), static_cast<Py_ssize_t>(v.size() * sizeof(T)));
 }
 
-void resolve_links() {  // sources come first: one pass resolves chains
+// A step's rows as take_columns hands them over: moved out of the observer's state at the step's
+// end, made columns later by `build_columns`, which the dump writer's thread calls (the loop over
+// the rows without the GIL): the training thread only moves them (a tiny step's ~190 rows took
+// ~30 us of its CPU to become columns).
+struct StepRows {
+  std::vector<Row> rows;
+  std::vector<std::string> views;                    // views_json
+  std::vector<std::optional<std::string>> shards;    // shard_names
+  std::string args;                                  // args_bin
+  int fixed = 0, shards_at = 0, n_view = -1;         // names.size(), the shard names' start in `names`, N_VIEW
+  bool probe = false;                                // g_probe
+  int slot_of[256];                                  // dtype -> its place among the step's dtype names
+  PyObject* names = nullptr;                         // the names' list (owned until the columns are built)
+  ~StepRows() { Py_XDECREF(names); }                 // (with the GIL: the capsule's destructor, or take_columns)
+};
+
+void resolve_links(StepRows& s) {  // sources come first: one pass resolves chains
+  std::vector<Row>& rows = s.rows;
   for (size_t i = 0; i < rows.size(); ++i) {
     Row& r = rows[i];
     if (r.same >= 0) {  // the statistics of the same bytes (resolved already: an earlier row)
@@ -95,15 +112,15 @@ void resolve_links() {  // sources come first: one pass resolves chains
       std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
     }
     if (r.link < 0) continue;
-    const Row& s = rows[r.link];
+    const Row& s0 = rows[r.link];
     // the same tensor's data; an input that is a view recorded earlier has its geometry too
     // (not in a size probe: its views count as what they are, as Recorder counts them)
-    if (!g_probe && s.view >= 0 && r.view < 0 && r.numel == s.numel && r.shape == s.shape) r.view = s.view;
-    r.shard = s.shard, r.key = s.key;
+    if (!s.probe && s0.view >= 0 && r.view < 0 && r.numel == s0.numel && r.shape == s0.shape) r.view = s0.view;
+    r.shard = s0.shard, r.key = s0.key;
     // a note travels from the row linked to (an "alias" output, a meta tensor's), as Recorder
     // passes it on: not from the end of the chain
-    if (s.note >= 0 && s.note != N_VIEW && r.note < 0) r.note = s.note;
-    if (s.link >= 0) r.link = s.link;
+    if (s0.note >= 0 && s0.note != s.n_view && r.note < 0) r.note = s0.note;
+    if (s0.link >= 0) r.link = s0.link;
     const Row& src = rows[r.link];
     r.stats = src.stats;
     std::memcpy(r.st, src.st, sizeof r.st);
@@ -170,78 +187,136 @@ PyObject* py_args_json(PyObject*, PyObject* a) {
 
 // The data columns of row i: its shard (index among the step's shards, -1: none) and the key
 // and view strings.
-int data_of(const Row& r, size_t i, Strings& keys, Strings& geometry) {
-  bool stored = r.shard >= 0 && static_cast<size_t>(r.shard) < shard_names.size() && shard_names[r.shard];
+int data_of(const StepRows& s, const Row& r, size_t i, Strings& keys, Strings& geometry) {
+  bool stored = r.shard >= 0 && static_cast<size_t>(r.shard) < s.shards.size() && s.shards[r.shard];
   std::string key = stored ? "r" + std::to_string(r.key) : std::string();
   keys.add(i, stored ? &key : nullptr);
-  geometry.add(i, r.view >= 0 ? &views_json[r.view] : nullptr);
+  geometry.add(i, r.view >= 0 ? &s.views[r.view] : nullptr);
   return stored ? r.shard : -1;
 }
 
-// take_columns() -> the step's rows as columns, ready for Arrow without a Python object per
-// value (see native/table.py, Columns): (n, ints, strs, names, args, shape_offsets,
+// Row i of the step into the columns (see build_columns); without the GIL. A row whose statistics
+// are Python's (SLOW) linked to: (i, its source) appended to `slow`.
+struct Filled {
+  int64_t* ints;
+  int32_t* strs;
+  int32_t* offsets;
+  double* sf;
+  uint64_t* si;
+  uint16_t* valid;
+  int32_t* args;
+};
+
+void fill_row(const StepRows& s, size_t i, const Filled& c, std::vector<int64_t>& shape, Strings& keys,
+              Strings& geometry, std::vector<std::pair<Py_ssize_t, Py_ssize_t>>& slow) {
+  const size_t n = s.rows.size();
+  const int fixed = s.fixed;  // phase, io and "cpu" texts follow the names
+  const Row& r = s.rows[i];
+  int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
+  for (int k = 0; k < 6; ++k) c.ints[k * n + i] = iv[k];
+  int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1,
+                    r.device < 0 ? fixed + 6 : r.device, r.param, r.fwd, r.node, r.note};
+  for (int k = 0; k < 11; ++k) c.strs[k * n + i] = sv[k];
+  c.strs[5 * n + i] = fixed + 9 + s.slot_of[r.dtype & 255];  // the step's dtype names follow the fixed texts
+  c.offsets[i] = static_cast<int32_t>(shape.size());
+  shape.insert(shape.end(), r.shape.begin(), r.shape.end());
+  uint16_t bits = 0;
+  bool have = r.stats == HAVE, empty = r.numel == 0;
+  for (int k = 0; k < 6; ++k) {
+    c.sf[k * n + i] = have ? r.st[k] : 0.0;
+    if (have && (!empty || k == 4)) bits |= 1u << k;
+  }
+  for (int k = 0; k < 4; ++k) {
+    c.si[k * n + i] = !have || (empty && k < 3) ? 0 : r.cnt[k];
+    if (have) bits |= 1u << (6 + k);
+  }
+  c.valid[i] = bits;
+  int shard = data_of(s, r, i, keys, geometry);
+  c.strs[11 * n + i] = shard < 0 ? -1 : shard + s.shards_at;  // the step's shard names follow in its names
+  c.args[i] = r.args;
+  if (r.link >= 0 && s.rows[r.link].stats == SLOW) slow.emplace_back(static_cast<Py_ssize_t>(i), r.link);
+}
+
+// columns() of take_columns -> the step's rows as columns, ready for Arrow without a Python
+// object per value (see native/table.py, Columns): (n, ints, strs, names, args, shape_offsets,
 // shape_values, stats_f, stats_i, stats_valid, slow_links, keys, views). ints: int64 id, seq,
 // call, slot, numel, producer (-1: none), column after column; strs: int32 indices into names
 // (-1: none) of phase, module, op, io, arg, dtype, device, param, fwd_op, node, note, data;
 // stats_f: float64 min..absmax; stats_i: uint64 nan, inf, zeros, hash; stats_valid: one byte
 // per row, bit i set when statistic i (STAT_NAMES order) has a value; args: (the step's argument
 // records, int32 offset of each row's record or -1), made a string column by args_json; keys,
-// views: string columns (Strings); names: one list object for as long as it holds the same names. The step's last shard is handed over first; the step's state is cleared.
-PyObject* py_take_columns(PyObject*, PyObject*) {
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  flush_shard();
-  resolve_links();
-  size_t n = rows.size();
-  int fixed = static_cast<int>(names.size());  // phase, io and "cpu" texts follow the names
+// views: string columns (Strings); names: one list object for as long as it holds the same names.
+// Once per step (the rows are let go).
+PyObject* py_build_columns(PyObject* capsule, PyObject*) {
+  auto* s = static_cast<StepRows*>(PyCapsule_GetPointer(capsule, "opscope.step_rows"));
+  if (!s) return nullptr;
+  if (!s->names) {
+    PyErr_SetString(PyExc_RuntimeError, "columns(): this step's columns were built already");
+    return nullptr;
+  }
+  PyObject* names = std::exchange(s->names, nullptr);  // taken now: a second call finds none, also while this one runs
+  size_t n = s->rows.size();
+  // fixed-size columns written straight into the bytes objects Python receives
   Column<int64_t> ints(n * 6);
   Column<int32_t> strs(n * 12), offsets(n + 1);
   Column<double> sf(n * 6);
   Column<uint64_t> si(n * 4);
   Column<uint16_t> valid(n);
-  Column<int32_t> args(n);  // the call's record in args_bin on each of its rows (-1: none): JSON on the writer's thread
-  if (!ints.p || !strs.p || !offsets.p || !sf.p || !si.p || !valid.p || !args.p) return nullptr;  // no memory: the error is set
+  Column<int32_t> args(n);  // the call's record in args on each of its rows (-1: none): JSON by args_json
+  if (!ints.p || !strs.p || !offsets.p || !sf.p || !si.p || !valid.p || !args.p) {  // no memory: the error is set
+    Py_DECREF(names);
+    return nullptr;
+  }
   Strings keys(n), geometry(n);
   std::vector<int64_t> shape;
-  std::vector<int> by_slot;  // the step's dtypes in order of first use
-  int slot_of[256];          // dtype (a c10::ScalarType, < 256) -> its place among them, -1: none yet
-  std::fill(std::begin(slot_of), std::end(slot_of), -1);
-  PyObject* links = PyList_New(0);
-  for (size_t i = 0; i < n; ++i) {
-    const Row& r = rows[i];
-    int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
-    for (int c = 0; c < 6; ++c) ints.p[c * n + i] = iv[c];
-    int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1, r.device < 0 ? fixed + 6 : r.device,
-                      r.param, r.fwd, r.node, r.note};
-    for (int c = 0; c < 11; ++c) strs.p[c * n + i] = sv[c];
-    int& slot = slot_of[r.dtype & 255];
-    if (slot < 0) slot = static_cast<int>(by_slot.size()), by_slot.push_back(r.dtype);
-    strs.p[5 * n + i] = fixed + 9 + slot;  // the step's dtype names follow the fixed texts
-    offsets.p[i] = static_cast<int32_t>(shape.size());
-    shape.insert(shape.end(), r.shape.begin(), r.shape.end());
-    uint16_t bits = 0;
-    bool have = r.stats == HAVE, empty = r.numel == 0;
-    for (int c = 0; c < 6; ++c) {
-      sf.p[c * n + i] = have ? r.st[c] : 0.0;
-      if (have && (!empty || c == 4)) bits |= 1u << c;
-    }
-    for (int c = 0; c < 4; ++c) {
-      si.p[c * n + i] = !have || (empty && c < 3) ? 0 : r.cnt[c];
-      if (have) bits |= 1u << (6 + c);
-    }
-    valid.p[i] = bits;
-    strs.p[11 * n + i] = data_of(r, i, keys, geometry);
-    args.p[i] = r.args;
-    if (r.link >= 0 && rows[r.link].stats == SLOW) {
-      PyObject* pair = Py_BuildValue("nn", static_cast<Py_ssize_t>(i), static_cast<Py_ssize_t>(r.link));
-      PyList_Append(links, pair);
-      Py_DECREF(pair);
-    }
-  }
+  std::vector<std::pair<Py_ssize_t, Py_ssize_t>> slow;
+  Filled c{ints.p, strs.p, offsets.p, sf.p, si.p, valid.p, args.p};
+  Py_BEGIN_ALLOW_THREADS
+  resolve_links(*s);
+  for (size_t i = 0; i < n; ++i) fill_row(*s, i, c, shape, keys, geometry, slow);
   offsets.p[n] = static_cast<int32_t>(shape.size());
+  Py_END_ALLOW_THREADS
+  PyObject* links = PyList_New(0);
+  for (auto [i, link] : slow) {
+    PyObject* pair = Py_BuildValue("nn", i, link);
+    PyList_Append(links, pair);
+    Py_DECREF(pair);
+  }
+  PyObject* out = Py_BuildValue("nNNN(NN)NNNNNNNN", static_cast<Py_ssize_t>(n), ints.take(), strs.take(),
+                                names,
+                                PyBytes_FromStringAndSize(s->args.data(), static_cast<Py_ssize_t>(s->args.size())),
+                                args.take(), offsets.take(), bytes_of(shape), sf.take(), si.take(),
+                                valid.take(), links, keys.take(), geometry.take());
+  std::vector<Row>().swap(s->rows);  // the step's memory goes now, not with the callable
+  std::string().swap(s->args);
+  return out;
+}
+
+PyMethodDef build_columns_def = {"columns", py_build_columns, METH_NOARGS,
+                                 "columns(): the step's rows as columns (see py_build_columns); once"};
+
+void free_step_rows(PyObject* capsule) {
+  delete static_cast<StepRows*>(PyCapsule_GetPointer(capsule, "opscope.step_rows"));
+}
+
+// take_columns() -> (n, columns): the step's n rows, and a callable that makes them columns
+// (py_build_columns; the dump writer's thread calls it). The step's last shard is handed over
+// first; the names the columns index are fixed now; the step's state is cleared.
+PyObject* py_take_columns(PyObject*, PyObject*) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  flush_shard();
+  auto s = std::make_unique<StepRows>();
+  s->fixed = static_cast<int>(names.size()), s->probe = g_probe, s->n_view = N_VIEW;
+  std::vector<int> by_slot;  // the step's dtypes in order of first use
+  std::fill(std::begin(s->slot_of), std::end(s->slot_of), -1);
+  for (const Row& r : rows) {
+    int& slot = s->slot_of[r.dtype & 255];
+    if (slot < 0) slot = static_cast<int>(by_slot.size()), by_slot.push_back(r.dtype);
+  }
   PyObject* dict = names_list(by_slot);
-  int shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
+  s->shards_at = static_cast<int>(PyList_GET_SIZE(dict));  // the step's shard names follow
   if (!shard_names.empty()) {  // a list of the step's own (the names' list is shared by later steps)
-    PyObject* own = PyList_GetSlice(dict, 0, shards_at);
+    PyObject* own = PyList_GetSlice(dict, 0, s->shards_at);
     Py_DECREF(dict);
     dict = own;
   }
@@ -250,14 +325,19 @@ PyObject* py_take_columns(PyObject*, PyObject*) {
     PyList_Append(dict, o);
     Py_DECREF(o);
   }
-  for (size_t i = 0; i < n; ++i)
-    if (strs.p[11 * n + i] >= 0) strs.p[11 * n + i] += shards_at;
-  PyObject* out = Py_BuildValue("nNNN(NN)NNNNNNNN", static_cast<Py_ssize_t>(n), ints.take(), strs.take(), dict,
-                                PyBytes_FromStringAndSize(args_bin.data(), static_cast<Py_ssize_t>(args_bin.size())),
-                                args.take(), offsets.take(), bytes_of(shape), sf.take(), si.take(),
-                                valid.take(), links, keys.take(), geometry.take());
+  s->names = dict;
+  size_t n = rows.size();
+  s->rows.swap(rows);
+  rows.reserve(n);  // the next step's rows, likely as many
+  s->views.swap(views_json), s->shards.swap(shard_names), s->args.swap(args_bin);
   clear_step();
-  return out;
+  PyObject* capsule = PyCapsule_New(s.get(), "opscope.step_rows", free_step_rows);
+  if (!capsule) return nullptr;
+  s.release();
+  PyObject* build = PyCFunction_New(&build_columns_def, capsule);
+  Py_DECREF(capsule);
+  if (!build) return nullptr;
+  return Py_BuildValue("nN", static_cast<Py_ssize_t>(n), build);
 }
 
 }  // namespace
