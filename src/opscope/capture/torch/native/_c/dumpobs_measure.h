@@ -102,11 +102,15 @@ const void* gather(const at::Tensor& x) {
   int64_t offset = 0;  // elements from the first
   for (int64_t done = 0; done < n; done += inner, out += inner * es) {
     const unsigned char* src = base + offset * static_cast<int64_t>(es);
-    switch (es) {
-      case 1: gather_row<uint8_t>(out, src, inner, step); break;
-      case 2: gather_row<uint16_t>(out, src, inner, step); break;
-      case 4: gather_row<uint32_t>(out, src, inner, step); break;
-      default: gather_row<uint64_t>(out, src, inner, step); break;  // the kernel reads no wider type
+    if (step == 1) {  // a row of adjacent elements (a transposed batch's): one copy
+      std::memcpy(out, src, static_cast<size_t>(inner) * es);
+    } else {
+      switch (es) {
+        case 1: gather_row<uint8_t>(out, src, inner, step); break;
+        case 2: gather_row<uint16_t>(out, src, inner, step); break;
+        case 4: gather_row<uint32_t>(out, src, inner, step); break;
+        default: gather_row<uint64_t>(out, src, inner, step); break;  // the kernel reads no wider type
+      }
     }
     for (int64_t k = d - 2; k >= 0; --k) {  // the next row: the outer index moves on
       offset += strides[k];
