@@ -85,6 +85,10 @@ class DumpWriter:
         dump_root.prepare(self.root, self.rank, self.manifest.get("run_id"), self.overwrite)
         self.manifest.update(status="running", started=_now(), format_version=fmt.FORMAT_VERSION)
         self._write_status("running")
+        # imported now, not by the thread's first round: that import held the GIL ~30-100 ms
+        # in the middle of the run, the training thread waiting for it
+        import pyarrow.parquet  # noqa: F401
+
         self._thread = threading.Thread(target=self._loop, name="opscope-writer", daemon=True)
         self._thread.start()
 
