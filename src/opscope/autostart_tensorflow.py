@@ -17,6 +17,9 @@ def tensorflow_session(name: str, cfg: Any, path: str) -> Any:
     overflow), or None when the section is off or the script runs its own."""
     if not cfg.enable:
         return None
+    from opscope.capture.tensorflow import real_tf
+
+    real_tf.ensure()
     if name == "profile":
         return tensorflow_profile(cfg)
     if name == "overflow":

@@ -10,7 +10,10 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from opscope.capture.tensorflow import real_tf
 from opscope.capture.tensorflow.options import LEVELS, resolve
+
+real_tf.ensure()  # (nothing to do, and nothing imported, unless msprobe left its stub)
 
 if TYPE_CHECKING:
     from opscope.capture.tensorflow.keras import DumpCallback as _DumpCallback
@@ -45,6 +48,7 @@ def dump(path: str | os.PathLike | None = None, *, config: str | os.PathLike | M
     """
     from opscope.capture.tensorflow.session import TFDumpSession
 
+    real_tf.ensure()
     cfg, level = resolve(config, path, keys)
     return TFDumpSession(cfg, level, model)
 
@@ -64,6 +68,8 @@ def watch(*, action: str = "raise", steps: Any = "all", model: Any = None) -> TF
     """
     from opscope.report import renderer
     from opscope.watch.tensorflow import TFWatch
+
+    real_tf.ensure()
 
     return TFWatch(action, steps, model, report=renderer("OverflowEvent", "text"))
 
@@ -88,6 +94,8 @@ def profile(output: str | os.PathLike | None = None, *, config: Any = None, **ke
     """
     from opscope.profile.tensorflow import make_session
     from opscope.report import renderer
+
+    real_tf.ensure()
 
     return make_session(output, config, html=renderer("ProfileData", "html"), **keys)
 

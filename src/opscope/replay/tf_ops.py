@@ -70,7 +70,9 @@ def _slot(row: dict[str, Any]) -> int:
 def _inputs(dump: Any, call: Call, known: dict[str, Any], count: int) -> list[torch.Tensor]:
     """The op's inputs in order: the recorded tensors, else the values known at trace time."""
     by_slot = {_slot(r): r for r in call.inputs}
-    out, missing, absent = [], [], []
+    out: list[torch.Tensor] = []
+    missing: list[int] = []
+    absent: list[int] = []
     for slot in range(count):
         row, value = by_slot.get(slot), known.get(str(slot))
         if row is not None and row.get("data") and row.get("key"):
