@@ -4,7 +4,8 @@
 TensorFlow dump's capture without writing anything (:class:`~opscope.capture.tensorflow.session.TFDumpSession`
 with ``write=False``) and reads each graph run's records in execution order: the first
 output holding a NaN or Inf is the hit; its inputs' statistics and the chain back through
-the producers of abnormal inputs come from the same records. The events are
+the producers of abnormal inputs come from the same records. An output whose NaN or Inf
+every reader (all ``tf.where`` selects) drops is not a hit. The events are
 :class:`~opscope.watch.events.OverflowEvent`, as for PyTorch. Graphs hand their tensors over
 when they finish, so a hit is reported after the graph run that produced it (the step's
 end in Keras ``fit``), not in the middle of it.
@@ -26,6 +27,7 @@ from opscope.watch.events import ChainLink, OverflowEvent, TensorSummary, WatchR
 _ID, _IO, _SEQ, _STEP, _PRODUCER = COL["id"], COL["io"], COL["seq"], COL["step"], COL["producer"]
 _NAN, _INF = 6, 7  # positions in the statistics tuple
 ACTIONS = ("raise", "warn", "record")
+MASKS = frozenset({"tf.SelectV2", "tf.Select"})  # ops that may drop a NaN input (tf.where)
 # overflow-section keys the PyTorch watch has and this one does not
 TORCH_ONLY = ("limit", "path", "loss_spike", "time_spike")
 
@@ -89,9 +91,21 @@ class TFWatch:
         for row in rows:
             self._rows[row[_ID]] = row
         for row in rows:
-            if row[_IO] == "output" and _abnormal(row):
+            if row[_IO] == "output" and _abnormal(row) and not self._masked(row, rows):
                 self._hit(self._event(row))
                 return
+
+    def _masked(self, row: list[Any], rows: list[list[Any]]) -> bool:
+        """A NaN/Inf that only selects read and none lets through: every op reading ``row``
+        is a select (``tf.where``) whose outputs are finite. TensorFlow's deterministic sparse
+        cross-entropy broadcasts a NaN (for labels out of range) that a ``SelectV2`` then
+        drops: no overflow, and no hit (it was one, session 12)."""
+        readers = [r for r in rows if r[_IO] != "output" and r[_PRODUCER] == row[_ID]]
+        if not readers or any(r[COL["op"]] not in MASKS for r in readers):
+            return False
+        seqs = {r[_SEQ] for r in readers}
+        outputs = [r for r in rows if r[_SEQ] in seqs and r[_IO] == "output"]
+        return len({r[_SEQ] for r in outputs}) == len(seqs) and not any(_abnormal(r) for r in outputs)
 
     def _hit(self, event: OverflowEvent) -> None:
         self.events.append(event)
