@@ -93,7 +93,9 @@ const void* gather(const at::Tensor& x) {
   static thread_local std::vector<unsigned char> buf;
   const size_t es = x.element_size();
   const int64_t n = x.numel(), d = x.dim();
-  buf.resize(static_cast<size_t>(n) * es);
+  // grown only: resize() to a larger size zero-fills the new part, and gathers of a small and a
+  // large tensor alternate (a step's token batch and its attention outputs)
+  if (buf.size() < static_cast<size_t>(n) * es) buf.resize(static_cast<size_t>(n) * es);
   at::IntArrayRef sizes = x.sizes(), strides = x.strides();
   const int64_t inner = d ? sizes[d - 1] : 1, step = d ? strides[d - 1] : 0;
   const auto* base = static_cast<const unsigned char*>(x.const_data_ptr());
