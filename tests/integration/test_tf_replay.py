@@ -113,3 +113,13 @@ def test_no_op_of_a_correct_run_is_judged_wrong(dumps, name):
             continue
     assert "wrong" not in statuses
     assert len(statuses) > 0.8 * len(makers) and statuses.count("ok") > 0.95 * len(statuses), len(makers)
+
+
+def test_a_bf16_op_and_its_float32_twin_record_the_same_args(dumps):
+    """The types an op's inputs set (T) are left out of args: compare reads a layout op's
+    args, and a bfloat16 run's transpose must not look like another transpose."""
+    ours, theirs = (load(dumps[n]).records(step=0).to_pandas() for n in ("bf16", "f32"))
+    both = ours.merge(theirs, on=["node", "io", "slot"], suffixes=("_t", "_r"))
+    both = both[(both.op_t == both.op_r) & (both.op_t != "tf.Cast")]
+    assert len(both) > 500 and both.args_t.notna().sum() > 300
+    assert both.args_t.fillna("").equals(both.args_r.fillna("")), both[both.args_t != both.args_r][["node", "args_t"]]

@@ -37,7 +37,7 @@ def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     doc = _args(head.get("args"), name)
     attrs, known = doc.get("attrs", {}), doc.get("inputs", {})
     rule = RULES.get(name)
-    counts = None if rule is not None else _arity(name.removeprefix("tf."), attrs, side)
+    op_def = None if rule is not None else _op_def(name.removeprefix("tf."), attrs, side)
     call = Call(side, name, None, head, sorted((r for r in rows if r.get("io") in INPUT_IO), key=_slot),
                 sorted((r for r in rows if r.get("io") == "output"), key=_slot),
                 {"args": [], "kwargs": {k: json.dumps(v) for k, v in attrs.items()}})
@@ -48,7 +48,8 @@ def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
         what = "makes no tensor (it writes a variable)" if not call.outputs else "has no full output tensor in " \
             f"the {side} dump"
         raise ReplayError(f"{name} {what}: nothing to check a replay against")
-    inputs = _inputs(dump, call, known, counts[0] if counts else len(call.inputs))
+    seen = max([_slot(r) + 1 for r in call.inputs] + [int(k) + 1 for k in known], default=0)
+    inputs = _inputs(dump, call, known, seen if op_def is None else _input_count(op_def, attrs, seen))
 
     def runner(golden: bool) -> dict[int, torch.Tensor]:
         values = [t.to(torch.float64) if golden and t.is_floating_point() else t for t in inputs]
@@ -57,8 +58,8 @@ def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
             return dict(enumerate([out] if isinstance(out, torch.Tensor) else list(out)))
         if name in PASSING:
             return {0: values[0]}
-        assert counts is not None
-        return dict(enumerate(_execute(name.removeprefix("tf."), values, attrs, counts[1], golden)))
+        assert op_def is not None
+        return dict(enumerate(_execute(op_def, values, attrs, golden)))
     call.runner = runner
     return call
 
@@ -103,50 +104,68 @@ def _args(text: Any, name: str) -> dict[str, Any]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _op_def(op_type: str) -> Any:
+def _op_def(op_type: str, attrs: dict[str, Any], side: str) -> Any:
+    """The op's definition; a ReplayError when TensorFlow has none or an attribute it needs
+    is missing (besides the input types, which the inputs give)."""
     from tensorflow.python.framework import op_def_registry
 
-    found = op_def_registry.get(op_type)
-    if found is None:
+    op_def = op_def_registry.get(op_type)
+    if op_def is None:
         raise ReplayError(f"not replayable: tf.{op_type} is not an op registered in this TensorFlow (a custom "
                           "op: load its library first, opscope replay --import MODULE)")
-    return found
-
-
-def _arity(op_type: str, attrs: dict[str, Any], side: str) -> tuple[int, int]:
-    """How many input and output tensors the op takes and makes, from its definition."""
-    op_def = _op_def(op_type)
-    needed = {a.name for a in op_def.attr if not a.HasField("default_value")}
+    inferred = {a.type_attr for a in op_def.input_arg} | {a.type_list_attr for a in op_def.input_arg}
+    needed = {a.name for a in op_def.attr if not a.HasField("default_value")} - inferred
     absent = sorted(needed - set(attrs))
     if absent:
         raise ReplayError(f"not replayable: tf.{op_type} on the {side} side has no recorded attribute {absent} "
-                          "(dumps before opscope 0.1 session 13 do not record attributes, nor ones holding a "
-                          "tensor or a function)")
-
-    def count(args: Any) -> int:
-        total = 0
-        for arg in args:
-            if arg.number_attr:
-                total += int(attrs.get(arg.number_attr, 1))
-            elif arg.type_list_attr:
-                total += len(attrs.get(arg.type_list_attr, []))
-            else:
-                total += 1
-        return total
-    return count(op_def.input_arg), count(op_def.output_arg)
+                          "(dumps written before session 13 record none; nor are ones holding a tensor or a "
+                          "function recorded)")
+    return op_def
 
 
-def _execute(op_type: str, inputs: list[torch.Tensor], attrs: dict[str, Any], outputs: int,
-             golden: bool) -> list[torch.Tensor]:
+def _input_count(op_def: Any, attrs: dict[str, Any], seen: int) -> int:
+    """How many inputs the op takes: its definition says, unless it takes a list of any types
+    (then as many as the dump holds)."""
+    if any(a.type_list_attr for a in op_def.input_arg):
+        return seen
+    return sum(int(attrs.get(a.number_attr, 1)) if a.number_attr else 1 for a in op_def.input_arg)
+
+
+def _input_types(op_def: Any, attrs: dict[str, Any], tensors: list[Any]) -> dict[str, Any]:
+    """The type attributes TensorFlow infers from the inputs (``T``, ``Tidx``, a list's types):
+    the dump leaves them out, as they differ between a bfloat16 and a float32 run of an op."""
+    fixed = sum(int(attrs.get(a.number_attr, 1)) if a.number_attr else 1
+                for a in op_def.input_arg if not a.type_list_attr)
+    out: dict[str, Any] = {}
+    at = 0
+    for arg in op_def.input_arg:
+        size = int(attrs.get(arg.number_attr, 1)) if arg.number_attr else \
+            (len(tensors) - fixed if arg.type_list_attr else 1)
+        part = tensors[at:at + size]
+        if arg.type_attr and part:
+            out.setdefault(arg.type_attr, part[0].dtype.as_datatype_enum)
+        if arg.type_list_attr:
+            out[arg.type_list_attr] = [t.dtype.as_datatype_enum for t in part]
+        at += size
+    return out
+
+
+def _output_count(op_def: Any, attrs: dict[str, Any]) -> int:
+    return sum(int(attrs.get(a.number_attr, 1)) if a.number_attr else
+               len(attrs.get(a.type_list_attr, [])) if a.type_list_attr else 1 for a in op_def.output_arg)
+
+
+def _execute(op_def: Any, inputs: list[torch.Tensor], attrs: dict[str, Any], golden: bool) -> list[torch.Tensor]:
     import tensorflow as tf
     from tensorflow.python.eager import context, execute
 
-    flat: list[Any] = []
-    for key, value in attrs.items():
-        flat += [key, _attr(value, golden)]
+    op_type = op_def.name
     with tf.device("/CPU:0"):
+        tensors = [_to_tf(t) for t in inputs]
+        full = {key: _attr(value, golden) for key, value in attrs.items()} | _input_types(op_def, attrs, tensors)
+        flat = [item for pair in full.items() for item in pair]
         try:
-            result = execute.execute(op_type, outputs, [_to_tf(t) for t in inputs], tuple(flat), context.context())
+            result = execute.execute(op_type, _output_count(op_def, full), tensors, tuple(flat), context.context())
         except (tf.errors.OpError, TypeError, ValueError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             what = "in float64" if golden else "in its recorded dtypes"

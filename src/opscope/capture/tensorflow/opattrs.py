@@ -7,7 +7,7 @@ integer ones (a reduction's axes, ``Transpose``'s ``perm``, ``Reshape``'s shape,
 rows) and constants (measured once, at trace time), when their value is known then. Both are
 read from the graph op once, at trace time::
 
-    {"attrs": {"transpose_a": false, "T": {"dtype": "float32"}},
+    {"attrs": {"transpose_a": false, "transpose_b": true},
      "inputs": {"1": {"dtype": "int32", "shape": [1], "value": [1]}}}
 
 A dtype is ``{"dtype": name}``, a shape ``{"shape": [dims, -1 unknown]}``; attributes holding
@@ -22,12 +22,13 @@ from typing import Any
 KNOWN_INPUT_ELEMENTS = 64  # the largest unrecorded input whose value is kept
 
 
-def describe(attrs: Any, inputs: list[Any], recorded: list[bool]) -> str | None:
+def describe(op_type: str, attrs: Any, inputs: list[Any], recorded: list[bool]) -> str | None:
     """The ``args`` JSON of a graph op: its attributes (``attrs``: the op callback's flat
-    ``(name, AttrValue, ...)`` tuple) and the known values of its inputs not ``recorded`` (as
-    tensors each time the graph runs)."""
+    ``(name, AttrValue, ...)`` tuple) but the types its inputs give (``T``: they would make a
+    bfloat16 op's args differ from a float32 one's, and compare reads a layout op's args), and
+    the known values of its inputs not ``recorded`` (as tensors each time the graph runs)."""
     doc: dict[str, Any] = {}
-    found = attributes(attrs)
+    found = {k: v for k, v in attributes(attrs).items() if k not in input_types(op_type)}
     if found:
         doc["attrs"] = found
     known = {str(slot): value for slot, t in enumerate(inputs)
@@ -35,6 +36,21 @@ def describe(attrs: Any, inputs: list[Any], recorded: list[bool]) -> str | None:
     if known:
         doc["inputs"] = known
     return json.dumps(doc, separators=(",", ":"), sort_keys=True) if doc else None
+
+
+def input_types(op_type: str) -> frozenset[str]:
+    """The op's type attributes that its inputs' dtypes set (``T``, ``Tidx``, ``Tperm``)."""
+    found = _INPUT_TYPES.get(op_type)
+    if found is None:
+        from tensorflow.python.framework import op_def_registry
+
+        op_def = op_def_registry.get(op_type)
+        args = op_def.input_arg if op_def is not None else []
+        found = _INPUT_TYPES[op_type] = frozenset(n for a in args for n in (a.type_attr, a.type_list_attr) if n)
+    return found
+
+
+_INPUT_TYPES: dict[str, frozenset[str]] = {}
 
 
 def attributes(attrs: Any) -> dict[str, Any]:

@@ -312,7 +312,7 @@ class Tracer:
             plan.ops.append(OpPlan(op_type, node, module, phase, fwd, [], [], note="silent"))
             return
         plan.ops.append(OpPlan(op_type, node, module, phase, fwd, ins, outs, note="view" if alias else None,
-                               args=opattrs.describe(attrs, inputs, [r.value >= 0 for r in ins])))
+                               args=opattrs.describe(op_type, attrs, inputs, [r.value >= 0 for r in ins])))
 
     def _ref(self, plan: GraphPlan, tensor: Any) -> Ref:
         numeric = is_numeric(tensor)
