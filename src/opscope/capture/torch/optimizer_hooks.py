@@ -44,6 +44,9 @@ class OptimizerHooks:
         # filters is done again only when one changes
         self._params: weakref.WeakKeyDictionary[
             Any, tuple[tuple[int, ...], Any, tuple[str, list[Param], bool], list[Any]]] = weakref.WeakKeyDictionary()
+        # (id of the optimizer, the recorder, what _selected found) in its step's pre hook: the
+        # post hook of the same step reads the same parameters without looking them up again
+        self._in_step: tuple[int, Any, tuple[str, list[Param], bool]] | None = None
 
     def pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self.session.clock.poll()
@@ -97,7 +100,11 @@ class OptimizerHooks:
     def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
         """The optimizer step's parameters (and gradients) before it, its parameters after."""
         recorder = self.session.recorder
-        op, params, plain = self._selected(optimizer, recorder)
+        found = self._in_step
+        if before or found is None or found[0] != id(optimizer) or found[1] is not recorder:
+            found = (id(optimizer), recorder, self._selected(optimizer, recorder))
+        self._in_step = found if before else None
+        op, params, plain = found[2]
         native = getattr(recorder, "record_selected", None) if plain else None
         if native is not None:  # one native call, which reads each parameter's gradient itself
             native(op, params, before)
