@@ -162,12 +162,19 @@ def _similarity(a: OpCall, b: OpCall) -> float:
     return score
 
 
+def _slot_key(row: dict[str, Any]) -> tuple[Any, Any]:
+    """How a row pairs inside a matched call: by slot among the inputs, a weight read directly
+    (``param``) and one read through a cast (``input``: mixed precision's autocast) alike."""
+    io = row.get("io")
+    return ("input" if io == "param" else io, row.get("slot"))
+
+
 def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
-    r_by_slot = {(r.get("io"), r.get("slot")): r for r in b.rows}
+    r_by_slot = {_slot_key(r): r for r in b.rows}
     mapped = any("orig_op" in r or "orig_module" in r for r in a.rows)
     out = []
     for t in a.rows:
-        r = r_by_slot.get((t.get("io"), t.get("slot")))
+        r = r_by_slot.get(_slot_key(t))
         if r is not None and r["id"] not in partner["reference"]:
             partner["target"][t["id"]] = r
             partner["reference"][r["id"]] = t
