@@ -237,6 +237,16 @@ void fill_row(const StepRows& s, size_t i, const Filled& c, std::vector<int64_t>
   if (r.link >= 0 && s.rows[r.link].stats == SLOW) slow.emplace_back(static_cast<Py_ssize_t>(i), r.link);
 }
 
+PyObject* pairs_list(const std::vector<std::pair<Py_ssize_t, Py_ssize_t>>& pairs) {  // [(i, j), ...]
+  PyObject* out = PyList_New(0);
+  for (auto [i, j] : pairs) {
+    PyObject* pair = Py_BuildValue("nn", i, j);
+    PyList_Append(out, pair);
+    Py_DECREF(pair);
+  }
+  return out;
+}
+
 // columns() of take_columns -> the step's rows as columns, ready for Arrow without a Python
 // object per value (see native/table.py, Columns): (n, ints, strs, names, args, shape_offsets,
 // shape_values, stats_f, stats_i, stats_valid, slow_links, keys, views). ints: int64 id, seq,
@@ -276,17 +286,11 @@ PyObject* py_build_columns(PyObject* capsule, PyObject*) {
   for (size_t i = 0; i < n; ++i) fill_row(*s, i, c, shape, keys, geometry, slow);
   offsets.p[n] = static_cast<int32_t>(shape.size());
   Py_END_ALLOW_THREADS
-  PyObject* links = PyList_New(0);
-  for (auto [i, link] : slow) {
-    PyObject* pair = Py_BuildValue("nn", i, link);
-    PyList_Append(links, pair);
-    Py_DECREF(pair);
-  }
   PyObject* out = Py_BuildValue("nNNN(NN)NNNNNNNN", static_cast<Py_ssize_t>(n), ints.take(), strs.take(),
                                 names,
                                 PyBytes_FromStringAndSize(s->args.data(), static_cast<Py_ssize_t>(s->args.size())),
                                 args.take(), offsets.take(), bytes_of(shape), sf.take(), si.take(),
-                                valid.take(), links, keys.take(), geometry.take());
+                                valid.take(), pairs_list(slow), keys.take(), geometry.take());
   std::vector<Row>().swap(s->rows);  // the step's memory goes now, not with the callable
   std::string().swap(s->args);
   return out;
