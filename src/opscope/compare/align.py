@@ -162,19 +162,24 @@ def _similarity(a: OpCall, b: OpCall) -> float:
     return score
 
 
-def _slot_key(row: dict[str, Any]) -> tuple[Any, Any]:
-    """How a row pairs inside a matched call: by slot among the inputs, a weight read directly
-    (``param``) and one read through a cast (``input``: mixed precision's autocast) alike."""
-    io = row.get("io")
-    return ("input" if io == "param" else io, row.get("slot"))
+_OTHER_INPUT = {"input": "param", "param": "input"}
 
 
 def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
-    r_by_slot = {_slot_key(r): r for r in b.rows}
+    """Rows of two matched calls pair by (io, slot); a weight read directly (``param``) also
+    pairs with the same slot read through a cast (``input``: mixed precision's autocast casts
+    the weight on one side only) where neither call numbers a param and an input alike (a peer
+    tool that counts params from 0 apart from inputs)."""
+    r_by_slot = {(r.get("io"), r.get("slot")): r for r in b.rows}
+    t_keys = {(t.get("io"), t.get("slot")) for t in a.rows}
     mapped = any("orig_op" in r or "orig_module" in r for r in a.rows)
     out = []
     for t in a.rows:
-        r = r_by_slot.get(_slot_key(t))
+        io, slot = t.get("io"), t.get("slot")
+        r = r_by_slot.get((io, slot))
+        other = _OTHER_INPUT.get(str(io))
+        if r is None and other is not None and (other, slot) not in t_keys:
+            r = r_by_slot.get((other, slot))
         if r is not None and r["id"] not in partner["reference"]:
             partner["target"][t["id"]] = r
             partner["reference"][r["id"]] = t
