@@ -15,15 +15,21 @@ import sys
 
 
 def ensure() -> None:
-    """Put the real TensorFlow back in ``sys.modules`` if a stub took its place."""
-    stubs = [name for name, module in list(sys.modules.items())
+    """Put the real TensorFlow back in ``sys.modules`` if a stub took its place (and a real
+    TensorFlow is installed: else the stub stays, as its owner put it)."""
+    import importlib.machinery
+
+    stubs = {name: module for name, module in list(sys.modules.items())
              if (name == "tensorflow" or name.startswith("tensorflow."))
-             and str(getattr(module, "__name__", "")).startswith("tensorboard.")]
-    if not stubs:
+             and str(getattr(module, "__name__", "")).startswith("tensorboard.")}
+    if not stubs or importlib.machinery.PathFinder.find_spec("tensorflow") is None:
         return
     for name in stubs:
         del sys.modules[name]
-    import tensorflow  # noqa: F401 - the real package, imported again
-
+    try:
+        import tensorflow  # noqa: F401 - the real package, imported again
+    except Exception:  # noqa: BLE001 - a broken TensorFlow: leave things as they were
+        sys.modules.update(stubs)
+        return
     print("opscope: sys.modules['tensorflow'] was tensorboard's stub (importing msprobe puts it there); "
           "opscope put the real TensorFlow back", file=sys.stderr, flush=True)
