@@ -79,9 +79,7 @@ def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
         raise ReplayError(f"{name} {reason}")
     op = resolve_op(name)
     doc = json.loads(head["args"]) if head.get("args") else {"args": [], "kwargs": {}}
-    by_slot = lambda r: r.get("slot") or 0  # noqa: E731
-    inputs = sorted((r for r in rows if r.get("io") in INPUT_IO), key=by_slot)
-    outputs = sorted((r for r in rows if r.get("io") == "output"), key=by_slot)
+    inputs, outputs = split_rows(rows)
     call = Call(side, name, op, head, inputs, outputs, doc)
     written = _written_args(op)
     missing = []
@@ -103,6 +101,13 @@ def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     return call
 
 
+def split_rows(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A call's input rows (inputs and parameters) and output rows, each in slot order."""
+    by_slot = lambda r: r.get("slot") or 0  # noqa: E731
+    return (sorted((r for r in rows if r.get("io") in INPUT_IO), key=by_slot),
+            sorted((r for r in rows if r.get("io") == "output"), key=by_slot))
+
+
 def head_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The row that names a call: its first output row (else its first row)."""
     return next((r for r in rows if r.get("io") == "output"), rows[0])
@@ -118,9 +123,7 @@ def read_rows(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """A call's input tensors and recorded outputs, for calls rebuilt without a schema."""
     head = head_of(rows)
     name = str(head.get("op") or "")
-    by_slot = lambda r: r.get("slot") or 0  # noqa: E731
-    inputs = sorted((r for r in rows if r.get("io") in INPUT_IO), key=by_slot)
-    outputs = sorted((r for r in rows if r.get("io") == "output"), key=by_slot)
+    inputs, outputs = split_rows(rows)
     call = Call(side, name, None, head, inputs, outputs, {})
     missing = [f"{r.get('arg') or r.get('io')} {r.get('slot')}" for r in inputs if not (r.get("data") and r.get("key"))]
     if missing:

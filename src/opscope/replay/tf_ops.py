@@ -21,7 +21,7 @@ import torch
 
 from opscope.errors import ReplayError
 from opscope.model.records import ABSENT_NOTE
-from opscope.replay.calls import INPUT_IO, Call, head_of, missing_message, read_tensor
+from opscope.replay.calls import Call, head_of, missing_message, read_tensor, split_rows
 from opscope.replay.rules import RULES
 
 NARROW_FLOATS = ("float16", "bfloat16", "float32")
@@ -38,8 +38,7 @@ def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     attrs, known = doc.get("attrs", {}), doc.get("inputs", {})
     rule = RULES.get(name)
     op_def = None if rule is not None else _op_def(name.removeprefix("tf."), attrs, side)
-    call = Call(side, name, None, head, sorted((r for r in rows if r.get("io") in INPUT_IO), key=_slot),
-                sorted((r for r in rows if r.get("io") == "output"), key=_slot),
+    call = Call(side, name, None, head, *split_rows(rows),
                 {"args": [], "kwargs": {k: json.dumps(v) for k, v in attrs.items()}})
     for row in call.outputs:
         if row.get("data") and row.get("key"):

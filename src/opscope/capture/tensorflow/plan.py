@@ -65,7 +65,6 @@ class GraphPlan:
     steps: bool = False          # traced an optimizer apply / gradient: its run ends a step
     contains_step: bool = False  # calls a graph that ends steps: not a step itself
     outer: GraphPlan | None = field(default=None, repr=False, compare=False)  # the graph it was traced in
-
     predicates: bool = False     # every value is a bool of at most 8 elements (a loop's condition)
 
     def around_steps(self) -> bool:
@@ -105,21 +104,24 @@ INTEGERS = frozenset({"int32", "int64", "int16", "int8", "uint8", "uint16", "uin
 
 
 def predicate(tensor: Any) -> bool:
-    """A bool scalar or vector of at most 8 elements, fully known."""
-    try:
-        shape = tensor.shape
-        return tensor.dtype.name == "bool" and bool(shape.is_fully_defined()) and shape.num_elements() <= 8
-    except (AttributeError, ValueError, TypeError):
-        return False
+    """A bool of at most 8 elements, fully known."""
+    return _few(tensor, frozenset({"bool"}), max_rank=None)
 
 
 def plumbing(tensor: Any) -> bool:
     """Shape arithmetic: an integer scalar or vector of at most 8 elements, fully known."""
+    return _few(tensor, INTEGERS, max_rank=1)
+
+
+def _few(tensor: Any, dtypes: frozenset[str], max_rank: int | None) -> bool:
+    """A tensor of one of ``dtypes`` with a fully known shape of at most 8 elements (and at
+    most ``max_rank`` dimensions)."""
     try:
-        if tensor.dtype.name not in INTEGERS:
+        if tensor.dtype.name not in dtypes:
             return False
         shape = tensor.shape
-        return bool(shape.is_fully_defined()) and shape.rank <= 1 and shape.num_elements() <= 8
+        return bool(shape.is_fully_defined()) and (max_rank is None or shape.rank <= max_rank) \
+            and shape.num_elements() <= 8
     except (AttributeError, ValueError, TypeError):
         return False
 
