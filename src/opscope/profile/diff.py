@@ -65,6 +65,7 @@ class Change:
     wait_ms: float = 0.0  # part of delta_ms that was waiting for a CPU (judged changes only)
     speed_ms: float = 0.0  # part of delta_ms the calibration speed ratio accounts for
     explained_by_machine: bool = False  # beyond noise raw, not once the machine is taken out
+    only_in: str = ""  # ops: "A" or "B" when it ran in every traced step of that run and none of the other
 
     @property
     def machine_ms(self) -> float:
@@ -238,7 +239,7 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     no_op_moved: list[Change] = []
     if a.ops and b.ops:
         ops = _diff_ops(a, b, judge)
-        no_op_moved = _no_op_moved(phases, ops, found) if found is not None else []
+        no_op_moved = _no_op_moved(phases, ops, found, floor) if found is not None else []
     else:
         missing = " and ".join(x for x, d in (("A", a), ("B", b)) if not d.ops)
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")
@@ -249,8 +250,9 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
         if change.flagged and change.kind == "phase":
             same_way = [o for o in ops if (o.phase == change.phase or change.phase == "step")
                         and o.delta_ms * change.delta_ms > 0]
-            if same_way:
-                causes[change.name] = max(same_way, key=lambda o: abs(o.delta_ms))
+            if same_way:  # an op that moved first: one the machine explains is no cause
+                sign = 1 if change.delta_ms > 0 else -1
+                causes[change.name] = max(same_way, key=lambda o: (_moved(o, sign, floor), abs(o.delta_ms)))
     return ProfileDiff(a.path, b.path, phases, ops, causes, notes, k, min_change, found)
 
 
@@ -264,9 +266,18 @@ def _diff_ops(a: Any, b: Any, judge: _Judge) -> list[Change]:
         series_a = [table_a.get((phase, name), {}).get(s, 0.0) for s in order_a]
         series_b = [table_b.get((phase, name), {}).get(s, 0.0) for s in order_b]
         waits = (_times(series_a, order_a, phase, share_a), _times(series_b, order_b, phase, share_b))
-        changes.append(judge(("op", name, phase), series_a, series_b, waits))
+        change = judge(("op", name, phase), series_a, series_b, waits)
+        change.only_in = _only_in(series_a, series_b)
+        changes.append(change)
     changes.sort(key=lambda c: (not c.flagged, -abs(c.delta_ms)))
     return changes
+
+
+def _only_in(a: Sequence[float], b: Sequence[float]) -> str:
+    for label, here, there in (("A", a, b), ("B", b, a)):
+        if here and there and all(v > 0 for v in here) and not any(there):
+            return label
+    return ""
 
 
 def _wait_share(rows: Iterable[StepRow]) -> Shares:
@@ -292,9 +303,11 @@ def _times(values: Sequence[float], steps: Sequence[tuple[int, int]], phase: str
     return [v * share.get((*s, phase), 0.0) for v, s in zip(values, steps, strict=True)]
 
 
-def _no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machine) -> list[Change]:
+def _no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machine, floor: float) -> list[Change]:
     """Unflag a phase when the calibration speed ratio explains at least half of what is left
-    of its change after the run-queue wait, and no operator of it changed beyond noise."""
+    of its change after the run-queue wait, and no operator of it moved: none changed beyond
+    noise, and none above the floor ran in one run only (a machine makes ops slower, it does
+    not add them; a few traced steps on a loaded machine can hide a new op in the noise)."""
     if machine.speed is None or not machine.speed.significant:
         return []
     unflagged = []
@@ -303,12 +316,18 @@ def _no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machi
         if not change.flagged or (machine.speed.ratio - 1) * sign <= 0:
             continue
         scope = [o for o in ops if change.phase == "step" or o.phase == change.phase]
-        if not scope or any(o.flagged and o.delta_ms * sign > 0 for o in scope):
+        if not scope or any(_moved(o, sign, floor) for o in scope):
             continue
         if change.speed_ms * sign >= (change.delta_ms - change.machine_ms) * sign:
             change.flagged, change.explained_by_machine = False, True
             unflagged.append(change)
     return unflagged
+
+
+def _moved(op: Change, sign: int, floor: float) -> bool:
+    if op.delta_ms * sign <= 0:
+        return False
+    return op.flagged or (op.only_in == ("B" if sign > 0 else "A") and abs(op.delta_ms) >= floor)
 
 
 def _explained_note(change: Change, no_op_moved: bool, ops: Sequence[Change], split: bool) -> str:
