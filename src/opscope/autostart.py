@@ -356,21 +356,29 @@ class _TorchImportHook:
     def __init__(self, callback: Any, name: str = "torch") -> None:
         self.callback = callback
         self.name = name
+        self._finding = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != self.name:
+        # Stays armed until the module is executed: a probe such as TensorFlow's
+        # importlib.util.find_spec("keras") asks for a spec it never loads.
+        if fullname != self.name or self._finding:
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # one shot, and find_spec below must not find us
         import importlib.util
 
-        spec = importlib.util.find_spec(self.name)
+        self._finding = True  # find_spec below must not find us
+        try:
+            spec = importlib.util.find_spec(self.name)
+        finally:
+            self._finding = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         exec_module = spec.loader.exec_module
         callback = self.callback
+        hook = self
 
         def exec_then_arm(module: Any) -> None:
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)  # one shot
             exec_module(module)
             try:
                 callback()

@@ -295,15 +295,37 @@ def test_eager_fit_is_timed_by_host_marks(runs) -> None:
     assert rows and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in rows), rows
 
 
-def test_xla_and_steps_per_execution_run_and_say_what_is_not_split(runs) -> None:
+def test_xla_runs_and_says_what_is_not_split(runs) -> None:
     root, out = runs
     assert out["xla"]["status"] == "complete"
     assert any("XLA" in w and "jit_compile=False" in w for w in out["xla"]["warnings"]), out["xla"]
     rows = steady(root / "xla")
     assert rows and all(r["forward_ns"] == 0 and r["other_ns"] > 0 for r in rows)
-    assert out["spe"]["status"] == "complete"
-    assert any("steps_per_execution=4" in w for w in out["spe"]["warnings"]), out["spe"]
-    assert len(pq.read_table(root / "spe" / "steps.parquet")) == 4, "one step per call of the train function"
+
+
+def test_steps_per_execution_gives_a_step_per_batch(runs) -> None:
+    """fit with steps_per_execution=4 runs four batches per call of its train function; each
+    batch's marks are told apart: one step per batch, as with 1 (and as the dump counts)."""
+    root, out = runs
+    assert out["spe"]["status"] == "complete", out["spe"]
+    assert not any("steps_per_execution" in w for w in out["spe"]["warnings"]), out["spe"]
+    rows = pq.read_table(root / "spe" / "steps.parquet").to_pylist()
+    assert [r["step"] for r in rows] == list(range(16)), "one step per batch"
+    assert {r["step"] for r in rows if r["task_trace"]} == {4, 5, 6, 7}, "steps 5-6: the call that ran them"
+    inside = [(a, b) for a, b in zip(rows, rows[1:]) if b["step"] % 4]
+    assert all(a["start_ns"] + a["wall_ns"] == b["start_ns"] for a, b in inside), "a call's batches tile it"
+    spe, base = steady(root / "spe"), steady(root / "base")
+    assert len(spe) >= 8 and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in spe)
+    for phase in ("backward_ns", "optimizer_ns"):  # a batch's time, not four batches' summed
+        assert median([r[phase] for r in spe]) < 2 * median([r[phase] for r in base]), phase
+    ops = pq.read_table(root / "spe" / "rank0" / "ops.parquet").to_pylist()
+    assert {o["step"] for o in ops} == {4, 5, 6, 7}
+    for step in (4, 5, 6, 7):  # each batch's own ops, in their phases
+        mine = [o for o in ops if o["step"] == step]
+        assert {"forward", "backward", "optimizer"} <= {o["phase"] for o in mine}, step
+        tape = [o for o in mine if o["name"].startswith("gradient_tape/")]
+        share = sum(o["self_us"] for o in tape if o["phase"] == "backward") / sum(o["self_us"] for o in tape)
+        assert share >= 0.9, (step, share)
 
 
 def test_zero_code_start_finds_steps_without_callback_or_step_calls(runs) -> None:

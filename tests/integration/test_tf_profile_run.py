@@ -15,7 +15,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 SCRIPT = textwrap.dedent(
     """
-    import os
+    import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import numpy as np, tensorflow as tf, keras
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -24,7 +24,8 @@ SCRIPT = textwrap.dedent(
     inp = keras.Input((32,))
     out = keras.layers.Dense(10)(keras.layers.Dense(64, activation="relu")(inp))
     model = keras.Model(inp, out)
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=int(sys.argv[1]))
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(160, 32)).astype("float32"), rng.integers(0, 10, 160).astype("int32")
     model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
@@ -32,13 +33,16 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_opscope_run_profiles_a_keras_script_with_profiling_options(tmp_path) -> None:
+@pytest.mark.parametrize("spe", [1, 4])
+def test_opscope_run_profiles_a_keras_script_with_profiling_options(tmp_path, spe) -> None:
+    """With steps_per_execution=4 the 10 batches run in calls of 4, 4 and 2: still a step per
+    batch (the profile joins fit's callbacks), and step 3 traces the call that ran it."""
     (tmp_path / "train_tf.py").write_text(SCRIPT)
     options = {"output": "prof", "training_trace": "on", "task_trace": "on", "fp_point": "", "bp_point": ""}
     config = {"profile": {"profiling_options": json.dumps(options), "steps": "3"}}
     (tmp_path / "cfg.json").write_text(json.dumps(config))
     done = subprocess.run(
-        [sys.executable, "-m", "opscope", "run", "-c", "cfg.json", "--", sys.executable, "train_tf.py"],
+        [sys.executable, "-m", "opscope", "run", "-c", "cfg.json", "--", sys.executable, "train_tf.py", str(spe)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -47,9 +51,10 @@ def test_opscope_run_profiles_a_keras_script_with_profiling_options(tmp_path) ->
     assert done.returncode == 0, done.stderr[-3000:]
     assert "profile (training trace, task trace, step 3) -> prof" in done.stderr
     summary = json.loads((tmp_path / "prof" / "summary.json").read_text())
-    assert summary["status"] == "complete" and summary["steps"]["task_traced"] == 1
+    assert summary["status"] == "complete" and summary["steps"]["task_traced"] == (1 if spe == 1 else 4)
+    assert not summary["warnings"], summary["warnings"]
     rows = pq.read_table(tmp_path / "prof" / "steps.parquet").to_pylist()
-    assert len(rows) == 10, "a step per call of fit's train function (10 batches)"
+    assert [r["step"] for r in rows] == list(range(10)), "a step per batch (10 batches)"
     steady = [r for r in rows if r["step"] >= 2]
     assert all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in steady), steady
     assert (tmp_path / "prof" / "report.html").is_file()

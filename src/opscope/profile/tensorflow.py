@@ -9,8 +9,9 @@ The same files as the PyTorch profile (``steps.parquet``, ``ops.parquet``, ``tra
 ...         p.step()
 >>> model.fit(ds, callbacks=[opscope.tensorflow.profile("prof/run2")])  # doctest: +SKIP
 
-The session is a Keras callback: in ``fit`` a step is one call of the train function
-(``steps_per_execution`` batches), from one batch's start to the next. Without ``p.step()``
+The session is a Keras callback: in ``fit`` a step is one batch, from one batch's start to
+the next (a call that runs ``steps_per_execution`` batches is split at each batch's
+optimizer end: :func:`~opscope.profile.tensorflow_phases.split_batches`). Without ``p.step()``
 or the callback, a step ends after each call of a ``tf.function`` that applies an optimizer
 (in eager code, after each ``optimizer.apply``). How the phases are timed:
 :mod:`opscope.profile.tensorflow_marks`.
@@ -35,10 +36,12 @@ from opscope.profile import output
 from opscope.profile.breakdown import breakdown
 from opscope.profile.calibration import Calibration, SchedWait
 from opscope.profile.chrome_trace import TID_PHASES, TID_STEPS, TraceWriter, span
-from opscope.profile.model import PRIORITY, ProfileResult, StepRow
+from opscope.profile.model import PRIORITY, Interval, ProfileResult, StepRow
 from opscope.profile.session import MAX_SPAN_STEPS, ProfileWarning
 from opscope.profile.tensorflow_marks import READ_EVERY, PhaseMarks
-from opscope.profile.tensorflow_phases import pair_marks
+from opscope.profile.tensorflow_phases import per_batch_runs, phases_in, split_batches
+
+Window = tuple[int, int, int, dict[str, list[Interval]]]  # step, start ns, end ns, phase intervals
 
 _active: TFProfileSession | None = None
 NO_MARKS = (
@@ -48,9 +51,11 @@ NO_MARKS = (
 )
 
 SPE_NOTE = (
-    "steps_per_execution={spe}: a step is one call of the train function ({spe} batches); its "
-    "data wait, forward, backward and optimizer are summed over them"
+    "steps_per_execution={spe}: {why}, so a step is one call of the train function ({spe} "
+    "batches) and its data wait, forward, backward and optimizer are summed over them"
 )
+SPE_NO_TRACE = "the training trace is off (it tells the batches of a call apart)"
+SPE_NO_MARKS = "a call's optimizer runs did not tell its batches apart"
 
 
 class TFProfileSession(keras.callbacks.Callback):
@@ -85,6 +90,11 @@ class TFProfileSession(keras.callbacks.Callback):
         self._batch_seen = False
         self._models: list[Any] = []
         self._marked = False
+        self._spe = 1  # batches per call of the train function (Keras steps_per_execution)
+        self._extra = 0  # steps added by calls split into batches, before the pending ones
+        self._per_batch: int | None = None  # optimizer runs per batch, once seen
+        self._step_spe = 1  # batches the open step's call may run
+        self._step, self._traced = 0, False
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> TFProfileSession:
@@ -187,6 +197,8 @@ class TFProfileSession(keras.callbacks.Callback):
     def on_train_begin(self, logs: Any = None) -> None:
         """Start the session when ``fit`` starts (unless it runs already); trace the train
         function anew so that it holds the phase marks."""
+        model = self.model
+        self._spe = max(1, int(getattr(model, "steps_per_execution", 1) or 1)) if model is not None else 1
         if self.state == "new":
             self._by_callback = True
             self.start()
@@ -197,13 +209,16 @@ class TFProfileSession(keras.callbacks.Callback):
                 ProfileWarning,
                 stacklevel=2,
             )
-        model = self.model
         if self.state == "running" and model is not None and all(m is not model for m in self._models):
             self._models.append(model)
             model.make_train_function(force=True)
-            spe = int(getattr(model, "steps_per_execution", 1) or 1)
-            if spe > 1 and self.config.training_trace:
-                self.timers.notes.append(SPE_NOTE.format(spe=spe))
+            if self._spe > 1 and not self.config.training_trace:
+                self._note(SPE_NOTE.format(spe=self._spe, why=SPE_NO_TRACE))
+        if self.state == "running" and not self._batch_seen:  # the step open now is fit's first call
+            self._step_spe = self._spe
+            if self._spe > 1 and not self._traced and self._wanted(self._step):  # begun before spe was known
+                self.task.begin()
+                self._traced = True
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         """A new call of the train function: the previous one's step ends here."""
@@ -215,17 +230,29 @@ class TFProfileSession(keras.callbacks.Callback):
             self.steps.manual = True  # from now on only batches end steps
             self._batch_seen = True
 
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        """With ``steps_per_execution`` > 1 an epoch's last call may run fewer batches: read
+        the marks now, so that the next calls' batch numbers (for ``steps``) are exact."""
+        if self.state == "running" and self._spe > 1 and self._pending:
+            self._resolve()
+
     def on_train_end(self, logs: Any = None) -> None:
         """Stop the session if ``fit`` started it."""
         if self._by_callback:
             self.stop()
+        self._spe = 1
 
     # ------------------------------------------------------------------ steps
+    def _wanted(self, step: int) -> bool:
+        """Whether the call ``step`` (of the step clock) runs a batch of ``steps``."""
+        first = step + self._extra + sum(p.spe - 1 for p in self._pending)  # its first batch's step
+        return self.task is not None and any(k in self.config.steps for k in range(first, first + self._spe))
+
     def _begin(self, step: int) -> None:
-        traced = self.task is not None and step in self.config.steps
+        traced = self._wanted(step)
         if traced:
             self.task.begin()
-        self._step, self._traced = step, traced
+        self._step, self._traced, self._step_spe = step, traced, self._spe
         self._wait0 = self.sched.read() if self.sched is not None else 0
         self._start = time.perf_counter_ns()
 
@@ -246,29 +273,51 @@ class TFProfileSession(keras.callbacks.Callback):
             self.task.abort()
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
         host = self.timers.take_host(self._start, end)
-        self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait))
+        self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))
         if traced or len(self._pending) >= READ_EVERY:
-            intervals = self._resolve()
+            windows = self._resolve()
             if traced:
-                self.task.end(self._step, intervals)
+                self.task.end(windows)
 
-    def _resolve(self) -> dict[str, list[tuple[int, int]]]:
-        """Read the graph marks once and turn every pending step into its row; returns the
-        last step's phase intervals."""
+    def _resolve(self) -> list[Window]:
+        """Read the graph marks once and turn every pending step into its rows (one per batch
+        of a call that ran several); returns the last call's ``(step, start, end, intervals)``."""
         marks = self.timers.graph_marks(time.time_ns() - time.perf_counter_ns())
-        intervals: dict[str, list[tuple[int, int]]] = {}
+        windows: list[Window] = []
         for p in self._pending:
             intervals = phases_in(p.start, p.end, marks + p.host)
             self._marked = self._marked or any(intervals[k] for k in ("forward", "backward", "optimizer"))
-            phases, _, _ = breakdown(p.start, p.end, intervals)
-            row = StepRow(
-                self.rank, p.step, p.start - self.origin, p.end - p.start, phases, 0, 0, p.traced, p.complete, p.wait
-            )
-            self._rows.append(row)
-            if (p.traced or p.step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
-                self._spans.append((p.step, p.complete, p.start, p.end, intervals))
+            parts = self._batches(p, intervals)
+            windows = [(p.step + self._extra + i, lo, hi, phases) for i, (lo, hi, phases) in enumerate(parts)]
+            self._extra += len(parts) - 1
+            for window in windows:
+                self._add_row(p, *window)
         self._pending.clear()
-        return intervals
+        return windows
+
+    def _batches(self, p: _Pending, intervals: dict[str, list[Interval]]) -> list[tuple[int, int, dict]]:
+        """A call of fit's train function that ran several batches: one window per batch."""
+        if p.spe < 2 or not self.config.training_trace:
+            return [(p.start, p.end, intervals)]
+        per_batch = per_batch_runs(len(intervals["optimizer"]), p.spe, self._per_batch)
+        if per_batch is None or not intervals["optimizer"]:
+            self._note(SPE_NOTE.format(spe=p.spe, why=SPE_NO_MARKS))
+            return [(p.start, p.end, intervals)]
+        self._per_batch = per_batch
+        return split_batches(p.start, p.end, intervals, per_batch)
+
+    def _add_row(self, p: _Pending, step: int, start: int, end: int, intervals: dict[str, list[Interval]]) -> None:
+        phases, _, _ = breakdown(start, end, intervals)
+        wait = p.wait * (end - start) // max(1, p.end - p.start)  # a call's wait, shared by its batches
+        self._rows.append(
+            StepRow(self.rank, step, start - self.origin, end - start, phases, 0, 0, p.traced, p.complete, wait)
+        )
+        if (p.traced or step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
+            self._spans.append((step, p.complete, start, end, intervals))
+
+    def _note(self, message: str) -> None:
+        if message not in self.timers.notes:
+            self.timers.notes.append(message)
 
     def _finish_last(self, error: BaseException | None) -> None:
         end = time.perf_counter_ns()
@@ -322,13 +371,7 @@ class _Pending:
     traced: bool
     complete: bool
     wait: int
-
-
-def phases_in(start: int, end: int, marks: list[tuple[int, int]]) -> dict[str, list[tuple[int, int]]]:
-    """Phase intervals of the step ``[start, end]`` from marks ``(ns, slot)`` of any steps:
-    those inside it (to the graph clock's microsecond) are paired."""
-    inside = sorted((min(max(t, start), end), s) for t, s in marks if start - 2_000 <= t <= end + 2_000)
-    return pair_marks(inside, end)
+    spe: int = 1  # batches the call ran, at most (Keras steps_per_execution)
 
 
 def make_session(

@@ -9,6 +9,7 @@ events (thread-pool regions, allocations) are left out.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import re
 import shutil
@@ -92,8 +93,10 @@ class TFTaskTrace:
         self._running = True
         self.export_ns += time.perf_counter_ns() - t0
 
-    def end(self, step: int, phases: Mapping[str, Sequence[Interval]]) -> None:
-        """Stop the profiler after ``step``; write its events, attribute ops to ``phases`` (host ns)."""
+    def end(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]]) -> None:
+        """Stop the profiler after a step (or a call of several: one ``(step, start, end,
+        phases)`` window each, host ns); write its events, attribute each op to the window
+        its middle falls in (the first or last when outside) and to a phase there."""
         import tensorflow as tf
 
         t0 = time.perf_counter_ns()
@@ -102,11 +105,11 @@ class TFTaskTrace:
         offset = time.time_ns() - time.perf_counter_ns()
         try:
             for path in sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb")):
-                self.op_rows.extend(self._consume(step, read_xspace(path), phases, offset))
+                self.op_rows.extend(self._consume(windows, read_xspace(path), offset))
         finally:
             shutil.rmtree(self.logdir, ignore_errors=True)
         self.writer.flush()
-        self.steps.append(step)
+        self.steps.extend(w[0] for w in windows)
         self.export_ns += time.perf_counter_ns() - t0
 
     def abort(self) -> None:
@@ -120,8 +123,10 @@ class TFTaskTrace:
             tf.profiler.experimental.stop(save=False)
         shutil.rmtree(self.logdir, ignore_errors=True)
 
-    def _consume(self, step: int, space: Any, phases: Mapping[str, Sequence[Interval]], offset: int) -> list[OpRow]:
-        totals: dict[tuple[str, str], list[float]] = {}
+    def _consume(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]], space: Any,
+                 offset: int) -> list[OpRow]:
+        totals: dict[tuple[int, str, str], list[float]] = {}
+        cuts = [w[2] for w in windows[:-1]]
         for plane, line, items in _lines(space, offset):
             tid = self._tid(plane.name, line)
             self_times(items)
@@ -131,13 +136,15 @@ class TFTaskTrace:
                 self.writer.event(record)
                 if name in WRAPPERS or _is_function_call(plane, line, name):
                     continue
-                acc = totals.setdefault((phase_at((start + end) // 2, phases), name), [0, 0.0, 0.0])
+                middle = (start + end) // 2
+                step, _, _, phases = windows[bisect.bisect_left(cuts, middle)]
+                acc = totals.setdefault((step, phase_at(middle, phases), name), [0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += (end - start) / 1000.0
                 acc[2] += max(0, end - start - child) / 1000.0
         return [
             OpRow(self.rank, step, phase, name, "", int(c), round(t, 3), round(s, 3))
-            for (phase, name), (c, t, s) in totals.items()
+            for (step, phase, name), (c, t, s) in totals.items()
         ]
 
     def _tid(self, plane: str, line: Any) -> int:

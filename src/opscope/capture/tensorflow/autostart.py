@@ -47,8 +47,11 @@ def arm_keras(first_use: Callable[[], list[tuple[str, Any]]]) -> None:
         sessions = first_use()
         dumps = [s for name, s in sessions if name in ("dump", "overflow") and hasattr(s, "callback")
                  and not s.stopped]
-        if dumps:
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *(s.callback() for s in dumps)]
+        added = [s.callback() for s in dumps]
+        # the profile is a callback itself: fit's batches are its steps (steps_per_execution too)
+        added += [s for name, s in sessions if name == "profile" and getattr(s, "state", None) == "running"]
+        if added:
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), *added]
         return fit(model, *args, **kwargs)
 
     keras.Model.fit = patched_fit
