@@ -70,6 +70,10 @@ def test_few_tensors_are_absent(runs):
 def test_bf16_against_float32_is_within_tolerance(runs):
     summary = compare(runs, "bf16", "f32")
     assert summary["verdict"] == "within_tolerance" and not summary.get("culprits"), summary["culprits"][:2]
+    # The optimizer's reads of bf16-made gradients and the batch norms' moving-statistics
+    # assigns (calls with no output to judge) were ~690 "failed" pairs, each judged alone in
+    # float32 tolerance; they are the values their producers made, judged there.
+    assert summary["counts"]["failed"] == 0, summary["counts"]
 
 
 def test_a_one_layer_fault_is_named_first(runs):
@@ -77,3 +81,4 @@ def test_a_one_layer_fault_is_named_first(runs):
     first = summary["first_divergence"]
     assert summary["verdict"] == "diverged" and first["module"] == "block_3_expand", first
     assert first["step"] == 0 and first["phase"] == "forward"
+    assert summary["counts"]["failed"] > 100, "what the fault flows into fails with it (inherits)"

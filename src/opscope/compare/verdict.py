@@ -350,11 +350,31 @@ def _settle(state: VerdictState, pair: Pair) -> None:
         pair.status = "identical"
     else:
         t, r = pair.rows
+        producers = _lone_input_producers(state, pair)
+        if producers:
+            # read by a call with no judged output (an assign, an optimizer's update): the
+            # value its producer made, judged there, as any op's input is
+            _set_input_status(state, pair, any(id(p) in state.tainted for p in producers))
+            return
         lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
         pair.error, pair.tolerance = raw_error(pair), state.noise.tolerance(lower)
         pair.status = "passed" if not pair.error > pair.tolerance else "failed"
         if pair.status == "failed":
             pair.note = join(pair.note, "differs, but no paired producer explains where from")
+
+
+def _lone_input_producers(state: VerdictState, pair: Pair) -> list[Pair]:
+    """The judged pairs of what both sides' rows of an input pair read (empty unless both
+    have one: a value one side made out of sight is not explained)."""
+    found = []
+    for side, row in (("target", pair.t), ("reference", pair.r)):
+        if row is None or row.get("io") not in INPUT_IO or row.get("producer") is None:
+            return []
+        producer = producer_entry(state, side, row["rank"], row["step"], row["producer"])
+        if producer is None or producer is pair or not producer.status:
+            return []
+        found.append(producer)
+    return found
 
 
 VerdictPass = Callable[[VerdictState], None]
