@@ -30,7 +30,8 @@ from opscope.config.env import env, foreign
 log = logging.getLogger(__name__)
 _C = Path(__file__).parent / "_c"
 _SHARED = Path(__file__).parents[3] / "_c"  # src/opscope/_c: headers shared with the C kernels (opscope_half.h)
-_SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp"}
+_SOURCES = {"_opscope_watch": _C / "watchobs.cpp", "_opscope_dump": _C / "dumpobs.cpp",
+            "_opscope_monitor": _SHARED.parent / "monitor" / "_c" / "montorch.cpp"}  # (opscope.monitor.torchext)
 _LOADED: dict[str, ModuleType | None] = {}
 _ERRORS: dict[str, str] = {}
 
