@@ -9,7 +9,11 @@ the input's relative to the *input*, with nothing wrong:
   gradient summed over a batch; the mean a layer norm saves for backward);
 - a normalization (layer, batch, group norm) works on the input less its mean, so an
   input whose mean is large beside its spread has its error magnified ||x|| / ||x - mean||
-  times in the normalized output and in the saved inverse standard deviation.
+  times in the normalized output and in the saved inverse standard deviation;
+- the pieces of a batch norm that a framework runs as separate ops (Keras 3 on TensorFlow:
+  ``SquaredDifference`` of the input and its mean, ``Rsqrt`` and its gradient
+  ``RsqrtGrad``, a cube of the inverse standard deviation), with the same cancellation and
+  powers inside.
 
 Each rule is a function of the call's rows (their statistics) and registers for op names
 with :func:`register_condition`; a name registered twice is refused.
@@ -31,7 +35,9 @@ CONDITION_RULES: dict[str, ConditionRule] = {}
 
 def register_condition(*ops: str) -> Callable[[ConditionRule], ConditionRule]:
     """Register ``fn(input_rows, output_row, output_reference_norm) -> factor >= 1`` for
-    the base op names given (``sum``, not ``aten.sum.dim_IntList``)."""
+    the base op names given (``sum``, not ``aten.sum.dim_IntList``), or another framework's
+    own op name (``SquaredDifference`` for ``tf.SquaredDifference``), which is looked up
+    first."""
     def wrap(fn: ConditionRule) -> ConditionRule:
         for op in ops:
             if op in CONDITION_RULES:
@@ -43,8 +49,9 @@ def register_condition(*ops: str) -> Callable[[ConditionRule], ConditionRule]:
 
 def condition(rows: list[Row], out_row: Row, out_norm: float) -> float:
     """The factor by which this call's output may magnify its inputs' relative error."""
-    name = base_op(out_row.get("op"))
-    rule = CONDITION_RULES.get(name)
+    op = str(out_row.get("op") or "")
+    name = base_op(op)
+    rule = CONDITION_RULES.get(op.rsplit(".", 1)[-1]) or CONDITION_RULES.get(name)
     if rule is None and ("sum" in name or "mean" in name):
         rule = reduction
     if rule is None:
@@ -108,3 +115,33 @@ def product(inputs: list[Row], out_row: Row, out_norm: float) -> float:
             return 1.0
         total += norm * absmax * math.sqrt(max(1.0, n_out / n)) / out_norm
     return total
+
+
+def _stats(row: Row) -> tuple[float, float, int]:
+    """(norm, absmax, numel) of a row; NaN where not recorded."""
+    return _num(row.get("norm")), _num(row.get("absmax")), int(row.get("numel") or 0)
+
+
+@register_condition("SquaredDifference")
+def squared_difference(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """(a - b)², b often a broadcast mean: the difference cancels, ||Δ(a-b)|| <= e·(||a|| +
+    ||b||·sqrt(n_out/n_b)), and squaring weighs it by 2·max|a-b| = 2·sqrt(max out)."""
+    if len(inputs) != 2 or out_norm <= 0:
+        return 1.0
+    (na, _, ca), (nb, _, cb) = (_stats(r) for r in sorted(inputs, key=lambda r: r.get("slot") or 0))
+    _, out_max, n_out = _stats(out_row)
+    if min(ca, cb, n_out) <= 0 or not all(map(math.isfinite, (na, nb, out_max))):
+        return 1.0
+    return 2.0 * math.sqrt(max(out_max, 0.0)) * (na * math.sqrt(n_out / ca) + nb * math.sqrt(n_out / cb)) / out_norm
+
+
+@register_condition("RsqrtGrad")
+def rsqrt_grad(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """RsqrtGrad(y, dy) = -dy·y³/2: ||Δout|| <= (||Δdy||·max|y|³ + 3·max|y|²·max|dy|·||Δy||)/2."""
+    by_slot = {r.get("slot"): r for r in inputs}
+    if 0 not in by_slot or 1 not in by_slot or out_norm <= 0:
+        return 1.0
+    (ny, my, _), (nd, md, _) = _stats(by_slot[0]), _stats(by_slot[1])
+    if not all(map(math.isfinite, (ny, my, nd, md))):
+        return 1.0
+    return 0.5 * (nd * my**3 + 3.0 * my**2 * md * ny) / out_norm

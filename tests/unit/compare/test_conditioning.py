@@ -1,0 +1,66 @@
+"""Conditioning rules for the pieces of a batch norm that Keras 3 on TensorFlow runs as
+separate ops: each factor must bound what the op really does to its inputs' relative
+error (checked with perturbed inputs), and stay small enough that a real fault shows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from opscope.compare.conditioning import condition
+
+
+def row(op: str, io: str, slot: int, x: np.ndarray) -> dict:
+    return {"op": op, "io": io, "slot": slot, "numel": x.size, "norm": float(np.linalg.norm(x)),
+            "absmax": float(np.abs(x).max()), "shape": list(x.shape)}
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def worst(fn, inputs: list[np.ndarray], e: float, rng: np.random.Generator, tries: int = 200) -> float:
+    """The largest output error seen for inputs each perturbed by relative error e."""
+    out = fn(*inputs)
+    peak = np.unravel_index(np.abs(out).argmax(), out.shape)
+    seen = 0.0
+    for k in range(tries):
+        moved = []
+        for x in inputs:
+            if k == 0:  # all of it on the element that weighs most (the adversarial case)
+                d = np.zeros(x.shape)
+                d[tuple(i if n > 1 else 0 for i, n in zip(peak[-x.ndim:], x.shape))] = 1.0
+            else:  # spread or concentrated at random
+                d = rng.standard_normal(x.shape) * (rng.random(x.shape) < rng.random())
+                d = d if d.any() else rng.standard_normal(x.shape)
+            moved.append(x + d * (e * np.linalg.norm(x) / np.linalg.norm(d)))
+        seen = max(seen, rel(fn(*moved), out))
+    return seen
+
+
+def test_squared_difference_bounds_the_cancellation_of_a_batch_mean() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 2, 2, 96)) * 0.1 + rng.standard_normal(96) * 0.5  # channel means
+    mean = x.mean(axis=(0, 1, 2), keepdims=True)
+    fn = lambda a, b: (a - b) ** 2  # noqa: E731
+    out = fn(x, mean)
+    rows = [row("tf.SquaredDifference", "input", 0, x), row("tf.SquaredDifference", "input", 1, mean)]
+    factor = condition(rows, row("tf.SquaredDifference", "output", 0, out), float(np.linalg.norm(out)))
+    e = 1e-6
+    seen = worst(fn, [x, mean], e, rng)
+    assert 3 * e < seen <= factor * e, (seen, factor)  # the cancellation is real, and bounded
+    assert factor < 5 * seen / e, "not so loose that a fault a few times the rounding hides"
+    assert condition(rows, {**rows[0], "op": "tf.Sub", "io": "output"}, 1.0) == 1.0  # a plain sub: no rule
+
+
+def test_rsqrt_grad_bounds_the_cube_of_the_inverse_std() -> None:
+    rng = np.random.default_rng(1)
+    y = 1.0 / np.sqrt(rng.random(336) * 2 + 0.03)  # rsqrt(var + eps): a few channels near 5
+    dy = rng.standard_normal(336) * 0.02
+    fn = lambda a, b: -0.5 * b * a**3  # noqa: E731
+    out = fn(y, dy)
+    rows = [row("tf.RsqrtGrad", "input", 0, y), row("tf.RsqrtGrad", "input", 1, dy)]
+    factor = condition(rows, row("tf.RsqrtGrad", "output", 0, out), float(np.linalg.norm(out)))
+    e = 1e-6
+    seen = worst(fn, [y, dy], e, rng)
+    assert 3 * e < seen <= factor * e, (seen, factor)
+    assert factor < 5 * seen / e, "not so loose that a fault a few times the rounding hides"
