@@ -20,6 +20,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,17 @@ namespace {
 
 enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2 };
 
+// A flag any thread may read and set (relaxed), copied with the struct that holds it.
+struct Relaxed {
+  std::atomic<bool> on{false};
+  Relaxed() = default;
+  Relaxed(const Relaxed& o) : on(o.on.load(std::memory_order_relaxed)) {}
+  Relaxed& operator=(const Relaxed& o) {
+    on.store(o.on.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    return *this;
+  }
+};
+
 // What an op overload is, from the Python side's rules (see native/ops.py classify_op and op_kinds.py).
 struct OpKind {
   int name = -1;           // interned "aten.add_.Tensor"
@@ -49,6 +61,7 @@ struct OpKind {
   std::vector<int> arg_names;                      // interned schema argument names
   std::vector<int8_t> arg_kinds;                   // 0 value, 1 dtype, 2 layout, 3 memory format
   std::vector<bool> kwarg_only;
+  mutable Relaxed quiet;  // its kernel was seen calling ops: the callback is off while it runs (on_start)
 };
 
 // ---- shared state --------------------------------------------------------------------------
@@ -57,7 +70,8 @@ bool g_on = false;
 int8_t g_phase = FORWARD;
 int g_module = -1;
 PyObject* g_classify = nullptr;
-at::CallbackHandle g_handle = 0;
+at::CallbackHandle g_handle = 0;     // FUNCTION scope: the ops
+at::CallbackHandle g_handle_bw = 0;  // BACKWARD_FUNCTION scope: autograd's nodes
 bool g_installed = false;
 
 std::vector<std::string> names;
@@ -85,12 +99,19 @@ std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted b
 // autograd level. A CompositeImplicitAutograd op (linear, var.dim, to.dtype, matmul...) is
 // not recorded but its decomposition is; any other op is recorded, and the ops its kernel
 // calls are not (they run below autograd, unseen by a dispatch mode too).
-constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8;
+constexpr int64_t QUIET_FROM = 2;  // inner ops of a call from which its kind runs QUIET
+constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8, QUIET = 16;
+struct Open {     // a record started and not ended
+  const OpKind* kind;
+  uint8_t flags;  // OPAQUE|RECORD|QUIET, or ENGINE, or INNER
+  int64_t inner;  // Thread::inner when it started
+};
 struct Thread {
-  int opaque = 0;                                       // open recorded-kind ops
-  std::vector<std::pair<const OpKind*, uint8_t>> open;  // (kind, OPAQUE|RECORD)
-  std::vector<c10::IValue> args;                        // the recorded op's arguments
-  std::vector<std::pair<int64_t, int>> nodes;           // (sequence nr, node name)
+  int opaque = 0;                               // open recorded-kind ops
+  std::vector<Open> open;
+  int64_t inner = 0;                            // INNER records seen so far
+  std::vector<c10::IValue> args;                // the recorded op's arguments
+  std::vector<std::pair<int64_t, int>> nodes;   // (sequence nr, node name)
   std::unordered_map<OpKey, const OpKind*, PairHash> kinds;
   int generation = -1;
 };
@@ -274,7 +295,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (T.opaque > 0 && fn.scope() == at::RecordScope::FUNCTION) {
     // an op inside one no dispatch mode looks into (what its kernel calls): never recorded, so
     // neither its name nor its kind is looked up (most ops of a step are such inner ops)
-    T.open.emplace_back(nullptr, INNER);
+    T.open.push_back({nullptr, INNER, 0});
+    ++T.inner;
     return nullptr;
   }
   const char* name = fn.name();
@@ -287,7 +309,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     if (!T.nodes.empty() && T.nodes.back().first < 0 && fn.seqNr() >= 0)
       T.nodes.back().first = fn.seqNr();  // the engine's record learns its node's number
     T.nodes.emplace_back(fn.seqNr(), intern(node));
-    if (fn.scope() != at::RecordScope::BACKWARD_FUNCTION) T.open.emplace_back(nullptr, ENGINE);
+    if (fn.scope() != at::RecordScope::BACKWARD_FUNCTION) T.open.push_back({nullptr, ENGINE, 0});
     return nullptr;
   }
   const OpKind& k = kind_of(T, fn);
@@ -304,9 +326,20 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       on_error(e.what());
     }
     --T.opaque;
+    // QUIET: the ops its kernel calls would each make a RecordFunction (their arguments and
+    // outputs boxed) only to be passed over here as INNER (~1.3k instructions each). Our
+    // callback is turned off for the op's span, by its handle, so that other RecordFunction
+    // users (torch's profiler) still see them; torch runs this op's end callback from the
+    // list it started with, which turns it on again, also when the kernel raises. Turning it
+    // off and on rebuilds torch's list of that scope (~1.1k instructions), so only kinds that
+    // were seen calling QUIET_FROM ops or more go quiet.
+    if (k.quiet.on.load(std::memory_order_relaxed) && g_handle) {
+      at::disableCallback(g_handle);
+      flags |= QUIET;
+    }
   }
   T.opaque += flags & OPAQUE;
-  T.open.emplace_back(&k, flags);
+  T.open.push_back({&k, flags, T.inner});
   return nullptr;
 }
 
@@ -318,7 +351,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   if (T.open.empty()) return;  // started before the observer was registered
-  auto [k, flags] = T.open.back();
+  auto [k, flags, inner_before] = T.open.back();
   T.open.pop_back();
   if (flags & INNER) return;
   if (flags & ENGINE) {  // the engine's record of a node (told at its start, without reading its name again)
@@ -336,20 +369,30 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     --T.opaque;
   }
+  if (flags & QUIET) {
+    if (g_handle) at::reenableCallback(g_handle);
+  } else if (T.inner - inner_before >= QUIET_FROM) {
+    k->quiet.on.store(true, std::memory_order_relaxed);
+  }
   T.args.clear();
 }
 
 // The callback is registered only while checking is on: ops of steps not selected (and of
-// the optimizer step) pay nothing, not even the boxing of their arguments.
+// the optimizer step) pay nothing, not even the boxing of their arguments. Two callbacks, one
+// a scope: turning the ops' one off and on (QUIET) rebuilds torch's list of that scope alone,
+// and autograd's node records still reach the observer meanwhile.
 void set_registered(bool on) {
   if (on && !g_handle && g_installed) {
     g_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                               .needsInputs(true)
                                               .needsOutputs(true)
-                                              .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+                                              .scopes({at::RecordScope::FUNCTION}));
+    g_handle_bw = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::BACKWARD_FUNCTION}));
   } else if (!on && g_handle) {
     at::removeCallback(g_handle);
-    g_handle = 0;
+    at::removeCallback(g_handle_bw);
+    g_handle = g_handle_bw = 0;
   }
 }
 
