@@ -13,7 +13,11 @@ the input's relative to the *input*, with nothing wrong:
 - the pieces of a batch norm that a framework runs as separate ops (Keras 3 on TensorFlow:
   ``SquaredDifference`` of the input and its mean, ``Rsqrt`` and its gradient
   ``RsqrtGrad``, a cube of the inverse standard deviation), with the same cancellation and
-  powers inside.
+  powers inside;
+- an activation's backward that keeps part of the gradient (ReLU's, ReLU6's, ELU's: each
+  element times a factor in [0, 1]): an error sitting where the mask keeps the gradient
+  counts ||g|| / ||out|| times relative to the output. (An element that flips because the
+  features moved across the threshold is a decision, not covered here.)
 
 Each rule is a function of the call's rows (their statistics) and registers for op names
 with :func:`register_condition`; a name registered twice is refused.
@@ -145,3 +149,14 @@ def rsqrt_grad(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     if not all(map(math.isfinite, (ny, my, nd, md))):
         return 1.0
     return 0.5 * (nd * my**3 + 3.0 * my**2 * md * ny) / out_norm
+
+
+@register_condition("threshold_backward", "hardtanh_backward", "Relu6Grad", "EluGrad", "LeakyReluGrad")
+def masked_gradient(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """out = g ⊙ s with every |s| <= 1 (a mask, ELU's slope, a leaky slope below 1):
+    ||Δout|| <= ||Δg||, so the output's relative error is at most ||g|| / ||out|| times g's."""
+    grad = next((r for r in inputs if r.get("slot") == 0), None)
+    norm = _num(grad.get("norm")) if grad is not None else math.nan
+    if not math.isfinite(norm) or out_norm <= 0:
+        return 1.0
+    return norm / out_norm

@@ -64,3 +64,20 @@ def test_rsqrt_grad_bounds_the_cube_of_the_inverse_std() -> None:
     seen = worst(fn, [y, dy], e, rng)
     assert 3 * e < seen <= factor * e, (seen, factor)
     assert factor < 5 * seen / e, "not so loose that a fault a few times the rounding hides"
+
+
+def test_a_masked_gradient_counts_the_share_it_keeps() -> None:
+    """ReLU6's backward keeps the gradient where 0 < x < 6: an error where it keeps it is the
+    whole output's error, the gradient's relative error times ||g|| / ||out|| (Keras'
+    MobileNetV2 under a fault: a Relu6Grad named a culprit at 1.04x its allowance)."""
+    rng = np.random.default_rng(2)
+    g, x = rng.standard_normal((8, 2, 2, 192)), rng.standard_normal((8, 2, 2, 192)) * 4
+    fn = lambda grad, feat: grad * ((feat > 0) & (feat < 6))  # noqa: E731
+    out = fn(g, x)
+    for op in ("tf.Relu6Grad", "aten.hardtanh_backward.default", "tf.ReluGrad"):
+        rows = [row(op, "input", 0, g), row(op, "input", 1, x)]
+        factor = condition(rows, row(op, "output", 0, out), float(np.linalg.norm(out)))
+        assert np.isclose(factor, np.linalg.norm(g) / np.linalg.norm(out)) and factor > 1.2, op
+    e = 1e-6
+    seen = worst(lambda grad: fn(grad, x), [g], e, rng)
+    assert 1.2 * e < seen <= factor * e * (1 + 1e-9), (seen, factor)
