@@ -65,6 +65,19 @@ def test_a_bf16_matmul_is_right_for_its_inputs_on_both_sides(dumps):
     assert target["dtype"] == "bfloat16" and reference["dtype"] == "float32"
     assert target["status"] == reference["status"] == "ok" and reference["reproduced"] is True, out
     assert "TensorFlow's CPU kernel" in out["reason"] and "transpose_b" in target["args"]
+    # tf_train runs with oneDNN off; the replay starts TensorFlow so too (the manifest says
+    # it), and the bf16 kernel then gives the recorded bits (with oneDNN on it did not)
+    assert target["reproduced"] is True and not target["note"], target
+
+
+def test_a_replay_that_cannot_match_the_runs_kernels_says_so(dumps):
+    seq = seq_of(dumps["bf16"], "tiny_1/ff0a_1/Tensordot/MatMul", "tf.MatMul")
+    proc = subprocess.run([sys.executable, "-m", "opscope", "replay", str(dumps["bf16"]), str(dumps["f32"]),
+                           "--op", f"0:0:{seq}"], capture_output=True, text=True, timeout=300,
+                          env={**ENV, "TF_ENABLE_ONEDNN_OPTS": "1"})  # the user chose otherwise
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note (target): the dump ran TensorFlow with oneDNN off, this replay with it on" in proc.stdout, proc.stdout
+    assert "TF_ENABLE_ONEDNN_OPTS=0" in proc.stdout
 
 
 def test_an_output_off_by_a_little_is_the_target_wrong(dumps, tmp_path):

@@ -42,6 +42,7 @@ class Call:
     recorded: dict[int, torch.Tensor] = field(default_factory=dict)
     # re-runs a call that is not an aten op (API calls, MindSpore kernels): golden -> outputs
     runner: Callable[[bool], dict[int, torch.Tensor]] | None = None
+    note: str = ""  # said with the side's result (a replay that cannot match the run's kernels)
 
     @property
     def device(self) -> str:

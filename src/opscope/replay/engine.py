@@ -116,7 +116,7 @@ def replay_side(dump: Any, rows: list[dict[str, Any]], side: str, noise: NoiseMo
     return SideReplay(side=side, seq=int(head["seq"]), op=call.name, module=str(head.get("module") or ""),
                       dtype=worst["dtype"], error=worst["error"], units=worst["units"],
                       allowed_units=worst["allowed_units"], status=status, native_units=worst["native_units"],
-                      reproduced=reproduced, outputs=outputs, args=_arguments_text(call.doc))
+                      reproduced=reproduced, outputs=outputs, args=_arguments_text(call.doc), note=call.note)
 
 
 def _arguments_text(doc: dict[str, Any]) -> dict[str, str]:

@@ -14,6 +14,8 @@ not replayable, and the message says which. A rule registered for ``tf.<OpType>`
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ PASSING = frozenset({"tf.ReadVariableOp", "tf.Identity", "tf.Snapshot", "tf.Stop
 
 def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     """One TensorFlow op with its inputs read; ``runner`` re-runs it through TensorFlow."""
+    note = match_kernels(dump)
     head = head_of(rows)
     name = str(head.get("op") or "")
     doc = _args(head.get("args"), name)
@@ -60,7 +63,30 @@ def load_tf_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
         assert op_def is not None
         return dict(enumerate(_execute(op_def, values, attrs, golden)))
     call.runner = runner
+    call.note = note
     return call
+
+
+def match_kernels(dump: Any) -> str:
+    """Run TensorFlow's kernels as the dumped run did: oneDNN on or off
+    (``TF_ENABLE_ONEDNN_OPTS``, read when TensorFlow starts; the two round bfloat16
+    differently). Set here when TensorFlow is not imported yet and the user did not choose;
+    otherwise a note when they differ (the recorded bits are then not expected back)."""
+    wanted = (getattr(dump, "manifest", None) or {}).get("framework", {}).get("onednn")
+    if wanted is None:
+        return ""
+    if "tensorflow" not in sys.modules and "TF_ENABLE_ONEDNN_OPTS" not in os.environ:
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1" if wanted else "0"
+    from opscope.capture.tensorflow.manifest import onednn
+
+    now = onednn()
+    if now is None or now == wanted:
+        return ""
+    def word(on: bool) -> str:
+        return "on" if on else "off"
+    return (f"the dump ran TensorFlow with oneDNN {word(wanted)}, this replay with it {word(now)} "
+            f"(TF_ENABLE_ONEDNN_OPTS={'1' if wanted else '0'} before TensorFlow starts matches it): "
+            "the kernel in the recorded dtypes may round differently")
 
 
 def _slot(row: dict[str, Any]) -> int:

@@ -22,6 +22,7 @@ def render(result: Any) -> str:
             repro = " (same bits)" if s.reproduced else ""
             lines.append(f"  {s.side:<10} {s.dtype:<9} {_fmt(s.error):>12} {_fmt(s.units):>9} "
                          f"{_fmt(s.allowed_units):>8} {_fmt(s.native_units):>11}  {s.status.replace('_', '-')}{repro}")
+        lines += [f"  note ({s.side}): {s.note}" for s in sides if s.note]
         owner = "TensorFlow's" if sides[0].op.startswith("tf.") else "torch's"
         lines.append("  (local error: against the op re-run in float64 on that side's own inputs; "
                      f"CPU kernel: {owner}, in the recorded dtypes, in eps)")

@@ -26,7 +26,7 @@ def manifest(cfg: DumpConfig, level: str, manifest_level: str) -> dict[str, Any]
     config["level"] = level
     return {
         "tool": {"name": "opscope", "version": __version__},
-        "framework": {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "framework": {"tensorflow": tf.__version__, "keras": keras.__version__, "onednn": onednn()},
         "python": platform.python_version(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -40,6 +40,17 @@ def manifest(cfg: DumpConfig, level: str, manifest_level: str) -> dict[str, Any]
         "stats_backend": BACKEND,
         "level": manifest_level,
     }
+
+
+def onednn() -> bool | None:
+    """Whether TensorFlow runs its oneDNN kernels in this process (``TF_ENABLE_ONEDNN_OPTS``,
+    on by default on x86 Linux): they round bfloat16 differently from the plain ones, so a
+    replay reproduces the recorded bits only with the same setting."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+    except ImportError:
+        return None
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def check_strategy(model: Any = None) -> None:
