@@ -58,3 +58,44 @@ def test_opscope_run_profiles_a_keras_script_with_profiling_options(tmp_path, sp
     steady = [r for r in rows if r["step"] >= 2]
     assert all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in steady), steady
     assert (tmp_path / "prof" / "report.html").is_file()
+
+
+FULL = textwrap.dedent(
+    """
+    import resource, signal, sys
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))  # files over 20 kB: EFBIG
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np, tensorflow as tf, keras
+    from opscope.errors import ProfileError
+    from opscope.tensorflow import profile
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32,))
+    model = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Dense(128)(inp)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(160, 32)).astype("float32"), rng.integers(0, 10, 160).astype("int32")
+    try:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0,
+                  callbacks=[profile(sys.argv[1], task_trace=True, steps="5")])
+    except ProfileError as exc:
+        print("PROFILE ERROR:", exc)
+        sys.exit(3)
+    """
+)
+
+
+def test_a_full_disk_is_a_clear_error_and_keeps_the_steps(tmp_path) -> None:
+    """TensorFlow's profiler cannot write the task-traced step's trace (a file-size limit):
+    training runs to its end, then one clear error names the incomplete profile, and the
+    step table of every batch is on disk (it used to end in TensorFlow's 'No profiler is
+    running', raised by a second stop of the same step)."""
+    (tmp_path / "full.py").write_text(FULL)
+    done = subprocess.run([sys.executable, "full.py", str(tmp_path / "prof")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr[-3000:]
+    assert "is incomplete" in done.stdout and "check free space" in done.stdout, done.stdout
+    assert "task trace of step(s) [5]" in done.stdout and "No profiler is running" not in done.stderr
+    rows = pq.read_table(tmp_path / "prof" / "rank0" / "steps.parquet").to_pylist()  # the rank's own table
+    assert [r["step"] for r in rows] == list(range(10))

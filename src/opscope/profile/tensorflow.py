@@ -271,6 +271,7 @@ class TFProfileSession(keras.callbacks.Callback):
         traced = self._traced and complete
         if self._traced and not complete:
             self.task.abort()
+        self._traced = False  # ended once, whatever happens below
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
         host = self.timers.take_host(self._start, end)
         self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))

@@ -100,8 +100,17 @@ class TFTaskTrace:
         import tensorflow as tf
 
         t0 = time.perf_counter_ns()
+        if not self._running:
+            return
         self._running = False
-        tf.profiler.experimental.stop()
+        try:
+            tf.profiler.experimental.stop()
+        except Exception as exc:  # it could not write its trace (a full disk): never the training's error
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            steps = [w[0] for w in windows]
+            self.writer.failed = self.writer.failed or OSError(
+                f"TensorFlow's profiler could not write the task trace of step(s) {steps}: {exc}")
+            return
         offset = time.time_ns() - time.perf_counter_ns()
         try:
             for path in sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb")):
