@@ -103,7 +103,7 @@ TRAIN = textwrap.dedent(
     fit("same")
     fit("slowbwd", extra_matmuls=12)
     fit("slowdata", sleep=0.03)
-    fit("eager", steps=10, eager=True)
+    fit("eager", steps=10, eager=True, steps_per_execution=2)  # a Python loop of 2 batches a call
 
     from tensorflow.python.eager import context
 
@@ -293,6 +293,8 @@ def test_eager_fit_is_timed_by_host_marks(runs) -> None:
     assert out["eager"]["status"] == "complete"
     rows = steady(root / "eager")
     assert rows and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in rows), rows
+    steps = [r["step"] for r in pq.read_table(root / "eager" / "steps.parquet").to_pylist()]
+    assert steps == list(range(10)), "steps_per_execution=2 in eager fit: still a step per batch"
 
 
 def test_xla_runs_and_says_what_is_not_split(runs) -> None:
