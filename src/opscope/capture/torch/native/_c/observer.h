@@ -103,8 +103,9 @@ constexpr int64_t QUIET_FROM = 2;  // inner ops of a call from which its kind ru
 constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8, QUIET = 16;
 struct Open {     // a record started and not ended
   const OpKind* kind;
-  uint8_t flags;  // OPAQUE|RECORD|QUIET, or ENGINE, or INNER
-  int64_t inner;  // Thread::inner when it started
+  uint8_t flags;               // OPAQUE|RECORD|QUIET, or ENGINE, or INNER
+  int64_t inner;               // Thread::inner when it started
+  at::CallbackHandle off = 0;  // QUIET: the callback it turned off
 };
 struct Thread {
   int opaque = 0;                               // open recorded-kind ops
@@ -114,6 +115,7 @@ struct Thread {
   std::vector<std::pair<int64_t, int>> nodes;   // (sequence nr, node name)
   std::unordered_map<OpKey, const OpKind*, PairHash> kinds;
   int generation = -1;
+  const at::RecordFunctionTLS* callbacks = nullptr;  // torch's list of this thread's callbacks (kept: its address is fixed)
 };
 thread_local Thread t_thread;
 
@@ -289,6 +291,16 @@ bool engine_record(const char* name) {
   return name[0] == 'a' && name[1] == 'u' && std::strncmp(name, prefix, sizeof(prefix) - 1) == 0;
 }
 
+// This thread's callback list holds callback `h` (a thread given a copy of the list before the
+// callbacks were registered anew holds older handles: switching one it lacks would only warn).
+bool holds(Thread& T, at::CallbackHandle h) {
+  if (!h) return false;
+  if (!T.callbacks) T.callbacks = &at::get_record_function_tls_();
+  for (const auto& e : T.callbacks->sorted_tls_callbacks_)
+    if (e.handle_ == h) return true;
+  return false;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!g_installed) return nullptr;
   Thread& T = here();
@@ -333,13 +345,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // list it started with, which turns it on again, also when the kernel raises. Turning it
     // off and on rebuilds torch's list of that scope (~1.1k instructions), so only kinds that
     // were seen calling QUIET_FROM ops or more go quiet.
-    if (k.quiet.on.load(std::memory_order_relaxed) && g_handle) {
+    if (k.quiet.on.load(std::memory_order_relaxed) && holds(T, g_handle)) {
       at::disableCallback(g_handle);
       flags |= QUIET;
     }
   }
   T.opaque += flags & OPAQUE;
-  T.open.push_back({&k, flags, T.inner});
+  T.open.push_back({&k, flags, T.inner, flags & QUIET ? g_handle : 0});
   return nullptr;
 }
 
@@ -351,7 +363,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     return;
   }
   if (T.open.empty()) return;  // started before the observer was registered
-  auto [k, flags, inner_before] = T.open.back();
+  auto [k, flags, inner_before, off] = T.open.back();
   T.open.pop_back();
   if (flags & INNER) return;
   if (flags & ENGINE) {  // the engine's record of a node (told at its start, without reading its name again)
@@ -370,7 +382,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     --T.opaque;
   }
   if (flags & QUIET) {
-    if (g_handle) at::reenableCallback(g_handle);
+    if (holds(T, off)) at::reenableCallback(off);
   } else if (T.inner - inner_before >= QUIET_FROM) {
     k->quiet.on.store(true, std::memory_order_relaxed);
   }
