@@ -275,6 +275,8 @@ class TFProfileSession(keras.callbacks.Callback):
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
         host = self.timers.take_host(self._start, end)
         self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))
+        if traced:
+            self.task.stop()  # before the marks are read: that read is opscope's, not the step's
         if traced or len(self._pending) >= READ_EVERY:
             windows = self._resolve()
             if traced:

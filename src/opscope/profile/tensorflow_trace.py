@@ -73,6 +73,8 @@ class TFTaskTrace:
         self.steps: list[int] = []
         self.export_ns = 0
         self._running = False
+        self._stopped = False  # stopped after a traced step; its trace not read yet
+        self._failure = ""  # why the profiler could not write that trace
         self._tids: dict[str, int] = {}
 
     @property
@@ -93,24 +95,38 @@ class TFTaskTrace:
         self._running = True
         self.export_ns += time.perf_counter_ns() - t0
 
-    def end(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]]) -> None:
-        """Stop the profiler after a step (or a call of several: one ``(step, start, end,
-        phases)`` window each, host ns); write its events, attribute each op to the window
-        its middle falls in (the first or last when outside) and to a phase there."""
+    def stop(self) -> None:
+        """Stop the profiler at a traced step's end, before opscope's own work there (reading
+        the phase marks: TensorFlow ops too, which would be listed as the step's)."""
         import tensorflow as tf
 
-        t0 = time.perf_counter_ns()
         if not self._running:
             return
+        t0 = time.perf_counter_ns()
         self._running = False
         try:
             tf.profiler.experimental.stop()
+            self._stopped = True
         except Exception as exc:  # it could not write its trace (a full disk): never the training's error
             shutil.rmtree(self.logdir, ignore_errors=True)
-            steps = [w[0] for w in windows]
+            self._failure = str(exc)
+        self.export_ns += time.perf_counter_ns() - t0
+
+    def end(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]]) -> None:
+        """After :meth:`stop`: write the step's events and attribute each op to the window
+        (``(step, start, end, phases)``, host ns: one per batch of a call that ran several)
+        its middle falls in (the first or last when outside) and to a phase there."""
+        self.stop()
+        stopped, failure = self._stopped, self._failure
+        self._stopped, self._failure = False, ""
+        steps = [w[0] for w in windows]
+        if failure:
             self.writer.failed = self.writer.failed or OSError(
-                f"TensorFlow's profiler could not write the task trace of step(s) {steps}: {exc}")
+                f"TensorFlow's profiler could not write the task trace of step(s) {steps}: {failure}")
             return
+        if not stopped:
+            return
+        t0 = time.perf_counter_ns()
         offset = time.time_ns() - time.perf_counter_ns()
         try:
             for path in sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb")):
@@ -118,11 +134,14 @@ class TFTaskTrace:
         finally:
             shutil.rmtree(self.logdir, ignore_errors=True)
         self.writer.flush()
-        self.steps.extend(w[0] for w in windows)
+        self.steps.extend(steps)
         self.export_ns += time.perf_counter_ns() - t0
 
     def abort(self) -> None:
         """Stop a running profiler and drop what it recorded (the step did not finish)."""
+        if self._stopped or self._failure:  # stopped, never read
+            self._stopped, self._failure = False, ""
+            shutil.rmtree(self.logdir, ignore_errors=True)
         if not self._running:
             return
         self._running = False
