@@ -77,10 +77,10 @@ TRAIN = textwrap.dedent(
 
     weights = []
 
-    def fit(name, steps=16, sleep=0.0, **kw):
+    def fit(name, steps=16, sleep=0.0, epochs=1, validation=None, **kw):
         p = profile(f"{root}/{name}", steps="5-6", task_trace=True, overwrite=True)
         m = model(**kw)
-        m.fit(data(steps, sleep), epochs=1, verbose=0, callbacks=[p])
+        m.fit(data(steps, sleep), epochs=epochs, verbose=0, callbacks=[p], validation_data=validation)
         out[name] = {"status": p.result.status, "warnings": p.result.warnings}
         weights[:] = [w.numpy() for w in m.weights]
 
@@ -122,7 +122,7 @@ TRAIN = textwrap.dedent(
         out["ops_profiled"] = step_ops(model())
 
     fit("xla", steps=8, extra_matmuls=0, jit_compile=True)  # a custom gradient is no XLA op
-    fit("spe", steps=16, steps_per_execution=4)
+    fit("spe", steps=8, epochs=2, validation=data(3), steps_per_execution=4)  # validation after each epoch
 
     m = model()
     opt, loss_fn = m.optimizer, m.loss
@@ -310,7 +310,9 @@ def test_xla_runs_and_says_what_is_not_split(runs) -> None:
 
 def test_steps_per_execution_gives_a_step_per_batch(runs) -> None:
     """fit with steps_per_execution=4 runs four batches per call of its train function; each
-    batch's marks are told apart: one step per batch, as with 1 (and as the dump counts)."""
+    batch's marks are told apart: one step per batch, as with 1 (and as the dump counts). Two
+    epochs of 8 batches, each followed by validation, which is no step (it used to swell the
+    epoch's last step: the test function traced and run, ~100x a batch)."""
     root, out = runs
     assert out["spe"]["status"] == "complete", out["spe"]
     assert not any("steps_per_execution" in w for w in out["spe"]["warnings"]), out["spe"]
@@ -321,6 +323,8 @@ def test_steps_per_execution_gives_a_step_per_batch(runs) -> None:
     assert all(a["start_ns"] + a["wall_ns"] == b["start_ns"] for a, b in inside), "a call's batches tile it"
     spe, base = steady(root / "spe"), steady(root / "base")
     assert len(spe) >= 8 and all(r["forward_ns"] > 0 and r["backward_ns"] > 0 and r["optimizer_ns"] > 0 for r in spe)
+    walls = sorted(r["wall_ns"] for r in spe)
+    assert walls[-1] < 10 * walls[len(walls) // 2], ("no step holds the validation", walls)
     for phase in ("backward_ns", "optimizer_ns"):  # a batch's time, not four batches' summed
         assert median([r[phase] for r in spe]) < 2 * median([r[phase] for r in base]), phase
     ops = pq.read_table(root / "spe" / "rank0" / "ops.parquet").to_pylist()

@@ -58,6 +58,18 @@ XLA_NOTE = (
     "(a timestamp cannot run inside an XLA cluster), so that time is counted as other; "
     "compile with jit_compile=False for the split"
 )
+NO_MARKS = (
+    "no forward, backward or optimizer time was seen: the train step was traced before the "
+    "profile started (start the profile before the first call of the tf.function), or it "
+    "has no Keras layer, GradientTape or Keras optimizer; those steps count as other"
+)
+
+SPE_NOTE = (
+    "steps_per_execution={spe}: {why}, so a step is one call of the train function ({spe} "
+    "batches) and its data wait, forward, backward and optimizer are summed over them"
+)
+SPE_NO_TRACE = "the training trace is off (it tells the batches of a call apart)"
+SPE_NO_MARKS = "a call's optimizer runs did not tell its batches apart"
 
 
 class PhaseMarks:
