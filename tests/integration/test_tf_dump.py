@@ -261,3 +261,35 @@ def test_zero_code_dump_and_overflow_watch_on_a_keras_program(tmp_path):
     assert {"forward", "backward", "optimizer"} == set(df.phase) and "ff0a/kernel" in set(df.param)
     assert df.nan.fillna(0).sum() > 0
     assert not df.op.str.contains("EagerPyFunc").any()  # neither session records the other's host callback
+
+
+VALIDATE = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np, tensorflow as tf, keras, opscope.tensorflow as otf
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32,))
+    m = keras.Model(inp, keras.layers.Dense(10, name="head")(keras.layers.Dense(64, name="hid")(inp)))
+    m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 32)).astype("float32"), rng.integers(0, 10, 64).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    m.fit(ds, epochs=2, verbose=0, validation_data=ds.take(2) if sys.argv[2] == "val" else None,
+          callbacks=[otf.DumpCallback(sys.argv[1], steps="3|4", overwrite=True)])
+""")
+
+
+def test_fits_validation_joins_no_steps_records(tmp_path):
+    """Validation runs between epoch 1's last batch (step 3) and epoch 2's first (step 4): a
+    dump of both steps records the same ops with validation as without (its test function's
+    forward ops used to join step 4's records: 159 forward records against 51)."""
+    (tmp_path / "v.py").write_text(VALIDATE)
+    counts = {}
+    for mode in ("val", "noval"):
+        proc = subprocess.run([sys.executable, "v.py", str(tmp_path / mode), mode], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=ENV)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        df = opscope.load(tmp_path / mode).records().to_pandas()
+        counts[mode] = df.groupby(["step", "phase", "op"]).size().to_dict()
+    assert counts["val"] == counts["noval"]
+    assert {step for step, _, _ in counts["val"]} == {3, 4}

@@ -28,8 +28,11 @@ class DumpCallback(keras.callbacks.Callback):
         self._plain: Any = None
         self._plain_call: Any = None
         self._ran_plain = -1  # the first step of the batch the plain step runs (-1: none)
+        self._in_fit = False
+        self._validation: Any = None  # capture paused while fit validates
 
     def on_train_begin(self, logs: Any = None) -> None:
+        self._in_fit = True
         s = self.session
         if s.model is None:
             s.model = self.model
@@ -78,10 +81,27 @@ class DumpCallback(keras.callbacks.Callback):
         if last is not None and self.session.clock.step > last and not self.session.stopped:
             self._finish()
 
+    def on_test_begin(self, logs: Any = None) -> None:
+        """fit's validation is no training step: it runs with capture paused (its test function
+        traced without taps), so its ops join no step (they joined the next one's records)."""
+        if self._in_fit and self._validation is None and not self.session.stopped:
+            self._validation = self.session.tracer.paused()
+            self._validation.__enter__()
+
+    def on_test_end(self, logs: Any = None) -> None:
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._validation is not None:
+            paused, self._validation = self._validation, None
+            paused.__exit__(None, None, None)
+
     def on_train_end(self, logs: Any = None) -> None:
+        self._in_fit = False
         self._finish()
 
     def _finish(self) -> None:
+        self._resume()
         self.session.tracer.defer(False)
         if not self.session.stopped:
             self.dump = self.session.stop()
