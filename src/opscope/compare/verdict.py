@@ -8,7 +8,8 @@ finished result, such as float64 replay, with :mod:`opscope.compare.passes`):
 2. :func:`judge` — in execution order, per rank and step: an op whose output error is out of
    proportion to its inputs' error (``> max(tolerance, ratio * input error)``) is a
    *culprit*; one whose inputs already carry a divergence *inherits*; a parameter or model
-   input that differs at the start of a step is a *root*.
+   input that differs at the start of a step is a *root* (inputs, leaves and the pairs no
+   call judged: :mod:`opscope.compare.inputs`).
 3. :func:`opscope.compare.blame.describe` and :func:`opscope.compare.blame.rank` — findings
    with their inputs, outputs and neighbours; ranked; first divergence per rank.
 
@@ -27,14 +28,13 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
+from opscope.compare.inputs import is_leaf, judge_leaf, producer_entries, set_input_status, settle
 from opscope.compare.internal import (
     available,
-    backward_known,
     build_spans,
     gradient_nodes,
     judge_gradient,
     judge_internal,
-    module_gradient_error,
     owner_of,
 )
 from opscope.compare.nesting import demote_enclosing
@@ -47,7 +47,6 @@ from opscope.compare.state import (
     finite_or_inf,
     input_error,
     join,
-    producer_entry,
     raw_error,
     statistics_spread,
 )
@@ -131,7 +130,7 @@ def judge(state: VerdictState) -> None:
         state.nodes.sort(key=lambda n: (n.rank, n.step, n.order))
     for pair in state.pairs:
         if not pair.status:
-            _settle(state, pair)
+            settle(state, pair)
         elif pair.kind == "identity" and pair.status in ("passed", "identical"):
             pair.status = "unpaired"  # judged harmless as an identity, but never "passed"
             pair.note = join(pair.note, "no partner: its output matches its input's partner")
@@ -158,7 +157,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         key = (node.side, node.rank, node.step, row["id"])
         own = state.entry.get(key)
         own = own if own is not None and own.kind in PAIRED else None
-        producers = _producer_entries(state, node, row, own)
+        producers = producer_entries(state, node, row, own)
         measured = own if own is not None and own.metrics else next((p for p in producers if p.metrics), None)
         if own is not None and own.mode == "skipped" and "shapes differ" in own.note:
             # a data-dependent shape (tokens routed to an expert, a nonzero): the input is
@@ -172,12 +171,12 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
-        if own is not None and _is_leaf(state, node, row):
+        if own is not None and is_leaf(state, node, row):
             span = owner_of(state, node.side, node.rank, node.step, row)
             if span is not None:
                 tainted = judge_internal(state, node, row, own, span) or tainted
             else:
-                tainted = _judge_leaf(state, node, row, own, info) or tainted
+                tainted = judge_leaf(state, node, row, own, info) or tainted
         error = input_error(state, measured, elementwise=node.rows[0].get("phase") == "optimizer")
         if not is_float(row.get("dtype")) and not measured.metrics.get("bit_exact") \
                 and (error != 0 or measured.mode == "statistics"):
@@ -193,7 +192,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             floor = min(floor, ref_norm)
         taint = taint or tainted
         if own is not None and not own.status:
-            _set_input_status(state, own, tainted)
+            set_input_status(state, own, tainted)
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
 
 
@@ -204,90 +203,6 @@ def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
         return None
     pair = state.entry.get((node.side, node.rank, node.step, producer))
     return pair if pair is not None and pair is not out and pair.metrics else None
-
-
-def _producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: Pair | None) -> list[Pair]:
-    out = []
-    if row.get("producer") is not None:
-        p = producer_entry(state, node.side, node.rank, node.step, row["producer"])
-        if p is not None:
-            out.append(p)
-    if own is not None:
-        other, other_side = (own.r, "reference") if node.side == "target" else (own.t, "target")
-        if other is not None and other.get("producer") is not None:
-            p = producer_entry(state, other_side, node.rank, node.step, other["producer"])
-            if p is not None:
-                out.append(p)
-    return out
-
-
-def _is_leaf(state: VerdictState, node: Node, row: dict[str, Any]) -> bool:
-    producer = row.get("producer")
-    return producer is None or (node.side, node.rank, node.step, producer) not in state.rows
-
-
-def _judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
-                info: dict[str, Any]) -> bool:
-    """A parameter, buffer or model input: a root, explained by earlier steps, or fine."""
-    error = raw_error(own)
-    t, r = own.rows
-    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
-    tol = state.noise.tolerance(lower)
-    own.error, own.tolerance = error, tol
-    if own.metrics.get("bit_exact") or not error > tol:
-        return False
-    name = row.get("param")
-    identity = name or (row.get("hash"), r.get("hash"), row.get("numel"), row.get("arg"))
-    if identity in info["seen"]:
-        return id(own) in state.tainted or info["tainted_before"]
-    info["seen"].add(identity)
-    explained = not info["first"] and (
-        info["tainted_before"]
-        or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))
-        # a buffer the forward updates (batch norm's running statistics) carries the noise of
-        # the previous step that computed it
-        or (name and name not in info["prev_param_error"] and error <= state.noise.ratio * info["prev_noise"])
-        or (not name and row.get("phase") == "optimizer"))
-    if explained:
-        own.verdict = "inherits" if info["tainted_before"] else ""
-        own.note = join(own.note, f"differs at the start of step {node.step}, as left by step "
-                                   f"{info.get('previous_step')}")
-        return bool(info["tainted_before"])
-    if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer")):
-        # a gradient or optimizer state whose producer was not captured (module / api
-        # levels), in a step that already diverged: it carries that divergence
-        own.status, own.verdict = "failed", "inherits"
-        own.note = join(own.note, "no captured producer, in a step that had already diverged")
-        state.tainted.add(id(own))
-        return True
-    if row.get("producer") is None and (row.get("io") == "grad" or (row.get("phase") == "backward" and not name)):
-        # a gradient the backward pass made out of sight (module / api level, or a data-flow
-        # link the capture missed): in proportion to the gradients recorded in that backward
-        # pass, it is their noise
-        known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
-        known = max(known, module_gradient_error(state, node, row, own))
-        if not error > max(tol, state.noise.ratio * known):
-            own.status = "passed"
-            own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
-            return False
-    own.status, own.verdict = "failed", "root"
-    state.tainted.add(id(own))
-    state.roots.append((own, row, node.side))
-    return True
-
-
-def _set_input_status(state: VerdictState, own: Pair, tainted: bool) -> None:
-    error = raw_error(own)
-    if not math.isfinite(own.error):
-        t, r = own.rows
-        own.error, own.tolerance = error, state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
-    if own.metrics.get("bit_exact"):
-        own.status = "identical"
-    elif tainted and error > own.tolerance:
-        own.status, own.verdict = "failed", own.verdict or "inherits"
-        state.tainted.add(id(own))
-    else:
-        own.status = "passed"
 
 
 def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, in_taint: bool,
@@ -338,43 +253,6 @@ def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol
 def _score(pair: Pair, in_error: float, state: VerdictState) -> float:
     allowed = max(pair.tolerance, state.noise.ratio * in_error, 1e-300)
     return pair.error / allowed if math.isfinite(pair.error) else math.inf
-
-
-def _settle(state: VerdictState, pair: Pair) -> None:
-    """Status of pairs no call judged: unpaired, skipped, or a lone measured pair."""
-    if pair.kind == "unpaired":
-        pair.status = "unpaired"
-    elif pair.mode == "skipped" or not pair.metrics:
-        pair.status = "skipped"
-    elif pair.metrics.get("bit_exact"):
-        pair.status = "identical"
-    else:
-        t, r = pair.rows
-        producers = _lone_input_producers(state, pair)
-        if producers:
-            # read by a call with no judged output (an assign, an optimizer's update): the
-            # value its producer made, judged there, as any op's input is
-            _set_input_status(state, pair, any(id(p) in state.tainted for p in producers))
-            return
-        lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
-        pair.error, pair.tolerance = raw_error(pair), state.noise.tolerance(lower)
-        pair.status = "passed" if not pair.error > pair.tolerance else "failed"
-        if pair.status == "failed":
-            pair.note = join(pair.note, "differs, but no paired producer explains where from")
-
-
-def _lone_input_producers(state: VerdictState, pair: Pair) -> list[Pair]:
-    """The judged pairs of what both sides' rows of an input pair read (empty unless both
-    have one: a value one side made out of sight is not explained)."""
-    found = []
-    for side, row in (("target", pair.t), ("reference", pair.r)):
-        if row is None or row.get("io") not in INPUT_IO or row.get("producer") is None:
-            return []
-        producer = producer_entry(state, side, row["rank"], row["step"], row["producer"])
-        if producer is None or producer is pair or not producer.status:
-            return []
-        found.append(producer)
-    return found
 
 
 VerdictPass = Callable[[VerdictState], None]

@@ -1,0 +1,140 @@
+"""How the pairs of an op's inputs get their status (a verdict pass's helpers).
+
+- an input a producer made carries that producer's divergence (:func:`set_input_status`);
+- a *leaf* (a parameter, buffer or model input: no producer recorded this step) differs at
+  the start of a step: a root, explained by the previous step, or fine (:func:`judge_leaf`);
+- a pair no call judged (:func:`settle`): unpaired, skipped, an input read by a call with no
+  output to judge (it takes its producer's judgement), or a lone measured pair.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.internal import backward_known, module_gradient_error
+from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
+
+
+def producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: Pair | None) -> list[Pair]:
+    """The measured pairs of what made this input row, on its side and on the other."""
+    out = []
+    if row.get("producer") is not None:
+        p = producer_entry(state, node.side, node.rank, node.step, row["producer"])
+        if p is not None:
+            out.append(p)
+    if own is not None:
+        other, other_side = (own.r, "reference") if node.side == "target" else (own.t, "target")
+        if other is not None and other.get("producer") is not None:
+            p = producer_entry(state, other_side, node.rank, node.step, other["producer"])
+            if p is not None:
+                out.append(p)
+    return out
+
+
+def is_leaf(state: VerdictState, node: Node, row: dict[str, Any]) -> bool:
+    """No record of this step made the row's tensor (a parameter, buffer or model input)."""
+    producer = row.get("producer")
+    return producer is None or (node.side, node.rank, node.step, producer) not in state.rows
+
+
+def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
+                info: dict[str, Any]) -> bool:
+    """A parameter, buffer or model input: a root, explained by earlier steps, or fine."""
+    error = raw_error(own)
+    t, r = own.rows
+    lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+    tol = state.noise.tolerance(lower)
+    own.error, own.tolerance = error, tol
+    if own.metrics.get("bit_exact") or not error > tol:
+        return False
+    name = row.get("param")
+    identity = name or (row.get("hash"), r.get("hash"), row.get("numel"), row.get("arg"))
+    if identity in info["seen"]:
+        return id(own) in state.tainted or info["tainted_before"]
+    info["seen"].add(identity)
+    explained = not info["first"] and (
+        info["tainted_before"]
+        or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))
+        # a buffer the forward updates (batch norm's running statistics) carries the noise of
+        # the previous step that computed it
+        or (name and name not in info["prev_param_error"] and error <= state.noise.ratio * info["prev_noise"])
+        or (not name and row.get("phase") == "optimizer"))
+    if explained:
+        own.verdict = "inherits" if info["tainted_before"] else ""
+        own.note = join(own.note, f"differs at the start of step {node.step}, as left by step "
+                                   f"{info.get('previous_step')}")
+        return bool(info["tainted_before"])
+    if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer")):
+        # a gradient or optimizer state whose producer was not captured (module / api
+        # levels), in a step that already diverged: it carries that divergence
+        own.status, own.verdict = "failed", "inherits"
+        own.note = join(own.note, "no captured producer, in a step that had already diverged")
+        state.tainted.add(id(own))
+        return True
+    if row.get("producer") is None and (row.get("io") == "grad" or (row.get("phase") == "backward" and not name)):
+        # a gradient the backward pass made out of sight (module / api level, or a data-flow
+        # link the capture missed): in proportion to the gradients recorded in that backward
+        # pass, it is their noise
+        known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
+        known = max(known, module_gradient_error(state, node, row, own))
+        if not error > max(tol, state.noise.ratio * known):
+            own.status = "passed"
+            own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
+            return False
+    own.status, own.verdict = "failed", "root"
+    state.tainted.add(id(own))
+    state.roots.append((own, row, node.side))
+    return True
+
+
+def set_input_status(state: VerdictState, own: Pair, tainted: bool) -> None:
+    error = raw_error(own)
+    if not math.isfinite(own.error):
+        t, r = own.rows
+        own.error, own.tolerance = error, state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
+    if own.metrics.get("bit_exact"):
+        own.status = "identical"
+    elif tainted and error > own.tolerance:
+        own.status, own.verdict = "failed", own.verdict or "inherits"
+        state.tainted.add(id(own))
+    else:
+        own.status = "passed"
+
+
+def settle(state: VerdictState, pair: Pair) -> None:
+    """Status of pairs no call judged: unpaired, skipped, or a lone measured pair."""
+    if pair.kind == "unpaired":
+        pair.status = "unpaired"
+    elif pair.mode == "skipped" or not pair.metrics:
+        pair.status = "skipped"
+    elif pair.metrics.get("bit_exact"):
+        pair.status = "identical"
+    else:
+        t, r = pair.rows
+        producers = _lone_input_producers(state, pair)
+        if producers:
+            # read by a call with no judged output (an assign, an optimizer's update): the
+            # value its producer made, judged there, as any op's input is
+            set_input_status(state, pair, any(id(p) in state.tainted for p in producers))
+            return
+        lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+        pair.error, pair.tolerance = raw_error(pair), state.noise.tolerance(lower)
+        pair.status = "passed" if not pair.error > pair.tolerance else "failed"
+        if pair.status == "failed":
+            pair.note = join(pair.note, "differs, but no paired producer explains where from")
+
+
+def _lone_input_producers(state: VerdictState, pair: Pair) -> list[Pair]:
+    """The judged pairs of what both sides' rows of an input pair read (empty unless both
+    have one: a value one side made out of sight is not explained)."""
+    found = []
+    for side, row in (("target", pair.t), ("reference", pair.r)):
+        if row is None or row.get("io") not in INPUT_IO or row.get("producer") is None:
+            return []
+        producer = producer_entry(state, side, row["rank"], row["step"], row["producer"])
+        if producer is None or producer is pair or not producer.status:
+            return []
+        found.append(producer)
+    return found
