@@ -14,7 +14,8 @@ the next (a call that runs ``steps_per_execution`` batches is split at each batc
 optimizer end: :func:`~opscope.profile.tensorflow_phases.split_batches`). Without ``p.step()``
 or the callback, a step ends after each call of a ``tf.function`` that applies an optimizer
 (in eager code, after each ``optimizer.apply``). How the phases are timed:
-:mod:`opscope.profile.tensorflow_marks`.
+:mod:`opscope.profile.tensorflow_marks`; how calls become rows:
+:mod:`opscope.profile.tensorflow_steps`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,15 +33,13 @@ from opscope.capture.steps import StepClock
 from opscope.config import ProfileConfig, profile_config
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
-from opscope.profile.breakdown import breakdown
 from opscope.profile.calibration import Calibration, SchedWait
-from opscope.profile.chrome_trace import TID_PHASES, TID_STEPS, TraceWriter, span
-from opscope.profile.model import PRIORITY, Interval, ProfileResult, StepRow
-from opscope.profile.session import MAX_SPAN_STEPS, ProfileWarning
-from opscope.profile.tensorflow_marks import NO_MARKS, READ_EVERY, SPE_NO_MARKS, SPE_NO_TRACE, SPE_NOTE, PhaseMarks
-from opscope.profile.tensorflow_phases import per_batch_runs, phases_in, split_batches
-
-Window = tuple[int, int, int, dict[str, list[Interval]]]  # step, start ns, end ns, phase intervals
+from opscope.profile.chrome_trace import TraceWriter
+from opscope.profile.model import ProfileResult, StepRow
+from opscope.profile.session import ProfileWarning
+from opscope.profile.tensorflow_marks import NO_MARKS, READ_EVERY, SPE_NO_TRACE, SPE_NOTE, PhaseMarks
+from opscope.profile.tensorflow_phases import StepWindow, phases_in
+from opscope.profile.tensorflow_steps import Pending, StepTable
 
 _active: TFProfileSession | None = None
 
@@ -71,16 +69,11 @@ class TFProfileSession(keras.callbacks.Callback):
         self.task: Any = None
         self.calibration: Calibration | None = None
         self.sched: SchedWait | None = None
-        self._rows: list[StepRow] = []
-        self._pending: list[_Pending] = []
-        self._spans: list[tuple[int, bool, int, int, dict[str, list[tuple[int, int]]]]] = []
+        self.table = StepTable(0, config.steps, config.training_trace, self._note)
         self._by_callback = False
         self._batch_seen = False
         self._models: list[Any] = []
-        self._marked = False
         self._spe = 1  # batches per call of the train function (Keras steps_per_execution)
-        self._extra = 0  # steps added by calls split into batches, before the pending ones
-        self._per_batch: int | None = None  # optimizer runs per batch, once seen
         self._step_spe = 1  # batches the open step's call may run
         self._step, self._traced = 0, False
         self._in_fit = False
@@ -122,7 +115,8 @@ class TFProfileSession(keras.callbacks.Callback):
         self.sched = SchedWait.open()
         self.calibration = Calibration(self.sched)
         self.calibration.run("start")
-        self.origin = time.perf_counter_ns()
+        self.origin = self.table.origin = time.perf_counter_ns()
+        self.table.rank = self.rank
         self.trace = TraceWriter(self.folder / "trace.json.gz", self.rank)
         if cfg.task_trace:
             from opscope.profile.tensorflow_trace import TFTaskTrace
@@ -176,7 +170,7 @@ class TFProfileSession(keras.callbacks.Callback):
             self.calibration.run("end")
         if self.sched is not None:
             self.sched.close()
-        if self.config.training_trace and self._rows and not self._marked and not self.timers.notes:
+        if self.config.training_trace and self.table.rows and not self.table.marked and not self.timers.notes:
             self.timers.notes.append(NO_MARKS)
         self.result = output.finish(self, error)
         for message in self.result.warnings:
@@ -232,7 +226,7 @@ class TFProfileSession(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         """With ``steps_per_execution`` > 1 an epoch's last call may run fewer batches: read
         the marks now, so that the next calls' batch numbers (for ``steps``) are exact."""
-        if self.state == "running" and self._spe > 1 and self._pending:
+        if self.state == "running" and self._spe > 1 and self.table.pending:
             self._resolve()
 
     def on_train_end(self, logs: Any = None) -> None:
@@ -245,7 +239,7 @@ class TFProfileSession(keras.callbacks.Callback):
     # ------------------------------------------------------------------ steps
     def _wanted(self, step: int) -> bool:
         """Whether the call ``step`` (of the step clock) runs a batch of ``steps``."""
-        first = step + self._extra + sum(p.spe - 1 for p in self._pending)  # its first batch's step
+        first = self.table.first_batch(step)
         return self.task is not None and any(k in self.config.steps for k in range(first, first + self._spe))
 
     def _begin(self, step: int) -> None:
@@ -270,9 +264,11 @@ class TFProfileSession(keras.callbacks.Callback):
     def _close(self, end: int, complete: bool) -> None:
         """End the current step; its row is made when the graph marks are next read."""
         if self._gap:  # fit's validation: no row, and its number goes to the next batch
-            self._resolve()  # (the pending steps are numbered before the count moves)
+            if self.table.pending:  # numbered before the count moves
+                self._resolve()
             self.timers.take_host(self._start, end)
-            self._gap, self._extra = False, self._extra - 1
+            self._gap = False
+            self.table.skip()
             return
         traced = self._traced and complete
         if self._traced and not complete:
@@ -280,49 +276,18 @@ class TFProfileSession(keras.callbacks.Callback):
         self._traced = False  # ended once, whatever happens below
         wait = self.sched.read() - self._wait0 if self.sched is not None else 0
         host = self.timers.take_host(self._start, end)
-        self._pending.append(_Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))
+        self.table.pending.append(Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))
         if traced:
             self.task.stop()  # before the marks are read: that read is opscope's, not the step's
-        if traced or len(self._pending) >= READ_EVERY:
+        if traced or len(self.table.pending) >= READ_EVERY:
             windows = self._resolve()
             if traced:
                 self.task.end(windows)
 
-    def _resolve(self) -> list[Window]:
+    def _resolve(self) -> list[StepWindow]:
         """Read the graph marks once and turn every pending step into its rows (one per batch
         of a call that ran several); returns the last call's ``(step, start, end, intervals)``."""
-        marks = self.timers.graph_marks(time.time_ns() - time.perf_counter_ns())
-        windows: list[Window] = []
-        for p in self._pending:
-            intervals = phases_in(p.start, p.end, marks + p.host)
-            self._marked = self._marked or any(intervals[k] for k in ("forward", "backward", "optimizer"))
-            parts = self._batches(p, intervals)
-            windows = [(p.step + self._extra + i, lo, hi, phases) for i, (lo, hi, phases) in enumerate(parts)]
-            self._extra += len(parts) - 1
-            for window in windows:
-                self._add_row(p, *window)
-        self._pending.clear()
-        return windows
-
-    def _batches(self, p: _Pending, intervals: dict[str, list[Interval]]) -> list[tuple[int, int, dict]]:
-        """A call of fit's train function that ran several batches: one window per batch."""
-        if p.spe < 2 or not self.config.training_trace:
-            return [(p.start, p.end, intervals)]
-        per_batch = per_batch_runs(len(intervals["optimizer"]), p.spe, self._per_batch)
-        if per_batch is None or not intervals["optimizer"]:
-            self._note(SPE_NOTE.format(spe=p.spe, why=SPE_NO_MARKS))
-            return [(p.start, p.end, intervals)]
-        self._per_batch = per_batch
-        return split_batches(p.start, p.end, intervals, per_batch)
-
-    def _add_row(self, p: _Pending, step: int, start: int, end: int, intervals: dict[str, list[Interval]]) -> None:
-        phases, _, _ = breakdown(start, end, intervals)
-        wait = p.wait * (end - start) // max(1, p.end - p.start)  # a call's wait, shared by its batches
-        self._rows.append(
-            StepRow(self.rank, step, start - self.origin, end - start, phases, 0, 0, p.traced, p.complete, wait)
-        )
-        if (p.traced or step in self.config.steps) and len(self._spans) < MAX_SPAN_STEPS:
-            self._spans.append((step, p.complete, start, end, intervals))
+        return self.table.resolve(self.timers.graph_marks(time.time_ns() - time.perf_counter_ns()))
 
     def _note(self, message: str) -> None:
         if message not in self.timers.notes:
@@ -351,36 +316,11 @@ class TFProfileSession(keras.callbacks.Callback):
     @property
     def rows(self) -> list[StepRow]:
         """Steps recorded so far."""
-        return list(self._rows)
+        return list(self.table.rows)
 
     def write_spans(self) -> None:
         """The buffered steps and their phase intervals as trace spans."""
-        origin, rank = self.origin, self.rank
-        for step, complete, start, end, phases in self._spans:
-            label = f"step {step}" + ("" if complete else " (raised)")
-            self.trace.event(
-                span(label, rank, TID_STEPS, (start - origin) / 1000, (end - start) / 1000, {"step": step})
-            )
-            for phase in PRIORITY:
-                for lo, hi in phases.get(phase, ()):
-                    self.trace.event(
-                        span(phase, rank, TID_PHASES, (lo - origin) / 1000, (hi - lo) / 1000, {"step": step})
-                    )
-        self._spans.clear()
-
-
-@dataclass
-class _Pending:
-    """A finished step waiting for the next read of the graph marks."""
-
-    step: int
-    start: int
-    end: int
-    host: list[tuple[int, int]]  # eager marks (ns, slot)
-    traced: bool
-    complete: bool
-    wait: int
-    spe: int = 1  # batches the call ran, at most (Keras steps_per_execution)
+        self.table.write_spans(self.trace)
 
 
 def make_session(

@@ -76,7 +76,8 @@ _PHASE_OF = {
 
 
 Intervals = dict[str, list[tuple[int, int]]]
-Window = tuple[int, int, Intervals]
+Window = tuple[int, int, Intervals]  # start ns, end ns, phase intervals
+StepWindow = tuple[int, int, int, Intervals]  # the same with its step number first
 
 
 def split_batches(start: int, end: int, intervals: Intervals, per_batch: int = 1) -> list[Window]:

@@ -14,13 +14,14 @@ import contextlib
 import re
 import shutil
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from opscope.profile.chrome_trace import TID_STREAM_BASE, TraceWriter, span
-from opscope.profile.model import Interval, OpRow
+from opscope.profile.model import OpRow
 from opscope.profile.task_trace import TID_CPU_BASE, phase_at, self_times
+from opscope.profile.tensorflow_phases import StepWindow
 
 NOISE = frozenset(
     {
@@ -112,7 +113,7 @@ class TFTaskTrace:
             self._failure = str(exc)
         self.export_ns += time.perf_counter_ns() - t0
 
-    def end(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]]) -> None:
+    def end(self, windows: Sequence[StepWindow]) -> None:
         """After :meth:`stop`: write the step's events and attribute each op to the window
         (``(step, start, end, phases)``, host ns: one per batch of a call that ran several)
         its middle falls in (the first or last when outside) and to a phase there."""
@@ -151,7 +152,7 @@ class TFTaskTrace:
             tf.profiler.experimental.stop(save=False)
         shutil.rmtree(self.logdir, ignore_errors=True)
 
-    def _consume(self, windows: Sequence[tuple[int, int, int, Mapping[str, Sequence[Interval]]]], space: Any,
+    def _consume(self, windows: Sequence[StepWindow], space: Any,
                  offset: int) -> list[OpRow]:
         totals: dict[tuple[int, str, str], list[float]] = {}
         cuts = [w[2] for w in windows[:-1]]
