@@ -244,3 +244,40 @@ def test_show_says_the_machine_was_loaded(runs) -> None:
     page = runs / "busy.html"
     assert opscope_cli("show", str(runs / "busy"), "--html", str(page)).returncode == 0
     assert "<p class='note load'>machine loaded: the training thread waited for a CPU" in page.read_text()
+
+
+def sleepy_profile(name: str, seed: int, op_ms: float, machine: float, drift: float) -> ProfileData:
+    """Forward = an 8 ms sleep (no machine scales it) + one addmm of ``op_ms`` x ``machine``;
+    the calibration drifts by ``drift`` between its start and end windows (a loaded CI box)."""
+    rng = random.Random(seed)
+    rows, ops = [], []
+    for step in range(24):
+        phases = dict.fromkeys(PHASES, 0)
+        op = rng.gauss(op_ms, op_ms * 0.05) * machine
+        phases["forward"] = int((rng.gauss(8.1, 0.05) + op) * 1e6)
+        phases["backward"] = int((rng.gauss(8.1, 0.05) + op) * 1e6)
+        traced = 6 <= step < 10
+        rows.append(StepRow(0, step, 0, sum(phases.values()), phases, task_trace=traced))
+        if traced:
+            ops.append(OpRow(0, step, "forward", "aten::addmm", "", 1, 0.0, op * 1000))
+            ops.append(OpRow(0, step, "backward", "aten::mm", "", 1, 0.0, op * 1000))
+    cal = calibration(0.55 * machine, 0.135 * machine, seed)
+    for part in cal["rounds_ms"].values():
+        part["start"] = [v * (1 + drift) for v in part["start"]]
+    return ProfileData(name, rows, ops, summarize(rows, ops), {0: "complete"}, calibration={0: cal})
+
+
+def test_an_op_beyond_the_machine_keeps_its_phase_flagged() -> None:
+    """CI's fresh clone of ca7b411: a layer 32x wider (addmm 0.4 -> 7.9 ms in a phase padded
+    by an 8 ms sleep) on a machine calibrated 1.56x slower (+-37%). Scaling the whole phase,
+    sleep included, by the ratio and widening its band by the ratio's uncertainty called it
+    the machine's, while the addmm stayed beyond noise after the same correction."""
+    result = diff(sleepy_profile("a", 1, 0.4, 1.0, 0.25), sleepy_profile("b", 2, 5.0, 1.56, 0.25))
+    assert result.machine.speed.significant and result.machine.speed.sigma > 0.1
+    addmm = next(o for o in result.ops if o.name == "aten::addmm")
+    assert addmm.flagged
+    assert {"forward", "backward"} <= {c.name for c in result.regressions}
+    assert result.causes["forward"].name == "aten::addmm"
+    assert any("beyond what the machine explains" in n for n in result.notes)
+    same = diff(sleepy_profile("a", 1, 0.4, 1.0, 0.25), sleepy_profile("b", 3, 0.4, 1.56, 0.25))
+    assert not same.regressions, "the same code on the slower machine stays the machine's"

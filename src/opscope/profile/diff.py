@@ -24,8 +24,9 @@ hide a change but never make one:
 A change flagged raw but not after this is *explained by the machine*. So is one the
 calibration speed explains at least half of (after the wait), when no operator of that
 phase (of any phase, for the step) changed beyond its noise: a machine that is slower for
-the code than for the calibration workload. Profiles without a calibration (older
-opscope) are compared as before.
+the code than for the calibration workload. A phase explained so is flagged again when one
+of its ops changed beyond noise after the same correction, by enough to flag the phase.
+Profiles without a calibration (older opscope) are compared as before.
 """
 
 from __future__ import annotations
@@ -240,6 +241,7 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     if a.ops and b.ops:
         ops = _diff_ops(a, b, judge)
         no_op_moved = _no_op_moved(phases, ops, found, floor) if found is not None else []
+        notes += _op_beyond_machine(phases, ops, floor, min_change)
     else:
         missing = " and ".join(x for x, d in (("A", a), ("B", b)) if not d.ops)
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")
@@ -322,6 +324,33 @@ def _no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machi
             change.flagged, change.explained_by_machine = False, True
             unflagged.append(change)
     return unflagged
+
+
+def _op_beyond_machine(phases: Sequence[Change], ops: Sequence[Change], floor: float,
+                       min_change: float) -> list[str]:
+    """Flag again a phase the machine explained when one of its ops changed the same way
+    beyond its noise *after* the machine's correction, by enough to flag the phase alone.
+
+    The phase's correction scales all of its time (a sleep, a wait on a device too) by the
+    calibration ratio and widens its band by that ratio's uncertainty; an op's self time is
+    the work the ratio is about, so an op that the machine does not explain is the code."""
+    notes = []
+    for change in phases:
+        if not change.explained_by_machine or change.kind != "phase":
+            continue
+        sign = 1 if change.delta_ms > 0 else -1
+        waited = change.wait_ms * sign > floor  # an op's wait is an estimate: the phase's whole wait bounds it
+        enough = max(floor, min_change * abs(change.a_ms), CONTENTION_SHARE * abs(change.a_ms) if waited else 0.0)
+        excess = {id(o): (o.delta_ms - o.machine_ms - change.wait_ms) * sign for o in ops}
+        beyond = [o for o in ops if o.flagged and (change.phase == "step" or o.phase == change.phase)
+                  and excess[id(o)] >= enough]
+        if beyond:
+            op = max(beyond, key=lambda o: excess[id(o)])
+            change.flagged, change.explained_by_machine = True, False
+            notes.append(f"{change.name}: the machine explains up to {change.machine_ms:+.3f} ms by phase, but "
+                         f"{op.name} in {op.phase} changed {sign * excess[id(op)]:+.3f} ms beyond what the "
+                         "machine explains: attributed to the code")
+    return notes
 
 
 def _moved(op: Change, sign: int, floor: float) -> bool:
