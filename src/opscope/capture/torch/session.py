@@ -23,6 +23,7 @@ from opscope.capture.torch.optimizers import has_optimizer
 from opscope.capture.torch.recorder import Recorder
 from opscope.config import TF_LEVELS, DumpConfig, dump_config
 from opscope.errors import ConfigError, OpscopeError
+from opscope.storage.arrow_build import convert_ready
 from opscope.storage.writer import DumpWriter
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ class DumpSession:
             self.recorder = native_aten.NativeRecorder(cfg, self.writer, self.rank, self.modules.param_names, backend)
         else:
             self.recorder = Recorder(cfg, self.writer, self.rank, self.modules.param_names, run_info.engine(cfg.level))
+            convert_ready()  # this path's writer converts lists: pyarrow's first conversion imports pandas
         if self.recorder.plan is not None:  # the tensor size, said before any tensor is written
             self.recorder.plan.before_start(source, self.recorder.selected)
         if backend is not None:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opscope.model.records import STAT_NAMES
+from opscope.storage.arrow_build import numbers, texts
 from opscope.storage.format import SCHEMA
 
 _INTS = ("id", "seq", "call", "slot", "numel", "producer")
@@ -107,14 +108,13 @@ class Columns:
         for k, name in enumerate(_INTS):
             col = ints[k]
             mask = col < 0 if name == "producer" else None
-            arrays[name] = pa.array(col if name in ("id", "seq", "numel", "producer") else col.astype(np.int32),
-                                    mask=mask)
-        dictionary = pa.array(names, type=pa.string())
+            arrays[name] = numbers(col if name in ("id", "seq", "numel", "producer") else col.astype(np.int32), mask)
+        dictionary = texts(names)
         for k, name in enumerate(_STRS):
             idx = strs[k]
-            arrays[name] = pc.take(dictionary, pa.array(idx, mask=idx < 0))
-        arrays["rank"] = pa.array(np.repeat(np.array([c.rank for c in parts], dtype=np.int32), [c.n for c in parts]))
-        arrays["step"] = pa.array(np.repeat(np.array([c.step for c in parts], dtype=np.int32), [c.n for c in parts]))
+            arrays[name] = pc.take(dictionary, numbers(idx, idx < 0))
+        arrays["rank"] = numbers(np.repeat(np.array([c.rank for c in parts], dtype=np.int32), [c.n for c in parts]))
+        arrays["step"] = numbers(np.repeat(np.array([c.step for c in parts], dtype=np.int32), [c.n for c in parts]))
         arrays["shape"] = _shapes(parts)
         sf = np.concatenate([c.sf for c in parts], axis=1)
         si = np.concatenate([c.si for c in parts], axis=1)
@@ -124,7 +124,7 @@ class Columns:
             data = sf[k] if k < 6 else si[k - 6]
             if name in ("nan", "inf", "zeros"):
                 data = data.astype(np.int64)
-            arrays[name] = pa.array(data, mask=~present)
+            arrays[name] = numbers(data, ~present)
         arrays["args"] = _joined(_strings(c.n, c.args) for c in parts)
         arrays["key"] = _joined(_strings(c.n, c.keys) for c in parts)
         arrays["view"] = _joined(_strings(c.n, c.views) for c in parts)
@@ -150,14 +150,14 @@ def _joined_names(parts: list[Columns]) -> tuple[list[str], np.ndarray]:
 
 def _shapes(parts: list[Columns]) -> pa.Array:
     if len(parts) == 1:
-        return pa.ListArray.from_arrays(pa.array(parts[0].offsets), pa.array(parts[0].values))
+        return pa.ListArray.from_arrays(numbers(parts[0].offsets), numbers(parts[0].values))
     offsets, base = [], 0
     for c in parts:
         offsets.append(c.offsets[:-1] + base)
         base += len(c.values)
     offsets.append(np.array([base], dtype=np.int32))
-    return pa.ListArray.from_arrays(pa.array(np.concatenate(offsets).astype(np.int32)),
-                                    pa.array(np.concatenate([c.values for c in parts])))
+    return pa.ListArray.from_arrays(numbers(np.concatenate(offsets).astype(np.int32)),
+                                    numbers(np.concatenate([c.values for c in parts])))
 
 
 def _joined(arrays: Iterable[pa.Array]) -> pa.Array:
