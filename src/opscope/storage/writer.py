@@ -23,6 +23,7 @@ import pyarrow as pa
 from opscope.errors import DumpWriteError
 from opscope.storage import dump_root
 from opscope.storage import format as fmt
+from opscope.storage.arrow_build import POOL
 from opscope.storage.safetensors_io import write_chunks, write_shard
 from opscope.storage.table import rows_to_table
 
@@ -252,7 +253,7 @@ class DumpWriter:
         tmp = rdir / f"{name}.tmp"
         options = _batch_options(payloads) or fmt.LEAN_PARQUET  # the parts give none
         with pq.ParquetWriter(tmp, table.schema, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none",
-                              **options) as out:
+                              memory_pool=POOL, **options) as out:
             out.write_table(table)
             out.add_key_value_metadata({fmt.BATCH_STEPS: fmt.step_runs(steps)})
         os.replace(tmp, rdir / name)
@@ -302,6 +303,7 @@ class DumpWriter:
             # zstd sets up a compressor per column and file: for a small step's rows it costs more
             # than it saves (a millisecond a file for a few hundred rows; they take a few kB)
             pq.write_table(table, tmp, compression="zstd" if table.num_rows >= COMPRESS_ROWS else "none",
+                           memory_pool=POOL,
                            **getattr(rows, "parquet_options", {}))  # a capture's own (TensorFlow's tables)
             os.replace(tmp, directory / name)
             self.records += table.num_rows

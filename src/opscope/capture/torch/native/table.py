@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from opscope.model.records import STAT_NAMES
-from opscope.storage.arrow_build import numbers, texts
+from opscope.storage.arrow_build import POOL, numbers, texts
 from opscope.storage.format import SCHEMA
 
 _INTS = ("id", "seq", "call", "slot", "numel", "producer")
@@ -112,7 +112,7 @@ class Columns:
         dictionary = texts(names)
         for k, name in enumerate(_STRS):
             idx = strs[k]
-            arrays[name] = pc.take(dictionary, numbers(idx, idx < 0))
+            arrays[name] = pc.take(dictionary, numbers(idx, idx < 0), memory_pool=POOL)
         arrays["rank"] = numbers(np.repeat(np.array([c.rank for c in parts], dtype=np.int32), [c.n for c in parts]))
         arrays["step"] = numbers(np.repeat(np.array([c.step for c in parts], dtype=np.int32), [c.n for c in parts]))
         arrays["shape"] = _shapes(parts)
@@ -128,7 +128,7 @@ class Columns:
         arrays["args"] = _joined(_strings(c.n, c.args) for c in parts)
         arrays["key"] = _joined(_strings(c.n, c.keys) for c in parts)
         arrays["view"] = _joined(_strings(c.n, c.views) for c in parts)
-        arrays["source"] = pa.nulls(n, type=pa.string())
+        arrays["source"] = pa.nulls(n, type=pa.string(), memory_pool=POOL)
         return pa.Table.from_arrays([_as(arrays[f.name], f.type) for f in SCHEMA], schema=SCHEMA)
 
 
@@ -150,28 +150,28 @@ def _joined_names(parts: list[Columns]) -> tuple[list[str], np.ndarray]:
 
 def _shapes(parts: list[Columns]) -> pa.Array:
     if len(parts) == 1:
-        return pa.ListArray.from_arrays(numbers(parts[0].offsets), numbers(parts[0].values))
+        return pa.ListArray.from_arrays(numbers(parts[0].offsets), numbers(parts[0].values), pool=POOL)
     offsets, base = [], 0
     for c in parts:
         offsets.append(c.offsets[:-1] + base)
         base += len(c.values)
     offsets.append(np.array([base], dtype=np.int32))
     return pa.ListArray.from_arrays(numbers(np.concatenate(offsets).astype(np.int32)),
-                                    numbers(np.concatenate([c.values for c in parts])))
+                                    numbers(np.concatenate([c.values for c in parts])), pool=POOL)
 
 
 def _joined(arrays: Iterable[pa.Array]) -> pa.Array:
     parts = list(arrays)
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts, memory_pool=POOL)
 
 
 def _as(array: pa.Array, type_: pa.DataType) -> pa.Array:
-    return array if array.type == type_ else array.cast(type_)
+    return array if array.type == type_ else array.cast(type_, memory_pool=POOL)
 
 
 def _strings(n: int, buffers: tuple[bytes, bytes, bytes]) -> pa.Array:
     """A string column from Arrow's own buffers (offsets, characters, validity bits), built natively."""
     offsets, chars, bits = buffers
     if not chars:  # no value (keys and geometries are never empty)
-        return pa.nulls(n, type=pa.string())
+        return pa.nulls(n, type=pa.string(), memory_pool=POOL)
     return pa.Array.from_buffers(pa.string(), n, [pa.py_buffer(bits), pa.py_buffer(offsets), pa.py_buffer(chars)])
