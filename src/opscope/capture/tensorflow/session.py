@@ -28,6 +28,7 @@ from opscope.capture.tensorflow.tracing import Tracer, is_numeric, static_shape
 from opscope.config import DumpConfig
 from opscope.config.env import foreign
 from opscope.errors import ConfigError, OpscopeError
+from opscope.storage.arrow_build import convert_ready
 from opscope.storage.writer import DumpWriter
 
 LEVELS = {"op": "tf-op", "layer": "tf-layer"}
@@ -82,6 +83,7 @@ class TFDumpSession:
                                  shard_bytes=int(self.cfg.shard_mb * (1 << 20)), overwrite=self.cfg.overwrite,
                                  batch=self.cfg.data != "tensor")  # small steps' rows: a file a round
         self.writer.open()
+        convert_ready()  # the rows become Arrow arrays with pyarrow.array: its pandas import now, not mid-run
         self._install()
         return self
 
