@@ -274,19 +274,28 @@ VALIDATE = textwrap.dedent("""
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(64, 32)).astype("float32"), rng.integers(0, 10, 64).astype("int32")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
-    m.fit(ds, epochs=2, verbose=0, validation_data=ds.take(2) if sys.argv[2] == "val" else None,
-          callbacks=[otf.DumpCallback(sys.argv[1], steps="3|4", overwrite=True)])
+    val = ds.take(2) if sys.argv[2] == "val" else None
+    if sys.argv[3:] == ["block"]:  # a with-block around fit, no callback
+        with otf.dump(sys.argv[1], steps="3|4", overwrite=True):
+            m.fit(ds, epochs=2, verbose=0, validation_data=val)
+        m.fit(ds, epochs=1, verbose=0, validation_data=val)  # after the dump: fit is fit again
+        assert "fit" not in keras.Model.__dict__ or keras.Model.fit.__name__ != "joined_fit"
+    else:
+        m.fit(ds, epochs=2, verbose=0, validation_data=val,
+              callbacks=[otf.DumpCallback(sys.argv[1], steps="3|4", overwrite=True)])
 """)
 
 
-def test_fits_validation_joins_no_steps_records(tmp_path):
+@pytest.mark.parametrize("how", ["callback", "block"])
+def test_fits_validation_joins_no_steps_records(tmp_path, how):
     """Validation runs between epoch 1's last batch (step 3) and epoch 2's first (step 4): a
     dump of both steps records the same ops with validation as without (its test function's
-    forward ops used to join step 4's records: 159 forward records against 51)."""
+    forward ops used to join step 4's records: 159 forward records against 51), with the
+    callback and with a with-block around fit (177 forward records against 58 before)."""
     (tmp_path / "v.py").write_text(VALIDATE)
     counts = {}
     for mode in ("val", "noval"):
-        proc = subprocess.run([sys.executable, "v.py", str(tmp_path / mode), mode], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, "v.py", str(tmp_path / mode), mode, how], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300, env=ENV)
         assert proc.returncode == 0, proc.stderr[-3000:]
         df = opscope.load(tmp_path / mode).records().to_pandas()

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import atexit
 import gc
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from opscope.capture.steps import StepClock
 from opscope.capture.tensorflow import absent
-from opscope.capture.tensorflow import stats as st
 from opscope.capture.tensorflow.columns import measure, measured_constants
 from opscope.capture.tensorflow.context import (
     CallContext,
@@ -23,8 +21,9 @@ from opscope.capture.tensorflow.context import (
 )
 from opscope.capture.tensorflow.manifest import check_strategy, manifest
 from opscope.capture.tensorflow.plan import SILENT, GraphPlan, OpPlan, Ref
-from opscope.capture.tensorflow.rows import StepRows, Value
+from opscope.capture.tensorflow.rows import StepRows
 from opscope.capture.tensorflow.tracing import Tracer, is_numeric, static_shape
+from opscope.capture.tensorflow.values import TFValues
 from opscope.config import DumpConfig
 from opscope.config.env import foreign
 from opscope.errors import ConfigError, OpscopeError
@@ -37,7 +36,7 @@ XLA_NOTE = ("jit_compile=True: the ops inside XLA-compiled function(s) {names} w
             "inspect without XLA (model.compile(jit_compile=False) or tf.function(jit_compile=False))")
 
 
-class TFDumpSession:
+class TFDumpSession(TFValues):
     """A running (or ready) TensorFlow dump. See :func:`opscope.tensorflow.dump`."""
 
     def __init__(self, cfg: DumpConfig, level: str, model: Any = None,
@@ -49,6 +48,7 @@ class TFDumpSession:
         self.rank = int(foreign("RANK", "0") or 0)
         self.active = cfg.enable and (cfg.ranks is None or self.rank in cfg.ranks)
         self.started = self.stopped = False
+        self._unjoin: Callable[[], None] = lambda: None  # fit patched while the dump runs (fit_join)
         self.failure: BaseException | None = None
         self.writer: DumpWriter | None = None
         self.clock = StepClock(self._boundary)
@@ -91,6 +91,10 @@ class TFDumpSession:
         self.watch_model(self.model)
         self.ctx.install()
         self.tracer.install()
+        if "keras" in sys.modules:  # fit's validation paused also in a with-block around fit
+            from opscope.capture.tensorflow.fit_join import join_fit
+
+            self._unjoin = join_fit(self)
         atexit.register(self._atexit)
 
     def callback(self) -> Any:
@@ -116,6 +120,7 @@ class TFDumpSession:
         if not self.started or self.stopped:
             return None
         self.stopped = True
+        self._unjoin()
         self.tracer.uninstall()
         self.ctx.uninstall()
         atexit.unregister(self._atexit)
@@ -199,36 +204,6 @@ class TFDumpSession:
         except OpscopeError as exc:  # the writer's: keep it for the user's thread, stop capturing
             self.failure = self.failure or exc
             return None
-
-    # -- values ------------------------------------------------------------------------
-    def _measure(self, tensor: Any) -> Value | None:
-        try:
-            arr = st.array_of(tensor)
-        except Exception:  # a tensor with no host buffer (a resource, a variant)
-            return None
-        return self._value(arr)
-
-    def _measure_all(self, plan: GraphPlan, arrays: list[Any]) -> list[Value | None]:
-        """A graph run's values: numpy arrays (a 0-d tensor comes as a numpy scalar); an
-        absent one (the graph that ran has no such tensor) without statistics or data."""
-        arrays = [np.asarray(a) for a in arrays]
-        stats = st.many_stats(arrays)
-        name = st.name_of  # what _value gives for statistics, without a call per array
-        values = [self._value(a, s) if self.cfg.data == "tensor" and not absent.is_missing(a.shape)
-                  else (name(a), list(a.shape), a.size, s, None, None) for a, s in zip(arrays, stats, strict=True)]
-        return absent.values(plan, values, self.notes)
-
-    def _value(self, arr: Any, stats: tuple[Any, ...] | None = None) -> Value:
-        stats = st.host_stats(arr) if stats is None else stats
-        data = key = None
-        if self.cfg.data != "tensor":
-            return st.name_of(arr), list(arr.shape), int(arr.size), stats, None, None
-        dtype, shape, buf = st.stored_buffer(arr)
-        if self.writer is not None and dtype != "object":
-            self._keys += 1
-            key = f"v{self._keys}"
-            data = self._guard(self.writer.add_tensor, self.clock.step, key, dtype, shape, buf, buf.nbytes)
-        return dtype, shape, int(arr.size), stats, data, key
 
     # -- host callbacks (tracing.Host) -------------------------------------------------
     def stats_in_graph(self) -> bool:
