@@ -361,3 +361,22 @@ def test_arguments_are_written_as_json_by_the_writer(tmp_path, monkeypatch):
         ("aten.add.Tensor", '{"args": [[1, true]], "kwargs": {"alpha": 1}}'),
     }
     assert want <= got, want - got
+
+
+def test_build_flags_name_torchs_own_folders_without_importing_cpp_extension() -> None:
+    """The cache key is computed at each process's first dump; torch.utils.cpp_extension (which
+    imports setuptools, ~0.1 s) is needed only to compare against here."""
+    import subprocess
+    import sys
+
+    from torch.utils import cpp_extension as ce
+
+    from opscope.capture.torch.native import build
+
+    assert build.torch_paths() == (ce.include_paths(), ce.library_paths())
+    script = ("import sys; from pathlib import Path; from opscope.capture.torch.native import build\n"
+              "build._target('_opscope_dump')\n"
+              "print('torch.utils.cpp_extension' in sys.modules, 'setuptools' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]

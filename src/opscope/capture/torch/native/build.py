@@ -53,14 +53,24 @@ def _target(name: str) -> Path:
     return cache_dir() / tag / f"{name}{suffix}"
 
 
+def torch_paths() -> tuple[list[str], list[str]]:
+    """torch's include and library folders, as ``torch.utils.cpp_extension``'s ``include_paths()``
+    and ``library_paths()`` give them for the CPU. Made here: importing cpp_extension imports
+    setuptools, ~0.1 s at each process's first dump only to find the build in the cache."""
+    import torch
+
+    root = os.path.dirname(os.path.abspath(torch.__file__))
+    include = os.path.join(root, "include")
+    return [include, os.path.join(include, "torch", "csrc", "api", "include")], [os.path.join(root, "lib")]
+
+
 def _command(source: Path, out: Path) -> list[str]:
     import torch
-    from torch.utils import cpp_extension as ce
 
     cxx = foreign("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    includes = [f"-I{p}" for p in [*ce.include_paths(), sysconfig.get_paths()["include"]]]
-    libs = ce.library_paths()
+    headers, libs = torch_paths()
+    includes = [f"-I{p}" for p in [*headers, sysconfig.get_paths()["include"]]]
     # local-dynamic: the observers' thread-locals (internal) reached from one __tls_get_addr of the
     # module per function, not one each (the initial-exec model would need glibc's static-TLS reserve)
     return [cxx, "-O3", "-std=c++20", "-shared", "-fPIC", "-ftls-model=local-dynamic", "-w", "-DNDEBUG",
