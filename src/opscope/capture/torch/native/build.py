@@ -64,12 +64,19 @@ def torch_paths() -> tuple[list[str], list[str]]:
     return [include, os.path.join(include, "torch", "csrc", "api", "include")], [os.path.join(root, "lib")]
 
 
-def _command(source: Path, out: Path) -> list[str]:
+def _command(source: Path, out: Path, compiling: bool = False) -> list[str]:
+    """The compiler's command; ``compiling``: with torch's folders as cpp_extension gives them
+    (the cache key is made with :func:`torch_paths`, the same strings for the torch tested)."""
     import torch
 
     cxx = foreign("CXX") or shutil.which("g++") or shutil.which("c++") or "c++"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    headers, libs = torch_paths()
+    if compiling:
+        from torch.utils import cpp_extension as ce
+
+        headers, libs = ce.include_paths(), ce.library_paths()
+    else:
+        headers, libs = torch_paths()
     includes = [f"-I{p}" for p in [*headers, sysconfig.get_paths()["include"]]]
     # local-dynamic: the observers' thread-locals (internal) reached from one __tls_get_addr of the
     # module per function, not one each (the initial-exec model would need glibc's static-TLS reserve)
@@ -92,7 +99,7 @@ def build(name: str) -> Path:
         log.info("opscope: building the native %s for torch (once per torch version)", name)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             out = Path(tmp) / target.name
-            proc = subprocess.run(_command(_SOURCES[name], out), capture_output=True, text=True)
+            proc = subprocess.run(_command(_SOURCES[name], out, compiling=True), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise RuntimeError(f"compiling {_SOURCES[name].name} failed:\n{proc.stderr[-2000:]}")
             os.replace(out, target)
