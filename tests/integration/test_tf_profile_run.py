@@ -99,3 +99,35 @@ def test_a_full_disk_is_a_clear_error_and_keeps_the_steps(tmp_path) -> None:
     assert "task trace of step(s) [5]" in done.stdout and "No profiler is running" not in done.stderr
     rows = pq.read_table(tmp_path / "prof" / "rank0" / "steps.parquet").to_pylist()  # the rank's own table
     assert [r["step"] for r in rows] == list(range(10))
+
+
+BLOCK = textwrap.dedent(
+    """
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import numpy as np, tensorflow as tf, keras, opscope.tensorflow as otf
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32,))
+    m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Dense(64)(inp)))
+    m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(64, 32)).astype("float32"), rng.integers(0, 10, 64).astype("int32")
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with otf.profile(sys.argv[1], overwrite=True):  # no callback: a with-block around fit
+        m.fit(ds, epochs=3, verbose=0, validation_data=ds.take(2) if sys.argv[2] == "val" else None)
+    assert keras.Model.fit.__name__ != "joined_fit", "fit is itself again after the profile"
+    """
+)
+
+
+def test_a_with_block_profile_around_fit_counts_no_validation_batch(tmp_path) -> None:
+    """fit's validation batches are no training steps under a with-block profile either (they
+    were: 18 steps for 12 batches, one of them holding the test function's tracing)."""
+    (tmp_path / "block.py").write_text(BLOCK)
+    steps = {}
+    for mode in ("val", "noval"):
+        done = subprocess.run([sys.executable, "block.py", str(tmp_path / mode), mode], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        steps[mode] = [r["step"] for r in pq.read_table(tmp_path / mode / "steps.parquet").to_pylist()]
+    assert steps["val"] == steps["noval"] == list(range(12))

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import keras
 
 from opscope.capture.steps import StepClock
+from opscope.capture.tensorflow.fit_join import join_fit
 from opscope.config import ProfileConfig, profile_config
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
@@ -65,6 +66,7 @@ class TFProfileSession(keras.callbacks.Callback):
         self.html = html
         self.rank, self.world = 0, 1
         self.state = "new"
+        self._unjoin: Callable[[], None] = lambda: None  # fit patched while a with-block runs
         self.result: ProfileResult | None = None
         self.task: Any = None
         self.calibration: Calibration | None = None
@@ -77,6 +79,7 @@ class TFProfileSession(keras.callbacks.Callback):
         self._step_spe = 1  # batches the open step's call may run
         self._step, self._traced = 0, False
         self._in_fit = False
+        self._manual_before_fit = False  # the step clock's mode when fit began (restored at its end)
         self._gap = self._gap_next = False  # the open piece is fit's validation, not a step
 
     # ------------------------------------------------------------------ lifecycle
@@ -125,6 +128,8 @@ class TFProfileSession(keras.callbacks.Callback):
         self._install()
         _active = self
         self.state = "running"
+        # a with-block around fit: fit gets this session as its callback (fit_join)
+        self._unjoin = join_fit(self, lambda: self, lambda: self.state == "running")
         self._begin(0)
         return self
 
@@ -159,6 +164,7 @@ class TFProfileSession(keras.callbacks.Callback):
                 self.steps.poll()
             self._finish_last(error)
         finally:
+            self._unjoin()
             self.timers.remove()
             if self.task is not None:
                 self.task.abort()
@@ -199,6 +205,7 @@ class TFProfileSession(keras.callbacks.Callback):
             model.make_train_function(force=True)
             if self._spe > 1 and not self.config.training_trace:
                 self._note(SPE_NOTE.format(spe=self._spe, why=SPE_NO_TRACE))
+        self._manual_before_fit = self.steps.manual if self.state == "running" else False
         if self.state == "running" and not self._batch_seen:  # the step open now is fit's first call
             self._step_spe = self._spe
             if self._spe > 1 and not self._traced and self._wanted(self._step):  # begun before spe was known
@@ -230,10 +237,14 @@ class TFProfileSession(keras.callbacks.Callback):
             self._resolve()
 
     def on_train_end(self, logs: Any = None) -> None:
-        """Stop the session if ``fit`` started it."""
+        """Stop the session if ``fit`` started it; else its steps are found as before fit
+        again (a custom loop after fit, in a with-block that joined fit)."""
         self._in_fit = False
         if self._by_callback:
             self.stop()
+        elif self._batch_seen and self.state == "running":  # fit's last batch ends here
+            self.steps.user_step()
+            self.steps.manual, self._batch_seen = self._manual_before_fit, False
         self._spe = 1
 
     # ------------------------------------------------------------------ steps
