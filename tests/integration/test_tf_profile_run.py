@@ -101,20 +101,13 @@ def test_a_full_disk_is_a_clear_error_and_keeps_the_steps(tmp_path) -> None:
     assert [r["step"] for r in rows] == list(range(10))
 
 
-BLOCK = textwrap.dedent(
+# SCRIPT's model and data (steps_per_execution 1, 64 samples), then a with-block around fit
+BLOCK = SCRIPT.replace("int(sys.argv[1])", "1").replace("160", "64").split("model.fit(")[0] + textwrap.dedent(
     """
-    import os, sys
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    import numpy as np, tensorflow as tf, keras, opscope.tensorflow as otf
-    keras.utils.set_random_seed(0)
-    inp = keras.Input((32,))
-    m = keras.Model(inp, keras.layers.Dense(10)(keras.layers.Dense(64)(inp)))
-    m.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    x, y = rng.normal(size=(64, 32)).astype("float32"), rng.integers(0, 10, 64).astype("int32")
+    import opscope.tensorflow as otf
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
     with otf.profile(sys.argv[1], overwrite=True):  # no callback: a with-block around fit
-        m.fit(ds, epochs=3, verbose=0, validation_data=ds.take(2) if sys.argv[2] == "val" else None)
+        model.fit(ds, epochs=3, verbose=0, validation_data=ds.take(2) if sys.argv[2] == "val" else None)
     assert keras.Model.fit.__name__ != "joined_fit", "fit is itself again after the profile"
     """
 )
