@@ -164,10 +164,11 @@ class SeriesWriter:
 def _warm_pyarrow() -> None:
     """Import pyarrow's Parquet writer and convert one array now: pyarrow's first conversion
     imports pandas (about a second), which is not to be paid at the first chunk, mid-run."""
-    import pyarrow as pa
     import pyarrow.parquet  # noqa: F401
 
-    pa.array([0.0], pa.float64())
+    from opscope.storage.arrow_build import convert_ready
+
+    convert_ready()
 
 
 def _columns(held: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -341,14 +341,13 @@ def _op_beyond_machine(phases: Sequence[Change], ops: Sequence[Change], floor: f
         sign = 1 if change.delta_ms > 0 else -1
         waited = change.wait_ms * sign > floor  # an op's wait is an estimate: the phase's whole wait bounds it
         enough = max(floor, min_change * abs(change.a_ms), CONTENTION_SHARE * abs(change.a_ms) if waited else 0.0)
-        excess = {id(o): (o.delta_ms - o.machine_ms - change.wait_ms) * sign for o in ops}
-        beyond = [o for o in ops if o.flagged and (change.phase == "step" or o.phase == change.phase)
-                  and excess[id(o)] >= enough]
-        if beyond:
-            op = max(beyond, key=lambda o: excess[id(o)])
+        beyond = [((o.delta_ms - o.machine_ms - change.wait_ms) * sign, o) for o in ops
+                  if o.flagged and (change.phase == "step" or o.phase == change.phase)]
+        excess, op = max(beyond, key=lambda pair: pair[0], default=(0.0, None))
+        if op is not None and excess >= enough:
             change.flagged, change.explained_by_machine = True, False
             notes.append(f"{change.name}: the machine explains up to {change.machine_ms:+.3f} ms by phase, but "
-                         f"{op.name} in {op.phase} changed {sign * excess[id(op)]:+.3f} ms beyond what the "
+                         f"{op.name} in {op.phase} changed {sign * excess:+.3f} ms beyond what the "
                          "machine explains: attributed to the code")
     return notes
 

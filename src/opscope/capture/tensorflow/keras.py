@@ -7,7 +7,47 @@ from typing import Any
 import keras
 
 
-class DumpCallback(keras.callbacks.Callback):
+class FitScope(keras.callbacks.Callback):
+    """What a dump records of ``fit``, for :class:`DumpCallback` and for the callback that a
+    with-block dump gives each ``fit`` (:mod:`~opscope.capture.tensorflow.fit_join`): fit runs its
+    step as a tf.function, so the eager ops between steps are Keras' own bookkeeping (metric
+    results, the iterator) and are recorded only when the model runs eagerly; fit's validation
+    is no training step and runs with capture paused (its test function traced without taps:
+    its ops joined the next step's records). ``evaluate`` called on its own is the user's to dump."""
+
+    def __init__(self, session: Any) -> None:
+        """``session``: the :class:`~opscope.capture.tensorflow.session.TFDumpSession` recording."""
+        super().__init__()
+        self.session = session
+        self._in_fit = False
+        self._validation: Any = None  # capture paused while fit validates
+        self._eager_ops = True  # the session's own setting, back at fit's end
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self._in_fit = True
+        self._eager_ops = self.session.eager_ops
+        self.session.eager_ops = bool(getattr(self.model, "run_eagerly", False))
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        if self._in_fit and self._validation is None and not self.session.stopped:
+            self._validation = self.session.tracer.paused()
+            self._validation.__enter__()
+
+    def on_test_end(self, logs: Any = None) -> None:
+        self._resume()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._in_fit = False
+        self.session.eager_ops = self._eager_ops
+        self._resume()
+
+    def _resume(self) -> None:
+        if self._validation is not None:
+            paused, self._validation = self._validation, None
+            paused.__exit__(None, None, None)
+
+
+class DumpCallback(FitScope):
     """Dumps the steps of ``fit`` that the session's config selects.
 
     At the start of training it installs the capture and has Keras trace its train step
@@ -19,8 +59,7 @@ class DumpCallback(keras.callbacks.Callback):
 
     def __init__(self, session: Any) -> None:
         """``session``: the :class:`~opscope.capture.tensorflow.session.TFDumpSession` to run."""
-        super().__init__()
-        self.session = session
+        super().__init__(session)
         self.dump: Any = None
         # the train step with capture (traced anew) and the one fit made before the dump started,
         # run with capture paused: a step not selected runs plain, and costs nothing
@@ -28,17 +67,12 @@ class DumpCallback(keras.callbacks.Callback):
         self._plain: Any = None
         self._plain_call: Any = None
         self._ran_plain = -1  # the first step of the batch the plain step runs (-1: none)
-        self._in_fit = False
-        self._validation: Any = None  # capture paused while fit validates
 
     def on_train_begin(self, logs: Any = None) -> None:
-        self._in_fit = True
+        super().on_train_begin(logs)  # eager ops recorded only when the model runs eagerly
         s = self.session
         if s.model is None:
             s.model = self.model
-        # fit runs its step as a tf.function; the eager ops between steps are Keras' own
-        # bookkeeping (metric results, iterator), not the model's
-        s.eager_ops = bool(getattr(self.model, "run_eagerly", False))
         if not s.started:
             s.start()
         else:
@@ -81,23 +115,8 @@ class DumpCallback(keras.callbacks.Callback):
         if last is not None and self.session.clock.step > last and not self.session.stopped:
             self._finish()
 
-    def on_test_begin(self, logs: Any = None) -> None:
-        """fit's validation is no training step: it runs with capture paused (its test function
-        traced without taps), so its ops join no step (they joined the next one's records)."""
-        if self._in_fit and self._validation is None and not self.session.stopped:
-            self._validation = self.session.tracer.paused()
-            self._validation.__enter__()
-
-    def on_test_end(self, logs: Any = None) -> None:
-        self._resume()
-
-    def _resume(self) -> None:
-        if self._validation is not None:
-            paused, self._validation = self._validation, None
-            paused.__exit__(None, None, None)
-
     def on_train_end(self, logs: Any = None) -> None:
-        self._in_fit = False
+        super().on_train_end(logs)
         self._finish()
 
     def _finish(self) -> None:

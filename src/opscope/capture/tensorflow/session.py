@@ -92,9 +92,10 @@ class TFDumpSession(TFValues):
         self.ctx.install()
         self.tracer.install()
         if "keras" in sys.modules:  # fit's validation paused also in a with-block around fit
-            from opscope.capture.tensorflow.fit_join import FitJoined, join_fit
+            from opscope.capture.tensorflow.fit_join import join_fit
+            from opscope.capture.tensorflow.keras import FitScope
 
-            self._unjoin = join_fit(self, lambda: FitJoined(self), lambda: not self.stopped)
+            self._unjoin = join_fit(self, lambda: FitScope(self), lambda: not self.stopped)
         atexit.register(self._atexit)
 
     def callback(self) -> Any:
