@@ -95,10 +95,44 @@ def test_random_ops_keep_their_generator_state_and_args(tmp_path, monkeypatch):
 
     rand = df[df.op.str.contains("bernoulli|native_dropout")].args.dropna()
     assert len(rand) and all(json.loads(a)["rng"]["state"] for a in rand)
+    # the CPU state is taken natively: the bytes torch.get_rng_state() gives before the op, so
+    # that restoring it draws the same mask
+    import base64
+
+    rng = json.loads(rand.iloc[0])["rng"]
+    torch.manual_seed(0)
+    x = torch.randn(4, 8)
+    before = torch.get_rng_state()
+    assert rng["device"] == "cpu" and base64.b64decode(rng["state"]) == before.numpy().tobytes()
+    mask = torch.nn.functional.dropout(x, 0.5, training=True) != 0
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(rng["state"])), dtype=torch.uint8))
+    assert torch.equal(torch.nn.functional.dropout(x, 0.5, training=True) != 0, mask)
     cast = json.loads(df[df.op == "aten._to_copy.default"].args.dropna().iloc[0])
     assert cast["kwargs"]["dtype"] == "torch.float16"
     keep = json.loads(df[df.op == "aten.sum.dim_IntList"].args.dropna().iloc[0])
     assert [1, [0]] in keep["args"] and [2, True] in keep["args"]
+
+
+def test_random_ops_record_the_same_generator_state_as_the_python_path(tmp_path, monkeypatch):
+    """The native observer writes the CPU generator's state itself (no Python call in the op):
+    the same state text, byte for byte, as the Python path's."""
+    def dropout_args(backend: str) -> list[str]:
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+        torch.manual_seed(3)
+        x = torch.randn(5, 7)
+        with opscope.dump(tmp_path / backend) as d:
+            for _ in range(2):
+                torch.nn.functional.dropout(x, 0.3, training=True)
+            d.step()
+        df = opscope.load(tmp_path / backend).records().to_pandas()
+        args = df.sort_values("seq").args.dropna().drop_duplicates()
+        return [json.loads(a)["rng"] for a in args if '"rng"' in a]
+
+    import json
+
+    native, python = dropout_args("native"), dropout_args("python")
+    assert len(native) == 2 and native == python  # two states: the generator moved between the calls
+    assert native[0]["state"] != native[1]["state"] and native[0]["device"] == "cpu"
 
 
 def test_a_failing_hook_stops_capture_not_the_run(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@
 // the op too (dumpobs_measure.h, dumpobs_shards.h), and a view keeps its input's data.
 #include "observer.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/view_as_real.h>
 #include <sys/mman.h>
@@ -404,24 +405,6 @@ namespace {
 #include "dumpobs_op.h"
 }  // namespace
 
-// random ops: the generator state before the op draws, so that replay draws the same numbers
-namespace {
-void rng_before(const Thread& T, const OpKind& k) {
-  g_rng.clear();
-  if (!k.random || !g_hooks) return;
-  std::string device = "cpu";
-  for (const auto& a : T.args)
-    if (a.isTensor() && a.toTensor().defined()) {
-      device = a.toTensor().device().str();
-      break;
-    }
-  PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* r = PyObject_CallMethod(g_hooks, "rng", "s", device.c_str());
-  if (r && PyUnicode_Check(r)) g_rng = PyUnicode_AsUTF8(r);
-  if (!r) hook_failed("generator state");
-  Py_XDECREF(r);
-  PyGILState_Release(gil);
-}
-}  // namespace
+#include "dumpobs_rng.h"
 
 #include "dumpobs_module.h"
