@@ -205,9 +205,14 @@ class DumpWriter:
                 if self.error is None:
                     self._guard(self._close_shards, open_shards, None)
                 return False
-            if self.error is None and self.batch and item[0] == "rows" and _batched(item[3]):
+            kind = item[0]
+            if kind == "end_step" and self.error is None and item[1] not in open_shards:  # (most steps: no shard open)
+                self._step_written(item[1])
+                continue
+            n = _batched(item[3]) if self.batch and kind == "rows" and self.error is None else 0
+            if n:
                 batch.append(item)
-                rows += _n_rows(item[3])
+                rows += n
                 if rows >= BATCH_ROWS:
                     self._flush_batch(batch)
                     rows = 0
@@ -224,6 +229,8 @@ class DumpWriter:
         return True
 
     def _done(self, nbytes: int) -> None:
+        if not nbytes:  # (a step's end: nothing to give back, no lock to take)
+            return
         with self._cond:
             self._pending -= nbytes
             self._cond.notify_all()
@@ -273,9 +280,7 @@ class DumpWriter:
         kind, step = item[0], item[1]
         if kind == "end_step":
             self._close_shards(open_shards, step)
-            if step not in self._steps_seen:  # (a set: a list's scan per step grew with the run)
-                self._steps_seen.add(step)
-                self.steps.append(step)  # rank.json lists it at the round's end, after its rows are written
+            self._step_written(step)
             return
         directory = fmt.step_dir(self.root, self.rank, step)
         if kind == "tensor":
@@ -308,6 +313,11 @@ class DumpWriter:
             os.replace(tmp, directory / name)
             self.records += table.num_rows
 
+    def _step_written(self, step: int) -> None:
+        if step not in self._steps_seen:  # (a set: a list's scan per step grew with the run)
+            self._steps_seen.add(step)
+            self.steps.append(step)  # rank.json lists it at the round's end, after its rows are written
+
     def _close_shards(self, open_shards: OpenShards, step: int | None) -> None:
         for s in [step] if step is not None else list(open_shards):
             current = open_shards.pop(s, None)
@@ -329,12 +339,15 @@ class DumpWriter:
         fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
 
 
-def _batched(rows: Any) -> bool:
-    """Whether a step's rows go into the round's batch file: a small index, and none that
-    asks for its own Parquet options unless it says they hold for a batch file too
+def _batched(rows: Any) -> int:
+    """The rows of a step that go into the round's batch file, else 0: a small index, and none
+    that asks for its own Parquet options unless it says they hold for a batch file too
     (``batch_options``: the batch is written with them when all its parts have the same)."""
+    n = _n_rows(rows)
+    if n >= BATCH_STEP_ROWS:
+        return 0
     options = getattr(rows, "parquet_options", None)
-    return _n_rows(rows) < BATCH_STEP_ROWS and (not options or bool(getattr(rows, "batch_options", False)))
+    return n if not options or getattr(rows, "batch_options", False) else 0
 
 
 def _batch_options(payloads: list[Any]) -> dict[str, Any]:
