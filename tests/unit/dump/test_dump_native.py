@@ -261,13 +261,15 @@ def test_outputs_holding_their_inputs_bytes_take_their_statistics_unread(tmp_pat
 
 
 def test_number_arguments_keep_their_exact_value(tmp_path, monkeypatch):
-    """Doubles in the argument JSON are written natively ("%.17g", by std::to_chars): each reads
-    back as the very same float, an integral one still a float (2.0, not 2)."""
+    """Doubles in the argument JSON are written natively (std::to_chars): each reads back as the
+    very same float, an integral one still a float (2.0, not 2), in the text json.dumps (Python's
+    repr) gives it, as the Python capture writes it: 0.7, not 0.69999999999999996."""
     import json
     import math
 
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
-    values = [0.1, 1e-05, 2.0, -1e300, 1e16, 123456789012345680.0, 5e-324, 1 / 3, -0.0]
+    values = [0.1, 1e-05, 2.0, -1e300, 1e16, 123456789012345680.0, 5e-324, 1 / 3, -0.0, 0.7, 0.0001, 1e15,
+              1e22, -2.5e-07, 1.7976931348623157e308, 0.1 + 0.2]
     x = torch.randn(4, dtype=torch.float64)  # holds every alpha below
     with opscope.dump(tmp_path / "d") as d:
         for v in values:
@@ -277,8 +279,9 @@ def test_number_arguments_keep_their_exact_value(tmp_path, monkeypatch):
     calls = df[df.op == "aten.add.Tensor"].drop_duplicates("seq").sort_values("seq")
     got = [json.loads(a)["kwargs"]["alpha"] for a in calls.args]
     assert len(got) == len(values)
-    for v, g in zip(values, got, strict=True):
+    for v, g, text in zip(values, got, calls.args, strict=True):
         assert isinstance(g, float) and g == v and math.copysign(1, g) == math.copysign(1, v), (v, g)
+        assert f'"alpha": {json.dumps(v)}' in text, (v, text)
 
 
 def test_non_contiguous_inputs_are_measured_as_their_contiguous_copy(tmp_path, monkeypatch):
