@@ -206,8 +206,8 @@ class DumpWriter:
                     self._guard(self._close_shards, open_shards, None)
                 return False
             kind = item[0]
-            if kind == "end_step" and self.error is None and item[1] not in open_shards:  # (most steps: no shard open)
-                self._step_written(item[1])
+            if kind == "end_step":  # (0 bytes: nothing to give back)
+                self._end_step(item[1], open_shards)
                 continue
             n = _batched(item[3]) if self.batch and kind == "rows" and self.error is None else 0
             if n:
@@ -278,10 +278,6 @@ class DumpWriter:
 
     def _handle(self, item: tuple[Any, ...], open_shards: OpenShards) -> None:
         kind, step = item[0], item[1]
-        if kind == "end_step":
-            self._close_shards(open_shards, step)
-            self._step_written(step)
-            return
         directory = fmt.step_dir(self.root, self.rank, step)
         if kind == "tensor":
             _, _, name, key, dtype, shape, buffer, nbytes = item
@@ -313,8 +309,12 @@ class DumpWriter:
             os.replace(tmp, directory / name)
             self.records += table.num_rows
 
-    def _step_written(self, step: int) -> None:
-        if step not in self._steps_seen:  # (a set: a list's scan per step grew with the run)
+    def _end_step(self, step: int, open_shards: OpenShards) -> None:
+        """A step complete: its open tensor shard closed, the step listed (most steps have no
+        shard open: no Python round trip through _guard for them)."""
+        if self.error is None and step in open_shards:
+            self._guard(self._close_shards, open_shards, step)
+        if self.error is None and step not in self._steps_seen:  # (a set: a list's scan grew with the run)
             self._steps_seen.add(step)
             self.steps.append(step)  # rank.json lists it at the round's end, after its rows are written
 

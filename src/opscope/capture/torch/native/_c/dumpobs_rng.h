@@ -2,8 +2,9 @@
 // (included by dumpobs.cpp).
 namespace {
 // "rng" JSON of the CPU generator's state as the `rng` hook writes it (json.dumps of the device
-// and the state's bytes in base64), made here: no GIL taken in the middle of the op, no Python.
-std::string cpu_rng_json() {
+// and the state's bytes in base64), made here into `s` (its memory reused from op to op): no GIL
+// taken in the middle of the op, no Python.
+void cpu_rng_json(std::string& s) {
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   at::Tensor state;
   {
@@ -14,7 +15,7 @@ std::string cpu_rng_json() {
   const auto* p = static_cast<const unsigned char*>(state.const_data_ptr());
   size_t n = static_cast<size_t>(state.numel());
   static constexpr char head[] = "{\"device\": \"cpu\", \"state\": \"";
-  std::string s(sizeof head - 1 + (n + 2) / 3 * 4 + 2, '"');
+  s.assign(sizeof head - 1 + (n + 2) / 3 * 4 + 2, '"');
   char* out = s.data() + sizeof head - 1;
   std::memcpy(s.data(), head, sizeof head - 1);
   size_t i = 0;
@@ -29,24 +30,20 @@ std::string cpu_rng_json() {
     out[3] = '=';
   }
   s.back() = '}';
-  return s;
 }
 
 void rng_before(const Thread& T, const OpKind& k) {
   g_rng.clear();
   if (!k.random || !g_hooks) return;
-  std::string device = "cpu";
+  c10::Device device(at::kCPU);  // that of the first tensor argument
   for (const auto& a : T.args)
     if (a.isTensor() && a.toTensor().defined()) {
-      device = a.toTensor().device().str();
+      device = a.toTensor().device();
       break;
     }
-  if (device == "cpu") {
-    g_rng = cpu_rng_json();
-    return;
-  }
+  if (device.is_cpu()) return cpu_rng_json(g_rng);
   PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* r = PyObject_CallMethod(g_hooks, "rng", "s", device.c_str());
+  PyObject* r = PyObject_CallMethod(g_hooks, "rng", "s", device.str().c_str());
   if (r && PyUnicode_Check(r)) g_rng = PyUnicode_AsUTF8(r);
   if (!r) hook_failed("generator state");
   Py_XDECREF(r);
