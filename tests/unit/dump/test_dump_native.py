@@ -362,13 +362,11 @@ def test_ops_run_by_intra_op_workers_are_not_recorded_as_the_users(tmp_path, mon
     assert {"convolution", "baddbmm", "exp"} <= ops and not ops & {"select", "slow_conv3d_forward", "addmm"}
 
 
-def test_arguments_are_written_as_json_by_the_writer(tmp_path, monkeypatch):
-    """The observer keeps each call's arguments as a binary record and the writer's thread
-    writes the JSON: dtypes, layouts and memory formats by name, strings, int and bool lists,
-    None, infinities, Python numbers passed as tensors, keyword arguments by name."""
-    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+def _call_args(root, backend: str, monkeypatch) -> dict[str, str]:
+    """The ``args`` text of each op of a few calls dumped by ``backend``: {op: args}."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
     x = torch.randn(4, 6, dtype=torch.float64)
-    with opscope.dump(tmp_path / "d") as d:
+    with opscope.dump(root) as d:
         torch.nn.functional.gelu(x, approximate="tanh")
         torch.zeros(3, 2, dtype=torch.bfloat16, layout=torch.strided)
         torch.empty(1, 2, 3, 3, memory_format=torch.channels_last)
@@ -379,25 +377,40 @@ def test_arguments_are_written_as_json_by_the_writer(tmp_path, monkeypatch):
         torch.ops.aten.convolution_backward(torch.ones(1, 3, 3, 3), torch.ones(1, 2, 5, 5), torch.ones(3, 2, 3, 3),
                                             [3], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, False, True])
         x + True
+        torch.add(x, x, alpha=2)
+        torch.addmm(x[:, :4], x, x.T[:, :4])
+        torch.ones_like(x, dtype=torch.float32)
         d.step()
-    df = opscope.load(tmp_path / "d").records().to_pandas()
-    got = {(r.op, r.args) for r in df.drop_duplicates("seq").itertuples()}
+    df = opscope.load(root).records().to_pandas()
+    return {r.op: r.args if isinstance(r.args, str) else None for r in df.drop_duplicates("seq").itertuples()}
+
+
+def test_arguments_are_written_as_json_by_the_writer(tmp_path, monkeypatch):
+    """The observer keeps each call's arguments as a binary record and the writer's thread
+    writes the JSON: dtypes, layouts and memory formats by name, strings, int and bool lists,
+    None, infinities, Python numbers passed as tensors, keyword arguments by name. The
+    arguments are those a dispatch mode is given, so the very text of the Python capture:
+    keyword-only ones at their default left out (addmm's beta and alpha, add's alpha of 1, sum's
+    dtype), and positional ones at theirs from the last back."""
+    got = _call_args(tmp_path / "n", "native", monkeypatch)
+    assert got == _call_args(tmp_path / "p", "python", monkeypatch)
     pin = '"device": "cpu", "pin_memory": false'
     want = {
-        ("aten.gelu.default", '{"args": [], "kwargs": {"approximate": "tanh"}}'),
-        ("aten.zeros.default",
-         '{"args": [[0, [3, 2]]], "kwargs": {"dtype": "torch.bfloat16", "layout": "torch.strided", ' + pin + '}}'),
-        ("aten.empty.memory_format", '{"args": [[0, [1, 2, 3, 3]]], "kwargs": {"dtype": null, "layout": null, '
-         + pin + ', "memory_format": "torch.channels_last"}}'),
-        ("aten.sum.dim_IntList", '{"args": [[1, [0, 1]], [2, true]], "kwargs": {"dtype": null}}'),
-        ("aten.clamp.default", '{"args": [[1, -0.5], [2, null]], "kwargs": {}}'),
-        ("aten.masked_fill.Scalar", '{"args": [[2, -Infinity]], "kwargs": {}}'),
-        ("aten.div.Tensor_mode", '{"args": [[1, 3]], "kwargs": {"rounding_mode": "floor"}}'),
-        ("aten.convolution_backward.default", '{"args": [[3, [3]], [4, [1, 1]], [5, [0, 0]], [6, [1, 1]], [7, false], '
-         '[8, [0, 0]], [9, 1], [10, [true, false, true]]], "kwargs": {}}'),
-        ("aten.add.Tensor", '{"args": [[1, true]], "kwargs": {"alpha": 1}}'),
+        "aten.gelu.default": '{"args": [], "kwargs": {"approximate": "tanh"}}',
+        "aten.zeros.default":
+            '{"args": [[0, [3, 2]]], "kwargs": {"dtype": "torch.bfloat16", "layout": "torch.strided", ' + pin + '}}',
+        "aten.empty.memory_format": '{"args": [[0, [1, 2, 3, 3]]], "kwargs": {' + pin
+                                    + ', "memory_format": "torch.channels_last"}}',
+        "aten.sum.dim_IntList": '{"args": [[1, [0, 1]], [2, true]], "kwargs": {}}',
+        "aten.clamp.default": '{"args": [[1, -0.5]], "kwargs": {}}',
+        "aten.masked_fill.Scalar": '{"args": [[2, -Infinity]], "kwargs": {}}',
+        "aten.div.Tensor_mode": '{"args": [[1, 3]], "kwargs": {"rounding_mode": "floor"}}',
+        "aten.convolution_backward.default": '{"args": [[3, [3]], [4, [1, 1]], [5, [0, 0]], [6, [1, 1]], [7, false], '
+                                             '[8, [0, 0]], [9, 1], [10, [true, false, true]]], "kwargs": {}}',
+        "aten.addmm.default": None,
     }
-    assert want <= got, want - got
+    assert {op: got.get(op) for op in want} == want
+    assert '"alpha": 2' in got["aten.add.Tensor"] or got["aten.add.Tensor"] == '{"args": [[1, true]], "kwargs": {}}'
 
 
 def test_build_flags_name_torchs_own_folders_without_importing_cpp_extension() -> None:

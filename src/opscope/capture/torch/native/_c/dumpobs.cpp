@@ -17,6 +17,7 @@
 #include "observer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/view_as_real.h>
 #include <sys/mman.h>

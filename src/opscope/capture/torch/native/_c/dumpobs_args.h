@@ -171,19 +171,62 @@ bool put_value(ArgHead h, const c10::IValue& v) {
   return true;
 }
 
+// What op kind `k`'s schema says (OpKind::defaults, unmarked), looked up once (under mu).
+const OpKind& schema_of(const OpKind& k) {
+  if (k.schema_known) return k;
+  k.schema_known = true;
+  std::string_view qual = names[k.name];  // "aten.add_.Tensor"
+  size_t dot = qual.find('.'), last = qual.rfind('.');
+  if (dot == std::string_view::npos || last == dot) return k;
+  std::string overload(qual.substr(last + 1));
+  auto op = c10::Dispatcher::singleton().findSchema(
+      {std::string(qual.substr(0, dot)) + "::" + std::string(qual.substr(dot + 1, last - dot - 1)),
+       overload == "default" ? "" : overload});
+  if (!op) return k;
+  const auto& args = op->schema().arguments();
+  for (const auto& a : args) k.defaults.push_back(a.default_value());
+  for (int pos : k.written)
+    if (pos < static_cast<int>(args.size()) && !(args[pos].alias_info() && args[pos].alias_info()->isWrite()))
+      k.unmarked.push_back(pos);
+  return k;
+}
+
+bool is_default(const std::vector<std::optional<c10::IValue>>& d, size_t i, const c10::IValue& v) {
+  if (i >= d.size() || !d[i].has_value() || (v.isTensor() && v.toTensor().defined())) return false;  // (no default is a tensor)
+  try {
+    return *d[i] == v;  // (as torch compares them)
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// The arguments a dispatch mode is given are those torch picks from the call's (which hold
+// all of the schema's): keyword-only ones equal to their default are left out, and so are
+// positional ones from the last back while they equal theirs. The positions [0, end) kept.
+size_t positional_end(const OpKind& k, const std::vector<c10::IValue>& args,
+                      const std::vector<std::optional<c10::IValue>>& d) {
+  size_t end = args.size();
+  while (end > 0 && end - 1 < k.kwarg_only.size() && k.kwarg_only[end - 1]) --end;
+  while (end > 0 && is_default(d, end - 1, args[end - 1])) --end;
+  return end;
+}
+
 // The recorded op's arguments (T.args) and random state (g_rng) as a record in args_bin: its
 // offset, or -1 when it has none (under mu).
 int args_of(const Thread& T, const OpKind& k) {
   size_t start = args_bin.size();
+  const auto& d = schema_of(k).defaults;
+  size_t end = positional_end(k, T.args, d);
   for (size_t i = 0; i < T.args.size(); ++i) {
     const auto& v = T.args[i];
+    bool kw = i < k.kwarg_only.size() && k.kwarg_only[i];
+    if (kw ? is_default(d, i, v) : i >= end) continue;
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
       if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number()) continue;
     } else if (v.isTensorList() || v.isGenerator()) {
       continue;
     }
-    bool kw = i < k.kwarg_only.size() && k.kwarg_only[i];
     ArgHead h{A_END, kw, static_cast<uint8_t>(i < k.arg_kinds.size() ? k.arg_kinds[i] : 0), 0,
               kw ? k.arg_names[i] : static_cast<int32_t>(i)};
     size_t at = args_bin.size();

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -62,6 +63,11 @@ struct OpKind {
   std::vector<int8_t> arg_kinds;                   // 0 value, 1 dtype, 2 layout, 3 memory format
   std::vector<bool> kwarg_only;
   mutable Relaxed quiet;  // its kernel was seen calling ops: the callback is off while it runs (on_start)
+  // dump: the schema's default values by position, and the written positions it does not mark
+  // (capture/torch/dispatch.py UNMARKED_WRITES), looked up once (schema_of)
+  mutable std::vector<std::optional<c10::IValue>> defaults;
+  mutable std::vector<int> unmarked;
+  mutable bool schema_known = false;
 };
 
 // ---- shared state --------------------------------------------------------------------------
