@@ -14,12 +14,21 @@ if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
 
 _current_node = torch._C._current_autograd_node
+# Argument positions written in place that the schema does not mark: batch norm's kernels update
+# running_mean and running_var in training, declared plain ``Tensor?``, and torch moves no
+# version counter for them. A capture that links a tensor to the row that last measured it
+# (same object, same version) must forget that row after such an op, or it reports the
+# statistics from before the update; the statistics worker must measure them before it runs.
+UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "miopen_batch_norm": (3, 4),
+                   "batch_norm_update_stats": (1, 2), "batch_norm_gather_stats": (3, 4),
+                   "batch_norm_gather_stats_with_counts": (3, 4)}
 
 
 class OpInfo:
     """What the schema of one aten overload says, computed once per overload."""
 
-    __slots__ = ("name", "arg_names", "written", "view_outputs", "written_outputs", "uninitialized", "random")
+    __slots__ = ("name", "arg_names", "written", "unmarked", "view_outputs", "written_outputs", "uninitialized",
+                 "random")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)
@@ -31,8 +40,9 @@ class OpInfo:
                                   if r.alias_info is not None and not r.alias_info.is_write)
         self.written_outputs = tuple(i for i, r in enumerate(schema.returns)
                                      if r.alias_info is not None and r.alias_info.is_write)
-        # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
         base = self.name.split(".")[1] if self.name.count(".") >= 1 else self.name
+        self.unmarked = UNMARKED_WRITES.get(base, ())
+        # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
         self.uninitialized = base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
         self.random = torch.Tag.nondeterministic_seeded in func.tags  # replay needs its generator state
 
@@ -77,10 +87,12 @@ def flat_outputs(out: Any) -> list[tuple[int, str | None, torch.Tensor]]:
     return []
 
 
-def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """Tensors an op writes in place (its ``Tensor(a!)`` arguments, lists included)."""
+def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    positions: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+    """Tensors an op writes in place (its ``Tensor(a!)`` arguments, lists included), or those
+    at ``positions``."""
     found: list[torch.Tensor] = []
-    for i in info.written:
+    for i in info.written if positions is None else positions:
         a = args[i] if i < len(args) else kwargs.get(info.arg_names[i])
         if isinstance(a, torch.Tensor):
             found.append(a)
@@ -118,9 +130,12 @@ class DumpDispatchMode(TorchDispatchMode):
             s.internal_error(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else []
+        for t in unmarked:  # written without a version bump: their rows no longer say what they hold
+            s.recorder.forget(t)
         if call is not None:
             try:
-                self._record_outputs(info, call, out, written)
+                self._record_outputs(info, call, out, written, unmarked)
             except OpscopeError:
                 raise
             except Exception as exc:
@@ -132,7 +147,8 @@ class DumpDispatchMode(TorchDispatchMode):
         (their input rows, just taken, included)."""
         written = written_tensors(info, args, kwargs) if info.written else ()
         recorder = self.session.recorder
-        for t in written:
+        unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else ()
+        for t in (*written, *unmarked):
             if recorder.worker is not None:
                 recorder.worker.before_write(t)
             if recorder.views:
@@ -159,12 +175,15 @@ class DumpDispatchMode(TorchDispatchMode):
                                         views=bool(info.view_outputs), fwd_op=fwd_op, node=node_name,
                                         source=s.source() if s.cfg.source else None)
 
-    def _record_outputs(self, info: OpInfo, call: Any, out: Any, written: Any) -> None:
+    def _record_outputs(self, info: OpInfo, call: Any, out: Any, written: Any, unmarked: list[torch.Tensor]) -> None:
         outputs = flat_outputs(out)
         mutated = info.written_outputs
         if written and not outputs:  # in-place ops returning nothing (_foreach_add_): their targets are the outputs
             outputs = [(i, None, t) for i, t in enumerate(written)]
             mutated = tuple(range(len(outputs)))
+        # what it wrote unmarked (batch norm's running statistics) follows its outputs: their next
+        # use links to these rows, made by this op (their version did not move: not `mutated`)
+        outputs += [(len(outputs) + j, None, t) for j, t in enumerate(unmarked)]
         self.session.recorder.record_outputs(call, outputs, views=info.view_outputs, mutated=mutated,
                                              uninitialized=info.uninitialized)
 

@@ -142,6 +142,23 @@ def api_name(func: Any) -> str | None:
 _is_compiling = torch.compiler.is_compiling
 
 
+# API calls that write inputs in place without torch moving their version counters (batch
+# norm's running statistics in training; dispatch.UNMARKED_WRITES at the aten level): name ->
+# (position, keyword) of each. After such a call their next use is measured anew.
+API_UNMARKED_WRITES = {
+    "torch.nn.functional.batch_norm": ((1, "running_mean"), (2, "running_var")),
+    "torch.nn.functional.instance_norm": ((1, "running_mean"), (2, "running_var")),
+    "torch.batch_norm": ((3, "running_mean"), (4, "running_var")),
+    "torch.instance_norm": ((3, "running_mean"), (4, "running_var")),
+}
+
+
+def unmarked_writes(name: str, args: tuple, kwargs: dict[str, Any]) -> list[tuple[int, None, torch.Tensor]]:
+    """The tensors API call ``name`` writes without a version bump, as call items."""
+    found = [args[i] if i < len(args) else kwargs.get(key) for i, key in API_UNMARKED_WRITES[name]]
+    return [(i, None, t) for i, t in enumerate(t for t in found if isinstance(t, torch.Tensor))]
+
+
 class ApiCalls(TorchFunctionMode):
     """What both API modes (this Python one and the native one, ``native/api.py``) do with a
     torch-function call: pass it through untouched while dynamo traces it (its trace must not
@@ -166,9 +183,14 @@ class ApiCalls(TorchFunctionMode):
         if name is None or not s.capturing:
             return func(*args, **kwargs)
         token = self.begin(name, s.modules.path, s.phase, args, kwargs)
+        written = unmarked_writes(name, args, kwargs) if name in API_UNMARKED_WRITES else None
+        if written:
+            self.forget(written, before=True)
         out = func(*args, **kwargs)
         if token is not None:
             self.end(token, out)
+        if written:
+            self.forget(written, before=False)
         return out
 
     def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -177,6 +199,11 @@ class ApiCalls(TorchFunctionMode):
 
     def end(self, token: Any, out: Any) -> None:
         """The call that :meth:`begin` returned ``token`` for returned ``out``."""
+        raise NotImplementedError
+
+    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
+        """A call writes these tensors without moving their version counters (API_UNMARKED_WRITES):
+        called ``before`` it runs (statistics still to be taken of them are taken) and after."""
         raise NotImplementedError
 
 
@@ -202,6 +229,13 @@ class _ApiMode(ApiCalls):
                     s.recorder.worker.before_write(t)
                 s.recorder.invalidate(t)
         return None if call is None else (call, name, module)
+
+    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
+        recorder = self.session.recorder
+        for _, _, t in items:
+            if before and recorder.worker is not None:
+                recorder.worker.before_write(t)
+            recorder.forget(t)
 
     def end(self, token: Any, out: Any) -> None:
         call, name, module = token

@@ -267,6 +267,13 @@ class Recorder:
             self.flow[key] = [None, row, version, pname, False, storage_of(t)]
             self.views.setdefault(key[0], []).append(key)
 
+    def forget(self, t: torch.Tensor) -> None:
+        """``t`` was written in place without its version counter moving (an unmarked write,
+        op_kinds.UNMARKED_WRITES): its next use is measured anew."""
+        self.flow.pop(id(t), None)
+        if self.views:
+            self.invalidate(t)
+
     def invalidate(self, t: torch.Tensor) -> None:
         """``t`` is about to be written in place: forget views registered on its storage."""
         keys = self.views.pop(geometry(t)[0], None)

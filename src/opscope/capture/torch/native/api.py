@@ -28,6 +28,8 @@ from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
 
 if TYPE_CHECKING:
+    import torch
+
     from opscope.capture.torch.host import CaptureHost
 
 
@@ -84,6 +86,12 @@ class _NativeApiMode(ApiCalls):
         try:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
             self.native.api_end(token[0], outputs, token[1].endswith("_"), self.grads)
+        except Exception as exc:
+            self._failed(exc)
+
+    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
+        try:  # (before: statistics still to be taken of them are taken first)
+            self.native.api_forget(items)
         except Exception as exc:
             self._failed(exc)
 

@@ -8,14 +8,11 @@ from typing import Any
 
 import torch
 
+from opscope.capture.torch.dispatch import UNMARKED_WRITES
 from opscope.capture.torch.op_kinds import ADDITIVE, base_name, kind_of
 
 # schema argument types the native side turns into torch's spelling (str(value) in Python)
 _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
-# Argument positions written in place that the schema does not mark: batch norm's kernels
-# update running_mean and running_var (3, 4) in training, declared plain ``Tensor?``. The
-# statistics worker must measure them at the op, before the kernel writes them.
-_UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "miopen_batch_norm": (3, 4)}
 # Ops whose output holds their first input's values (_unsafe_view: its very memory, undeclared
 # as a view): where both lie contiguously in memory with the same dtype, the output's bytes are
 # the input's and the native dump takes its statistics from the input's row instead of reading
@@ -37,7 +34,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     decomposition is seen instead). Watch: ``transparent``, ``cast``, ``select``, ``skip``,
     ``additive``. Dump: ``view_outputs``, ``written_outputs``, ``uninitialized``,
     ``copies`` (the output holds the first input's values), ``random``, ``args`` (name,
-    keyword-only, kind). Both: ``written`` argument positions.
+    keyword-only, kind). Both: ``written`` argument positions, :data:`UNMARKED_WRITES` included.
     """
     ns, _, rest = qualname.partition(".")
     op, _, overload = rest.rpartition(".")
@@ -55,7 +52,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     written, written_outputs, view_outputs = tuple(info.written), tuple(info.written_outputs), tuple(info.view_outputs)
     if base_name(kind.name) == "detach_":  # writes metadata only: its output holds its input's values
         written, written_outputs, view_outputs = (), (), (0,)
-    written = tuple(sorted({*written, *_UNMARKED_WRITES.get(base_name(kind.name), ())}))
+    written = tuple(sorted({*written, *UNMARKED_WRITES.get(base_name(kind.name), ())}))
     args = tuple((a.name, bool(a.kwarg_only), _arg_kind(str(a.real_type))) for a in func._schema.arguments)
     return {"composite": bool(composite), "transparent": kind.transparent, "cast": kind.cast,
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,

@@ -138,4 +138,16 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
+// api_forget(tensors): an API call wrote them in place without moving their version counters
+// (F.batch_norm's running statistics: levels.API_UNMARKED_WRITES); their next use is measured.
+PyObject* py_api_forget(PyObject*, PyObject* a) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  bool ok = each_call_item(a, [&](int, int, const at::Tensor& t) {
+    forget_views(t);
+    forget_flow(c10::IValue(t));
+  });
+  if (!ok) return nullptr;
+  Py_RETURN_NONE;
+}
+
 }  // namespace

@@ -28,6 +28,7 @@ thread_local Pending t_pending;
 
 void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
 int args_of(const Thread& T, const OpKind& k);
+const OpKind& schema_of(const OpKind& k);
 
 // A recorded op starts: its head (phase, module, call, arguments) and its input rows, taken
 // now, before an in-place op changes what it received.
@@ -79,8 +80,20 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   pending = Pending{true, h, first, base};
 }
 
+// A tensor written in place without its version counter moving (an argument the schema does not
+// mark written: batch norm's running statistics): no later use may take the row of what it held.
+void forget_flow(const c10::IValue& a) {
+  if (!a.isTensor() || !a.toTensor().defined()) return;
+  const at::Tensor& t = a.toTensor();
+  flow.erase(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (auto key = shared_key(t)) shared.erase(*key);
+}
+
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
+  if (!k.written.empty())  // (views on them were forgotten at the op's start)
+    for (int pos : schema_of(k).unmarked)
+      if (pos < static_cast<int>(T.args.size())) forget_flow(T.args[pos]);
   Pending& pending = kept(t_pending);  // this thread's, reached once
   if (!pending.valid) return;
   pending.valid = false;
@@ -123,5 +136,12 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   }
   g_share = g_copies = false;
   held.clear();
+  // what it wrote unmarked (batch norm's running statistics, forgotten above) follows its outputs,
+  // as on the Python path: their next use links to these rows (their version did not move)
+  int slot = static_cast<int>(outs.size());
   outs.clear();
+  for (int pos : k.unmarked) {
+    const auto& a = pos < static_cast<int>(T.args.size()) ? T.args[pos] : c10::IValue();
+    if (a.isTensor() && a.toTensor().defined()) output_row(h, slot++, a.toTensor(), -1, false, nullptr);
+  }
 }

@@ -69,21 +69,22 @@ void rng_before(const Thread& T, const OpKind& k);
 
 // Its storages are about to be written in place: views registered on them are forgotten, and
 // the statistics still to be taken of them are taken first.
+void forget_views(const at::Tensor& t) {
+  if (!t.defined()) return;
+  wait_storage(t);
+  auto it = views.find(storage_of(t));
+  if (it == views.end()) return;
+  for (const Elems& g : it->second) geo.erase(g);
+  views.erase(it);
+}
+
 void forget_views_written(const Thread& T, const OpKind& k) {
   if (k.written.empty() || (views.empty() && g_async.last.empty())) return;
-  auto forget = [](const at::Tensor& t) {
-    if (!t.defined()) return;
-    wait_storage(t);
-    auto it = views.find(storage_of(t));
-    if (it == views.end()) return;
-    for (const Elems& g : it->second) geo.erase(g);
-    views.erase(it);
-  };
   for (int pos : k.written) {  // each tensor where it lies (no list of them made per op)
     if (pos >= static_cast<int>(T.args.size())) continue;
     const auto& a = T.args[pos];
-    if (a.isTensor()) forget(a.toTensor());
+    if (a.isTensor()) forget_views(a.toTensor());
     else if (a.isTensorList())
-      for (const at::Tensor& x : a.toTensorList()) forget(x);
+      for (const at::Tensor& x : a.toTensorList()) forget_views(x);
   }
 }
