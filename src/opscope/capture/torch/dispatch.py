@@ -149,6 +149,7 @@ class DumpDispatchMode(TorchDispatchMode):
         recorder = self.session.recorder
         unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else ()
         for t in (*written, *unmarked):
+            recorder.wrote(t)
             if recorder.worker is not None:
                 recorder.worker.before_write(t)
             if recorder.views:

@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import tensors_of
+from opscope.replay.api_names import in_place
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -142,6 +143,18 @@ def api_name(func: Any) -> str | None:
 _is_compiling = torch.compiler.is_compiling
 
 
+_WRITES_FIRST: dict[str, bool] = {}
+
+
+def writes_first(name: str) -> bool:
+    """An in-place API call, which writes the tensor it reads first: ``Tensor.add_``,
+    ``Tensor.__iadd__``, ``Tensor.__setitem__``; not ``Tensor.__add__`` or ``__getitem__``."""
+    hit = _WRITES_FIRST.get(name)
+    if hit is None:
+        hit = _WRITES_FIRST[name] = in_place(name.rpartition(".")[2])
+    return hit
+
+
 # API calls that write inputs in place without torch moving their version counters (batch
 # norm's running statistics in training; dispatch.UNMARKED_WRITES at the aten level): name ->
 # (position, keyword) of each. After such a call their next use is measured anew.
@@ -223,8 +236,9 @@ class _ApiMode(ApiCalls):
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
             call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
                                             source=s.source() if s.cfg.source else None)
-        if name.endswith("_") or "out" in kwargs:
+        if writes_first(name) or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
+                s.recorder.wrote(t)
                 if s.recorder.worker is not None:
                     s.recorder.worker.before_write(t)
                 s.recorder.invalidate(t)
@@ -241,7 +255,7 @@ class _ApiMode(ApiCalls):
         call, name, module = token
         s = self.session
         outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-        s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if name.endswith("_") else ())
+        s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else ())
         if "backward" in s.cfg.phases:
             _hook_backward(s, name, module, out)
 

@@ -43,6 +43,13 @@ def dtype_name_cached(dtype: torch.dtype) -> str:
     return name
 
 
+def _storage_key(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # no storage (sparse, a wrapper subclass)
+        return -1
+
+
 def version_of(t: torch.Tensor) -> int:
     try:
         return t._version
@@ -92,6 +99,7 @@ class Recorder:
         self.device_jobs: list[tuple[list[Any], Any]] = []
         self.flow: dict[Any, list[Any]] = {}
         self.views: dict[int, list[tuple[Any, ...]]] = {}
+        self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step (wrote)
         self.calls: dict[tuple[str, str, str], int] = {}
         self.seq = 0
 
@@ -204,7 +212,7 @@ class Recorder:
     def _input_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
                    input_io: str) -> list[Any] | None:
         entry = self.flow.get(id(t))
-        if entry is not None and (entry[0]() is not t or entry[2] != version_of(t)):
+        if entry is not None and (entry[0]() is not t or entry[2] != version_of(t) or entry[5] != self._writes(t)):
             entry = None
         if entry is None and self.views:
             # autograd wraps view outputs in new tensor objects: find them by storage and
@@ -238,7 +246,7 @@ class Recorder:
         note = "view"
         if src is None and not mutated:
             entry = self.flow.get(id(t))
-            if entry is not None and entry[0]() is t and entry[2] == version:
+            if entry is not None and entry[0]() is t and entry[2] == version and entry[5] == self._writes(t):
                 src, note = entry[1], "alias"  # the very tensor an earlier record measured
         geometry_ = None
         if src is not None and note == "view" and self.views_share_data and (
@@ -260,12 +268,21 @@ class Recorder:
 
     def _register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
                   view: bool = False) -> None:
-        entry = [weakref.ref(t), row, version, pname, False]
+        entry = [weakref.ref(t), row, version, pname, False, self._writes(t)]
         self.flow[id(t)] = entry
         if view:  # the storage reference keeps its memory from being reused within the step
             key = geometry(t)
             self.flow[key] = [None, row, version, pname, False, storage_of(t)]
             self.views.setdefault(key[0], []).append(key)
+
+    def wrote(self, t: torch.Tensor) -> None:
+        """``t`` is written in place: a row of another tensor of its storage (``p`` after
+        ``p.data.add_()``, whose version counter is not p's) no longer says what it holds."""
+        key = _storage_key(t)
+        self.writes[key] = self.writes.get(key, 0) + 1
+
+    def _writes(self, t: torch.Tensor) -> int:
+        return self.writes.get(_storage_key(t), 0) if self.writes else 0
 
     def forget(self, t: torch.Tensor) -> None:
         """``t`` was written in place without its version counter moving (an unmarked write,

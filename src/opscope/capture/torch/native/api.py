@@ -21,7 +21,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from opscope.capture.torch.dispatch import args_of
-from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs
+from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs, writes_first
 from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
@@ -85,7 +85,7 @@ class _NativeApiMode(ApiCalls):
     def end(self, token: Any, out: Any) -> None:
         try:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            self.native.api_end(token[0], outputs, token[1].endswith("_"), self.grads)
+            self.native.api_end(token[0], outputs, writes_first(token[1]), self.grads)
         except Exception as exc:
             self._failed(exc)
 

@@ -60,7 +60,7 @@ struct Flow {
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
   int64_t held = -1;  // the tensor's version when its row was made (`version` may be moved on: api_bump)
-  int64_t writes = 0;  // in-place calls seen writing its storage by then (api level: g_writes)
+  int64_t writes = 0;  // in-place calls seen writing its storage by then (g_writes)
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -89,6 +89,7 @@ struct SharedFlow {
   // A weak reference to the counter: its address is not reused while held, and autograd
   // still sees the counter unshared (make_variable would copy a tensor whose counter is shared).
   c10::weak_intrusive_ptr<c10::intrusive_ptr_target> keep;
+  int64_t writes = 0;  // in-place writes seen on its storage by then (g_writes)
 };
 
 struct KeyHash {
@@ -130,6 +131,11 @@ StepMap<Elems, Flow, ElemsHash> geo{&*g_arena};
 StepMap<intptr_t, std::vector<Elems>> views{&*g_arena};  // storage -> geometries registered on it
 StepMap<Elems, SharedFlow, ElemsHash> shared{&*g_arena};
 StepMap<std::tuple<int, int, int>, int64_t, KeyHash> calls{&*g_arena};
+// storage -> in-place calls seen writing it this step (aten level: ops writing an argument; api
+// level: in-place calls). A write through another tensor of the same storage (`p.data.mul_()`,
+// whose version counter is not p's) moves no version counter of `p`: this does, and a row of
+// `p` made before it is no longer taken for `p` (same_tensor, find_flow).
+StepMap<intptr_t, int64_t> g_writes{&*g_arena};
 
 template <typename M>
 void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new map's buckets are inline)
@@ -139,7 +145,7 @@ void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new m
 // The step's maps emptied and the arena reset (its buffer grown when the step took more); under mu.
 // shrink: the buffer given back too (the dump stops).
 void reset_arena(bool shrink = false) {
-  renew(flow), renew(geo), renew(views), renew(shared), renew(calls);
+  renew(flow), renew(geo), renew(views), renew(shared), renew(calls), renew(g_writes);
   g_arena->release();
   if (g_beyond.taken == 0 && !shrink) return;
   size_t size = shrink ? (64 << 10) : g_arena_buffer.size() + g_beyond.taken;
@@ -153,9 +159,6 @@ bool g_tensor_ops = false;                  // full tensors only for the ops ten
 std::unordered_map<int, bool> op_keeps;     // op -> keeps full tensors (with g_tensor_ops)
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
-// api level: storage -> in-place calls seen writing it this step. A write through another tensor
-// of the same storage (`p.data.mul_()`) moves no version counter of `p`: this does.
-std::unordered_map<intptr_t, int64_t> g_writes;
 std::string g_rng;  // "rng" JSON of the random op starting (under mu: set and read within its before_op)
 // full tensors (data="tensor"): wanted this step (until tensor_limit_mb stops them), or only
 // counted by a size probe; bytes the step may store (-1: no limit), stored; where the limit hit
@@ -309,14 +312,15 @@ int64_t writes_to(const at::Tensor& t) {
 }
 
 void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
+  int64_t writes = writes_to(t);
   Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
-         param, c10::Storage(), version, writes_to(t)};
+         param, c10::Storage(), version, writes};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
     auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
     c10::raw::weak_intrusive_ptr::incref(target);
     shared.insert_or_assign(*k, SharedFlow{row, version, param,
-                                           c10::weak_intrusive_ptr<c10::intrusive_ptr_target>::reclaim(target)});
+                                           c10::weak_intrusive_ptr<c10::intrusive_ptr_target>::reclaim(target), writes});
   }
   if (view) {
     auto g = geometry(t);
@@ -331,7 +335,8 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
 // not expired means the TensorImpl at that address is still the one recorded.
 const Flow* same_tensor(const at::Tensor& t, int64_t version) {
   auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it != flow.end() && it->second.ref && !it->second.ref->expired() && it->second.version == version)
+  if (it != flow.end() && it->second.ref && !it->second.ref->expired() && it->second.version == version &&
+      it->second.writes == writes_to(t))
     return &it->second;
   return nullptr;
 }
@@ -340,7 +345,8 @@ const Flow* find_flow(const at::Tensor& t) {
   if (const Flow* f = same_tensor(t, version_of(t))) return f;
   if (auto k = shared_key(t)) {  // a saved tensor of autograd: the same elements and version counter
     auto si = shared.find(*k);
-    if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t)) {
+    if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t) &&
+        si->second.writes == writes_to(t)) {
       static Flow found;  // (under mu)
       found = Flow{std::nullopt, si->second.row, si->second.version, si->second.param, c10::Storage()};
       return &found;

@@ -61,8 +61,8 @@ PyObject* names_list(const std::vector<int>& by_slot) {
 // no faster on the tiny step or the transformer: docs/dump.md, "The tiny step, third round")
 void clear_step() {
   rows.clear(), args_bin.clear(), seq_owner.clear();
-  reset_arena();  // flow, geo, views, shared, calls
-  views_json.clear(), shard_names.clear(), g_writes.clear();
+  reset_arena();  // flow, geo, views, shared, calls, g_writes
+  views_json.clear(), shard_names.clear();
   drop_shard();  // a step left unfinished (capture stopped): its tensors go
   g_seq = 0;
 }

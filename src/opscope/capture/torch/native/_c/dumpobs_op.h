@@ -89,11 +89,24 @@ void forget_flow(const c10::IValue& a) {
   if (auto key = shared_key(t)) shared.erase(*key);
 }
 
+// The op wrote its written arguments: counted per storage (g_writes), before their output rows.
+void count_writes(const Thread& T, const OpKind& k) {
+  for (int pos : k.written) {
+    if (pos >= static_cast<int>(T.args.size())) continue;
+    const auto& a = T.args[pos];
+    if (a.isTensor() && a.toTensor().defined()) ++g_writes[storage_of(a.toTensor())];
+    else if (a.isTensorList())
+      for (const at::Tensor& x : a.toTensorList()) ++g_writes[storage_of(x)];
+  }
+}
+
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  if (!k.written.empty())  // (views on them were forgotten at the op's start)
+  if (!k.written.empty()) {  // (views on them were forgotten at the op's start)
+    count_writes(T, k);
     for (int pos : schema_of(k).unmarked)
       if (pos < static_cast<int>(T.args.size())) forget_flow(T.args[pos]);
+  }
   Pending& pending = kept(t_pending);  // this thread's, reached once
   if (!pending.valid) return;
   pending.valid = false;

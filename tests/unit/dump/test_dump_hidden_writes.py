@@ -1,0 +1,88 @@
+"""Writes that move no version counter of the tensor read next: a dump that links a tensor to
+the row that last measured it (same object, same version) must not report, after such a write,
+the statistics it held before (both captures, the aten and the API level). Batch norm writes its
+running statistics in place without the schema saying so; ``p.data.add_()`` writes ``p``'s
+memory through a tensor whose version counter is another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import opscope
+
+
+def _update(bn: torch.nn.BatchNorm1d, x: torch.Tensor, how: str) -> None:
+    if how == "module":  # native_batch_norm, through the module
+        bn(x)
+    else:  # the kernel batch norm's CUDA path and SyncBatchNorm use
+        torch.ops.aten.batch_norm_update_stats(x, bn.running_mean, bn.running_var, 0.5)
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+@pytest.mark.parametrize(("level", "how"), [("aten", "module"), ("aten", "update_stats"), ("api", "module")])
+def test_running_statistics_read_after_an_unmarked_write_are_measured_anew(tmp_path, monkeypatch, backend, level,
+                                                                           how):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm1d(4)
+    x = torch.randn(8, 4) * 3 + 5
+    with opscope.dump(tmp_path / "d", level=level) as d:
+        before = bn.running_mean.mean().item()
+        bn.running_mean * 1
+        _update(bn, x, how)
+        version_moved = bn.running_mean._version
+        after = bn.running_mean.mean().item()
+        bn.running_mean * 1
+        d.step()
+    assert after != pytest.approx(before)  # the kernel did write it
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    mul = "aten.mul.Tensor" if level == "aten" else "Tensor.mul"
+    reads = df[(df.op == mul) & (df.slot == 0) & df.io.isin(["input", "param"])].sort_values("seq")
+    assert reads["mean"].tolist() == pytest.approx([before, after], abs=1e-6), (version_moved, reads.to_string())
+    if level == "aten":  # the writing op's outputs end with what it wrote, which the read links to
+        op = "aten.native_batch_norm.default" if how == "module" else "aten.batch_norm_update_stats.default"
+        outs = df[(df.op == op) & (df.io == "output")].sort_values("slot")
+        wrote = outs.iloc[-2]  # running_mean, then running_var
+        assert wrote["mean"] == pytest.approx(after, abs=1e-6)
+        assert how != "module" or wrote["param"] == "running_mean"  # (a buffer of a module called)
+        assert reads.iloc[1]["producer"] == wrote["id"]
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+@pytest.mark.parametrize("level", ["aten", "api"])
+def test_a_tensor_written_through_data_is_measured_anew(tmp_path, monkeypatch, backend, level):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    p = torch.nn.Parameter(torch.zeros(4))
+    with opscope.dump(tmp_path / "d", level=level) as d:
+        p * 1
+        p.data.add_(1)  # p's version does not move
+        p * 1
+        with torch.no_grad():
+            p.detach().mul_(3)  # (detach shares p's version counter: this one moves it)
+        p * 1
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    mul = "aten.mul.Tensor" if level == "aten" else "Tensor.mul"
+    reads = df[(df.op == mul) & (df.slot == 0) & df.io.isin(["input", "param"])].sort_values("seq")
+    assert reads["mean"].tolist() == [0.0, 1.0, 3.0], reads.to_string()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_api_operators_are_in_place_only_when_they_write(tmp_path, monkeypatch, backend):
+    """``Tensor.__getitem__`` ends in ``_`` but writes nothing: its output links to its next
+    use; ``Tensor.__setitem__`` writes the tensor, whose next use is measured anew."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    x = torch.ones(4)
+    with opscope.dump(tmp_path / "d", level="api") as d:
+        y = x + 1
+        z = y[1:]
+        z * 2
+        y[0] = 5
+        y * 1
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    sliced = df[(df.op == "Tensor.__getitem__") & (df.io == "output")].iloc[0]
+    reads = df[(df.op == "Tensor.mul") & (df.io == "input") & (df.slot == 0)].sort_values("seq")
+    assert reads["producer"].iloc[0] == sliced["id"] and reads["mean"].iloc[0] == 2.0
+    assert reads["mean"].iloc[1] == 2.75 and reads["producer"].isna().iloc[1]
