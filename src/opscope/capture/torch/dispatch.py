@@ -123,14 +123,13 @@ class DumpDispatchMode(TorchDispatchMode):
         try:
             info = op_info(func)
             call = self._record_inputs(info, args, kwargs)  # before an in-place op changes them
-            written = self._before_write(info, args, kwargs)
+            written, unmarked = self._before_write(info, args, kwargs)
         except OpscopeError:
             raise
         except Exception as exc:  # opscope's own failure must never stop the user's op
             s.internal_error(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else []
         for t in unmarked:  # written without a version bump: their rows no longer say what they hold
             s.recorder.forget(t)
         if call is not None:
@@ -142,19 +141,20 @@ class DumpDispatchMode(TorchDispatchMode):
                 s.internal_error(exc)
         return out
 
-    def _before_write(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _before_write(self, info: OpInfo, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Tensors the op writes in place, once no pending statistic reads them any more
-        (their input rows, just taken, included)."""
-        written = written_tensors(info, args, kwargs) if info.written else ()
+        (their input rows, just taken, included): those its schema marks, and the others."""
+        written = written_tensors(info, args, kwargs) if info.written else []
         recorder = self.session.recorder
-        unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else ()
+        unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else []
         for t in (*written, *unmarked):
             recorder.wrote(t)
             if recorder.worker is not None:
                 recorder.worker.before_write(t)
             if recorder.views:
                 recorder.invalidate(t)
-        return written
+        return written, unmarked
 
     def _record_inputs(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         s = self.session

@@ -286,7 +286,7 @@ class Recorder:
 
     def forget(self, t: torch.Tensor) -> None:
         """``t`` was written in place without its version counter moving (an unmarked write,
-        op_kinds.UNMARKED_WRITES): its next use is measured anew."""
+        dispatch.UNMARKED_WRITES): its next use is measured anew."""
         self.flow.pop(id(t), None)
         if self.views:
             self.invalidate(t)
