@@ -24,7 +24,7 @@ import time
 
 _NATIVE = r"_opscope_dump"
 GROUPS = [  # (name, dso pattern, symbol pattern): the first match wins
-    ("statistics kernel (one read of each new tensor)", _NATIVE, r"hash_|stats_|float_fused|^run$|^s_"),
+    ("statistics kernel (one read of each new tensor)", _NATIVE, r"hash_|stats_|_fused|_loop|^run$|^s_"),
     ("observer callbacks, op kinds", _NATIVE, r"on_start|on_end|kind_of|engine_record|tracing|own"),
     ("argument walks, JSON of non-tensor arguments", _NATIVE + r"|libc",
      r"args_of|json|flatten|dtype_name|printf|strlen"),
