@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opscope.errors import ReplayError
+from opscope.model.calls import in_place
 
 _MATH = """
 abs absolute acos acosh add addbmm addcdiv addcmul addmm addmv addr all allclose amax amin any argmax argmin
@@ -87,15 +88,6 @@ def split_name(name: str) -> tuple[str, str] | None:
     return None
 
 
-_IN_PLACE_OPERATORS = frozenset(f"__i{op}__" for op in "add sub mul truediv div floordiv mod pow matmul and or xor "
-                                                         "lshift rshift".split()) | {"__setitem__"}
-
-
-def in_place(func: str) -> bool:
-    """``add_``, ``__iadd__``, ``__setitem__``: the call writes the tensor it reads first."""
-    if func.startswith("__") and func.endswith("__"):
-        return func in _IN_PLACE_OPERATORS
-    return func.endswith("_")
 
 
 def why_not(name: str) -> str | None:

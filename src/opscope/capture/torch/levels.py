@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import tensors_of
-from opscope.replay.api_names import in_place
+from opscope.model.calls import in_place
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from opscope.errors import DumpFormatError
+from opscope.model.calls import in_place
 from opscope.storage.peers.msprobe_names import api_name, dtype_name, mindspore_name, parse_entry, parse_module
 
 Row = dict[str, Any]
@@ -280,10 +281,7 @@ class _Builder:
 
 def _writes_input(op: str) -> bool:
     """An in-place call: it writes the tensor it reads first (``add_``, ``x[i] = v``, ``x **= 2``)."""
-    name = op.rsplit(".", 1)[-1]
-    if name.startswith("__") and name.endswith("__"):
-        return name == "__setitem__" or (name.startswith("__i") and name not in ("__invert__", "__index__"))
-    return name.endswith("_")
+    return in_place(op.rsplit(".", 1)[-1])
 
 
 def _floating(row: Row) -> bool:
