@@ -38,6 +38,14 @@ def storage_of(t: torch.Tensor) -> Any:
         return None
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """The address of a tensor's storage (-1 for one without: sparse, a wrapper subclass)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return -1
+
+
 def geometry(t: torch.Tensor) -> tuple[Any, ...]:
     """Identity of a tensor's elements: storage, offset, shape, strides, dtype."""
     try:

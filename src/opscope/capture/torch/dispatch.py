@@ -130,8 +130,6 @@ class DumpDispatchMode(TorchDispatchMode):
             s.internal_error(exc)
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        for t in unmarked:  # written without a version bump: their rows no longer say what they hold
-            s.recorder.forget(t)
         if call is not None:
             try:
                 self._record_outputs(info, call, out, written, unmarked)
@@ -149,11 +147,7 @@ class DumpDispatchMode(TorchDispatchMode):
         recorder = self.session.recorder
         unmarked = written_tensors(info, args, kwargs, info.unmarked) if info.unmarked else []
         for t in (*written, *unmarked):
-            recorder.wrote(t)
-            if recorder.worker is not None:
-                recorder.worker.before_write(t)
-            if recorder.views:
-                recorder.invalidate(t)
+            recorder.before_write(t)
         return written, unmarked
 
     def _record_inputs(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

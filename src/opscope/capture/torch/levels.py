@@ -157,7 +157,7 @@ def writes_first(name: str) -> bool:
 
 # API calls that write inputs in place without torch moving their version counters (batch
 # norm's running statistics in training; dispatch.UNMARKED_WRITES at the aten level): name ->
-# (position, keyword) of each. After such a call their next use is measured anew.
+# (position, keyword) of each. Their writes are counted as an in-place call's are.
 API_UNMARKED_WRITES = {
     "torch.nn.functional.batch_norm": ((1, "running_mean"), (2, "running_var")),
     "torch.nn.functional.instance_norm": ((1, "running_mean"), (2, "running_var")),
@@ -196,14 +196,11 @@ class ApiCalls(TorchFunctionMode):
         if name is None or not s.capturing:
             return func(*args, **kwargs)
         token = self.begin(name, s.modules.path, s.phase, args, kwargs)
-        written = unmarked_writes(name, args, kwargs) if name in API_UNMARKED_WRITES else None
-        if written:
-            self.forget(written, before=True)
+        if name in API_UNMARKED_WRITES:  # (after begin took their input rows)
+            self.write_unmarked(unmarked_writes(name, args, kwargs))
         out = func(*args, **kwargs)
         if token is not None:
             self.end(token, out)
-        if written:
-            self.forget(written, before=False)
         return out
 
     def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -214,9 +211,9 @@ class ApiCalls(TorchFunctionMode):
         """The call that :meth:`begin` returned ``token`` for returned ``out``."""
         raise NotImplementedError
 
-    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
-        """A call writes these tensors without moving their version counters (API_UNMARKED_WRITES):
-        called ``before`` it runs (statistics still to be taken of them are taken) and after."""
+    def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
+        """The call about to run writes these tensors without moving their version counters
+        (API_UNMARKED_WRITES): the write is counted as an in-place call's."""
         raise NotImplementedError
 
 
@@ -238,18 +235,12 @@ class _ApiMode(ApiCalls):
                                             source=s.source() if s.cfg.source else None)
         if writes_first(name) or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
-                s.recorder.wrote(t)
-                if s.recorder.worker is not None:
-                    s.recorder.worker.before_write(t)
-                s.recorder.invalidate(t)
+                s.recorder.before_write(t)
         return None if call is None else (call, name, module)
 
-    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
-        recorder = self.session.recorder
+    def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
         for _, _, t in items:
-            if before and recorder.worker is not None:
-                recorder.worker.before_write(t)
-            recorder.forget(t)
+            self.session.recorder.before_write(t)
 
     def end(self, token: Any, out: Any) -> None:
         call, name, module = token

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from opscope.capture.torch.dataflow import annotate, geometry, storage_of, view_geometry
+from opscope.capture.torch.dataflow import annotate, geometry, storage_key, storage_of, view_geometry
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
@@ -41,13 +41,6 @@ def dtype_name_cached(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
     return name
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    try:
-        return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # no storage (sparse, a wrapper subclass)
-        return -1
 
 
 def version_of(t: torch.Tensor) -> int:
@@ -99,7 +92,7 @@ class Recorder:
         self.device_jobs: list[tuple[list[Any], Any]] = []
         self.flow: dict[Any, list[Any]] = {}
         self.views: dict[int, list[tuple[Any, ...]]] = {}
-        self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step (wrote)
+        self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step (before_write)
         self.calls: dict[tuple[str, str, str], int] = {}
         self.seq = 0
 
@@ -275,21 +268,20 @@ class Recorder:
             self.flow[key] = [None, row, version, pname, False, storage_of(t)]
             self.views.setdefault(key[0], []).append(key)
 
-    def wrote(self, t: torch.Tensor) -> None:
-        """``t`` is written in place: a row of another tensor of its storage (``p`` after
-        ``p.data.add_()``, whose version counter is not p's) no longer says what it holds."""
-        key = _storage_key(t)
+    def before_write(self, t: torch.Tensor) -> None:
+        """``t`` is about to be written in place: the statistics still to be taken of its storage
+        are taken, views registered on it forgotten, and the write counted, so that no row made
+        before it is taken for a tensor of that storage again, also one whose version counter
+        does not move (``p`` after ``p.data.add_()``, batch norm's running statistics)."""
+        key = storage_key(t)
         self.writes[key] = self.writes.get(key, 0) + 1
-
-    def _writes(self, t: torch.Tensor) -> int:
-        return self.writes.get(_storage_key(t), 0) if self.writes else 0
-
-    def forget(self, t: torch.Tensor) -> None:
-        """``t`` was written in place without its version counter moving (an unmarked write,
-        dispatch.UNMARKED_WRITES): its next use is measured anew."""
-        self.flow.pop(id(t), None)
+        if self.worker is not None:
+            self.worker.before_write(t)
         if self.views:
             self.invalidate(t)
+
+    def _writes(self, t: torch.Tensor) -> int:
+        return self.writes.get(storage_key(t), 0) if self.writes else 0
 
     def invalidate(self, t: torch.Tensor) -> None:
         """``t`` is about to be written in place: forget views registered on its storage."""

@@ -89,9 +89,9 @@ class _NativeApiMode(ApiCalls):
         except Exception as exc:
             self._failed(exc)
 
-    def forget(self, items: list[tuple[int, None, torch.Tensor]], before: bool) -> None:
-        try:  # (before: statistics still to be taken of them are taken first)
-            self.native.api_forget(items)
+    def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
+        try:
+            self.native.api_write(items)
         except Exception as exc:
             self._failed(exc)
 

@@ -138,13 +138,14 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
-// api_forget(tensors): an API call wrote them in place without moving their version counters
-// (F.batch_norm's running statistics: levels.API_UNMARKED_WRITES); their next use is measured.
-PyObject* py_api_forget(PyObject*, PyObject* a) {
+// api_write(tensors): an API call is about to write them in place without moving their version
+// counters (F.batch_norm's running statistics: levels.API_UNMARKED_WRITES): counted as an
+// in-place call's write (g_writes), their views forgotten.
+PyObject* py_api_write(PyObject*, PyObject* a) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   bool ok = each_call_item(a, [&](int, int, const at::Tensor& t) {
     forget_views(t);
-    forget_flow(c10::IValue(t));
+    ++g_writes[storage_of(t)];
   });
   if (!ok) return nullptr;
   Py_RETURN_NONE;

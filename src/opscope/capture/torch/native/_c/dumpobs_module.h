@@ -234,7 +234,7 @@ PyMethodDef methods[] = {
     {"set_leaves", py_set_leaves, METH_O, "set_leaves(types): the types record_module's walk skips"},
     {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args) -> token: an API call starts"},
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
-    {"api_forget", py_api_forget, METH_O, "api_forget(items): tensors an API call wrote without a version bump"},
+    {"api_write", py_api_write, METH_O, "api_write(items): tensors an API call writes without a version bump"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
     {"set_async", py_set_async, METH_O, "set_async(on): statistics measured by the worker thread (opt-in)"},

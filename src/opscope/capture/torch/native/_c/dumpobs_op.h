@@ -80,16 +80,9 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   pending = Pending{true, h, first, base};
 }
 
-// A tensor written in place without its version counter moving (an argument the schema does not
-// mark written: batch norm's running statistics): no later use may take the row of what it held.
-void forget_flow(const c10::IValue& a) {
-  if (!a.isTensor() || !a.toTensor().defined()) return;
-  const at::Tensor& t = a.toTensor();
-  flow.erase(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (auto key = shared_key(t)) shared.erase(*key);
-}
-
-// The op wrote its written arguments: counted per storage (g_writes), before their output rows.
+// The op wrote its written arguments: counted per storage (g_writes), before their output rows, so
+// that no row made before is taken for a tensor of that storage again, also where no version
+// counter moved (an argument the schema does not mark written: batch norm's running statistics).
 void count_writes(const Thread& T, const OpKind& k) {
   for (int pos : k.written) {
     if (pos >= static_cast<int>(T.args.size())) continue;
@@ -102,11 +95,7 @@ void count_writes(const Thread& T, const OpKind& k) {
 
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  if (!k.written.empty()) {  // (views on them were forgotten at the op's start)
-    count_writes(T, k);
-    for (int pos : schema_of(k).unmarked)
-      if (pos < static_cast<int>(T.args.size())) forget_flow(T.args[pos]);
-  }
+  if (!k.written.empty()) count_writes(T, k);  // (views on them were forgotten at the op's start)
   Pending& pending = kept(t_pending);  // this thread's, reached once
   if (!pending.valid) return;
   pending.valid = false;
@@ -149,11 +138,12 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   }
   g_share = g_copies = false;
   held.clear();
-  // what it wrote unmarked (batch norm's running statistics, forgotten above) follows its outputs,
-  // as on the Python path: their next use links to these rows (their version did not move)
+  // what it wrote unmarked (batch norm's running statistics) follows its outputs, as on the Python
+  // path: their next use links to these rows (their version did not move)
   int slot = static_cast<int>(outs.size());
   outs.clear();
-  for (int pos : k.unmarked) {
+  if (k.written.empty()) return;
+  for (int pos : schema_of(k).unmarked) {
     const auto& a = pos < static_cast<int>(T.args.size()) ? T.args[pos] : c10::IValue();
     if (a.isTensor() && a.toTensor().defined()) output_row(h, slot++, a.toTensor(), -1, false, nullptr);
   }
