@@ -276,6 +276,12 @@ def test_slow_input_pipeline_is_data_wait(runs) -> None:
         assert wait > 8e6, (name, wait)
         assert wait > 10 * median([r["data_wait_ns"] for r in steady(root / "base")]), name
         assert wait > 3 * median([r["forward_ns"] + r["backward_ns"] + r["optimizer_ns"] for r in rows]), name
+    # tf.data's work is the data phase's wherever it ran beside the step: its iterator's, and its
+    # map function's (the sleeping PyFunc, on tf.data's thread pool, when it ran in a traced step).
+    ops = pq.read_table(root / "slowdata" / "rank0" / "ops.parquet").to_pylist()
+    pipeline = [o for o in ops if o["name"].startswith("Iterator::") or "PyFunc" in o["name"]]
+    assert any(o["name"].startswith("Iterator::Root::Prefetch::") for o in pipeline), ops
+    assert all(o["phase"] == "data_wait" for o in pipeline), pipeline
 
 
 def test_slow_custom_gradient_is_backward_and_named_in_the_ops_table(runs) -> None:
@@ -289,6 +295,7 @@ def test_slow_custom_gradient_is_backward_and_named_in_the_ops_table(runs) -> No
     ops = [o for o in pq.read_table(root / "slowbwd" / "rank0" / "ops.parquet").to_pylist() if o["phase"] == "backward"]
     top = max(ops, key=lambda o: o["self_us"])
     assert "MatMul" in top["name"], top  # the custom gradient's matmuls
+    assert not [o for o in ops if o["name"].startswith("Iterator::")]  # tf.data's prefetch is not backward
 
 
 def test_eager_fit_is_timed_by_host_marks(runs) -> None:

@@ -204,13 +204,15 @@ class Calibration:
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _timed(self, part: Any) -> float:
-        wait = self.sched.read() if self.sched is not None else 0
+        # The wait is read inside the timed window: a wait counted between the two reads ended
+        # within it, so it never exceeds the window (read outside, a preemption just before the
+        # first read or after the clock stopped was taken off time that did not hold it: rounds
+        # of 0 or less under load).
         start = time.perf_counter_ns()
+        wait = self.sched.read() if self.sched is not None else 0
         part()
-        elapsed = time.perf_counter_ns() - start
-        if self.sched is not None:
-            elapsed -= self.sched.read() - wait
-        return round(elapsed / 1e6, 4)
+        waited = self.sched.read() - wait if self.sched is not None else 0
+        return round((time.perf_counter_ns() - start - waited) / 1e6, 4)
 
     def to_json(self) -> dict[str, Any]:
         """The ``calibration`` block of a rank's ``summary.json``."""

@@ -51,6 +51,10 @@ WRAPPERS = frozenset(
         "EagerLocalExecute",
     }
 )
+# tf.data's threads (its iterator's consumer and producer, its map functions' thread pool): their
+# work feeds the step's input however much of the step it overlaps, so it is the data phase's
+# (a slow input pipeline's ops are named under data_wait, never under backward).
+INPUT_THREADS = ("tf_data_",)
 _CALL_PREFIX = re.compile(r"^.*?(?:^|/)(?:Stateful)?PartitionedCall(?:_\d+)?/(?!.*PartitionedCall(?:_\d+)?/)")
 LOGDIR = ".tf_profiler"  # inside the rank folder while a step is traced; removed after
 
@@ -158,6 +162,7 @@ class TFTaskTrace:
         cuts = [w[2] for w in windows[:-1]]
         for plane, line, items in _lines(space, offset):
             tid = self._tid(plane.name, line)
+            feeds = line.name.startswith(INPUT_THREADS)
             self_times(items)
             for start, end, name, child in items:
                 record = span(name, self.rank, tid, (start - self.origin_ns) / 1000, (end - start) / 1000)
@@ -167,7 +172,8 @@ class TFTaskTrace:
                     continue
                 middle = (start + end) // 2
                 step, _, _, phases = windows[bisect.bisect_left(cuts, middle)]
-                acc = totals.setdefault((step, phase_at(middle, phases), name), [0, 0.0, 0.0])
+                phase = "data_wait" if feeds else phase_at(middle, phases)
+                acc = totals.setdefault((step, phase, name), [0, 0.0, 0.0])
                 acc[0] += 1
                 acc[1] += (end - start) / 1000.0
                 acc[2] += max(0, end - start - child) / 1000.0
