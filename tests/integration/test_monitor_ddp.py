@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 import torch
@@ -50,7 +51,20 @@ def _train(rank: int, world: int, port: int, path: str, monitored: bool) -> None
                 m.step(loss=loss)
         torch.save(model.state_dict(), f"{path}.{rank}.{int(monitored)}.pt")
     finally:
+        gloo_settle()
         dist.destroy_process_group()
+
+
+def gloo_settle() -> None:
+    """Let gloo's threads free their last works before the process group goes (torch 2.13).
+
+    A gloo work started in backward (DDP's all-reduce) keeps backward's thread-local state,
+    which holds a Python object (the contextvars context that ``_engine_run_backward`` stashes);
+    the gloo thread that frees it needs the GIL. ``~ProcessGroupGloo`` joins that thread while
+    the main thread holds the GIL: when the work is still being freed then, the rank never
+    exits (1 teardown in ~18 on this 2-CPU machine under load). A sleep releases the GIL.
+    """
+    time.sleep(0.2)
 
 
 @pytest.mark.skipif(not dist.is_available(), reason="torch without distributed support")
@@ -61,8 +75,14 @@ def test_a_fault_in_one_ranks_backward_is_named_as_that_ranks_before_the_all_red
     from opscope.monitor import series
     series._warm_pyarrow()  # the writer's first conversion imports pandas: once here too
     for monitored in (True, False):
-        mp.start_processes(_train, args=(2, _free_port(), str(tmp_path / "m"), monitored), nprocs=2,
-                           start_method="fork")
+        ranks = mp.start_processes(_train, args=(2, _free_port(), str(tmp_path / "m"), monitored), nprocs=2,
+                                   start_method="fork", join=False)
+        deadline = time.monotonic() + 240
+        while not ranks.join(timeout=1):  # (raises when a rank failed)
+            if time.monotonic() > deadline:
+                for proc in ranks.processes:
+                    proc.kill()
+                pytest.fail(f"the ranks (monitored={monitored}) did not end within 240 s")
     for rank in (0, 1):  # the hook reduces as DDP does: the same weights, bit for bit
         with_monitor, without = (torch.load(tmp_path / f"m.{rank}.{on}.pt", weights_only=True) for on in (1, 0))
         assert all(torch.equal(with_monitor[k], without[k]) for k in without)
