@@ -32,7 +32,7 @@ from typing import Any
 
 from opscope.profile.breakdown import breakdown
 
-VERSION = 1
+VERSION = 2  # 2: the run-queue wait read inside each round's timed window (Calibration._timed)
 ROUNDS = 9
 PY_LOOP = 20_000
 MM_SIZE, MM_REPEAT = 48, 40
