@@ -14,13 +14,15 @@ verdict, the pairs table and the reports are those of a local run. A task whose 
 is run again by the scheduler (up to Dask's ``distributed.scheduler.allowed-failures``, 3 by
 default); one that raises is retried :data:`RETRIES` times. A batch that still fails is not
 dropped: each of its pairs falls back to statistics and its shards are named in the problems,
-as for a shard the local run cannot read.
+as for a shard the local run cannot read. A cluster left without workers for
+:data:`WORKER_WAIT_S` while tasks wait is an error (Dask would keep them waiting for good).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Union
@@ -37,6 +39,7 @@ BATCHES_PER_THREAD = 4  # several batches per worker thread: balance, and little
 TASK_BYTES = 256 << 20  # a task reads about this much at most (more when that makes over MAX_TASKS)
 MAX_TASKS = 1024
 WORKER_WAIT_S = 30.0  # how long a scheduler without workers is given to get one
+POLL_S = 2.0  # while tasks wait, how often the scheduler is asked for its workers
 INSTALL = "pip install 'opscope[dask]'"
 
 Scheduler = Union[str, "os.PathLike[str]", "Client"]
@@ -165,16 +168,64 @@ def _gather(client: Client, target: str, reference: str, batches: list[list[meas
                       retries=RETRIES, pure=False): batch
         for i, batch in enumerate(batches)}
     results: list[measure.Outcome] = []
+    finished = as_completed(futures, loop=client.loop)
+    alone = _Alone(client, len(futures))
+    left = len(futures)
     try:
-        for future in as_completed(futures, loop=client.loop):
-            batch = futures[future]
-            results += _outcomes(future, batch, client)
-            done += sum(job.nbytes for job in batch)
-            if progress:
-                progress(done, total)
+        while left:
+            ready = finished.next_batch(block=False)
+            if not ready:
+                with finished.thread_condition:  # notified as tasks finish
+                    finished.thread_condition.wait(timeout=0.1)
+                alone.check(left)
+            for future in ready:
+                batch = futures[future]
+                results += _outcomes(future, batch, client)
+                left -= 1
+                done += sum(job.nbytes for job in batch)
+                if progress:
+                    progress(done, total)
     finally:
         client.cancel(list(futures))  # releases them on the cluster (and stops them on an error here)
     return results
+
+
+class _Alone:
+    """While tasks wait: a cluster left without any worker for :data:`WORKER_WAIT_S` is an
+    error. Dask keeps such tasks waiting for a worker for good (one started without a nanny,
+    or a batch job's, is not brought back when it dies or leaves), and the compare would wait
+    with them."""
+
+    def __init__(self, client: Client, tasks: int) -> None:
+        self.client, self.tasks = client, tasks
+        self.checked = time.monotonic()
+        self.since: float | None = None
+
+    def check(self, left: int) -> None:
+        """Ask the scheduler for its workers (once per :data:`POLL_S`); raise when there have
+        been none for :data:`WORKER_WAIT_S`.
+
+        Raises:
+            ClusterError: no worker for that long.
+        """
+        now = time.monotonic()
+        if now - self.checked < POLL_S:
+            return
+        self.checked = now
+        try:
+            workers = self.client.nthreads()
+        except (OSError, TimeoutError):  # the scheduler is gone: its tasks are cancelled (_outcomes says so)
+            return
+        if workers:
+            self.since = None
+            return
+        self.since = now if self.since is None else self.since
+        if now - self.since >= WORKER_WAIT_S:
+            where = address(self.client)
+            raise ClusterError(f"the Dask cluster at {where} has had no workers for {WORKER_WAIT_S:.0f} s with "
+                               f"{left} of {self.tasks} measuring tasks still to run: its workers died or left and "
+                               f"none came back (a worker started without a nanny is not restarted); start "
+                               f"`dask worker {where}` on each node and run the compare again")
 
 
 def _outcomes(future: Future, batch: list[measure.Job], client: Client) -> list[measure.Outcome]:

@@ -131,6 +131,41 @@ def test_a_worker_killed_mid_compare_loses_nothing(dumps, cluster, tmp_path):
     assert killed not in set(cluster.run(os.getpid).values())
 
 
+def test_a_cluster_whose_last_worker_died_is_an_error_not_a_wait(dumps, tmp_path, monkeypatch):
+    """A worker without a nanny (`dask worker --no-nanny`, a batch job's) is not brought back:
+    killed at its first task, it leaves Dask's tasks waiting for a worker for good. The compare
+    says so after WORKER_WAIT_S instead of waiting with them."""
+    import time
+
+    from opscope.compare import distributed as remote
+
+    monkeypatch.setattr(remote, "WORKER_WAIT_S", 1.0)
+    monkeypatch.setattr(remote, "POLL_S", 0.2)
+    dask_cli = Path(sys.executable).with_name("dask")
+    with (LocalCluster(n_workers=0, processes=True, dashboard_address=":0", local_directory=str(tmp_path)) as local,
+          Client(local, set_as_default=False) as client):
+        worker = subprocess.Popen([str(dask_cli), "worker", local.scheduler_address, "--no-nanny", "--nthreads", "1",
+                                   "--no-dashboard", "--local-directory", str(tmp_path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, sys.path))})
+        try:  # (the test's path: the worker unpickles KillOnce)
+            client.wait_for_workers(1, timeout=120)
+            client.register_plugin(KillOnce(str(tmp_path / "killed")))
+            start = time.monotonic()
+            with pytest.raises(ClusterError) as info:
+                compare(*dumps, scheduler=client)
+            waited = time.monotonic() - start
+            assert worker.wait(timeout=60) == -signal.SIGKILL  # it died at its first task, as planned
+        finally:
+            worker.kill()
+            worker.wait(timeout=60)
+    message = str(info.value)
+    assert local.scheduler_address in message and "no workers for 1 s" in message, message
+    left, tasks = map(int, re.search(r"with (\d+) of (\d+) measuring tasks", message).groups())
+    assert 0 < left <= tasks and "dask worker" in message
+    assert waited < 60  # the 1 s given, a poll and the kill, not Dask's wait for good
+
+
 def test_a_shard_no_worker_can_read_is_named(dumps, cluster, tmp_path):
     import shutil
 
