@@ -247,15 +247,24 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")
     notes += [_explained_note(c, any(c is x for x in no_op_moved), ops, split) for c in phases
               if c.explained_by_machine]
+    return ProfileDiff(a.path, b.path, phases, ops, _causes(phases, ops, floor), notes, k, min_change, found)
+
+
+def _causes(phases: list[Change], ops: list[Change], floor: float) -> dict[str, Change]:
+    """Per flagged phase, the op that moved the same way the most. The step's is taken among
+    the ops of the phases that moved with it (when one did): an op beside the step, such as
+    tf.data's producer thread waiting longer for a slower step, grew without being the cause."""
+    flagged = [c for c in phases if c.flagged and c.kind == "phase"]
     causes = {}
-    for change in phases:
-        if change.flagged and change.kind == "phase":
-            same_way = [o for o in ops if (o.phase == change.phase or change.phase == "step")
-                        and o.delta_ms * change.delta_ms > 0]
-            if same_way:  # an op that moved first: one the machine explains is no cause
-                sign = 1 if change.delta_ms > 0 else -1
-                causes[change.name] = max(same_way, key=lambda o: (_moved(o, sign, floor), abs(o.delta_ms)))
-    return ProfileDiff(a.path, b.path, phases, ops, causes, notes, k, min_change, found)
+    for change in flagged:
+        along = {change.phase}
+        if change.phase == "step":
+            along = {c.phase for c in flagged if c.phase != "step" and c.delta_ms * change.delta_ms > 0}
+        same_way = [o for o in ops if (o.phase in along or not along) and o.delta_ms * change.delta_ms > 0]
+        if same_way:  # an op that moved first: one the machine explains is no cause
+            sign = 1 if change.delta_ms > 0 else -1
+            causes[change.name] = max(same_way, key=lambda o: (_moved(o, sign, floor), abs(o.delta_ms)))
+    return causes
 
 
 def _diff_ops(a: Any, b: Any, judge: _Judge) -> list[Change]:
