@@ -62,7 +62,7 @@ def gloo_settle() -> None:
     which holds a Python object (the contextvars context that ``_engine_run_backward`` stashes);
     the gloo thread that frees it needs the GIL. ``~ProcessGroupGloo`` joins that thread while
     the main thread holds the GIL: when the work is still being freed then, the rank never
-    exits (1 teardown in ~18 on this 2-CPU machine under load). A sleep releases the GIL.
+    exits (one teardown in 18 to 44 on this 2-CPU machine under load). A sleep releases the GIL.
     """
     time.sleep(0.2)
 
