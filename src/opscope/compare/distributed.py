@@ -169,15 +169,16 @@ def _gather(client: Client, target: str, reference: str, batches: list[list[meas
         for i, batch in enumerate(batches)}
     results: list[measure.Outcome] = []
     finished = as_completed(futures, loop=client.loop)
-    alone = _Alone(client, len(futures))
-    left = len(futures)
+    left, asked = len(futures), time.monotonic()
     try:
         while left:
             ready = finished.next_batch(block=False)
             if not ready:
                 with finished.thread_condition:  # notified as tasks finish
                     finished.thread_condition.wait(timeout=0.1)
-                alone.check(left)
+                if time.monotonic() - asked >= POLL_S:
+                    _await_workers(client, left, len(futures))
+                    asked = time.monotonic()
             for future in ready:
                 batch = futures[future]
                 results += _outcomes(future, batch, client)
@@ -190,42 +191,28 @@ def _gather(client: Client, target: str, reference: str, batches: list[list[meas
     return results
 
 
-class _Alone:
-    """While tasks wait: a cluster left without any worker for :data:`WORKER_WAIT_S` is an
-    error. Dask keeps such tasks waiting for a worker for good (one started without a nanny,
-    or a batch job's, is not brought back when it dies or leaves), and the compare would wait
-    with them."""
+def _await_workers(client: Client, left: int, tasks: int) -> None:
+    """While tasks wait: when the cluster has no worker, give it :data:`WORKER_WAIT_S` to get
+    one, as at the start (:func:`check_workers`). Dask keeps tasks waiting for a worker for
+    good (one started without a nanny, or a batch job's, is not brought back when it dies or
+    leaves), and the compare would wait with them.
 
-    def __init__(self, client: Client, tasks: int) -> None:
-        self.client, self.tasks = client, tasks
-        self.checked = time.monotonic()
-        self.since: float | None = None
-
-    def check(self, left: int) -> None:
-        """Ask the scheduler for its workers (once per :data:`POLL_S`); raise when there have
-        been none for :data:`WORKER_WAIT_S`.
-
-        Raises:
-            ClusterError: no worker for that long.
-        """
-        now = time.monotonic()
-        if now - self.checked < POLL_S:
+    Raises:
+        ClusterError: no worker came in that time.
+    """
+    try:
+        if client.nthreads():
             return
-        self.checked = now
-        try:
-            workers = self.client.nthreads()
-        except (OSError, TimeoutError):  # the scheduler is gone: its tasks are cancelled (_outcomes says so)
-            return
-        if workers:
-            self.since = None
-            return
-        self.since = now if self.since is None else self.since
-        if now - self.since >= WORKER_WAIT_S:
-            where = address(self.client)
-            raise ClusterError(f"the Dask cluster at {where} has had no workers for {WORKER_WAIT_S:.0f} s with "
-                               f"{left} of {self.tasks} measuring tasks still to run: its workers died or left and "
-                               f"none came back (a worker started without a nanny is not restarted); start "
-                               f"`dask worker {where}` on each node and run the compare again")
+    except (OSError, TimeoutError):  # the scheduler is gone: its tasks are cancelled (_outcomes says so)
+        return
+    try:
+        client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+    except TimeoutError:
+        where = address(client)
+        raise ClusterError(f"the Dask cluster at {where} has had no workers for {WORKER_WAIT_S:.0f} s with "
+                           f"{left} of {tasks} measuring tasks still to run: its workers died or left and "
+                           f"none came back (a worker started without a nanny is not restarted); start "
+                           f"`dask worker {where}` on each node and run the compare again") from None
 
 
 def _outcomes(future: Future, batch: list[measure.Job], client: Client) -> list[measure.Outcome]:
