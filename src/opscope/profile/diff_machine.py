@@ -15,6 +15,10 @@ from opscope.profile.calibration import Speed, compatible, speed
 from opscope.profile.model import StepRow
 from opscope.profile.summary import MS
 
+# Of a phase's own time on A, the share the machine may account for beyond the run-queue wait
+# once the thread waited (it then runs slower too: diff._Judge, diff_ops.op_beyond_machine).
+CONTENTION_SHARE = 0.35
+
 
 @dataclass
 class Wait:
