@@ -68,7 +68,8 @@ class DumpWriter:
         self._steps_seen: set[int] = set()
         self.records = 0
         self.tensor_bytes = 0
-        self.write_seconds = 0.0
+        self.write_seconds = 0.0  # the writer thread's time in writes (files, rank.json), since open
+        self.waited_seconds = 0.0  # the caller's time waiting for room in the queue (the disk behind)
         self._queue: deque[tuple[Any, ...]] = deque()
         self._pending = 0
         self._cond = threading.Condition()
@@ -164,10 +165,13 @@ class DumpWriter:
         round instead of one per item, which a training step of a millisecond would feel."""
         self.check()
         with self._cond:
-            while self._pending and self._pending + nbytes > self.queue_limit and self.error is None:
-                self._urgent = True
-                self._cond.notify_all()
-                self._cond.wait(0.5)
+            if self._pending and self._pending + nbytes > self.queue_limit:
+                start = time.perf_counter()
+                while self._pending and self._pending + nbytes > self.queue_limit and self.error is None:
+                    self._urgent = True
+                    self._cond.notify_all()
+                    self._cond.wait(0.5)
+                self.waited_seconds += time.perf_counter() - start
             self.check()
             self._pending += nbytes
             self._queue.append((*item, nbytes))
@@ -331,7 +335,8 @@ class DumpWriter:
         # one line: rewritten every second while the dump runs, with every step written so far
         fmt.write_json(fmt.rank_dir(self.root, self.rank) / fmt.RANK_STATUS, {
             "rank": self.rank, "status": status, "error": error, "steps": sorted(self.steps),
-            "records": self.records, "tensor_bytes": self.tensor_bytes, "run_id": self.manifest.get("run_id"),
+            "records": self.records, "tensor_bytes": self.tensor_bytes, "waited_s": round(self.waited_seconds, 3),
+            "run_id": self.manifest.get("run_id"),
             "pid": os.getpid(), "updated": _now()}, indent=None)
         # every rank rewrites the manifest; the last one to close lists them all
         self.manifest["status"] = status
