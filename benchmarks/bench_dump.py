@@ -7,8 +7,10 @@ throughput next to the disk's own, measured in the same run). Runs are interleav
 (bare then dump, dump then bare, ...: the order alternates) and the median of each is
 taken, so machine noise affects both sides alike. When mindstudio-probe is installed it is run on the same steps too.
 
-Then: the tensor dump's write speed as a share of a plain sequential write (each round), the
-fixed cost of a dumped tiny step (~0.5 ms, ~100 op calls: dumped minus bare per step, step by
+Then: the tensor dump's write speed as a share of a plain sequential write (each round: the
+writer's bytes over its time in writes, and the whole dump's bytes over the loop's wall time
+with how long the training thread waited for the writer, which says which of the two bound
+it), the fixed cost of a dumped tiny step (~0.5 ms, ~100 op calls: dumped minus bare per step, step by
 step in one process, and from whole loops with the dump's start and stop), and the
 memory the native tensor dump's chunk pool holds between two tensor windows. Each ratio is
 given with its spread (the lowest and highest of the rounds' bare/dumped pairs) and with the
@@ -29,6 +31,7 @@ import statistics
 import tempfile
 import time
 import warnings
+from typing import Any
 
 import dump_pairs  # this script's folder is on sys.path
 import torch
@@ -235,14 +238,25 @@ def _pool_between_windows(root: str) -> None:
 
 
 def _tensor_write_share(root: str, n: int, rounds: int) -> None:
-    shares = []
+    """The writer's write speed (what it wrote over its time in writes) as a share of a plain
+    sequential write in the same round, and the whole dump's rate (its bytes over the loop's
+    wall time) beside it, with the time the training thread waited for room in the writer's
+    queue: when it never waited, that rate is the dumped step's own, not the disk's."""
+    shares, ends, waits = [], [], []
     for _ in range(rounds):
-        size, dt = _tensor_dump_seconds(root, n)
+        size, dt, writer = _tensor_dump_seconds(root, n)
         disk = disk_throughput(root)
-        shares.append(size / dt / disk)
+        speed = writer.tensor_bytes / 2**20 / max(writer.write_seconds, 1e-9)
+        shares.append(speed / disk)
+        ends.append(size / dt / disk)
+        waits.append(writer.waited_seconds)
     print(f"{'transformer':12s} {'full tensors: write speed / plain sequential write (>= 0.8)':58s} "
-          f"{statistics.median(shares):5.2f}  (rounds {min(shares):.2f}..{max(shares):.2f}; "
-          f"last: {size / dt:.0f} MB/s against {disk:.0f} MB/s)")
+          f"{statistics.median(shares):5.2f}  (rounds {min(shares):.2f}..{max(shares):.2f}; last: the writer "
+          f"{speed:.0f} MB/s in its writes against {disk:.0f} MB/s)")
+    bound = ": the rate is the dumped step's own, not the disk's" if max(waits) == 0 else ""
+    print(f"{'transformer':12s}   {'the same, the whole dump (bytes / loop wall time)':56s} "
+          f"{statistics.median(ends):5.2f}  (rounds {min(ends):.2f}..{max(ends):.2f}; last {size / dt:.0f} MB/s; "
+          f"the training thread waited {1e3 * max(waits):.0f} ms at most for the writer in a loop of {n} steps{bound})")
 
 
 def main() -> None:
@@ -284,19 +298,21 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
-def _tensor_dump_seconds(root: str, n: int) -> tuple[float, float]:
-    """MB written by an aten tensor dump of ``n`` transformer steps, and the seconds it took."""
+def _tensor_dump_seconds(root: str, n: int) -> tuple[float, float, Any]:
+    """MB written by an aten tensor dump of ``n`` transformer steps, the seconds it took, and
+    its writer (``tensor_bytes``, ``write_seconds``, ``waited_seconds``)."""
     model, opt, batch = transformer_task()
     path = os.path.join(root, "tput")
     shutil.rmtree(path, ignore_errors=True)
     t0 = time.perf_counter()
     with opscope.dump(path, level="aten", data="tensor") as d:
+        writer = d.writer
         for i in range(n):
             train_step(model, opt, *batch(i))
             d.step()
     dt = time.perf_counter() - t0
     size = sum(os.path.getsize(os.path.join(p, f)) for p, _, fs in os.walk(path) for f in fs) / 2**20
-    return size, dt
+    return size, dt, writer
 
 
 MSPROBE_SCRIPT = """
