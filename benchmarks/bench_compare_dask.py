@@ -71,7 +71,7 @@ def dask_vs_local(target: Path, reference: Path, local: dict, root: Path, repeat
     """
     from distributed import Client, LocalCluster
 
-    with (LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=None,
+    with (LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=":0",
                        local_directory=str(root)) as cluster,
           Client(cluster, set_as_default=False) as client):
         extra = ["--scheduler", cluster.scheduler_address]

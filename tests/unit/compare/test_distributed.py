@@ -30,7 +30,7 @@ def scheduler_file(tmp_path_factory) -> Path:
 def cluster(scheduler_file):
     """Two worker processes of one thread each, started once for this module; the scheduler
     writes its address into ``scheduler_file`` as `dask scheduler --scheduler-file` does."""
-    with (LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=None,
+    with (LocalCluster(processes=True, n_workers=2, threads_per_worker=1, dashboard_address=":0",
                        scheduler_kwargs={"scheduler_file": str(scheduler_file)},
                        local_directory=str(scheduler_file.parent)) as local,
           Client(local, set_as_default=False) as client):
