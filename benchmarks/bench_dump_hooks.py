@@ -1,5 +1,5 @@
 """The CPU time of opscope's module and optimizer hooks per dumped step, with and without the
-native walks of issue 18's fourth round, in one process (docs/dump.md, "Python per module call
+native walks of issue 18's fourth round, in one process (docs/dump-performance.md, "Python per module call
 and per optimizer step").
 
 ``old`` makes ``record_module`` answer None and hides ``NativeRecorder.record_selected``, so the

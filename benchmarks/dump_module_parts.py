@@ -1,7 +1,7 @@
 """Where a module-level statistics dump's extra time goes: the training thread's CPU time per
 dumped step inside each group of hooks (module entry, module exit, optimizer before and after
 its step, the step boundary), the bytes the statistics kernel read, and the whole step's CPU
-against a bare step, in one process (docs/dump.md, "Session 13: the module level").
+against a bare step, in one process (docs/dump-performance.md, "Session 13: the module level").
 
 The step is ``demo.models.train_step``'s, each phase timed (forward with the loss, backward,
 optimizer step with ``zero_grad``, the dump's step boundary). Bare and dumped runs alternate

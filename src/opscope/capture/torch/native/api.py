@@ -12,7 +12,7 @@ compiler, or with ``OPSCOPE_DUMP_BACKEND=python``), checked equal column by colu
 tests. What the Python path spends per call and the native one does not: building each row
 as a Python list, handing every new tensor to the statistics thread and collecting its
 result, and turning the rows into Arrow on the writer thread (which takes the GIL from the
-training thread); see docs/dump.md, "Where the time goes".
+training thread); see docs/dump-performance.md, "Where the time goes".
 """
 
 from __future__ import annotations

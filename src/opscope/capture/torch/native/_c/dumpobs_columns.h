@@ -58,7 +58,7 @@ PyObject* names_list(const std::vector<int>& by_slot) {
 }
 
 // The step's state cleared, its data flow freed here (a thread of its own that freed it measured
-// no faster on the tiny step or the transformer: docs/dump.md, "The tiny step, third round")
+// no faster on the tiny step or the transformer: docs/dump-performance.md, "The tiny step, third round")
 void clear_step() {
   rows.clear(), args_bin.clear(), seq_owner.clear();
   reset_arena();  // flow, geo, views, shared, calls, g_writes
