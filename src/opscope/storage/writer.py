@@ -34,6 +34,7 @@ WAKE_EVERY = 0.25  # seconds between the starts of two rounds of the writer thre
 COMPRESS_ROWS = 1024  # index files of fewer rows are written uncompressed
 BATCH_STEP_ROWS = 4096  # with ``batch``: a step's index of fewer rows is written with the round's other small steps
 BATCH_ROWS = 1 << 16  # rows of one batch file at most
+WAIT_NOTE_S = 1.0  # the dump's notes say how long the caller waited for the disk from this long on
 # step -> (open shard's name, its (key, dtype, shape, buffer) chunks)
 OpenShards = dict[int, tuple[str, list[tuple[str, str, list[int], Any]]]]
 
@@ -153,6 +154,15 @@ class DumpWriter:
         # On a failed disk the status may not be writable; the shards already written stay readable.
         with contextlib.suppress(OSError):
             self._write_status(status, error)
+
+    def wait_note(self) -> str | None:
+        """A sentence for the dump's notes when the caller waited :data:`WAIT_NOTE_S` or more
+        for room in the queue (the disk behind the steps), with what shortens the wait."""
+        if self.waited_seconds <= 0 or self.waited_seconds < WAIT_NOTE_S:
+            return None
+        return (f"the training thread waited {self.waited_seconds:.1f} s for the disk: the writer fell behind "
+                f"the steps (its queue holds {self.queue_limit >> 20} MB of tensors, queue_limit_mb); a faster "
+                "disk for the dump, fewer steps or tensor_ops (only the named ops' tensors) make the wait shorter")
 
     def check(self) -> None:
         """Raise the writer thread's error, if any, on the caller's thread."""

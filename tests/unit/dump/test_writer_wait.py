@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 import opscope
-from opscope.capture.torch import session as session_module
 from opscope.demo.models import mlp_task, train_step
+from opscope.storage import writer as writer_module
 from opscope.storage.writer import DumpWriter
 
 MB = 1 << 20
@@ -47,7 +47,7 @@ def test_a_queue_with_room_is_never_waited_for(tmp_path):
 def test_a_long_wait_is_a_note_of_the_dump(tmp_path, monkeypatch):
     """A tensor dump through a 1 MB queue (every step's tensors exceed it): the notes say how long
     the training thread waited, and what shortens it; a dump that never waited says nothing."""
-    monkeypatch.setattr(session_module, "DISK_WAIT_NOTE_S", 0.0)
+    monkeypatch.setattr(writer_module, "WAIT_NOTE_S", 0.0)
     notes = {}
     for name, limit in (("full", MB), ("roomy", 256 * MB)):
         torch.manual_seed(0)

@@ -129,7 +129,8 @@ class TFDumpSession(TFValues):
             return None
         with self._lock:
             self._flush_step(self.clock.step)
-        for line in self.notes:
+        wait = self.writer.wait_note()  # the disk behind the steps: said, with what shortens it
+        for line in [*self.notes, *([wait] if wait else [])]:
             self.writer.manifest.setdefault("notes", []).append(line)
         failure = error or self.failure
         self.writer.close("crashed" if failure else "complete",

@@ -29,9 +29,6 @@ from opscope.storage.writer import DumpWriter
 if TYPE_CHECKING:
     from opscope.storage.reader import Dump
 
-# the dump's notes say how long the training thread waited for the disk from this long on
-DISK_WAIT_NOTE_S = 1.0
-
 
 def dump(path: str | os.PathLike | None = None, *, config: Any = None, **keys: Any) -> DumpSession:
     """Record what every operator receives and produces, at the chosen steps and ranks.
@@ -256,13 +253,9 @@ class DumpSession:
             self.notes.append(f"the run stopped at step {self.clock.step}; selected steps {missing} were never reached")
 
     def _note_disk_wait(self) -> None:
-        waited = getattr(self.writer, "waited_seconds", 0.0)
-        if waited > 0 and waited >= DISK_WAIT_NOTE_S:
-            queue_mb = getattr(self.writer, "queue_limit", 0) >> 20
-            self.notes.append(
-                f"the training thread waited {waited:.1f} s for the disk: the writer fell behind the steps "
-                f"(its queue holds {queue_mb} MB of tensors, queue_limit_mb); a faster disk for the dump, "
-                "fewer steps or tensor_ops (only the named ops' tensors) make the wait shorter")
+        note = self.writer.wait_note() if isinstance(self.writer, DumpWriter) else None
+        if note is not None:
+            self.notes.append(note)
 
     # -- steps -------------------------------------------------------------------------
     def _enter_step(self, step: int) -> None:
