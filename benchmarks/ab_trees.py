@@ -17,58 +17,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = {"transformer": 20, "mlp": 30, "tiny": 200}
 
 
 def _one(task_name: str, level: str, rounds: int) -> float:
-    """Dumped over bare, the training thread's CPU a step, medians over ``rounds`` alternating runs."""
+    """Dumped over bare, the training thread's CPU a step: ``bench_dump.ratio``'s reading."""
     import torch
-    from bench_dump import TASKS, tiny_task  # this script's folder is on sys.path
-
-    import opscope
-    from opscope.demo.models import train_step
+    from bench_dump import TASKS, ratio, tiny_task  # this script's folder is on sys.path
 
     torch.set_num_threads(1)
-    root = tempfile.mkdtemp(prefix="opscope-ab-")
-
-    def run(dump: bool) -> list[float]:
-        model, opt, batch = (tiny_task if task_name == "tiny" else TASKS[task_name])()
-        path = os.path.join(root, "d")
-        cpu = []
-        with opscope.dump(path, level=level) if dump else _Nothing() as d:
-            for i in range(STEPS[task_name]):
-                c0 = time.thread_time()
-                train_step(model, opt, *batch(i))
-                if dump:
-                    d.step()
-                cpu.append(time.thread_time() - c0)
-        shutil.rmtree(path, ignore_errors=True)
-        return cpu[3:]  # the first steps warm caches and the writer
-
-    run(True), run(False)
-    bare: list[float] = []
-    dumped: list[float] = []
-    for r in range(rounds):
-        for dump in ((False, True) if r % 2 == 0 else (True, False)):
-            (dumped if dump else bare).extend(run(dump))
-    shutil.rmtree(root, ignore_errors=True)
-    return statistics.median(dumped) / statistics.median(bare)
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    task = tiny_task if task_name == "tiny" else TASKS[task_name]
+    with tempfile.TemporaryDirectory(prefix="opscope-ab-") as root:
+        return ratio(task, STEPS[task_name], {"level": level}, root, rounds)[3]
 
 
 def _child(src: str, task: str, level: str, rounds: int) -> float:

@@ -21,11 +21,11 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-import time
 
+import bench_stats_kernel  # this script's folder is on sys.path
 import torch
 
-from opscope.capture.torch.stats import CODES, _fastats
+from opscope.capture.torch.stats import _fastats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROWS = {
@@ -59,16 +59,8 @@ def loops(exe: str, kb: int, repeat: int) -> dict[str, float] | None:
 
 
 def shipped(kb: int, repeat: int) -> float:
-    """GB/s of the shipped kernel (``_fastats.stats``) on ``kb`` KB of float32."""
-    t = torch.randn(kb * 256)
-    runs = []
-    for _ in range(repeat):
-        n, c0 = 0, time.thread_time()
-        while time.thread_time() - c0 < 0.1:
-            _fastats.stats(t.data_ptr(), t.numel(), CODES[torch.float32])
-            n += 1
-        runs.append(n * t.numel() * 4 / (time.thread_time() - c0) / 1e9)
-    return statistics.median(runs)
+    """GB/s of the shipped kernel (``_fastats.stats``) on ``kb`` KB of float32 (bench_stats_kernel's loops)."""
+    return statistics.median(bench_stats_kernel.measure([_fastats], torch.randn(kb * 256), repeat)[0])
 
 
 def main() -> None:
