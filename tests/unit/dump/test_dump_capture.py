@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -69,6 +71,21 @@ def test_c_and_torch_statistics_agree(dtype):
     assert a[6:9] == b[6:9]
     assert np.allclose(a[:6], b[:6], rtol=1e-5)
     assert cpu_stats(x.reshape(-1, 10).t()) == cpu_stats(x.reshape(-1, 10).t().contiguous())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_mask_of_the_lowest_value_has_finite_statistics(dtype):
+    """Attention masks hold torch.finfo(dtype).min (-3.4e38): their squares, and two of them
+    summed, overflow float32. Before, such a mask's norm was inf and its mean -inf, with no Inf
+    element in it; both paths now sum such blocks in float64."""
+    lowest = torch.finfo(dtype).min
+    x = torch.where(torch.ones(64, 64, dtype=torch.bool).triu(1), torch.tensor(lowest, dtype=dtype),
+                    torch.zeros((), dtype=dtype))
+    ones = int(torch.ones(64, 64).triu(1).sum())
+    for s in (cpu_stats(x), materialize_one(device_stats(x))):
+        assert s[7] == 0 and math.isclose(s[4], abs(float(lowest)) * ones**0.5, rel_tol=1e-6)
+        assert math.isclose(s[2], float(lowest) * ones / x.numel(), rel_tol=1e-6)
+        assert math.isfinite(s[3])
 
 
 def test_nan_and_inf_are_counted_and_propagate():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -430,3 +431,23 @@ def test_build_flags_name_torchs_own_folders_without_importing_cpp_extension() -
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_mask_of_the_lowest_value_has_the_same_finite_statistics_natively(tmp_path, monkeypatch, dtype):
+    """Blocks whose float32 sums overflow (an additive mask of finfo.min) are summed in double
+    by the native observer exactly as by the Python module's kernel, on every block size."""
+    rows = {}
+    scores = torch.randn(3, 70, 70, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for backend_name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend_name)
+        with opscope.dump(tmp_path / backend_name, steps="all") as d:
+            mask = torch.full((70, 70), torch.finfo(dtype).min, dtype=dtype).triu(1)
+            (scores + mask).softmax(-1)
+            d.step()
+        df = opscope.load(tmp_path / backend_name).records().to_pandas()
+        rows[backend_name] = df[df.io == "output"].set_index("op")[["norm", "mean", "std", "inf"]]
+    native, python = rows["native"], rows["python"]
+    masked = native.loc[["aten.full.default", "aten.triu.default", "aten.add.Tensor"]]
+    assert np.isfinite(masked[["norm", "mean", "std"]].to_numpy()).all() and (masked["inf"] == 0).all()
+    assert native.equals(python)

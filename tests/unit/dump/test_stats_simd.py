@@ -17,7 +17,7 @@ from opscope.capture.torch import stats
 # around every lane, 64-byte step, block and hash tail; the last: over 512 KB (prefetch)
 SIZES = (0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 4095, 4096, 4097, 4096 + 48 + 5, 10000, 300007)
 PATTERNS = ("randn", "big", "zeros", "nan", "inf", "signed_zeros", "wide", "cancel", "overflow", "nan_mid",
-            "subnormal", "all_nan", "offset")
+            "subnormal", "all_nan", "offset", "mask")
 CASES = textwrap.dedent(f"""
     import json, math, random, torch
     from opscope.capture.torch.native import _fastats
@@ -51,6 +51,8 @@ CASES = textwrap.dedent(f"""
                     t = torch.full((n,), 1e308 if dt == torch.float64 else 3e38, dtype=torch.float64)
                 if n and pattern == "nan_mid":  # one block (stretch) of the middle only
                     t[n // 2] = math.nan
+                if pattern == "mask":  # an attention mask: the dtype's lowest value above the diagonal
+                    t[n // 3:] = torch.finfo(dt).min if dt != torch.float16 else -6e4
                 if pattern == "subnormal":
                     t = t * (1e-310 if dt == torch.float64 else 1e-40)
                 if pattern == "all_nan":

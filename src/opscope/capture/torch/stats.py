@@ -144,9 +144,10 @@ def device_stats(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         return z, torch.zeros(4, dtype=torch.int64, device=t.device), 0
     f = t.double() if t.dtype in (torch.float64, torch.int64, torch.int32) else t.float()
     mn, mx = torch.aminmax(f.reshape(-1))
+    # squares in float64: a float32 square overflows beyond ~1.8e19 (a mask of finfo.min)
     floats = torch.stack([mn.double(), mx.double(), f.sum(dtype=torch.float64),
                           (f.double() * f.double()).sum() if f.dtype == torch.float64
-                          else (f * f).sum(dtype=torch.float64)])
+                          else torch.linalg.vector_norm(f, dtype=torch.float64).square()])
     if t.dtype in FLOATS:
         nan, inf = torch.isnan(f).sum(), torch.isinf(f).sum()
     else:

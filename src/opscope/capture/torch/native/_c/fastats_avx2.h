@@ -22,11 +22,6 @@ AVX2_INLINE __m256 load8(const void *x, Py_ssize_t i, int code) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bfloat16 */
 }
 
-static inline float load1(const void *x, Py_ssize_t i, int code) {
-    if (code == F32) return ((const float *)x)[i];
-    uint16_t h = ((const uint16_t *)x)[i];
-    return code == F16 ? f16_to_f32(h) : bf16_to_f32(h);
-}
 
 /* Eight lanes of hash_mix (fastats_kernel.h). */
 AVX2_INLINE __m256i mix8(__m256i v, __m256i salt) {

@@ -108,6 +108,7 @@ AVX512_INLINE void fl16_add(fl16_t *f, __m512 v) {
  * a running sum for good), then the tail and the lanes in lane order (lanes_finish). */
 AVX512_INLINE void block_end16(const fl16_t *f, uint64_t zeros, const void *xb, Py_ssize_t m16, Py_ssize_t m,
                                int code, acc_t *a) {
+    uint64_t bad = a->nan + a->inf;
     if (_mm512_cmp_ps_mask(_mm512_abs_ps(f->s), _mm512_set1_ps(INFINITY), _CMP_LT_OQ) != 0xffff)
         count_nonfinite(xb, m16, code, a);
     a->zeros += zeros;
@@ -116,7 +117,7 @@ AVX512_INLINE void block_end16(const fl16_t *f, uint64_t zeros, const void *xb, 
     _mm512_storeu_ps(L.q, f->q);
     _mm512_storeu_ps(L.mn, f->mn);
     _mm512_storeu_ps(L.mx, f->mx);
-    lanes_finish(&L, xb, m16, m, code, a);
+    lanes_finish(&L, xb, m16, m, code, a, bad);
 }
 
 AVX512_INLINE void f32_loop16(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2, int fetch) {

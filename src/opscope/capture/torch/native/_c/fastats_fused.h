@@ -82,16 +82,18 @@ static inline double square_d(double v) {
 }
 
 /* The tail of a block (elements m16..m-1) added to lane 0, then the lanes combined into `a`
- * in lane order. */
-static inline void lanes_finish(lanes_t *L, const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a) {
+ * in lane order; `bad` is a's NaN and Inf count before the block: if it grew, the block has
+ * one, else lanes that overflowed are summed again in double (add_lanes). */
+static inline void lanes_finish(lanes_t *L, const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a,
+                                uint64_t bad) {
     for (Py_ssize_t i = m16; i < m; i++) {
-        float v = load1(xb, i, code);
+        float v = load_float(xb, i, code);
         a->nan += v != v; a->inf += fabsf(v) == INFINITY; a->zeros += v == 0.0f;
         L->mn[0] = v < L->mn[0] ? v : L->mn[0]; L->mx[0] = v > L->mx[0] ? v : L->mx[0];
         L->s[0] += v; L->q[0] += square_f(v);
     }
+    add_lanes(a, L->s, L->q, a->nan + a->inf == bad, xb, m, code);
     for (int l = 0; l < LANES; l++) {
-        a->sum += L->s[l]; a->sumsq += L->q[l];
         if (L->mn[l] < a->mn) a->mn = L->mn[l];
         if (L->mx[l] > a->mx) a->mx = L->mx[l];
     }
@@ -100,12 +102,13 @@ static inline void lanes_finish(lanes_t *L, const void *xb, Py_ssize_t m16, Py_s
 /* The end of a block: NaN/Inf counted if its sums say so, then lanes_finish. */
 AVX2_INLINE void block_end(const fl8_t *f0, const fl8_t *f1, int first1, int stride, uint64_t zeros,
                            const void *xb, Py_ssize_t m16, Py_ssize_t m, int code, acc_t *a) {
+    uint64_t bad = a->nan + a->inf;
     if (!fl8_finite(f0) || !fl8_finite(f1)) count_nonfinite(xb, m16, code, a);
     a->zeros += zeros;
     lanes_t L;
     fl8_store(f0, &L, 0, stride);
     fl8_store(f1, &L, first1, stride);
-    lanes_finish(&L, xb, m16, m, code, a);
+    lanes_finish(&L, xb, m16, m, code, a, bad);
 }
 
 AVX2_INLINE void f32_loop(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2, int fetch) {

@@ -69,9 +69,76 @@ static void hash_bytes(const void *p, size_t nbytes, uint32_t first, uint32_t *h
     *h1 += a; *h2 += b;
 }
 
+/* Element i of float32, float16 or bfloat16 data, as a float. */
+static inline float load_float(const void *x, Py_ssize_t i, int code) {
+    if (code == F32) return ((const float *)x)[i];
+    uint16_t h = ((const uint16_t *)x)[i];
+    return code == F16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+/* No FMA may fold a product into the sum that follows (GCC contracts across statements in
+ * C++ by default; clang only within one expression, so separate statements suffice there). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define NO_CONTRACT
+#endif
+
+/* 16 double lanes (lane l takes elements i + l, the tail lane 0) over m elements, X(i) being
+ * element i as a float. */
+#define DOUBLE_LANES(X)                                                                     \
+    do {                                                                                    \
+        Py_ssize_t i = 0;                                                                   \
+        for (; i + LANES <= m; i += LANES)                                                  \
+            for (int l = 0; l < LANES; l++) {                                               \
+                double v = X(i + l), sq = v * v;                                            \
+                s[l] += v; q[l] += sq;                                                      \
+            }                                                                               \
+        for (; i < m; i++) {                                                                \
+            double v = X(i), sq = v * v;                                                    \
+            s[0] += v; q[0] += sq;                                                          \
+        }                                                                                   \
+    } while (0)
+
+/* The sums of a block of m elements whose float32 lanes overflowed with no NaN or Inf among
+ * them: values beyond ~1.8e19 square past float32's range, and attention masks are filled
+ * with the dtype's lowest value (-3.4e38). The same 16 lanes in double, added to *sum and
+ * *sumsq in lane order. Every loop of every dtype calls this one function, so all paths agree
+ * bit for bit. */
+static void block_sums_f64(const void *xb, Py_ssize_t m, int code, double *sum, double *sumsq) CLONES NO_CONTRACT;
+static void block_sums_f64(const void *xb, Py_ssize_t m, int code, double *sum, double *sumsq) {
+    double s[LANES] = {0}, q[LANES] = {0};
+    const float *f = (const float *)xb;
+    const uint16_t *h = (const uint16_t *)xb;
+#define F32_AT(i) ((double)f[i])
+#define F16_AT(i) ((double)f16_to_f32(h[i]))
+#define BF16_AT(i) ((double)bf16_to_f32(h[i]))
+    if (code == F32) DOUBLE_LANES(F32_AT);
+    else if (code == F16) DOUBLE_LANES(F16_AT);
+    else DOUBLE_LANES(BF16_AT);
+#undef F32_AT
+#undef F16_AT
+#undef BF16_AT
+    for (int l = 0; l < LANES; l++) { *sum += s[l]; *sumsq += q[l]; }
+}
+
+/* A block's float lanes added to a's sums in lane order. Where that makes the sums non-finite
+ * and the block has no NaN or Inf element (`clean`), the lanes overflowed: the block is summed
+ * again in double instead (block_sums_f64). Checked on the running sums, two tests a block. */
+static inline void add_lanes(acc_t *a, const float *s, const float *q, int clean, const void *xb, Py_ssize_t m,
+                             int code) {
+    double sum0 = a->sum, sumsq0 = a->sumsq;
+    for (int l = 0; l < LANES; l++) { a->sum += s[l]; a->sumsq += q[l]; }
+    if (clean && !(isfinite(a->sum) && isfinite(a->sumsq)) && isfinite(sum0) && isfinite(sumsq0)) {
+        a->sum = sum0; a->sumsq = sumsq0;
+        block_sums_f64(xb, m, code, &a->sum, &a->sumsq);
+    }
+}
+
 /* Statistics of float-like data, converted to float32 by LOAD, in blocks: float lanes
- * inside a block (vectorised), double across blocks (accurate for long tensors). */
-#define FLOAT_STATS(NAME, CTYPE, LOAD)                                                      \
+ * inside a block (vectorised), double across blocks (accurate for long tensors); a block
+ * whose lanes overflowed without a NaN or Inf in it is summed in double (add_lanes). */
+#define FLOAT_STATS(NAME, CTYPE, LOAD, CODE)                                                \
     static void NAME(const CTYPE *x, Py_ssize_t n, acc_t *a) CLONES;                        \
     static void NAME(const CTYPE *x, Py_ssize_t n, acc_t *a) {                              \
         for (Py_ssize_t b0 = 0; b0 < n; b0 += BLOCK) {                                      \
@@ -94,19 +161,21 @@ static void hash_bytes(const void *p, size_t nbytes, uint32_t first, uint32_t *h
                 mn[0] = v < mn[0] ? v : mn[0]; mx[0] = v > mx[0] ? v : mx[0];               \
                 s[0] += v; q[0] += v * v;                                                   \
             }                                                                               \
+            uint64_t bad = a->nan + a->inf;                                                 \
             for (int l = 0; l < LANES; l++) {                                               \
-                a->sum += s[l]; a->sumsq += q[l]; a->nan += nn[l]; a->inf += ni[l];         \
+                a->nan += nn[l]; a->inf += ni[l];                                           \
                 a->zeros += nz[l];                                                          \
                 if (mn[l] < a->mn) a->mn = mn[l];                                           \
                 if (mx[l] > a->mx) a->mx = mx[l];                                           \
             }                                                                               \
+            add_lanes(a, s, q, a->nan + a->inf == bad, xb, m, CODE);                         \
         }                                                                                   \
     }
 
 #define ID(v) (v)
-FLOAT_STATS(s_f32, float, ID)
-FLOAT_STATS(s_f16, uint16_t, f16_to_f32)
-FLOAT_STATS(s_bf16, uint16_t, bf16_to_f32)
+FLOAT_STATS(s_f32, float, ID, F32)
+FLOAT_STATS(s_f16, uint16_t, f16_to_f32, F16)
+FLOAT_STATS(s_bf16, uint16_t, bf16_to_f32, BF16)
 
 static void s_f64(const double *x, Py_ssize_t n, acc_t *a) CLONES;
 static void s_f64(const double *x, Py_ssize_t n, acc_t *a) {
