@@ -189,8 +189,8 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     s = PairSums(n=n, lower_bound=True)
     ref_norm = _num(r.get("norm"))
     tgt_norm = _num(t.get("norm"))
-    s.sum_sq_reference = ref_norm**2 if math.isfinite(ref_norm) else 0.0
-    s.sum_sq_target = tgt_norm**2 if math.isfinite(tgt_norm) else 0.0
+    s.sum_sq_reference = _norm_or_bound(r, ref_norm, n) ** 2
+    s.sum_sq_target = _norm_or_bound(t, tgt_norm, n) ** 2
     s.nan_mismatch = abs(int(t.get("nan") or 0) - int(r.get("nan") or 0))
     s.inf_mismatch = abs(int(t.get("inf") or 0) - int(r.get("inf") or 0))
     root_n = math.sqrt(max(n, 1))
@@ -221,6 +221,19 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     s.max_rel = math.nan
     s.sum_rel = math.nan
     return s
+
+
+def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
+    """The row's norm; where its sum of squares overflowed (an infinite norm with no NaN or
+    Inf element: a mask filled with the dtype's lowest value, in dumps before sums of such
+    blocks were taken in float64), the most it can be, absmax·√n, so that an error over it
+    stays a lower bound; 0 where nothing is known."""
+    if math.isfinite(norm):
+        return norm
+    absmax = _num(row.get("absmax"))
+    if row.get("nan") or row.get("inf") or not math.isfinite(absmax):
+        return 0.0
+    return absmax * math.sqrt(max(n, 1))
 
 
 # data whose statistics are summed in doubles (the rest in float32 lanes)

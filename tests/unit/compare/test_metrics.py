@@ -75,3 +75,40 @@ def test_statistics_give_a_lower_bound_of_the_l2_error():
     assert s.lower_bound and 0 < s.diff_norm <= true + 1e-12
     assert M.finish(s)["rel_l2"] <= true / np.linalg.norm(b)
     assert math.isnan(M.finish(s)["max_rel"])
+
+
+
+def _row(t, overflowed=False):
+    """A record's statistics as the dump writes them (the capture's own C kernel); with
+    ``overflowed``, as dumps written before float32 sums that overflow were redone in float64
+    wrote them: norm inf, mean -inf, std NaN, with no Inf element counted."""
+    from opscope.capture.torch.stats import cpu_stats, dtype_name
+
+    mn, mx, mean, std, norm, absmax, nan, inf, _zeros, _ = cpu_stats(t)
+    if overflowed:
+        norm, mean, std = math.inf, -math.inf, math.nan
+    return {"numel": t.numel(), "dtype": dtype_name(t.dtype), "norm": norm, "mean": mean, "std": std,
+            "min": mn, "max": mx, "absmax": absmax, "nan": nan, "inf": inf}
+
+
+@pytest.mark.parametrize("overflowed", [False, True], ids=["now", "older dumps"])
+@pytest.mark.parametrize("shape", [(), (16, 16)])
+def test_mask_of_the_dtype_lowest_value_is_judged_on_its_magnitude(shape, overflowed):
+    """Hugging Face fills attention masks with torch.finfo(dtype).min: -3.40e38 in float32,
+    -3.39e38 in bfloat16 (0.4% apart, one bf16 rounding). Float32 sums of such values overflow;
+    before the fix their norm (inf, with no Inf element) made the error inf, and a bf16 model
+    against its float32 run named the mask's scalar_tensor as the culprit."""
+    torch = pytest.importorskip("torch")
+
+    def mask(dtype, value=None):
+        fill = torch.finfo(dtype).min if value is None else value
+        causal = torch.ones(shape, dtype=torch.bool).triu(1) if shape else torch.tensor(True)
+        x = torch.where(causal, torch.tensor(fill, dtype=dtype), torch.tensor(0.0, dtype=dtype))
+        return _row(x, overflowed)
+
+    same = M.finish(M.from_statistics(mask(torch.bfloat16), mask(torch.float32)))
+    assert math.isfinite(same["rel_l2"]) and same["rel_l2"] < 2.0**-7  # one bf16 rounding
+    moved = M.finish(M.from_statistics(mask(torch.float32, -1e38), mask(torch.float32)))
+    # -1e38 against -3.4e38 (0.7 apart): the norms show it; older dumps' extremes alone still
+    # put it far beyond a rounding
+    assert moved["rel_l2"] > (4 * 2.0**-7 if overflowed else 0.5)
