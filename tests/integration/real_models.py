@@ -3,7 +3,7 @@
 Nothing is downloaded: every model is built from a config with a fixed seed, so two runs of
 one family start from the same weights and see the same batch. A *pair* is a target run that
 differs from the plain reference run (fp32, eager attention, two threads) in one way: a benign
-change (same run again, threads, bf16 autocast, sdpa attention, torch.compile) or a fault
+change (same run again, threads, bf16 autocast, a bf16 model, sdpa attention, torch.compile) or a fault
 injected in one place. ``fault_module`` says which module the first divergence should name.
 
 Used by test_real_models.py; ``python real_models.py matrix OUT`` prints the whole matrix
@@ -34,6 +34,7 @@ BENIGN: dict[str, dict[str, Any]] = {
     "same_twice": {},
     "threads": {"threads": 1},
     "bf16_autocast": {"autocast": True},
+    "bf16_model": {"dtype": "bfloat16"},
     "sdpa": {"attn": "sdpa"},
     "compiled": {"compile": True},
 }
@@ -212,8 +213,12 @@ def run_record(path: Path) -> dict[str, Any]:
 
 def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool = False,
           threads: int | None = None, compile: bool = False, level: str = "aten",
-          data: str = "statistics", fault: str | None = None, seed: int = 0) -> Path:
+          data: str = "statistics", fault: str | None = None, seed: int = 0,
+          dtype: str = "float32") -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
+
+    ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
+    floating tensors to it, as a user training a bf16 model does.
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -226,7 +231,9 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     model.train()
     if fault:
         inject(model, family, fault)
-    batch = fam.batch(torch.Generator().manual_seed(seed))
+    model.to(getattr(torch, dtype))
+    batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
+             for k, v in fam.batch(torch.Generator().manual_seed(seed)).items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     runner = torch.compile(model, backend="eager") if compile else model
     old_threads = torch.get_num_threads()
@@ -283,11 +290,14 @@ def pair_spec(family: str, pair: str, path: Path, **kwargs: Any) -> dict[str, An
     """The ``train`` kwargs of the target run of ``pair`` (family and path included).
 
     ``kwargs`` change the base run (data mode, level, sdpa on both sides); the pair's own change
-    is applied last.
+    is applied last. ``a+b`` makes both changes (``bf16_model+weight_row``: a fault in a bf16
+    model, against the float32 reference).
     """
-    spec = {**REFERENCE, **kwargs, **BENIGN.get(pair, {}), "family": family, "path": path}
-    if pair in FAULTS:
-        spec["fault"] = pair
+    spec = {**REFERENCE, **kwargs, "family": family, "path": path}
+    for part in pair.split("+"):
+        spec.update(BENIGN.get(part, {}))
+        if part in FAULTS:
+            spec["fault"] = part
     return spec
 
 

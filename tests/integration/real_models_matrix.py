@@ -1,7 +1,7 @@
 """The real-model matrix of issue 19: family x pair x data mode -> verdict, as a table.
 
 ``python real_models.py matrix OUT [--families gpt2,llama] [--modes statistics,tensor]
-[--level aten] [--steps 3]`` trains every pair's target and one reference per family and mode
+[--level aten] [--steps 3] [--pairs bf16_model,act]`` trains every pair's target and one reference per family and mode
 under OUT, compares them and prints one row per pair as it goes: the verdict, how many
 culprits, the first divergence, whether that is what the test expects ("ok" / "WRONG"), and
 the target run's wall time. A compiled run that kills its process is reported as "crash".
@@ -67,7 +67,8 @@ def compare_row(family: str, pair: str, mode: str, target: Path, reference: Path
                compare_seconds=time.perf_counter() - start)
 
 
-def matrix(out: Path, families: list[str], modes: list[str], level: str, steps: int) -> list[Row]:
+def matrix(out: Path, families: list[str], modes: list[str], level: str, steps: int,
+           only: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     print(HEADER, flush=True)
     for family in families:
@@ -77,7 +78,7 @@ def matrix(out: Path, families: list[str], modes: list[str], level: str, steps: 
                                  **rm.REFERENCE, **kwargs)
             print(f"# {family} {mode} reference: {rm.run_record(reference)['seconds']:.2f}s",
                   flush=True)
-            for pair in rm.pairs(family):
+            for pair in [p for p in rm.pairs(family) if not only or p in only]:
                 target = out / f"{family}-{mode}-{level}-{pair}"
                 start = time.perf_counter()
                 try:
@@ -100,9 +101,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--modes", default="statistics,tensor")
     parser.add_argument("--level", default="aten", choices=["aten", "module"])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--pairs", default="", help="only these pairs (comma-separated)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    rows = matrix(args.out, args.families.split(","), args.modes.split(","), args.level, args.steps)
+    rows = matrix(args.out, args.families.split(","), args.modes.split(","), args.level, args.steps,
+                  [p for p in args.pairs.split(",") if p])
     wrong = [r for r in rows if not r.expected]
     print(f"# {len(rows)} pairs, {len(wrong)} not as expected, {time.perf_counter() - start:.1f}s")
     return 1 if wrong else 0

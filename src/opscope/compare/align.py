@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from opscope.compare.flow import Sides, flow_pairs, inserted, same_shape
+from opscope.compare.flow import Sides, base_op, flow_pairs, inserted, same_shape
 from opscope.compare.mapping import Mapping
 from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair
 
@@ -212,8 +212,12 @@ def _identity_pairs(one_sided: list[OpCall], sides: Sides, partner: dict) -> lis
 
 def _input_partner(call: OpCall, out_row: dict[str, Any], sides: Sides,
                    partner: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
-    """The other side's row holding this inserted call's main input (same element count)."""
+    """The other side's row holding this inserted call's main input (same element count).
+
+    None for a sum of two values that both sides have (:func:`_regrouped_sum`)."""
     mine = partner[call.side]
+    if _regrouped_sum(call, out_row, mine):
+        return None
     for row in call.inputs():
         producer = row.get("producer")
         source = mine.get(producer) if producer is not None else None
@@ -221,3 +225,22 @@ def _input_partner(call: OpCall, out_row: dict[str, Any], sides: Sides,
                 and inserted(sides, call.side, row, out_row, partner):
             return source
     return None
+
+
+# Elementwise sums: autograd adds the gradients of a tensor read by several ops with these.
+_SUMS = frozenset({"add", "add_"})
+
+
+def _regrouped_sum(call: OpCall, out_row: dict[str, Any], mine: dict[int, dict[str, Any]]) -> bool:
+    """Is this one-sided call a sum of two or more full-size values that both sides have?
+
+    Then the other side adds the same terms in another grouping, not nothing: a tensor read
+    by several ops gets its gradient summed by autograd in the order its graph gives, and a
+    cast on one side only (a bf16 model's norm computing in float32) regroups those sums.
+    Judged as an identity, the sum would be held to one of its terms. It stays unpaired; the
+    total is judged where both sides use it."""
+    if base_op(call.op) not in _SUMS:
+        return False
+    shared = [row for row in call.inputs() if row.get("numel") == out_row.get("numel")
+              and row.get("producer") is not None and row["producer"] in mine]
+    return len(shared) >= 2

@@ -15,6 +15,7 @@ from typing import Any
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.internal import backward_known, module_gradient_error
 from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
+from opscope.compare.tolerance import epsilon
 
 
 def producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: Pair | None) -> list[Pair]:
@@ -46,6 +47,9 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     t, r = own.rows
     lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
     tol = state.noise.tolerance(lower)
+    if row.get("param") and info["first"] and t.get("dtype") != r.get("dtype") \
+            and params_cast_alike(state, node, info):
+        tol = min(tol, CAST_ROUNDING * epsilon(lower))
     own.error, own.tolerance = error, tol
     if own.metrics.get("bit_exact") or not error > tol:
         return False
@@ -87,6 +91,36 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
     return True
+
+
+# A cast rounds to nearest: each element moves by at most half an epsilon of its size, so a
+# parameter cast from the other side's is within eps/2 norm-wise (float64 arithmetic's slack).
+CAST_ROUNDING = 0.5 * (1 + 1e-9)
+
+
+def params_cast_alike(state: VerdictState, node: Node, info: dict[str, Any]) -> bool:
+    """Are this step's parameters, where the two sides' dtypes differ, one cast apart?
+
+    A bf16 model against its float32 run starts from the same weights rounded once: each is
+    within a rounding (‖t − r‖ ≤ eps/2 · ‖r‖), so one beyond that was changed, even by less
+    than an op may differ (0.1 in bf16). Counted over the forward's parameter reads: at least
+    three and three quarters of them within eps. Mid-training both sides' weights have moved
+    apart, none is within a rounding, and an op's tolerance stays."""
+    if "cast_alike" not in info:
+        worst: dict[str, float] = {}
+        for pair in state.pairs:
+            t, r = pair.t, pair.r
+            if t is None or r is None or not pair.metrics or t.get("io") != "param" \
+                    or t.get("phase") != "forward" or t.get("dtype") == r.get("dtype") \
+                    or (t.get("rank"), t.get("step")) != (node.rank, node.step):
+                continue
+            eps = epsilon(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
+            if eps:
+                name = str(t.get("param"))
+                worst[name] = max(worst.get(name, 0.0), raw_error(pair) / eps)
+        within = sum(units <= 1 for units in worst.values())
+        info["cast_alike"] = len(worst) >= 3 and within >= 0.75 * len(worst)
+    return bool(info["cast_alike"])
 
 
 def set_input_status(state: VerdictState, own: Pair, tainted: bool) -> None:
