@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 # Unit roundoff (machine epsilon) of each format; "tf32" is float32 storage with a 10-bit
 # mantissa in matmuls (give precision="tf32" to compare() when the target ran with it).
@@ -24,6 +25,17 @@ EPSILON: dict[str, float] = {
     "float8_e5m2fnuz": 2.0**-2,
 }
 COMPLEX = {"complex128": "float64", "complex64": "float32", "complex32": "float16"}
+# The largest finite value of each format (torch.finfo(dtype).max; its lowest is the negative).
+FINITE_MAX: dict[str, float] = {
+    "float64": 1.7976931348623157e308,
+    "float32": 3.4028234663852886e38,
+    "bfloat16": 3.3895313892515355e38,
+    "float16": 65504.0,
+    "float8_e4m3fn": 448.0,
+    "float8_e4m3fnuz": 240.0,
+    "float8_e5m2": 57344.0,
+    "float8_e5m2fnuz": 57344.0,
+}
 
 
 @dataclass(frozen=True)
@@ -94,3 +106,14 @@ def eps_units(error: float, dtype: str) -> float:
     if eps:
         return error / eps
     return 0.0 if error == 0 else math.inf
+
+
+def dtype_extremes(t: dict[str, Any], r: dict[str, Any]) -> bool:
+    """Do two records of different float dtypes each reach their own dtype's largest or lowest
+    finite value (``torch.finfo(dtype).min``, an attention mask's fill: −65504 in float16,
+    −3.4e38 in float32)? Then they differ by their dtypes, not by what was computed."""
+    a, b = _base(t.get("dtype")), _base(r.get("dtype"))
+    if a == b or a not in FINITE_MAX or b not in FINITE_MAX:
+        return False
+    return (t.get("min") == -FINITE_MAX[a] and r.get("min") == -FINITE_MAX[b]) or \
+        (t.get("max") == FINITE_MAX[a] and r.get("max") == FINITE_MAX[b])
