@@ -261,3 +261,42 @@ def test_graph_breaks_keep_phases_steps_and_module_paths(tmp_path):
     result = opscope.compare(tmp_path / "compiled", tmp_path / "eager")
     assert result.verdict == "identical", result.verdict
     assert not result.culprits and result.counts["unpaired_target"] == result.counts["unpaired_reference"] == 0
+
+
+_TWICE = textwrap.dedent("""
+    import sys, torch
+    import opscope
+    from opscope.demo.models import mlp_task
+
+    def fused(gm, example_inputs):  # a backend of its own: its kernels are opaque to a dump
+        return lambda *args: gm(*args)
+
+    @torch.compile(backend=fused)  # a compiled function (Hugging Face's losses are), no module
+    def loss_of(logits, targets):
+        return torch.nn.functional.cross_entropy(logits, targets)
+
+    model, opt, batch = mlp_task(batch=8, d_in=16, hidden=16, depth=2)
+    for name in ("first", "second"):  # no dynamo reset between: the second dump reuses the graph
+        with opscope.dump(sys.argv[1] + "/" + name, level="aten") as d:
+            for i in range(2):
+                inputs, targets = batch(i)
+                loss_of(model(inputs), targets).backward()
+                opt.step()
+                opt.zero_grad()
+                d.step()
+""")
+
+
+def test_a_graph_compiled_under_an_earlier_dump_is_recorded_by_the_next(tmp_path):
+    """Dynamo keeps compiled graphs for the process: a second dump (a notebook's second cell,
+    a second window) runs the graphs the first one wrapped. Before, those ran unrecorded:
+    the second dump had no graph call and its loss no producer."""
+    proc = subprocess.run([sys.executable, "-c", _TWICE, str(tmp_path)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = {name: opscope.load(tmp_path / name).records().to_pandas() for name in ("first", "second")}
+    for name, table in tables.items():
+        graph = table.query("op == 'compiled_graph_0' and phase == 'forward'")
+        assert set(graph.step) == {0, 1} and {"input", "output"} <= set(graph.io), name
+    first, second = (opscope.load(tmp_path / n).manifest["compiled"]["graphs"] for n in ("first", "second"))
+    assert [g["graph"] for g in second] == [g["graph"] for g in first] == ["compiled_graph_0"]

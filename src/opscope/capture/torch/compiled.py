@@ -219,11 +219,22 @@ class GraphRun:
             compiled_graph._boxed_call = True  # type: ignore[attr-defined]  # the flag AOT autograd reads
         return compiled_graph
 
+    def adopt(self, watch: CompileWatch) -> None:
+        """Record for ``watch``, a later dump's: dynamo keeps a compiled graph for the rest of
+        the process, so a graph compiled under an earlier dump runs again under this one,
+        where it gets this dump's next number."""
+        self.info = {**self.info, "graph": f"compiled_graph_{len(watch.graphs)}"}
+        watch.graphs.append(self.info)
+        watch._warn(self.info)
+        self.watch, self.op = watch, self.info["graph"]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        watch = self.watch
-        s = watch.session
-        if _ACTIVE is not watch or not s.capturing:
+        watch = _ACTIVE
+        if watch is None or not watch.session.capturing:
             return self.fn(*args, **kwargs)
+        if watch is not self.watch:
+            self.adopt(watch)
+        s = watch.session
         tracker = s.modules
         depth = tracker.hooked()
         try:
