@@ -3,7 +3,8 @@
 Nothing is downloaded: every model is built from a config with a fixed seed, so two runs of
 one family start from the same weights and see the same batch. A *pair* is a target run that
 differs from the plain reference run (fp32, eager attention, two threads) in one way: a benign
-change (same run again, threads, bf16 autocast, a bf16 model, sdpa attention, torch.compile) or a fault
+change (same run again, threads, bf16 autocast, a bf16 model, sdpa attention, torch.compile with
+the eager or the inductor backend) or a fault
 injected in one place. ``fault_module`` says which module the first divergence should name.
 
 Used by test_real_models.py; ``python real_models.py matrix OUT`` prints the whole matrix
@@ -37,6 +38,7 @@ BENIGN: dict[str, dict[str, Any]] = {
     "bf16_model": {"dtype": "bfloat16"},
     "sdpa": {"attn": "sdpa"},
     "compiled": {"compile": True},
+    "inductor": {"compile": "inductor"},
 }
 # Two threads pinned (not the machine's count) so that "threads 1 vs 2" means the same on
 # every machine and the other pairs differ from the reference in one thing only.
@@ -212,7 +214,7 @@ def run_record(path: Path) -> dict[str, Any]:
 
 
 def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool = False,
-          threads: int | None = None, compile: bool = False, level: str = "aten",
+          threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32") -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
@@ -235,7 +237,8 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
              for k, v in fam.batch(torch.Generator().manual_seed(seed)).items()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    runner = torch.compile(model, backend="eager") if compile else model
+    # compile=True: backend="eager" (every aten op recorded); a name: that backend
+    runner = torch.compile(model, backend="eager" if compile is True else compile) if compile else model
     old_threads = torch.get_num_threads()
     losses: list[torch.Tensor] = []
     if threads:

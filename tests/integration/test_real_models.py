@@ -41,10 +41,11 @@ class Runs:
              attn: str = "eager") -> Path:
         path = self.path(family, pair, data, level, attn)
         kwargs = {"data": data, "level": level, "steps": STEPS, "attn": attn}
-        if pair == "compiled" and str(path) not in self.crashed and not Path(f"{path}.run.json").exists():
-            # every compiled run at once: one interpreter start instead of one a family
-            specs = [rm.pair_spec(f, pair, self.path(f, pair, data, level, attn), **kwargs)
-                     for f in COMPILED]
+        batch = {"compiled": [(f, pair) for f in COMPILED], "inductor": INDUCTOR_RUNS}
+        group = batch.get(pair.split("+")[0], [])
+        if group and str(path) not in self.crashed and not Path(f"{path}.run.json").exists():
+            # every compiled run of the kind at once: one interpreter (and torch import) for all
+            specs = [rm.pair_spec(f, p, self.path(f, p, data, level, attn), **kwargs) for f, p in group]
             self.crashed.update(rm.train_in_subprocesses(specs))
         if str(path) in self.crashed:
             pytest.fail(f"{family} {pair}: {self.crashed[str(path)]}")
@@ -83,6 +84,10 @@ TENSOR_PAIRS = ("threads", "bf16_autocast", "bf16_model", "act")
 # capture (SIGSEGV, gpt2), BatchNorm buffers (resnet) and the data-dependent expert loop that
 # breaks the graph (mixtral). The matrix script compiles every family.
 COMPILED = ("gpt2", "resnet", "mixtral")
+# torch.compile's default backend, inductor: ~20 s of compiling a family here, so one family,
+# a benign run and two faults, in one interpreter (graphs compiled under one dump run again
+# under the next). The matrix script runs every family.
+INDUCTOR_RUNS = [("gpt2", "inductor"), ("gpt2", "inductor+act"), ("gpt2", "inductor+weight_row")]
 
 
 def _cases(pairs: tuple[str, ...], modes: tuple[str, ...] = MODES) -> list[Any]:
@@ -147,6 +152,26 @@ def _assert_fault_named(runs: Runs, result: Any, family: str, fault: str, data: 
 @pytest.mark.parametrize("family, fault, data", _cases(rm.FAULTS))
 def test_fault_is_named(runs: Runs, family: str, fault: str, data: str) -> None:
     _assert_fault_named(runs, runs.compare(family, fault, data), family, fault, data)
+
+
+@pytest.mark.slow
+def test_inductor_run_against_the_eager_run(runs: Runs) -> None:
+    """torch.compile's default backend runs fused kernels: a dump records each graph's inputs
+    and outputs only. Against the uncompiled run the graphs are judged as a whole: no culprit
+    when nothing changed, the graph for a fault inside it, the weight for a changed weight.
+    Before session 20 the benign run named a backward graph (same-shaped bias gradients
+    paired crosswise) and both faults the loss's seed as a root."""
+    benign = runs.compare("gpt2", "inductor", "statistics")
+    assert benign.verdict == "within_tolerance" and not benign.culprits, _culprits(benign)
+    act = runs.compare("gpt2", "inductor+act", "statistics")
+    first = act.first_divergence
+    assert act.verdict == "diverged" and first is not None and len(act.culprits) == 1, _culprits(act)
+    assert (first.kind, first.op, first.phase, first.step) == ("culprit", "compiled_graph_0", "forward", 0)
+    assert "aot_eager" in first.note  # the way to see the op inside
+    row = runs.compare("gpt2", "inductor+weight_row", "statistics")
+    first = row.first_divergence
+    assert first is not None and len(row.culprits) == 1, _culprits(row)
+    assert (first.kind, first.param, first.step) == ("root", rm.FAMILIES["gpt2"].weight, 0)
 
 
 # In a bf16 model against the float32 run, an op may differ by up to 0.1 (16 bf16 epsilons):

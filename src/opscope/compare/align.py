@@ -48,8 +48,15 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     pairs: list[Pair] = []
     partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
     one_sided: list[OpCall] = []
+    grads = _gradient_makers(t_rows), _gradient_makers(r_rows)
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
+        by_grad = _pair_by_gradient(tc, rc, *grads)
+        for ta, rb in by_grad:
+            pairs.extend(_pair_rows(ta, rb, "aligned", partner))
+        if by_grad:
+            tc = [c for c in tc if not any(r["id"] in partner["target"] for r in c.rows)]
+            rc = [c for c in rc if not any(r["id"] in partner["reference"] for r in c.rows)]
         same = len(tc) == len(rc) and _same_ops(tc, rc)  # once a group: each call is O(len)
         for a, b in _align_calls(tc, rc, same):
             if a is not None and b is not None:
@@ -58,6 +65,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
     sides = Sides(t_rows, r_rows)
     pairs.extend(flow_pairs(pairs, sides, partner))
+    pairs.extend(_parameter_pairs(t_rows, r_rows, partner))
     one_sided.sort(key=lambda call: call.seq)
     pairs.extend(_identity_pairs(one_sided, sides, partner))
     paired = {"target": set(partner["target"]), "reference": set(partner["reference"])}
@@ -68,6 +76,64 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 pairs.append(Pair(row if side == "target" else None,
                                   row if side == "reference" else None, "unpaired", side=side))
     return pairs
+
+
+def _parameter_pairs(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
+                     partner: dict[str, dict[int, dict[str, Any]]]) -> list[Pair]:
+    """A phase's first read of a parameter, where neither side's is paired yet, pairs by name.
+
+    A call with no partner (an inductor-compiled graph, whose inputs are the parameters it
+    reads, against the uncompiled run's ops) still reads the same weights: paired, a weight
+    that differs at the start of the step is found as a root."""
+    def first_reads(rows: list[dict[str, Any]]) -> dict[tuple[Any, str], dict[str, Any]]:
+        found: dict[tuple[Any, str], dict[str, Any]] = {}
+        for row in sorted(rows, key=lambda r: r["seq"]):
+            if row.get("io") == "param" and row.get("param"):
+                found.setdefault((row.get("phase"), row["param"]), row)
+        return found
+    t_first, r_first = first_reads(t_rows), first_reads(r_rows)
+    out = []
+    for key, t in t_first.items():
+        r = r_first.get(key)
+        if r is not None and t["id"] not in partner["target"] and r["id"] not in partner["reference"] \
+                and same_shape(t, r):
+            partner["target"][t["id"]], partner["reference"][r["id"]] = r, t
+            out.append(Pair(t, r, "flow"))
+    return out
+
+
+def _gradient_makers(rows: list[dict[str, Any]]) -> dict[int, str]:
+    """Row id -> parameter, for each backward row whose value the optimizer reads as that
+    parameter's gradient (autograd's accumulating ``detach``, the optimizer's ``grad``
+    records linking to it)."""
+    ids = {row["id"]: row for row in rows}
+    out = {}
+    for row in rows:
+        if row.get("io") == "grad" and row.get("param") and row.get("producer") is not None:
+            made = ids.get(row["producer"])
+            if made is not None and made.get("phase") == "backward":
+                out[made["id"]] = row["param"]
+    return out
+
+
+def _pair_by_gradient(tc: list[OpCall], rc: list[OpCall], t_grads: dict[int, str],
+                      r_grads: dict[int, str]) -> list[tuple[OpCall, OpCall]]:
+    """Backward calls that make the same parameter's gradient, paired by that parameter.
+
+    Autograd accumulates a gradient when its last contribution arrives, so the order of
+    these calls follows the graph that ran: a compiled backward returns them in its own
+    order, and position would pair the gradients of two same-shaped biases crosswise."""
+    def by_param(calls: list[OpCall], grads: dict[int, str]) -> dict[str, OpCall]:
+        found: dict[str, list[OpCall]] = defaultdict(list)
+        for call in calls:
+            names = {grads[row["id"]] for row in call.outputs() if row["id"] in grads}
+            if len(names) == 1:
+                found[names.pop()].append(call)
+        return {name: cs[0] for name, cs in found.items() if len(cs) == 1}
+    if not t_grads or not r_grads:
+        return []
+    t_by, r_by = by_param(tc, t_grads), by_param(rc, r_grads)
+    return [(t_by[name], r_by[name]) for name in t_by.keys() & r_by.keys() if _matchable(t_by[name], r_by[name])]
 
 
 def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:

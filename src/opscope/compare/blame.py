@@ -66,6 +66,14 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     f.downstream = _downstream(state, node.side, node.rank, node.step, [p.home for p in node.outputs])
     if out.kind == "identity":
         f.note = out.note
+    if node.graph is not None:  # read from compiled graphs that nothing compared
+        side, first = node.graph
+        f.module, f.op = first.get("module") or "", first.get("op") or ""
+        f.seq, f.call, f.side = int(first["seq"]), first.get("call"), side
+        f.note = (f"{f.op} runs fused kernels and only compiled graphs read its outputs, so they "
+                  f"were not compared; the difference shows at {home.get('op')} {home.get('io')} "
+                  f"{home.get('slot')}, while the weights they read agree - dump with "
+                  f"torch.compile(..., backend='aot_eager') to see the op")
     if node.owner is not None:  # a tensor made by a module's own code (module level)
         owner = node.owner
         f.module = owner.get("orig_module", owner.get("module")) or ""

@@ -33,6 +33,7 @@ class Node:
     owner: dict[str, Any] | None = None  # a module call whose own code made the output
     kind: str = "call"  # or "gradient": a module-level gradient record (no op made it)
     spread_n: int = 0  # elements of the largest input judged from statistics that differs
+    graph: tuple[str, dict[str, Any]] | None = None  # (side, first row) of the compiled graph blamed instead
 
     @property
     def head(self) -> dict[str, Any]:

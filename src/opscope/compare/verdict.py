@@ -28,6 +28,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
+from opscope.compare.graphs import chain_tainted, forward_tainted, graph_chain, graph_floor
 from opscope.compare.inputs import is_leaf, judge_leaf, producer_entries, set_input_status, settle
 from opscope.compare.internal import (
     available,
@@ -76,6 +77,10 @@ def index(state: VerdictState) -> None:
         if pair.kind in (*PAIRED, "identity") and home.get("io") == "output":
             side = pair.side if pair.kind == "identity" else "target"
             by_call[(side, home["rank"], home["step"], home["cseq"])].append(pair)
+        elif pair.kind in PAIRED and home.get("io") == "param" and home.get("producer") is None:
+            # a weight read by a call with no paired output (an inductor graph): judged as a
+            # leaf all the same, so that one that differs is a root
+            by_call.setdefault(("target", home["rank"], home["step"], home["cseq"]), [])
     for (side, rank, step, seq), outs in by_call.items():
         node = Node(side, rank, step, seq, float(seq), state.calls[(side, rank, step, seq)], outs)
         if side == "reference":
@@ -108,6 +113,13 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
+        chain = graph_chain(state, node)
+        if chain:  # what it reads was made by compiled graphs nothing compared
+            side, rows = chain[0]
+            node.graph = (side, min(rows, key=lambda r: r["seq"]))
+        floor = max(floor, graph_floor(node))
+        if (chain and chain_tainted(state, node, chain)) or forward_tainted(state, node, chain):
+            in_error, in_taint = math.inf, True  # a root they read, or a diverged forward: carried on
         span = state.span_ends.get((node.side, node.rank, node.step, node.seq))
         if span is not None:  # a module call's output is judged against its submodules' too
             known, known_taint = available(state, node, span, node.seq)
