@@ -87,6 +87,8 @@ def forward_tainted(state: VerdictState, node: Node, chain: Chain) -> bool:
     for side, rows in [*_call_rows(state, node), *chain]:
         ops = {r.get("op") for r in rows if r.get("phase") == "backward"
                and str(r.get("op") or "").startswith(GRAPH_PREFIX)}
+        if not ops:  # no compiled backward graph: nothing to look up (the usual case)
+            continue
         for (s, rank, step, _), call in state.calls.items():
             if (s, rank, step) != (side, node.rank, node.step) or not call \
                     or call[0].get("phase") != "forward" or call[0].get("op") not in ops:
