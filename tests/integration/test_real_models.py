@@ -85,9 +85,10 @@ TENSOR_PAIRS = ("threads", "bf16_autocast", "bf16_model", "act")
 # breaks the graph (mixtral). The matrix script compiles every family.
 COMPILED = ("gpt2", "resnet", "mixtral")
 # torch.compile's default backend, inductor: ~20 s of compiling a family here, so one family,
-# a benign run and two faults, in one interpreter (graphs compiled under one dump run again
+# two benign runs and two faults, in one interpreter (graphs compiled under one dump run again
 # under the next). The matrix script runs every family.
-INDUCTOR_RUNS = [("gpt2", "inductor"), ("gpt2", "inductor+act"), ("gpt2", "inductor+weight_row")]
+INDUCTOR_RUNS = [("gpt2", "inductor"), ("gpt2", "inductor+bf16_autocast"), ("gpt2", "inductor+act"),
+                 ("gpt2", "inductor+weight_row")]
 
 
 def _cases(pairs: tuple[str, ...], modes: tuple[str, ...] = MODES) -> list[Any]:
@@ -161,8 +162,9 @@ def test_inductor_run_against_the_eager_run(runs: Runs) -> None:
     when nothing changed, the graph for a fault inside it, the weight for a changed weight.
     Before session 20 the benign run named a backward graph (same-shaped bias gradients
     paired crosswise) and both faults the loss's seed as a root."""
-    benign = runs.compare("gpt2", "inductor", "statistics")
-    assert benign.verdict == "within_tolerance" and not benign.culprits, _culprits(benign)
+    for pair in ("inductor", "inductor+bf16_autocast"):  # under autocast the graph computes in bf16
+        benign = runs.compare("gpt2", pair, "statistics")
+        assert benign.verdict == "within_tolerance" and not benign.culprits, (pair, _culprits(benign))
     act = runs.compare("gpt2", "inductor+act", "statistics")
     first = act.first_divergence
     assert act.verdict == "diverged" and first is not None and len(act.culprits) == 1, _culprits(act)

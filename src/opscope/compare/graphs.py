@@ -14,11 +14,20 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO
 from opscope.compare.state import PAIRED, Node, VerdictState
+from opscope.compare.tolerance import epsilon, is_float
 
 GRAPH_PREFIX = "compiled_graph_"
 
 
 Chain = list[tuple[str, list[dict[str, Any]]]]
+
+
+def has_graphs(state: VerdictState) -> bool:
+    """Does any record of these partitions come from a compiled graph? (Else nothing here
+    applies, and the per-call lookups are skipped.)"""
+    if state.compiled is None:
+        state.compiled = any(str(r.get("op") or "").startswith(GRAPH_PREFIX) for r in state.rows.values())
+    return state.compiled
 
 
 def graph_chain(state: VerdictState, node: Node) -> Chain:
@@ -84,20 +93,28 @@ def forward_tainted(state: VerdictState, node: Node, chain: Chain) -> bool:
     """A compiled graph's backward reads what its forward saved, which no record shows: did
     the forward of this call's graph, or of a graph of its chain (the same graph, this step),
     carry a divergence out, or read one?"""
+    for side, call in _forwards(state, node, chain):
+        for row in call:
+            own = state.entry.get((side, node.rank, node.step, row["id"]))
+            if own is not None and id(own) in state.tainted:
+                return True
+    return False
+
+
+def _forwards(state: VerdictState, node: Node, chain: Chain) -> Chain:
+    """(side, rows) of the forward calls of the compiled backward graphs of this call and its
+    chain (the same graph name, this step); none, and nothing looked up, for other calls."""
+    out: Chain = []
     for side, rows in [*_call_rows(state, node), *chain]:
         ops = {r.get("op") for r in rows if r.get("phase") == "backward"
                and str(r.get("op") or "").startswith(GRAPH_PREFIX)}
-        if not ops:  # no compiled backward graph: nothing to look up (the usual case)
+        if not ops:  # no compiled backward graph (the usual case)
             continue
         for (s, rank, step, _), call in state.calls.items():
-            if (s, rank, step) != (side, node.rank, node.step) or not call \
-                    or call[0].get("phase") != "forward" or call[0].get("op") not in ops:
-                continue
-            for row in call:
-                own = state.entry.get((side, rank, step, row["id"]))
-                if own is not None and id(own) in state.tainted:
-                    return True
-    return False
+            if (s, rank, step) == (side, node.rank, node.step) and call \
+                    and call[0].get("phase") == "forward" and call[0].get("op") in ops:
+                out.append((side, call))
+    return out
 
 
 def graph_floor(node: Node) -> float:
@@ -115,3 +132,21 @@ def graph_floor(node: Node) -> float:
              and str(r.get("dtype") or "").startswith(("float", "bfloat")) and r.get("norm")
              and 0 < float(r["norm"]) < float("inf")]
     return min(norms) if norms else 0.0
+
+
+def graph_dtype(state: VerdictState, node: Node, chain: Chain) -> str | None:
+    """The lowest float precision a compiled graph of this call (or of its chain) holds.
+
+    A graph computes out of sight: under autocast its float32 outputs were made in bf16,
+    which only the dtypes of what it saves for backward (its other outputs) still show."""
+    calls = [*_call_rows(state, node), *chain]
+    if not any(str(r.get("op") or "").startswith(GRAPH_PREFIX) for _, rows in calls for r in rows):
+        return None
+    calls += _forwards(state, node, chain)  # a backward graph computes in its forward's precision
+    lowest: str | None = None
+    for _, rows in calls:
+        for row in rows:
+            dtype = row.get("dtype")
+            if is_float(dtype) and (lowest is None or epsilon(dtype) > epsilon(lowest)):
+                lowest = str(dtype)
+    return lowest

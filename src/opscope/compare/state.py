@@ -34,6 +34,7 @@ class Node:
     kind: str = "call"  # or "gradient": a module-level gradient record (no op made it)
     spread_n: int = 0  # elements of the largest input judged from statistics that differs
     graph: tuple[str, dict[str, Any]] | None = None  # (side, first row) of the compiled graph blamed instead
+    precision: str | None = None  # the lowest dtype a compiled graph of this call computed in
 
     @property
     def head(self) -> dict[str, Any]:
@@ -62,6 +63,7 @@ class VerdictState:
     span_ends: dict[tuple[str, int, int, int], dict[str, Any]] = field(default_factory=dict)
     extra_nodes: list[Node] = field(default_factory=list)
     previous: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: its last judged step
+    compiled: bool | None = None  # does any row come from a compiled graph (found on first use)
 
 
 def raw_error(pair: Pair | None) -> float:

@@ -28,7 +28,14 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
-from opscope.compare.graphs import chain_tainted, forward_tainted, graph_chain, graph_floor
+from opscope.compare.graphs import (
+    chain_tainted,
+    forward_tainted,
+    graph_chain,
+    graph_dtype,
+    graph_floor,
+    has_graphs,
+)
 from opscope.compare.inputs import is_leaf, judge_leaf, producer_entries, set_input_status, settle
 from opscope.compare.internal import (
     available,
@@ -113,13 +120,8 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
-        chain = graph_chain(state, node)
-        if chain:  # what it reads was made by compiled graphs nothing compared
-            side, rows = chain[0]
-            node.graph = (side, min(rows, key=lambda r: r["seq"]))
-        floor = max(floor, graph_floor(node))
-        if (chain and chain_tainted(state, node, chain)) or forward_tainted(state, node, chain):
-            in_error, in_taint = math.inf, True  # a root they read, or a diverged forward: carried on
+        if has_graphs(state):
+            in_error, in_taint, floor = _graph_inputs(state, node, in_error, in_taint, floor)
         span = state.span_ends.get((node.side, node.rank, node.step, node.seq))
         if span is not None:  # a module call's output is judged against its submodules' too
             known, known_taint = available(state, node, span, node.seq)
@@ -217,6 +219,21 @@ def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
     return pair if pair is not None and pair is not out and pair.metrics else None
 
 
+def _graph_inputs(state: VerdictState, node: Node, in_error: float, in_taint: bool,
+                  floor: float) -> tuple[float, bool, float]:
+    """What compiled graphs add to a call's inputs (:mod:`opscope.compare.graphs`): the first
+    graph of an uncompared chain it reads, the precision they computed in, the gradient that
+    entered a backward graph, and a divergence they carry."""
+    chain = graph_chain(state, node)
+    if chain:  # what it reads was made by compiled graphs nothing compared
+        side, rows = chain[0]
+        node.graph = (side, min(rows, key=lambda r: r["seq"]))
+    node.precision = graph_dtype(state, node, chain)
+    if (chain and chain_tainted(state, node, chain)) or forward_tainted(state, node, chain):
+        in_error, in_taint = math.inf, True  # a root they read, or a diverged forward: carried on
+    return in_error, in_taint, max(floor, graph_floor(node))
+
+
 def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, in_taint: bool,
                   floor: float) -> None:
     if out.mode == "skipped" or not out.metrics:
@@ -224,6 +241,8 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
         return
     t, r = out.rows
     lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+    if node.precision is not None:  # a compiled graph computed in it, out of sight
+        lower = state.noise.lower_dtype(lower, node.precision)
     tol = state.noise.tolerance(lower)
     m = out.metrics
     if m.get("nan_mismatch") or m.get("inf_mismatch"):
