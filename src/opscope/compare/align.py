@@ -48,7 +48,8 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     pairs: list[Pair] = []
     partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
     one_sided: list[OpCall] = []
-    grads = _gradient_makers(t_rows), _gradient_makers(r_rows)
+    sides = Sides(t_rows, r_rows)
+    grads = _gradient_makers(sides, "target", t_rows), _gradient_makers(sides, "reference", r_rows)
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
         by_grad = _pair_by_gradient(tc, rc, *grads)
@@ -63,7 +64,6 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 pairs.extend(_pair_rows(a, b, "exact" if same else "aligned", partner))
             else:
                 one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
-    sides = Sides(t_rows, r_rows)
     pairs.extend(flow_pairs(pairs, sides, partner))
     pairs.extend(_parameter_pairs(t_rows, r_rows, partner))
     one_sided.sort(key=lambda call: call.seq)
@@ -102,15 +102,14 @@ def _parameter_pairs(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
     return out
 
 
-def _gradient_makers(rows: list[dict[str, Any]]) -> dict[int, str]:
+def _gradient_makers(sides: Sides, side: str, rows: list[dict[str, Any]]) -> dict[int, str]:
     """Row id -> parameter, for each backward row whose value the optimizer reads as that
     parameter's gradient (autograd's accumulating ``detach``, the optimizer's ``grad``
     records linking to it)."""
-    ids = {row["id"]: row for row in rows}
     out = {}
     for row in rows:
-        if row.get("io") == "grad" and row.get("param") and row.get("producer") is not None:
-            made = ids.get(row["producer"])
+        if row.get("io") == "grad" and row.get("param"):
+            made = sides.producer(side, row)
             if made is not None and made.get("phase") == "backward":
                 out[made["id"]] = row["param"]
     return out

@@ -10,6 +10,7 @@ unless a weight that one of them reads already differs (a root).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from opscope.compare.align import INPUT_IO
@@ -26,15 +27,15 @@ def has_graphs(state: VerdictState) -> bool:
     """Does any record of these partitions come from a compiled graph? (Else nothing here
     applies, and the per-call lookups are skipped.)"""
     if state.compiled is None:
-        state.compiled = any(str(r.get("op") or "").startswith(GRAPH_PREFIX) for r in state.rows.values())
+        state.compiled = any(_is_graph(r) for r in state.rows.values())
     return state.compiled
 
 
-def graph_chain(state: VerdictState, node: Node) -> Chain:
-    """(side, rows) of each uncompared compiled graph call whose outputs this call reads,
-    directly or through another such graph, earliest first."""
+def graph_chain(state: VerdictState, node: Node, calls: Chain) -> Chain:
+    """(side, rows) of each uncompared compiled graph call whose outputs this call (its
+    ``calls``: :func:`call_rows`) reads, directly or through another such graph, earliest first."""
     found: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for side, rows in _call_rows(state, node):
+    for side, rows in calls:
         frontier = [rows]
         while frontier:
             for row in frontier.pop():
@@ -47,22 +48,7 @@ def graph_chain(state: VerdictState, node: Node) -> Chain:
                   key=lambda item: min(r["seq"] for r in item[1]))
 
 
-def chain_tainted(state: VerdictState, node: Node, chain: Chain) -> bool:
-    """Does a graph of the chain carry a divergence: an input (a weight that is a root, a
-    value its maker passed on diverged) or an output compared and failed (a culprit there)?"""
-    for side, rows in chain:
-        for row in rows:
-            keys = [row["id"]]
-            if row.get("io") in INPUT_IO and row.get("producer") is not None:
-                keys.append(row["producer"])  # what an input was made of, judged where it was made
-            for key in keys:
-                own = state.entry.get((side, node.rank, node.step, key))
-                if own is not None and id(own) in state.tainted:
-                    return True
-    return False
-
-
-def _call_rows(state: VerdictState, node: Node) -> list[tuple[str, list[dict[str, Any]]]]:
+def call_rows(state: VerdictState, node: Node) -> Chain:
     """This call's rows on its own side, and its partner's on the other."""
     out = [(node.side, node.rows)]
     other = "reference" if node.side == "target" else "target"
@@ -74,47 +60,35 @@ def _call_rows(state: VerdictState, node: Node) -> list[tuple[str, list[dict[str
     return out
 
 
-def _unpaired_graph_output(state: VerdictState, side: str, node: Node,
-                           row: dict[str, Any]) -> dict[str, Any] | None:
-    """The compiled graph's output row an unpaired input row reads, if no pair compared it."""
-    if row.get("io") not in INPUT_IO or row.get("producer") is None:
-        return None
-    own = state.entry.get((side, node.rank, node.step, row["id"]))
-    if own is not None and own.kind in PAIRED:
-        return None
-    made = state.rows.get((side, node.rank, node.step, row["producer"]))
-    if made is None or not str(made.get("op") or "").startswith(GRAPH_PREFIX):
-        return None
-    entry = state.entry.get((side, node.rank, node.step, made["id"]))
-    return None if entry is not None and entry.kind in PAIRED else made
-
-
-def forward_tainted(state: VerdictState, node: Node, chain: Chain) -> bool:
-    """A compiled graph's backward reads what its forward saved, which no record shows: did
-    the forward of this call's graph, or of a graph of its chain (the same graph, this step),
-    carry a divergence out, or read one?"""
-    for side, call in _forwards(state, node, chain):
-        for row in call:
-            own = state.entry.get((side, node.rank, node.step, row["id"]))
-            if own is not None and id(own) in state.tainted:
-                return True
-    return False
-
-
-def _forwards(state: VerdictState, node: Node, chain: Chain) -> Chain:
-    """(side, rows) of the forward calls of the compiled backward graphs of this call and its
-    chain (the same graph name, this step); none, and nothing looked up, for other calls."""
+def forwards(state: VerdictState, node: Node, calls: Chain) -> Chain:
+    """(side, rows) of the forward calls of the compiled backward graphs among ``calls`` (the
+    same graph name, this step): a backward graph reads what its forward saved, which no
+    record shows. Nothing is looked up where no call is a backward graph (the usual case)."""
     out: Chain = []
-    for side, rows in [*_call_rows(state, node), *chain]:
-        ops = {r.get("op") for r in rows if r.get("phase") == "backward"
-               and str(r.get("op") or "").startswith(GRAPH_PREFIX)}
-        if not ops:  # no compiled backward graph (the usual case)
+    for side, rows in calls:
+        ops = {r.get("op") for r in rows if r.get("phase") == "backward" and _is_graph(r)}
+        if not ops:
             continue
         for (s, rank, step, _), call in state.calls.items():
             if (s, rank, step) == (side, node.rank, node.step) and call \
                     and call[0].get("phase") == "forward" and call[0].get("op") in ops:
                 out.append((side, call))
     return out
+
+
+def carries_divergence(state: VerdictState, node: Node, calls: Chain) -> bool:
+    """Does one of these graph calls carry a divergence: a row judged failed (a weight that
+    is a root, an output a culprit made) or an input whose maker passed one on?"""
+    for side, rows in calls:
+        for row in rows:
+            keys = [row["id"]]
+            if row.get("io") in INPUT_IO and row.get("producer") is not None:
+                keys.append(row["producer"])  # what an input was made of, judged where it was made
+            for key in keys:
+                own = state.entry.get((side, node.rank, node.step, key))
+                if own is not None and id(own) in state.tainted:
+                    return True
+    return False
 
 
 def graph_floor(node: Node) -> float:
@@ -125,24 +99,22 @@ def graph_floor(node: Node) -> float:
     gradient that cancels to nearly zero inside it (a key bias's, a batch norm's) must be
     judged against what it was summed from, as an op's output is against its inputs."""
     rows = node.rows
-    if not rows or not str(rows[0].get("op") or "").startswith(GRAPH_PREFIX):
+    if not rows or not _is_graph(rows[0]):
         return 0.0
     norms = [float(r["norm"]) for r in rows if r.get("io") in INPUT_IO
              and ((r.get("numel") or 0) > 1 or r.get("arg") == "grad_output")  # the loss's seed counts
-             and str(r.get("dtype") or "").startswith(("float", "bfloat")) and r.get("norm")
-             and 0 < float(r["norm"]) < float("inf")]
+             and is_float(r.get("dtype")) and r.get("norm") and 0 < float(r["norm"]) < math.inf]
     return min(norms) if norms else 0.0
 
 
-def graph_dtype(state: VerdictState, node: Node, chain: Chain) -> str | None:
-    """The lowest float precision a compiled graph of this call (or of its chain) holds.
+def graph_dtype(calls: Chain) -> str | None:
+    """The lowest float precision these calls hold, where one of them is a compiled graph.
 
     A graph computes out of sight: under autocast its float32 outputs were made in bf16,
-    which only the dtypes of what it saves for backward (its other outputs) still show."""
-    calls = [*_call_rows(state, node), *chain]
-    if not any(str(r.get("op") or "").startswith(GRAPH_PREFIX) for _, rows in calls for r in rows):
+    which only the dtypes of what it saves for backward (its other outputs) still show; a
+    backward graph computes in its forward's precision (pass its forward among ``calls``)."""
+    if not any(_is_graph(r) for _, rows in calls for r in rows):
         return None
-    calls += _forwards(state, node, chain)  # a backward graph computes in its forward's precision
     lowest: str | None = None
     for _, rows in calls:
         for row in rows:
@@ -150,3 +122,22 @@ def graph_dtype(state: VerdictState, node: Node, chain: Chain) -> str | None:
             if is_float(dtype) and (lowest is None or epsilon(dtype) > epsilon(lowest)):
                 lowest = str(dtype)
     return lowest
+
+
+def _is_graph(row: dict[str, Any]) -> bool:
+    return str(row.get("op") or "").startswith(GRAPH_PREFIX)
+
+
+def _unpaired_graph_output(state: VerdictState, side: str, node: Node,
+                           row: dict[str, Any]) -> dict[str, Any] | None:
+    """The compiled graph's output row an unpaired input row reads, if no pair compared it."""
+    if row.get("io") not in INPUT_IO or row.get("producer") is None:
+        return None
+    own = state.entry.get((side, node.rank, node.step, row["id"]))
+    if own is not None and own.kind in PAIRED:
+        return None
+    made = state.rows.get((side, node.rank, node.step, row["producer"]))
+    if made is None or not _is_graph(made):
+        return None
+    entry = state.entry.get((side, node.rank, node.step, made["id"]))
+    return None if entry is not None and entry.kind in PAIRED else made

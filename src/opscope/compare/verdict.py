@@ -29,8 +29,9 @@ from typing import Any
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
 from opscope.compare.graphs import (
-    chain_tainted,
-    forward_tainted,
+    call_rows,
+    carries_divergence,
+    forwards,
     graph_chain,
     graph_dtype,
     graph_floor,
@@ -224,12 +225,14 @@ def _graph_inputs(state: VerdictState, node: Node, in_error: float, in_taint: bo
     """What compiled graphs add to a call's inputs (:mod:`opscope.compare.graphs`): the first
     graph of an uncompared chain it reads, the precision they computed in, the gradient that
     entered a backward graph, and a divergence they carry."""
-    chain = graph_chain(state, node)
+    calls = call_rows(state, node)
+    chain = graph_chain(state, node, calls)
     if chain:  # what it reads was made by compiled graphs nothing compared
         side, rows = chain[0]
         node.graph = (side, min(rows, key=lambda r: r["seq"]))
-    node.precision = graph_dtype(state, node, chain)
-    if (chain and chain_tainted(state, node, chain)) or forward_tainted(state, node, chain):
+    saved = forwards(state, node, [*calls, *chain])  # what their backward graphs read unseen
+    node.precision = graph_dtype([*calls, *chain, *saved])
+    if carries_divergence(state, node, [*chain, *saved]):
         in_error, in_taint = math.inf, True  # a root they read, or a diverged forward: carried on
     return in_error, in_taint, max(floor, graph_floor(node))
 

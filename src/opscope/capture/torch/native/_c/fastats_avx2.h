@@ -22,7 +22,6 @@ AVX2_INLINE __m256 load8(const void *x, Py_ssize_t i, int code) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bfloat16 */
 }
 
-
 /* Eight lanes of hash_mix (fastats_kernel.h). */
 AVX2_INLINE __m256i mix8(__m256i v, __m256i salt) {
     __m256i x = _mm256_xor_si256(v, salt);
