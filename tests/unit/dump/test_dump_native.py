@@ -451,3 +451,29 @@ def test_a_mask_of_the_lowest_value_has_the_same_finite_statistics_natively(tmp_
     masked = native.loc[["aten.full.default", "aten.triu.default", "aten.add.Tensor"]]
     assert np.isfinite(masked[["norm", "mean", "std"]].to_numpy()).all() and (masked["inf"] == 0).all()
     assert native.equals(python)
+
+
+@pytest.mark.parametrize("backend_name", ["native", "python"])
+def test_ops_with_a_kernel_beside_their_decomposition_are_recorded(tmp_path, monkeypatch, backend_name):
+    """silu_backward and mish_backward register a CompositeImplicitAutograd decomposition and
+    a CPU kernel; on CPU the kernel runs, so there are no parts to record in their place. The
+    native observer took them for decomposed ops and recorded nothing: the gradient they make
+    (Llama's MLP, every SiLU network's backward) had no producer."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend_name)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    with opscope.dump(tmp_path / "d", steps=[0], level="aten") as d:
+        (torch.nn.functional.silu(lin(x)) + torch.nn.functional.mish(lin(x))).sum().backward()
+        opt.step()
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    back = df[df.phase == "backward"]
+    ops = set(back.op.map(base_name))
+    assert {"silu_backward", "mish_backward"} <= ops, sorted(ops)
+    made = back[back.io == "output"]
+    for name in ("silu_backward", "mish_backward"):
+        out = made[made.op.map(base_name) == name]
+        readers = back[(back.io == "input") & back.producer.isin(out.id)]
+        assert len(readers) >= 1, f"nothing reads {name}'s output through the data flow"

@@ -26,6 +26,27 @@ def _arg_kind(type_name: str) -> int:
     return _ARG_KINDS.get(type_name, 0)
 
 
+# Dense backends whose own kernel, where an op has one, runs instead of its
+# CompositeImplicitAutograd decomposition (PrivateUse1: an out-of-tree device, Ascend's NPU)
+_BACKENDS = ("CPU", "CUDA", "XPU", "MPS", "HIP", "PrivateUse1")
+
+
+def decomposes(name: str) -> bool:
+    """Does the op ``name`` (``aten::silu_backward``) run as its CompositeImplicitAutograd
+    decomposition, whose parts are then recorded instead of it?
+
+    The dispatcher takes the decomposition only where no kernel of the tensor's backend (nor
+    a CompositeExplicitAutograd one) is registered: ``silu_backward`` has one too, and on CPU
+    runs its own kernel, with no parts to record. Where an op has a kernel for any backend it
+    counts as not decomposed: recorded whole, which is also right where it decomposes after all
+    (its parts are inside it)."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    keys = torch._C.DispatchKey
+    if not has(name, keys.CompositeImplicitAutograd) or has(name, keys.CompositeExplicitAutograd):
+        return False
+    return not any(has(name, getattr(keys, b)) for b in _BACKENDS if hasattr(keys, b))
+
+
 def classify_op(qualname: str) -> dict[str, Any] | None:
     """What an overload named like ``aten.add_.Tensor`` is, or None when it is not a
     dispatcher op (a profiler range, a manual record).
@@ -44,8 +65,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
         # the dispatcher's own kernels: OpOverload.has_kernel_for_dispatch_key also counts the
         # Python decompositions that tracing registers (native_batch_norm has one), which eager
         # dispatch, and so a dispatch mode, never runs
-        composite = torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd)
+        composite = decomposes(func.name())
     except Exception:  # not a registered overload
         return None
     info = kind.info
