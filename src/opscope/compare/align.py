@@ -95,9 +95,15 @@ def _parameter_pairs(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
     out = []
     for key, t in t_first.items():
         r = r_first.get(key)
-        if r is not None and t["id"] not in partner["target"] and r["id"] not in partner["reference"] \
-                and same_shape(t, r):
+        if r is None or not same_shape(t, r) or partner["target"].get(t["id"]) is r:
+            continue
+        t_free, r_free = t["id"] not in partner["target"], r["id"] not in partner["reference"]
+        if t_free and r_free:
             partner["target"][t["id"]], partner["reference"][r["id"]] = r, t
+            out.append(Pair(t, r, "flow"))
+        elif t_free or r_free:
+            # one side reads the weight through a cast (autocast) whose output pairs with the
+            # other side's read: the weights themselves still pair, or a changed one is no root
             out.append(Pair(t, r, "flow"))
     return out
 

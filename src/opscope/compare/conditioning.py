@@ -160,3 +160,42 @@ def masked_gradient(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     if not math.isfinite(norm) or out_norm <= 0:
         return 1.0
     return norm / out_norm
+
+
+_POWERS = {"rsqrt": -0.5, "reciprocal": -1.0, "sqrt": 0.5}
+
+
+@register_condition("rsqrt", "reciprocal", "sqrt", "pow")
+def power(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """y = x^p element by element: |Δy| ≈ |p|·|x|^(p-1)·|Δx|, so relative to ||y|| the input's
+    relative error counts |p|·m^(p-1)·||x||/||y|| times, m the smallest |x| where p < 1 (an
+    inverse RMS: the rows of smallest variance weigh most in the output, least in the input)
+    and the largest where p > 1. An input that crosses zero has no bound: none is given."""
+    p = _POWERS.get(base_op(out_row.get("op"))) or _exponent(out_row)
+    x = next((r for r in inputs if r.get("slot") == 0), None)
+    if p is None or x is None or out_norm <= 0:
+        return 1.0
+    norm, low, high = _num(x.get("norm")), _num(x.get("min")), _num(x.get("max"))
+    if not all(map(math.isfinite, (norm, low, high))):
+        return 1.0
+    if p < 1:
+        if low <= 0 <= high:
+            return 1.0
+        m = min(abs(low), abs(high))
+    else:
+        m = max(abs(low), abs(high))
+    return abs(p) * m ** (p - 1) * norm / out_norm
+
+
+def _exponent(row: Row) -> float | None:
+    """The scalar exponent of ``pow.Tensor_Scalar`` (its argument 1), if recorded."""
+    import json
+
+    try:
+        args = json.loads(row.get("args") or "{}").get("args") or []
+    except (ValueError, AttributeError):
+        return None
+    for position, value in args:
+        if position == 1 and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None

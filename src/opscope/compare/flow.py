@@ -133,13 +133,26 @@ def flow_pairs(pairs: list[Pair], sides: Sides, partner: dict[str, dict[int, Row
 
 
 def _top(sides: Sides, side: str, row: Row, partner: dict[str, dict[int, Row]]) -> Row:
-    """Walk up through one-sided, value- and shape-keeping ops to the op that made the values."""
+    """Walk up through one-sided, value- and shape-keeping ops and casts to the op that made
+    the values (T5 under autocast casts its activation's float16 output to float32 and back
+    where the float32 run has no cast: the activation pairs, not the cast)."""
     for _ in range(_MAX_WALK):
-        source = sides.alias_source(side, row)
+        source = sides.alias_source(side, row) or _cast_source(sides, side, row)
         if source is None or source["id"] in partner[side] or source.get("io") != "output":
             return row
         row = source
     return row
+
+
+def _cast_source(sides: Sides, side: str, row: Row) -> Row | None:
+    """The output a cast's output ``row`` holds the values of, rounded, if any."""
+    if row.get("io") != "output" or base_op(row.get("op")) not in CASTS:
+        return None
+    inputs = sides.tensor_inputs(side, row)
+    if len(inputs) != 1 or inputs[0].get("numel") != row.get("numel"):
+        return None
+    source = sides.producer(side, inputs[0])
+    return source if source is not None and same_shape(source, row) else None
 
 
 def _same_layout_inputs(sides: Sides, top_t: Row, top_r: Row) -> list[tuple[Row, Row]]:
