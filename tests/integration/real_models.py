@@ -4,7 +4,7 @@ Nothing is downloaded: every model is built from a config with a fixed seed, so 
 one family start from the same weights and see the same batch. A *pair* is a target run that
 differs from the plain reference run (fp32, eager attention, two threads) in one way: a benign
 change (same run again, threads, bf16 autocast, a bf16 model, sdpa attention, torch.compile with
-the eager or the inductor backend) or a fault
+the eager or the inductor backend, float16 autocast with a GradScaler) or a fault
 injected in one place. ``fault_module`` says which module the first divergence should name.
 
 Used by test_real_models.py; ``python real_models.py matrix OUT`` prints the whole matrix
@@ -35,6 +35,7 @@ BENIGN: dict[str, dict[str, Any]] = {
     "same_twice": {},
     "threads": {"threads": 1},
     "bf16_autocast": {"autocast": True},
+    "fp16_amp": {"autocast": "float16"},
     "bf16_model": {"dtype": "bfloat16"},
     "sdpa": {"attn": "sdpa"},
     "compiled": {"compile": True},
@@ -213,14 +214,16 @@ def run_record(path: Path) -> dict[str, Any]:
     return json.loads(Path(f"{path}.run.json").read_text())
 
 
-def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool = False,
+def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool | str = False,
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32") -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
-    floating tensors to it, as a user training a bf16 model does.
+    floating tensors to it, as a user training a bf16 model does. ``autocast``: True runs
+    the forward under bf16 autocast; "float16" under float16 autocast with a
+    ``torch.amp.GradScaler`` (its default scale, 65536), the mixed-precision recipe of GPUs.
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -239,6 +242,8 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     # compile=True: backend="eager" (every aten op recorded); a name: that backend
     runner = torch.compile(model, backend="eager" if compile is True else compile) if compile else model
+    half = autocast == "float16"
+    scaler = torch.amp.GradScaler("cpu", enabled=half)
     old_threads = torch.get_num_threads()
     losses: list[torch.Tensor] = []
     if threads:
@@ -248,10 +253,11 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
                           overwrite=True) as d:
             for _ in range(steps):
                 opt.zero_grad()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                with torch.autocast("cpu", dtype=torch.float16 if half else torch.bfloat16, enabled=bool(autocast)):
                     loss = runner(**batch).loss
-                loss.backward()
-                opt.step()
+                scaler.scale(loss).backward()
+                scaler.step(opt)  # opt.step(), unless the scaler found Inf/NaN gradients
+                scaler.update()
                 losses.append(loss.detach())
                 d.step()
     finally:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opscope.compare import crossframework, measure
+from opscope.compare import crossframework, loss_scale, measure
 from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
@@ -74,11 +74,12 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     problems: list[str] = [*manifest_warnings(t_dump, "target"), *manifest_warnings(r_dump, "reference"),
                            *level_mismatch(t_dump, r_dump)]
     parts = _partitions(t_dump, r_dump, ranks, steps, problems)
+    scales = loss_scale.LossScales()
     n_workers = max(1, int(workers or measure.default_workers()))
     with PartitionedRun(t_dump, r_dump, noise, workers=n_workers, scheduler=scheduler, progress=progress) as run:
         window: list[tuple[int, int, list[Pair]]] = []
         for rank, step in parts:  # a window of partitions at a time: the index is never held whole
-            window.append((rank, step, _align(t_dump, r_dump, rank, step, names, problems)))
+            window.append((rank, step, _align(t_dump, r_dump, rank, step, names, problems, scales)))
             if sum(len(part) for _, _, part in window) >= WINDOW_PAIRS:
                 run.run_window(window)
         run.run_window(window)
@@ -90,6 +91,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
         raise NothingToCompareError(_nothing_message(t_dump, r_dump, counts, problems))
     result = _result(t_dump, r_dump, run, findings, problems, noise, names, n_workers,
                      time.perf_counter() - start)
+    result.notes += scales.notes()
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))
@@ -107,7 +109,8 @@ def _partitions(t_dump: Any, r_dump: Any, ranks: list[int] | None, steps: list[i
                   if (ranks is None or r in ranks) and (steps is None or s in steps))
 
 
-def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, problems: list[str]) -> list[Pair]:
+def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, problems: list[str],
+           scales: loss_scale.LossScales | None = None) -> list[Pair]:
     t_rows = _rows(t_dump.records(rank=rank, step=step))
     r_rows = _rows(r_dump.records(rank=rank, step=step))
     for side, rows in (("target", t_rows), ("reference", r_rows)):
@@ -115,8 +118,9 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
             problems.append(f"rank {rank} step {step} has no readable records in the {side}: skipped")
     if not t_rows or not r_rows:
         return []
-    for rows in (t_rows, r_rows):
+    for side, rows in (("target", t_rows), ("reference", r_rows)):
         _inherit_data(rows)
+        (scales or loss_scale.LossScales()).read(side, rank, step, rows)
     rename_target(t_rows, names)
     if not (records_modules(t_dump) and records_modules(r_dump)):  # msprobe at L1: pair by API and order
         for rows in (t_rows, r_rows):

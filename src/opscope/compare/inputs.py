@@ -14,6 +14,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.internal import backward_known, module_gradient_error
+from opscope.compare.loss_scale import explained_by_skip
 from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
 from opscope.compare.tolerance import epsilon
 
@@ -58,6 +59,10 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     if identity in info["seen"]:
         return id(own) in state.tainted or info["tainted_before"]
     info["seen"].add(identity)
+    skip = explained_by_skip(t, r) if name else None
+    if skip:  # no root: the runs part here by design, and what reads the weights carries it
+        own.note = join(own.note, skip)
+        return True
     explained = not info["first"] and (
         info["tainted_before"]
         or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))

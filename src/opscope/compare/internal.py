@@ -18,6 +18,7 @@ from collections import defaultdict
 from typing import Any
 
 from opscope.compare.conditioning import reduction
+from opscope.compare.loss_scale import excuse
 from opscope.compare.pair import INPUT_IO
 from opscope.compare.state import Node, VerdictState, input_error, join, raw_error
 from opscope.compare.tolerance import is_float
@@ -177,19 +178,16 @@ def _judge_made(state: VerdictState, node: Node, row: Row, own: Any, known: floa
     if not error > tol:
         own.status = "passed"
         return False
-    if error > max(tol, state.noise.ratio * known) and (is_float(lower) or known == 0):
-        own.status, own.verdict = "failed", "culprit"
-        own.metrics["input_error"] = known
-        own.metrics["ratio"] = error / known if known > 0 else math.inf
-        own.note = join(own.note, what)
-        state.tainted.add(id(own))
-        if not nest:
-            return True
-        rows = [r for r in state.calls.get((node.side, node.rank, node.step, owner["cseq"]), [])
-                if r.get("io") in INPUT_IO]
-        state.extra_nodes.append(Node(node.side, node.rank, node.step, row["seq"], row["seq"] - 0.5,
-                                      rows, [own], verdict="culprit", in_error=known, worst=own,
-                                      owner=owner))
+    out_of_proportion = error > max(tol, state.noise.ratio * known) and (is_float(lower) or known == 0)
+    scaled = excuse(own.t, own.r) if out_of_proportion else None  # mixed precision's loss scaling
+    if scaled is not None:
+        own.note = join(own.note, scaled[0])
+        if scaled[1]:
+            own.status = "passed"
+            return False
+        out_of_proportion, tainted = False, True
+    if out_of_proportion:
+        _blame(state, node, row, own, known, owner, what, nest)
         return True
     if tainted:
         own.status, own.verdict = "failed", "inherits"
@@ -198,6 +196,22 @@ def _judge_made(state: VerdictState, node: Node, row: Row, own: Any, known: floa
     own.status = "passed"
     own.note = join(own.note, f"{what}; in proportion to the error of what it read")
     return False
+
+
+def _blame(state: VerdictState, node: Node, row: Row, own: Any, known: float, owner: Row, what: str,
+           nest: bool) -> None:
+    """``own`` is out of proportion to what its maker read: the culprit (its owner's, nested)."""
+    own.status, own.verdict = "failed", "culprit"
+    own.metrics["input_error"] = known
+    own.metrics["ratio"] = own.error / known if known > 0 else math.inf
+    own.note = join(own.note, what)
+    state.tainted.add(id(own))
+    if nest:
+        rows = [r for r in state.calls.get((node.side, node.rank, node.step, owner["cseq"]), [])
+                if r.get("io") in INPUT_IO]
+        state.extra_nodes.append(Node(node.side, node.rank, node.step, row["seq"], row["seq"] - 0.5,
+                                      rows, [own], verdict="culprit", in_error=known, worst=own,
+                                      owner=owner))
 
 
 def available(state: VerdictState, node: Node, span: dict[str, Any], seq: int) -> tuple[float, bool]:

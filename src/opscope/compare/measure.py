@@ -86,7 +86,8 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
         nbytes = int(n_r or 0) * (_itemsize(t.get("dtype")) + _itemsize(r.get("dtype")))
         return Job(int(t["rank"]), int(t["step"]), (t["data"], t["key"], t.get("view")),
                    (r["data"], r["key"], r.get("view")),
-                   floor, noise.element_tolerance(lower), nbytes, same_dtype)
+                   floor, noise.element_tolerance(lower), nbytes, same_dtype,
+                   (float(t.get("scale") or 1.0), float(r.get("scale") or 1.0)))
     pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
     return None
 

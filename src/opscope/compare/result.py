@@ -77,6 +77,8 @@ class CompareResult:
             proportion first).
         counts: pairs, identical, passed, failed, skipped, unpaired_target, unpaired_reference.
         problems: what could not be compared and why, one sentence each.
+        notes: how values were read before they were compared, one sentence each (a
+            side's loss scale, divided out).
         statistics_only: True when some pairs were judged from statistics alone (weaker).
         pairs_table: one row per aligned tensor pair (and per unpaired record), as Arrow
             (read back from ``pairs_file`` when it went to disk: a large comparison's table
@@ -93,6 +95,7 @@ class CompareResult:
     counts: dict[str, int]
     pairs_file: PairsFile
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     first_divergence_by_rank: dict[int, Finding] = field(default_factory=dict)
     statistics_only: bool = False
     weaker: str | None = None
@@ -145,6 +148,7 @@ class CompareResult:
             "statistics_only": self.statistics_only,
             "weaker": self.weaker,
             "problems": list(self.problems),
+            "notes": list(self.notes),
             "settings": dict(self.settings),
             "elapsed_s": round(self.elapsed_s, 3),
             "bytes_compared": self.bytes_compared,

@@ -28,7 +28,7 @@ from opscope.compare import kernel
 from opscope.compare import metrics as M
 from opscope.compare.accumulate import Accumulator, accumulate
 from opscope.errors import DumpFormatError
-from opscope.storage.safetensors_io import DTYPES, TensorExtent
+from opscope.storage.safetensors_io import DTYPES, TensorExtent, widen
 
 Side = tuple[int, int, str, str, "str | None"]  # rank, step, data, key, view of one tensor
 BLOCK_BYTES = 1 << 18  # per side: two such buffers per process, whatever the tensors' size; read
@@ -49,6 +49,8 @@ class Job:
     rtol: float
     nbytes: int
     same_dtype: bool
+    scales: tuple[float, float] = (1.0, 1.0)  # each side's values divided by (a loss scale)
+
 
 @dataclass
 class ReadCounter:
@@ -80,25 +82,27 @@ class PairStream:
             OSError: a read failed.
         """
         return self.pair((job.rank, job.step, *job.t_ref), (job.rank, job.step, *job.r_ref),
-                         rel_floor=job.rel_floor, rtol=job.rtol)
+                         rel_floor=job.rel_floor, rtol=job.rtol, scales=job.scales)
 
-    def pair(self, target: Side, reference: Side, *, rel_floor: float, rtol: float) -> M.PairSums:
+    def pair(self, target: Side, reference: Side, *, rel_floor: float, rtol: float,
+             scales: tuple[float, float] = (1.0, 1.0)) -> M.PairSums:
         """The sums of any two tensors, each given as ``(rank, step, data, key, view)`` of its
-        dump (check-ranks pairs one rank's tensor with another rank's). Raises as :meth:`measure`."""
+        dump (check-ranks pairs one rank's tensor with another rank's), each side divided by
+        its ``scales`` entry (a power of two: exact). Raises as :meth:`measure`."""
         extents = [dump.tensor_extent(*side[:4]) for dump, side in zip(self.dumps, (target, reference))]
         spans = _spans(extents[0], extents[1], target[4], reference[4])
         if spans is None:
-            return self._whole(target, reference, rel_floor, rtol)
-        return self._stream(extents[0], extents[1], spans, rel_floor, rtol)
+            return self._whole(target, reference, rel_floor, rtol, scales)
+        return self._stream(extents[0], extents[1], spans, rel_floor, rtol, scales)
 
     def _stream(self, t: TensorExtent | None, r: TensorExtent | None, spans: tuple[int, int, int],
-                rel_floor: float, rtol: float) -> M.PairSums:
+                rel_floor: float, rtol: float, scales: tuple[float, float]) -> M.PairSums:
         assert t is not None and r is not None  # _spans said so
         t_first, r_first, count = spans
         t_type, r_type = np.dtype(DTYPES[t.dtype][1]), np.dtype(DTYPES[r.dtype][1])
         step = max(1, self.block_bytes // max(t_type.itemsize, r_type.itemsize))
         acc = Accumulator(rel_floor=rel_floor, rtol=rtol)
-        in_c = not acc.chunked and kernel.can_stream(t.dtype, r.dtype)
+        in_c = not acc.chunked and kernel.can_stream(t.dtype, r.dtype) and scales == (1.0, 1.0)
         start = 0
         while start < count:
             t_at, r_at = t.start + (t_first + start) * t_type.itemsize, r.start + (r_first + start) * r_type.itemsize
@@ -111,7 +115,10 @@ class PairStream:
             n = min(step, count - start)  # here, a block the kernel left: not finite, or cut short
             a = self._read(0, t.path, t_at, n * t_type.itemsize)
             b = self._read(1, r.path, r_at, n * r_type.itemsize)
-            acc.add(a.view(t_type), b.view(r_type), t.dtype, r.dtype)
+            if scales == (1.0, 1.0):
+                acc.add(a.view(t_type), b.view(r_type), t.dtype, r.dtype)
+            else:  # widened to float64 and divided: exact for a power of two
+                acc.add(_divided(a.view(t_type), t.dtype, scales[0]), _divided(b.view(r_type), r.dtype, scales[1]))
             READS.blocks += 1
             start += n
         return acc.result()
@@ -155,9 +162,12 @@ class PairStream:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a larger read-ahead
         return fd
 
-    def _whole(self, target: Side, reference: Side, rel_floor: float, rtol: float) -> M.PairSums:
+    def _whole(self, target: Side, reference: Side, rel_floor: float, rtol: float,
+               scales: tuple[float, float]) -> M.PairSums:
         a = self.dumps[0].tensor(*target[:4], view=target[4])
         b = self.dumps[1].tensor(*reference[:4], view=reference[4])
+        if scales != (1.0, 1.0):
+            a, b = (np.asarray(x, np.float64) / s if s != 1.0 else x for x, s in ((a, scales[0]), (b, scales[1])))
         READS.whole += 2
         READS.largest_whole = max(READS.largest_whole, a.nbytes, b.nbytes)
         if a.size != b.size:
@@ -169,6 +179,12 @@ class PairStream:
         for fd in self._files.values():
             os.close(fd)
         self._files.clear()
+
+
+def _divided(block: np.ndarray, dtype: str, scale: float) -> np.ndarray:
+    """A block read as stored (bfloat16 as its bits), as float64 divided by ``scale``."""
+    wide = widen(block, dtype)
+    return np.asarray(wide, np.float64) / scale if scale != 1.0 else wide
 
 
 def _read_into(fd: int, out: np.ndarray, start: int, offset: int) -> int:

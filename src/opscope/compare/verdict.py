@@ -46,6 +46,7 @@ from opscope.compare.internal import (
     judge_internal,
     owner_of,
 )
+from opscope.compare.loss_scale import excuse
 from opscope.compare.nesting import demote_enclosing
 from opscope.compare.state import (
     PAIRED,
@@ -273,6 +274,12 @@ def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol
         out.note = join(out.note, "holds each side's own dtype extreme (a mask's fill, finfo.min): "
                                   "differs by the dtypes; its readers are judged against that")
         return "passed"
+    scaled = excuse(*out.rows) if out_of_proportion else None  # mixed precision's loss scaling
+    if scaled is not None:
+        out.note = join(out.note, scaled[0])
+        if scaled[1]:
+            return "passed"
+        out_of_proportion, in_taint = False, True
     if out_of_proportion:
         out.verdict = "culprit"
         node.verdict = "culprit"

@@ -48,6 +48,8 @@ def renderables(result: CompareResult) -> list[Any]:
     out.append(_counts(result))
     if result.weaker:
         out.append(Text(f"note: {result.weaker}", style="yellow"))
+    for note in result.notes:
+        out.append(Text(f"note: {note}", style="yellow"))
     for problem in result.problems[:20]:
         out.append(Text(f"skipped: {problem}", style="yellow"))
     if len(result.problems) > 20:

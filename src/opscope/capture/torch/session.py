@@ -16,6 +16,7 @@ from opscope.capture.steps import StepClock
 from opscope.capture.torch import levels, run_info
 from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank
+from opscope.capture.torch.grad_scaler import ScalerHooks
 from opscope.capture.torch.modules import ModuleTracker
 from opscope.capture.torch.native import aten as native_aten
 from opscope.capture.torch.optimizer_hooks import OptimizerHooks
@@ -83,6 +84,7 @@ class DumpSession:
         self._handles: list[Any] = []
         self._modules_on = False  # the module hooks are installed
         self.optimizer_hooks = OptimizerHooks(self)
+        self.scaler_hooks = ScalerHooks(self)  # module level: GradScaler's scale, recorded in place of its ops
 
     @property
     def level(self) -> levels.Level | None:
@@ -130,6 +132,8 @@ class DumpSession:
         self._watch_modules(True)
         self.compiled.poll()
         self._watch_optimizers(True)
+        if cfg.level == "module":
+            self.scaler_hooks.install()
         atexit.register(self._atexit)
         # a process forked while capturing (a DataLoader worker) inherits the hooks and
         # the dispatch mode; it must not capture, nor pay for capturing
@@ -219,6 +223,7 @@ class DumpSession:
         self._watch_modules(False)
         self.compiled.remove()
         self._watch_optimizers(False)
+        self.scaler_hooks.remove()
 
     def internal_error(self, exc: BaseException) -> None:
         """An error inside opscope itself: stop capturing, keep what was captured, say so once.

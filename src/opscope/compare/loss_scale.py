@@ -1,0 +1,252 @@
+"""Loss scaling: values that carry mixed precision's power-of-two loss scale.
+
+``torch.amp.GradScaler`` multiplies the loss by a scale S (a power of two, 65536 at first),
+so every gradient of the backward pass is S times its true value until
+``_amp_foreach_non_finite_check_and_unscale_`` multiplies the gradients by 1/S in place
+before the optimizer reads them. Compared with a run without a scaler (float16 autocast
+against float32), every backward value would differ by S, and the loss's ``mul`` by S would
+be the first culprit.
+
+:func:`unscale` finds S on one side of a (rank, step) from its evidence (the unscale op's
+``inv_scale`` input) and divides every value that carries it: the statistics of its rows in
+place, and a ``scale`` the tensor reader divides by (:mod:`opscope.compare.stream`). A
+power of two divides exactly, so nothing is hidden: a value that over- or underflowed under
+the scale still differs.
+
+Which values carry S follows the data flow in execution order: the one-element values equal
+to S that a product of one-element values reads (``loss * scale`` in forward, its backward's
+``grad * scale``) carry S; a product's output carries the product of its inputs' scales, a
+quotient their quotient; a value-independent op (``ones_like``) or a non-float output carries
+none; any other op carries the one scale its inputs carry (backward ops are linear in the
+gradient they read), and the unscale op's outputs none.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opscope.compare.flow import base_op
+
+Row = dict[str, Any]
+
+UNSCALE = "_amp_foreach_non_finite_check_and_unscale_"
+# a module-level dump's records of the scaler's two steps (opscope.capture.torch.grad_scaler)
+SCALE_RECORD, UNSCALE_RECORD = "GradScaler.scale", "GradScaler.unscale_"
+_PRODUCTS = frozenset({"mul", "mul_", "mm", "bmm", "matmul", "mv", "dot", "outer", "vdot"})
+_QUOTIENTS = frozenset({"div", "div_"})
+_CREATORS = frozenset({"full", "zeros", "ones", "empty", "scalar_tensor", "arange", "empty_strided"})
+_STATS = ("mean", "std", "norm", "min", "max", "absmax")
+_INPUTS = ("input", "param", "grad")
+
+
+class LossScales:
+    """The loss scales of a comparison's two sides, read a (rank, step) at a time in order.
+
+    A step whose unscale op found an Inf or NaN gradient was skipped by the scaler (no
+    optimizer step, a smaller scale next): its values that overflowed under the scale are no
+    culprits (``overflowed``). From the next step on, that side's weights are an update behind
+    the other's: every row of those steps gets ``after_skip``, a parameter that differs there
+    is no root (:func:`explained_by_skip`) and an op out of proportion inherits (no culprit can
+    be told from the skipped update)."""
+
+    def __init__(self) -> None:
+        self.found: dict[tuple[str, float], set[int]] = {}  # (side, scale) -> steps
+        self.skipped: set[tuple[str, int, int]] = set()  # (side, rank, step)
+        self.first_skip: dict[tuple[str, int], int] = {}  # (side, rank) -> its first skipped step
+
+    def read(self, side: str, rank: int, step: int, rows: list[Row]) -> None:
+        """Divide the values of this side's (rank, step) that carry its loss scale."""
+        skip = self.first_skip.get((side, rank))
+        if skip is not None and step > skip:
+            for row in rows:
+                row["after_skip"] = skip
+        scale, skipped = unscale(rows)
+        if scale is None:
+            return
+        self.found.setdefault((side, scale), set()).add(step)
+        if skipped:
+            self.skipped.add((side, rank, step))
+            self.first_skip.setdefault((side, rank), step)
+
+    def notes(self) -> list[str]:
+        """One sentence per side and scale, and per side's skipped steps."""
+        out = []
+        for (side, scale), steps in sorted(self.found.items(), key=lambda kv: (kv[0][0], min(kv[1]))):
+            out.append(f"the {side}'s gradients carry a loss scale of {show(scale)} in {_steps(steps)} "
+                       "(torch.amp.GradScaler): its backward values were compared divided by it")
+        for side in ("target", "reference"):
+            steps = {step for s, _, step in self.skipped if s == side}
+            if steps:
+                out.append(f"the {side}'s GradScaler found Inf/NaN gradients in {_steps(steps)} and skipped "
+                           "the optimizer step (float16 overflowed under the loss scale, as dynamic loss "
+                           "scaling expects at first): those overflows are no culprits, the next step's weights "
+                           f"differ by the update the {side} did not make, and the steps from there on "
+                           "inherit that difference (no culprit can be told from it: compare the steps "
+                           "before a skip, or give GradScaler a lower init_scale)")
+        return out
+
+
+def unscale(rows: list[Row]) -> tuple[float | None, bool]:
+    """Divide the values of one side's (rank, step) that carry its loss scale; returns the
+    scale (None where the step shows none) and whether the scaler skipped the step. Rows
+    that carry it get ``scale`` (and ``overflowed`` where the step was skipped and they hold
+    an Inf or NaN)."""
+    scale, skipped = _scale(rows)
+    if scale is None:
+        return None, False
+    carried = _carried(rows, scale)
+    for row in rows:
+        factor = carried.get(_value(row), 1.0)
+        if factor != 1.0:
+            _divide(row, factor)
+            if skipped and (row.get("inf") or row.get("nan")):
+                row["overflowed"] = factor
+    return scale, skipped
+
+
+def excuse(t: Row, r: Row) -> tuple[str, bool] | None:
+    """Why an output out of proportion to its inputs is no culprit, and whether it then passes
+    (an overflow under a loss scale in a step the scaler skipped) or inherits (a step after a
+    skipped one: the weights are an update apart); None where loss scaling does not explain it."""
+    why = overflowed(t, r)
+    if why:
+        return why, True
+    why = explained_by_skip(t, r)
+    return (why, False) if why else None
+
+
+def overflowed(t: Row, r: Row) -> str | None:
+    """Why an output that holds Inf/NaN on one side is no culprit: that side's scaler skipped
+    the step, and the value overflowed under its loss scale; None otherwise."""
+    for side, row, other in (("target", t, r), ("reference", r, t)):
+        if row.get("overflowed") and not (other.get("inf") or other.get("nan")):
+            return (f"overflowed under the {side}'s loss scale {show(row['overflowed'])}: its GradScaler "
+                    "skipped this step's update (dynamic loss scaling), no fault")
+    return None
+
+
+def explained_by_skip(t: Row, r: Row) -> str | None:
+    """Why a parameter that differs at a step's start is no root, or an op out of proportion
+    no culprit: a side skipped the update of an earlier step; None otherwise."""
+    for side, row in (("target", t), ("reference", r)):
+        if row.get("after_skip") is not None:
+            return (f"the {side}'s GradScaler skipped the update of step {row['after_skip']}: its "
+                    "weights are an update behind, and what reads them carries that difference")
+    return None
+
+
+def show(scale: float) -> str:
+    """A power of two as people write it: 65536, 2^40, 2^-3."""
+    exponent = math.frexp(scale)[1] - 1
+    return f"{scale:.0f}" if 0 <= exponent <= 20 else f"2^{exponent}"
+
+
+def _steps(steps: set[int]) -> str:
+    shown = sorted(steps)
+    if len(shown) == 1:
+        return f"step {shown[0]}"
+    runs: list[list[int]] = []
+    for step in shown:
+        if runs and step == runs[-1][-1] + 1:
+            runs[-1].append(step)
+        else:
+            runs.append([step])
+    return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def _scale(rows: list[Row]) -> tuple[float | None, bool]:
+    """S, from the unscale op's one-element ``inv_scale`` input (exactly 1/S), and whether
+    its ``found_inf`` output (the slot before) says the step is skipped; where no unscale op
+    is recorded, from the one-element power of two whose reciprocal GradScaler takes (a skip
+    is then not seen)."""
+    for row in rows:
+        record = row.get("op") == UNSCALE_RECORD
+        if (record or base_op(row.get("op")) == UNSCALE) and row.get("io") in _INPUTS and row.get("numel") == 1:
+            inverse = _number(row)
+            if inverse and inverse < 1.0 and _power_of_two(1.0 / inverse):
+                slot = 0 if record else (row.get("slot") or 0) - 1
+                found = [r for r in rows if r["seq"] == row["seq"] and r.get("io") == "output"
+                         and r.get("slot") == slot and r.get("numel") == 1]
+                return 1.0 / inverse, bool(found and (_number(found[0]) or 0.0) > 0)
+    for row in rows:  # the api level records no unscale op: GradScaler's scale.double().reciprocal()
+        if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS and row.get("numel") == 1:
+            value = _number(row)
+            if value and value > 1.0 and _power_of_two(value):
+                return value, False
+    return None, False
+
+
+def _carried(rows: list[Row], scale: float) -> dict[int, float]:
+    """Value (producing row id, or the row's own for a value from before the step) -> factor."""
+    carried: dict[int, float] = {}
+    for call in _calls(rows):
+        inputs = [r for r in call if r.get("io") in _INPUTS]
+        op = "mul" if call[0].get("op") == SCALE_RECORD else base_op(call[0].get("op"))
+        if op in _PRODUCTS and inputs and all(r.get("numel") == 1 for r in inputs):
+            for row in inputs:  # loss * S, and its backward's grad * S
+                if _is_float(row) and _number(row) == scale:
+                    carried.setdefault(_value(row), scale)
+        factor = _output_factor(op, [carried.get(_value(r), 1.0) for r in inputs if _is_float(r)])
+        for row in call:
+            if row.get("io") == "output" and _is_float(row) and factor != 1.0:
+                carried[row["id"]] = factor
+    if any(r.get("op") == SCALE_RECORD for r in rows):
+        # a module-level dump: no op links a module's gradient to the scaled loss, and every
+        # gradient of the backward pass, up to the unscaling, carries the scale
+        end = min((r["seq"] for r in rows if r.get("op") == UNSCALE_RECORD), default=math.inf)
+        for row in rows:
+            if row.get("phase") == "backward" and row["seq"] < end and _is_float(row):
+                carried.setdefault(_value(row), scale)
+    return carried
+
+
+def _output_factor(op: str, factors: list[float]) -> float:
+    if op == UNSCALE or op in _CREATORS or op.endswith("_like") or op.startswith("new_") or not factors:
+        return 1.0
+    if op in _PRODUCTS:
+        return math.prod(factors)
+    if op in _QUOTIENTS and len(factors) >= 2:
+        return factors[0] / factors[1]
+    scaled = {f for f in factors if f != 1.0}
+    return scaled.pop() if len(scaled) == 1 else 1.0
+
+
+def _calls(rows: list[Row]) -> list[list[Row]]:
+    """Rows grouped by call, in execution order of the call's first row."""
+    by_call: dict[Any, list[Row]] = {}
+    for row in sorted(rows, key=lambda r: r["seq"]):
+        call = row.get("call")
+        key = ("seq", row["seq"]) if call is None else (row.get("phase"), row.get("module"), row.get("op"), call)
+        by_call.setdefault(key, []).append(row)
+    return list(by_call.values())
+
+
+def _value(row: Row) -> int:
+    producer = row.get("producer") if row.get("io") in _INPUTS else None
+    return int(row["id"] if producer is None else producer)
+
+
+def _divide(row: Row, factor: float) -> None:
+    for key in _STATS:
+        value = row.get(key)
+        if value is not None:
+            row[key] = value / factor
+    row["scale"] = factor
+
+
+def _number(row: Row) -> float | None:
+    """The value of a one-element row (its statistics hold it exactly)."""
+    low, high = row.get("min"), row.get("max")
+    if low is None or low != high:
+        return None
+    return float(low)
+
+
+def _power_of_two(x: float) -> bool:
+    return math.isfinite(x) and x > 0 and math.frexp(x)[0] == 0.5
+
+
+def _is_float(row: Row) -> bool:
+    dtype = str(row.get("dtype") or "")
+    return dtype.startswith(("float", "bfloat", "complex"))
