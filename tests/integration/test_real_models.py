@@ -222,6 +222,18 @@ def test_fault_is_named_under_mixed_precision(runs: Runs, family: str, pair: str
     _assert_fault_named(runs, result, family, pair.split("+")[1], "statistics", pair=pair)
 
 
+@pytest.mark.parametrize("family", rm.FAMILIES)
+@pytest.mark.parametrize("fault", ["act", "weight_row"])
+def test_fault_is_named_under_a_gradscaler_at_module_level(runs: Runs, family: str, fault: str) -> None:
+    """A module-level dump records no op: it records GradScaler's scale and unscale in their
+    place, so the scaled gradients compare there too. (A module's output under float16 holds
+    a 1.5x attention scale or a norm's eps within its tolerance in GPT-2 and ResNet; the aten
+    level names them.)"""
+    pair = f"fp16_amp+{fault}"
+    result = runs.compare(family, pair, "statistics", level="module")
+    _assert_fault_named(runs, result, family, fault, "statistics", level="module", pair=pair)
+
+
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_attention_scale_is_named_under_sdpa(runs: Runs, family: str) -> None:
     """The same fault when both sides use sdpa: the scale reaches the fused op, not a mul."""
