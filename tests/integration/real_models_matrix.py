@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--families", default=",".join(rm.FAMILIES))
     parser.add_argument("--modes", default="statistics,tensor")
-    parser.add_argument("--level", default="aten", choices=["aten", "module"])
+    parser.add_argument("--level", default="aten", choices=["aten", "api", "module"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pairs", default="", help="only these pairs (comma-separated)")
     args = parser.parse_args(argv)

@@ -257,3 +257,25 @@ def test_benign_pair_at_module_level(runs: Runs, family: str, pair: str, data: s
     result = runs.compare(family, pair, data, level="module")
     assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
     assert not result.culprits, _culprits(result)
+
+
+API_BENIGN = [pytest.param(f, p, id=f"{f}-{p}") for f in rm.FAMILIES
+              for p in ("same_twice", "threads", "bf16_autocast", "bf16_model", "fp16_amp", "sdpa") if p in rm.pairs(f)]
+
+
+@pytest.mark.parametrize("family, pair", API_BENIGN)
+def test_benign_pair_at_api_level(runs: Runs, family: str, pair: str) -> None:
+    """The api level (torch functions, msprobe's L1): a call's backward record holds the
+    gradients in and out only, and reads its forward's tensors out of sight (judged against
+    the step's rounding so far); an in-place call's output links to its next use (AdamW's
+    second moment). Before session 21 every precision change came out diverged in GPT-2,
+    Llama and BERT (a backward view's gradient, a norm's rsqrt, AdamW's sqrt as roots)."""
+    result = runs.compare(family, pair, "statistics", level="api")
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
+
+
+@pytest.mark.parametrize("family, fault, data", _cases(rm.FAULTS, ("statistics",)))
+def test_fault_is_named_at_api_level(runs: Runs, family: str, fault: str, data: str) -> None:
+    result = runs.compare(family, fault, data, level="api")
+    _assert_fault_named(runs, result, family, fault, data, level="api")

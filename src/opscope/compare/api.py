@@ -118,9 +118,10 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
             problems.append(f"rank {rank} step {step} has no readable records in the {side}: skipped")
     if not t_rows or not r_rows:
         return []
-    for side, rows in (("target", t_rows), ("reference", r_rows)):
+    for side, rows, dump in (("target", t_rows, t_dump), ("reference", r_rows, r_dump)):
         _inherit_data(rows)
-        (scales or loss_scale.LossScales()).read(side, rank, step, rows)
+        phases = (dump.manifest.get("config") or {}).get("phases") or ["optimizer"]
+        (scales or loss_scale.LossScales()).read(side, rank, step, rows, optimizer_seen="optimizer" in phases)
     rename_target(t_rows, names)
     if not (records_modules(t_dump) and records_modules(r_dump)):  # msprobe at L1: pair by API and order
         for rows in (t_rows, r_rows):

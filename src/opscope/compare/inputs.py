@@ -87,7 +87,9 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         # link the capture missed): in proportion to the gradients recorded in that backward
         # pass, it is their noise
         known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
-        known = max(known, module_gradient_error(state, node, row, own))
+        # what made it also read the forward's tensors (a softmax's output), with the step's
+        # rounding so far
+        known = max(known, module_gradient_error(state, node, row, own), info["noise"])
         if not error > max(tol, state.noise.ratio * known):
             own.status = "passed"
             own.note = join(own.note, "in proportion to the error of the step's recorded gradients")

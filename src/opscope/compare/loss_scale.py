@@ -55,13 +55,14 @@ class LossScales:
         self.skipped: set[tuple[str, int, int]] = set()  # (side, rank, step)
         self.first_skip: dict[tuple[str, int], int] = {}  # (side, rank) -> its first skipped step
 
-    def read(self, side: str, rank: int, step: int, rows: list[Row]) -> None:
-        """Divide the values of this side's (rank, step) that carry its loss scale."""
+    def read(self, side: str, rank: int, step: int, rows: list[Row], *, optimizer_seen: bool = True) -> None:
+        """Divide the values of this side's (rank, step) that carry its loss scale
+        (``optimizer_seen``: the dump records the optimizer phase)."""
         skip = self.first_skip.get((side, rank))
         if skip is not None and step > skip:
             for row in rows:
                 row["after_skip"] = skip
-        scale, skipped = unscale(rows)
+        scale, skipped = unscale(rows, optimizer_seen)
         if scale is None:
             return
         self.found.setdefault((side, scale), set()).add(step)
@@ -87,12 +88,12 @@ class LossScales:
         return out
 
 
-def unscale(rows: list[Row]) -> tuple[float | None, bool]:
+def unscale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, bool]:
     """Divide the values of one side's (rank, step) that carry its loss scale; returns the
     scale (None where the step shows none) and whether the scaler skipped the step. Rows
     that carry it get ``scale`` (and ``overflowed`` where the step was skipped and they hold
     an Inf or NaN)."""
-    scale, skipped = _scale(rows)
+    scale, skipped = _scale(rows, optimizer_seen)
     if scale is None:
         return None, False
     carried = _carried(rows, scale)
@@ -155,11 +156,12 @@ def _steps(steps: set[int]) -> str:
     return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def _scale(rows: list[Row]) -> tuple[float | None, bool]:
+def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, bool]:
     """S, from the unscale op's one-element ``inv_scale`` input (exactly 1/S), and whether
     its ``found_inf`` output (the slot before) says the step is skipped; where no unscale op
-    is recorded, from the one-element power of two whose reciprocal GradScaler takes (a skip
-    is then not seen)."""
+    is recorded (the api level), from the one-element power of two whose reciprocal
+    GradScaler takes, the step skipped where no optimizer record shows (``optimizer_seen``:
+    the dump records that phase)."""
     for row in rows:
         record = row.get("op") == UNSCALE_RECORD
         if (record or base_op(row.get("op")) == UNSCALE) and row.get("io") in _INPUTS and row.get("numel") == 1:
@@ -173,7 +175,7 @@ def _scale(rows: list[Row]) -> tuple[float | None, bool]:
         if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS and row.get("numel") == 1:
             value = _number(row)
             if value and value > 1.0 and _power_of_two(value):
-                return value, False
+                return value, optimizer_seen and not any(r.get("phase") == "optimizer" for r in rows)
     return None, False
 
 

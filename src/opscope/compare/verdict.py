@@ -122,6 +122,8 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
+        if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight
+            in_error, in_taint = max(in_error, info["noise"]), in_taint or info["tainted"]
         if has_graphs(state):
             in_error, in_taint, floor = _graph_inputs(state, node, in_error, in_taint, floor)
         span = state.span_ends.get((node.side, node.rank, node.step, node.seq))
@@ -150,6 +152,14 @@ def judge(state: VerdictState) -> None:
         elif pair.kind == "identity" and pair.status in ("passed", "identical"):
             pair.status = "unpaired"  # judged harmless as an identity, but never "passed"
             pair.note = join(pair.note, "no partner: its output matches its input's partner")
+
+
+def _reads_unseen(node: Node) -> bool:
+    """An API call's backward (api level): its record holds the gradients in and out only,
+    not the forward's tensors it reads (a rsqrt's input, a softmax's output), which carry
+    the step's rounding so far, or its divergence."""
+    return node.rows[0].get("phase") == "backward" and any(
+        r.get("io") == "output" and r.get("arg") == "grad_input" for r in node.rows)
 
 
 def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:

@@ -246,7 +246,10 @@ class _ApiMode(ApiCalls):
         call, name, module = token
         s = self.session
         outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-        s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else ())
+        # torch moved the version of what the call wrote before it returned: the next use
+        # of the tensor links to this row
+        s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else (),
+                                  bumped=True)
         if "backward" in s.cfg.phases:
             _hook_backward(s, name, module, out)
 

@@ -17,18 +17,6 @@ int64_t g_api_step = -2;        // the step api_calls belong to
 std::unordered_map<const torch::autograd::Node*, c10::weak_intrusive_ptr<torch::autograd::Node>> api_nodes;
 bool g_api_told = false;  // Python was told that backward ran since the last forward call
 
-// Python's recorder registers an in-place output at the version after the call (torch bumps
-// it after a dispatch mode returns; at the API level it has moved already): the next use of
-// the tensor is measured anew. Kept so that both paths write the same rows.
-void api_bump(const at::Tensor& t) {
-  auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it != flow.end()) it->second.version += 1;
-  if (auto k = shared_key(t)) {
-    auto si = shared.find(*k);
-    if (si != shared.end()) si->second.version += 1;
-  }
-}
-
 // A new step: calls begun before it are not ended into it; nodes freed since are forgotten.
 void api_new_step() {
   g_api_step = g_step;
@@ -129,8 +117,9 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
   bool ok = each_call_item(outs, [&](int slot, int, const at::Tensor& t) {
     if (mutated) ++g_writes[storage_of(t)];  // before its row: the row holds what the write left
     if (g_outputs) {
+      // an in-place output is registered at the version it has now (at the API level torch
+      // moved it before the call returned): the next use of the tensor links to this row
       output_row(h, slot, t, -1, mutated, nullptr);
-      if (mutated) api_bump(t);
     }
     if (grads) api_hook_node(h, t);
   });
