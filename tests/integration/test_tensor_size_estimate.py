@@ -70,9 +70,11 @@ def stats(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # may own the tensor. Close, not exact.
     ("mlp", mlp_task, {"data": "tensor", "ops": ["aten.addmm*", "aten.mm*", "aten.t*"]}, 0.05),
     ("mlp-module", mlp_task, {"data": "tensor", "level": "module"}, 0),
-    # the statistics dump is native at api level: it links the gradients the optimizer reads to
-    # the backward rows that made them, which the Python path's tensor dump stores again (0.7%)
-    ("transformer-api", _small_transformer, {"data": "tensor", "level": "api"}, 0.01),
+    # the statistics dump is native at api level: it links 8 of the 18 gradients the optimizer
+    # reads to the backward rows that made them, which the Python path's tensor dump stores
+    # again (10 KB of 950 KB: 1.05% since in-place outputs link to their next use on both
+    # paths, session 21, which made the rest smaller; 0.7% before)
+    ("transformer-api", _small_transformer, {"data": "tensor", "level": "api"}, 0.015),
 ])
 def test_estimate_from_a_statistics_dump_is_what_the_step_0_tensor_dump_stores(tmp_path, stats, source, task, keys,
                                                                               tol):

@@ -91,6 +91,11 @@ def carries_divergence(state: VerdictState, node: Node, calls: Chain) -> bool:
     return False
 
 
+def is_graph_call(node: Node) -> bool:
+    """Is this call a compiled graph (``compiled_graph_<n>``)?"""
+    return bool(node.rows) and _is_graph(node.rows[0])
+
+
 def graph_floor(node: Node) -> float:
     """The smallest norm among a compiled graph call's own float inputs (0 for other calls);
     a backward graph's gradient in counts whatever its size (the loss's seed, 1.0).

@@ -36,6 +36,7 @@ from opscope.compare.graphs import (
     graph_dtype,
     graph_floor,
     has_graphs,
+    is_graph_call,
 )
 from opscope.compare.inputs import is_leaf, judge_leaf, producer_entries, set_input_status, settle
 from opscope.compare.internal import (
@@ -126,6 +127,8 @@ def judge(state: VerdictState) -> None:
             in_error, in_taint = max(in_error, info["noise"]), in_taint or info["tainted"]
         if has_graphs(state):
             in_error, in_taint, floor = _graph_inputs(state, node, in_error, in_taint, floor)
+            if node.graph is not None or is_graph_call(node):  # it computed out of sight: many ops' rounding
+                in_error = max(in_error, info["noise"])
         span = state.span_ends.get((node.side, node.rank, node.step, node.seq))
         if span is not None:  # a module call's output is judged against its submodules' too
             known, known_taint = available(state, node, span, node.seq)
