@@ -71,3 +71,22 @@ def test_culprits_are_listed_in_execution_order_with_whole_names_at_80_columns(t
     # the first divergence's panel holds the whole path too
     panel = "".join(line.strip("│ ") for line in text.splitlines() if line.startswith("│"))
     assert prefix + "blocks.1" in panel.replace(" ", "")
+
+
+def test_a_root_that_must_match_exactly_is_out_of_any_proportion(tmp_path):
+    """Different batches of token ids: an integer input is a root whose allowed error is 0. Its
+    score was error / 1e-300 (4.6e+298 in the table); it is inf, in the table and in summary.json."""
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(0)
+        model = torch.nn.Embedding(16, 4)
+        x = torch.randint(0, 16, (4, 8), generator=torch.Generator().manual_seed(seed))
+        with opscope.dump(tmp_path / str(seed), steps=[0]) as d:
+            model(x).sum().backward()
+            d.step()
+        paths.append(tmp_path / str(seed))
+    result = opscope.compare(*paths, workers=1)
+    first = result.first_divergence
+    assert first is not None and first.kind == "root" and first.score == float("inf"), first
+    assert result.to_summary()["first_divergence"]["score"] == "inf"
+    assert _table(render(result, width=80))[0]["phase"].split()[-1] == "inf"

@@ -89,7 +89,8 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
 
 
 def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Finding:
-    score = pair.error / max(pair.tolerance, 1e-300) if math.isfinite(pair.error) else math.inf
+    # a value that must match exactly (allowed 0) is out of any proportion: inf, not error/1e-300
+    score = pair.error / pair.tolerance if math.isfinite(pair.error) and pair.tolerance > 0 else math.inf
     f = _finding("root", row, pair, score)
     what = f"parameter {row['param']}" if row.get("param") else f"{row.get('io')} {row.get('slot')} of {row.get('op')}"
     f.note = f"{what} already differs at the start of step {row['step']}"
