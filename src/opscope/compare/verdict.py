@@ -28,6 +28,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
+from opscope.compare.flow import base_op
 from opscope.compare.graphs import (
     call_rows,
     carries_divergence,
@@ -186,6 +187,10 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         key = (node.side, node.rank, node.step, row["id"])
         own = state.entry.get(key)
         own = own if own is not None and own.kind in PAIRED else None
+        if row.get("slot") == 0 and base_op(row.get("op")) in OVERWRITTEN:
+            if own is not None and not own.status:  # what was there before does not count
+                own.status, own.note = "passed", join(own.note, "overwritten without being read")
+            continue
         producers = producer_entries(state, node, row, own)
         measured = own if own is not None and own.metrics else next((p for p in producers if p.metrics), None)
         if own is not None and own.mode == "skipped" and "shapes differ" in own.note:
@@ -223,6 +228,12 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and not own.status:
             set_input_status(state, own, tainted)
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
+
+
+# In-place ops that fill their first argument without reading it: a random draw into
+# empty_like's uninitialized memory (dropout's bernoulli_), a fill, the destination of a copy.
+OVERWRITTEN = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+                         "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
