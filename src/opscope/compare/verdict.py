@@ -124,8 +124,10 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
-        if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight
-            in_error, in_taint = max(in_error, info["noise"]), in_taint or info["tainted"]
+        if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight:
+            # the step's rounding so far, or (as a compiled backward graph) its divergence
+            in_error = math.inf if info["tainted"] else max(in_error, info["noise"])
+            in_taint = in_taint or info["tainted"]
         if has_graphs(state):
             in_error, in_taint, floor = _graph_inputs(state, node, in_error, in_taint, floor)
             if node.graph is not None or is_graph_call(node):  # it computed out of sight: many ops' rounding
@@ -189,7 +191,10 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         own = own if own is not None and own.kind in PAIRED else None
         if row.get("slot") == 0 and base_op(row.get("op")) in OVERWRITTEN:
             if own is not None and not own.status:  # what was there before does not count
-                own.status, own.note = "passed", join(own.note, "overwritten without being read")
+                if own.metrics.get("bit_exact"):
+                    own.status = "identical"
+                else:
+                    own.status, own.note = "passed", join(own.note, "overwritten without being read")
             continue
         producers = producer_entries(state, node, row, own)
         measured = own if own is not None and own.metrics else next((p for p in producers if p.metrics), None)
