@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from opscope.compare.flow import base_op
+from opscope.compare.result import spans
 
 Row = dict[str, Any]
 
@@ -145,15 +146,7 @@ def show(scale: float) -> str:
 
 def _steps(steps: set[int]) -> str:
     shown = sorted(steps)
-    if len(shown) == 1:
-        return f"step {shown[0]}"
-    runs: list[list[int]] = []
-    for step in shown:
-        if runs and step == runs[-1][-1] + 1:
-            runs[-1].append(step)
-        else:
-            runs.append([step])
-    return "steps " + ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return f"step {shown[0]}" if len(shown) == 1 else f"steps {spans(shown)}"
 
 
 def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, bool]:

@@ -158,6 +158,17 @@ class CompareResult:
         return json.dumps(self.to_summary(), indent=1, allow_nan=False)
 
 
+def spans(values: list[int]) -> str:
+    """``0-3, 8`` for 0, 1, 2, 3, 8 (sorted values): runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def json_safe(value: Any) -> Any:
     """JSON-safe copy: non-finite floats become strings ("inf", "-inf", "nan")."""
     if isinstance(value, float):

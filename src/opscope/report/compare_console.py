@@ -127,13 +127,9 @@ def _ranks(result: CompareResult, ranks: list[int]) -> Any:
 
 def _span(values: list[int]) -> str:
     """``0-3, 8`` for 0, 1, 2, 3, 8."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][-1] + 1:
-            runs[-1].append(v)
-        else:
-            runs.append([v])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    from opscope.compare.result import spans
+
+    return spans(values)
 
 
 def _replay_text(replay: dict[str, Any], short: bool = False) -> str:
