@@ -8,7 +8,9 @@ against float32), every backward value would differ by S, and the loss's ``mul``
 be the first culprit.
 
 :func:`unscale` finds S on one side of a (rank, step) from its evidence (the unscale op's
-``inv_scale`` input) and divides every value that carries it: the statistics of its rows in
+``inv_scale`` input; at the api level GradScaler's ``reciprocal`` of its scale; at the module
+level the ``GradScaler.scale`` and ``GradScaler.unscale_`` records a module-level dump makes)
+and divides every value that carries it: the statistics of its rows in
 place, and a ``scale`` the tensor reader divides by (:mod:`opscope.compare.stream`). A
 power of two divides exactly, so nothing is hidden: a value that over- or underflowed under
 the scale still differs.
@@ -18,7 +20,9 @@ to S that a product of one-element values reads (``loss * scale`` in forward, it
 ``grad * scale``) carry S; a product's output carries the product of its inputs' scales, a
 quotient their quotient; a value-independent op (``ones_like``) or a non-float output carries
 none; any other op carries the one scale its inputs carry (backward ops are linear in the
-gradient they read), and the unscale op's outputs none.
+gradient they read), and the unscale op's outputs none. At the module level, where no op
+links a module's gradient to the scaled loss, every backward record before the unscaling
+carries S.
 """
 
 from __future__ import annotations
