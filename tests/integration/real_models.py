@@ -217,13 +217,15 @@ def run_record(path: Path) -> dict[str, Any]:
 def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool | str = False,
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
-          dtype: str = "float32") -> Path:
+          dtype: str = "float32", dropout: float = 0.0) -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
     floating tensors to it, as a user training a bf16 model does. ``autocast``: True runs
     the forward under bf16 autocast; "float16" under float16 autocast with a
     ``torch.amp.GradScaler`` (its default scale, 65536), the mixed-precision recipe of GPUs.
+    ``dropout`` sets every ``nn.Dropout`` of the model to that probability (the configs here
+    set 0; real ones mostly 0.1).
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -234,6 +236,9 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     torch.manual_seed(seed)
     model = fam.build(attn)
     model.train()
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = dropout
     if fault:
         inject(model, family, fault)
     model.to(getattr(torch, dtype))
