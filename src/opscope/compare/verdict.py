@@ -208,6 +208,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             in_error = math.inf
             continue
         if measured is None:
+            if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
+                in_error, taint = math.inf, True
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         if own is not None and is_leaf(state, node, row):
