@@ -23,7 +23,7 @@ from typing import Any
 
 from opscope.compare.flow import Sides, base_op, flow_pairs, inserted, same_shape
 from opscope.compare.mapping import Mapping
-from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair
+from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair, call_key
 
 __all__ = ["INPUT_IO", "PHASE_ORDER", "OpCall", "Pair", "align_partition", "rename_target"]
 
@@ -151,9 +151,7 @@ def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], lis
     """
     by_call: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        call = row.get("call")
-        key = ("seq", row["seq"]) if call is None else (row.get("phase"), row.get("module"), row.get("op"), call)
-        by_call[key].append(row)
+        by_call[call_key(row)].append(row)
     calls = []
     for members in by_call.values():
         first = min(members, key=lambda r: r["seq"])

@@ -179,12 +179,11 @@ def _judge_made(state: VerdictState, node: Node, row: Row, own: Any, known: floa
         own.status = "passed"
         return False
     out_of_proportion = error > max(tol, state.noise.ratio * known) and (is_float(lower) or known == 0)
-    scaled = excuse(own.t, own.r) if out_of_proportion else None  # mixed precision's loss scaling
-    if scaled is not None:
-        own.note = join(own.note, scaled[0])
-        if scaled[1]:
-            own.status = "passed"
-            return False
+    scaled = excuse(own) if out_of_proportion else None  # mixed precision's loss scaling
+    if scaled == "passed":
+        own.status = "passed"
+        return False
+    if scaled == "inherits":
         out_of_proportion, tainted = False, True
     if out_of_proportion:
         _blame(state, node, row, own, known, owner, what, nest)

@@ -31,7 +31,10 @@ import math
 from typing import Any
 
 from opscope.compare.flow import base_op
+from opscope.compare.pair import Pair, call_key
 from opscope.compare.result import spans
+from opscope.compare.state import join
+from opscope.compare.tolerance import is_float
 
 Row = dict[str, Any]
 
@@ -111,15 +114,19 @@ def unscale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None,
     return scale, skipped
 
 
-def excuse(t: Row, r: Row) -> tuple[str, bool] | None:
-    """Why an output out of proportion to its inputs is no culprit, and whether it then passes
-    (an overflow under a loss scale in a step the scaler skipped) or inherits (a step after a
-    skipped one: the weights are an update apart); None where loss scaling does not explain it."""
+def excuse(pair: Pair) -> str | None:
+    """Whether loss scaling explains an output out of proportion to its inputs: "passed" (an
+    overflow under a loss scale in a step the scaler skipped) or "inherits" (a step after a
+    skipped one: the weights are an update apart), with the reason added to the pair's note;
+    None where it does not."""
+    t, r = pair.rows
     why = overflowed(t, r)
-    if why:
-        return why, True
-    why = explained_by_skip(t, r)
-    return (why, False) if why else None
+    outcome = "passed" if why else "inherits"
+    why = why or explained_by_skip(t, r)
+    if why is None:
+        return None
+    pair.note = join(pair.note, why)
+    return outcome
 
 
 def overflowed(t: Row, r: Row) -> str | None:
@@ -215,9 +222,7 @@ def _calls(rows: list[Row]) -> list[list[Row]]:
     """Rows grouped by call, in execution order of the call's first row."""
     by_call: dict[Any, list[Row]] = {}
     for row in sorted(rows, key=lambda r: r["seq"]):
-        call = row.get("call")
-        key = ("seq", row["seq"]) if call is None else (row.get("phase"), row.get("module"), row.get("op"), call)
-        by_call.setdefault(key, []).append(row)
+        by_call.setdefault(call_key(row), []).append(row)
     return list(by_call.values())
 
 
@@ -247,5 +252,4 @@ def _power_of_two(x: float) -> bool:
 
 
 def _is_float(row: Row) -> bool:
-    dtype = str(row.get("dtype") or "")
-    return dtype.startswith(("float", "bfloat", "complex"))
+    return is_float(row.get("dtype"))

@@ -51,6 +51,14 @@ class Pair:
         return self.t, self.r
 
 
+def call_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """The call a row belongs to: (phase, module, op, call index), or its own seq where the
+    row has no call index. Records of one call written at different times (a module's entry
+    and exit, an optimizer's parameter before and after) share it."""
+    call = row.get("call")
+    return ("seq", row["seq"]) if call is None else (row.get("phase"), row.get("module"), row.get("op"), call)
+
+
 @dataclass
 class OpCall:
     side: str

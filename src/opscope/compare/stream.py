@@ -166,8 +166,8 @@ class PairStream:
                scales: tuple[float, float]) -> M.PairSums:
         a = self.dumps[0].tensor(*target[:4], view=target[4])
         b = self.dumps[1].tensor(*reference[:4], view=reference[4])
-        if scales != (1.0, 1.0):
-            a, b = (np.asarray(x, np.float64) / s if s != 1.0 else x for x, s in ((a, scales[0]), (b, scales[1])))
+        if scales != (1.0, 1.0):  # decoded already: bfloat16 as float32
+            a, b = _divided(a, a.dtype.name, scales[0]), _divided(b, b.dtype.name, scales[1])
         READS.whole += 2
         READS.largest_whole = max(READS.largest_whole, a.nbytes, b.nbytes)
         if a.size != b.size:

@@ -305,11 +305,10 @@ def _output_status(state: VerdictState, node: Node, out: Pair, error: float, tol
         out.note = join(out.note, "holds each side's own dtype extreme (a mask's fill, finfo.min): "
                                   "differs by the dtypes; its readers are judged against that")
         return "passed"
-    scaled = excuse(*out.rows) if out_of_proportion else None  # mixed precision's loss scaling
-    if scaled is not None:
-        out.note = join(out.note, scaled[0])
-        if scaled[1]:
-            return "passed"
+    scaled = excuse(out) if out_of_proportion else None  # mixed precision's loss scaling
+    if scaled == "passed":
+        return "passed"
+    if scaled == "inherits":
         out_of_proportion, in_taint = False, True
     if out_of_proportion:
         out.verdict = "culprit"

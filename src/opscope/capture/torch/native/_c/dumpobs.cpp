@@ -59,7 +59,6 @@ struct Flow {
   int64_t version;
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
-  int64_t held = -1;  // the tensor's version when its row was made (`version` may be moved on: api_bump)
   int64_t writes = 0;  // in-place calls seen writing its storage by then (g_writes)
 };
 
@@ -314,7 +313,7 @@ int64_t writes_to(const at::Tensor& t) {
 void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
   int64_t writes = writes_to(t);
   Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
-         param, c10::Storage(), version, writes};
+         param, c10::Storage(), writes};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
     auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
@@ -368,19 +367,6 @@ size_t stats_source(size_t i) {
   return i;
 }
 
-// A row made for this very tensor, alive and unwritten since (its version, and the in-place calls
-// seen writing its storage, unchanged), that the rules of data flow do not
-// link to (the api level measures an in-place call's output anew at its next use, as the Python
-// path does): the new row takes its statistics instead of reading the same bytes again. -1: none.
-int64_t unchanged_since(const Head& h, const at::Tensor& t) {
-  if (h.data || g_probe || g_route_slow) return -1;
-  auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it == flow.end() || !it->second.ref || it->second.ref->expired() || it->second.held != version_of(t) ||
-      it->second.held < 0 || it->second.writes != writes_to(t))
-    return -1;
-  return rows[stats_source(it->second.row)].stats == HAVE ? static_cast<int64_t>(it->second.row) : -1;
-}
-
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
   if (f) {
@@ -394,10 +380,7 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   if (!g_inputs) return -1;
   int param = param_of(t);
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param);
-  if (int64_t same = unchanged_since(h, t); same >= 0)
-    rows[i].same = same;
-  else
-    measure(i, t, h.data);
+  measure(i, t, h.data);
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);
 }
