@@ -300,3 +300,93 @@ def test_a_graph_compiled_under_an_earlier_dump_is_recorded_by_the_next(tmp_path
         assert set(graph.step) == {0, 1} and {"input", "output"} <= set(graph.io), name
     first, second = (opscope.load(tmp_path / n).manifest["compiled"]["graphs"] for n in ("first", "second"))
     assert [g["graph"] for g in second] == [g["graph"] for g in first] == ["compiled_graph_0"]
+
+
+# A forward that dynamo gives up on (a graph break under no_grad in a block called from a
+# loop: "Failed to handle graph break gracefully"), so Net.forward runs eagerly while its
+# blocks compile. Its embedding's output is 3-D: shape and device are read one after the
+# other, as Hugging Face models do before torch.arange. Trained 2 steps compiled without a
+# dump, then compiled and uncompiled under a dump of LEVEL on each PATH; prints losses and
+# what the dumps recorded.
+_FALLBACK = textwrap.dedent("""
+    import json, os, sys
+    import torch, torch._dynamo
+    from torch import nn
+    import opscope
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            with torch.no_grad():
+                n = torch.nonzero(x > 0).shape[0]
+            return self.lin(x) * (n > 0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.layers = nn.Embedding(10, 8), nn.ModuleList([Block(), Block()])
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            pos = torch.arange(h.shape[1], device=h.device)
+            for layer in self.layers:
+                h = layer(h)
+            return h.square().mean() + pos.sum() * 0
+
+    def run(compiled, path=None, **keys):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = Net()
+        runner = torch.compile(model, backend="eager") if compiled else model
+        losses = []
+        with opscope.dump(path, steps=[0, 1], overwrite=True, **keys) if path else open(os.devnull) as d:
+            for n in (3, 5):
+                loss = runner(torch.randint(0, 10, (2, n), generator=torch.Generator().manual_seed(n)))
+                loss.backward()
+                losses.append(loss.item())
+                if path:
+                    d.step()
+        return losses
+
+    out, level = sys.argv[1], sys.argv[2]
+    found = {"bare": run(True)}
+    for backend in ("native", "python"):
+        os.environ["OPSCOPE_DUMP_BACKEND"] = backend
+        for compiled in (True, False):
+            name = f"{backend}-{'compiled' if compiled else 'eager'}"
+            found[name] = run(compiled, os.path.join(out, name), level=level)
+    print(json.dumps(found))
+""")
+
+
+@pytest.mark.parametrize("level", ["api", "module"])
+def test_a_forward_dynamo_gives_up_on_runs_and_is_recorded(tmp_path, level):
+    """Dynamo runs such a forward eagerly but compiled opscope's hooks and torch-function
+    mode as frames of their own. Before: at the api level the model got ``x.device`` as a
+    ``torch.Size`` (code compiled for ``x.shape``, torch 2.13 guards no ``func``) and died in
+    ``torch.arange``; at the module level the forward's modules were missing (a compiled hook
+    saw ``is_compiling()`` and returned). Now: the same losses, the same calls in the same
+    modules as the uncompiled run; a compare finds every pair identical (the graphs' own
+    rows have no counterpart in the uncompiled run)."""
+    proc = subprocess.run([sys.executable, "-c", _FALLBACK, str(tmp_path), level], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert losses["native-compiled"] == losses["python-compiled"] == losses["bare"]
+    for backend in ("native", "python"):
+        tables = {kind: opscope.load(tmp_path / f"{backend}-{kind}").records().to_pandas()
+                  for kind in ("compiled", "eager")}
+        calls = {kind: {(m, op) for m, op in zip(t["module"].fillna(""), t["op"])
+                        if not op.startswith("compiled_graph")} for kind, t in tables.items()}
+        wanted = {("", "torch.arange"), ("emb", "torch.nn.functional.embedding")} if level == "api" else \
+            {("", "Net"), ("emb", "Embedding"), ("layers.0", "Block"), ("layers.1", "Block")}
+        assert wanted <= calls["compiled"], (backend, calls["compiled"])
+        assert calls["compiled"] <= calls["eager"], backend
+        result = opscope.compare(tmp_path / f"{backend}-compiled", tmp_path / f"{backend}-eager")
+        counts = result.counts
+        assert not result.culprits and counts["identical"] == counts["pairs"] > 0, (backend, counts)
+        if level == "api":  # (module level: the blocks' Linear runs inside a graph, no hooks)
+            assert counts["unpaired_reference"] == 0, (backend, counts)

@@ -15,7 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
-from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.modules import run_eagerly, tensors_of
 from opscope.model.calls import in_place
 
 if TYPE_CHECKING:
@@ -215,6 +215,9 @@ class ApiCalls(TorchFunctionMode):
         """The call about to run writes these tensors without moving their version counters
         (API_UNMARKED_WRITES): the write is counted as an in-place call's."""
         raise NotImplementedError
+
+
+run_eagerly(ApiCalls.__torch_function__)
 
 
 def call_inputs(args: tuple, kwargs: dict[str, Any]) -> list[tuple[int, str | None, torch.Tensor]]:

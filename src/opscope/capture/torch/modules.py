@@ -74,6 +74,26 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 _is_compiling = torch.compiler.is_compiling
 
 
+def run_eagerly(*functions: Callable[..., Any]) -> None:
+    """Never let dynamo compile a frame of ``functions``, nor a frame they call, when torch
+    calls them from code that runs eagerly (dynamo inlining them while it traces is unchanged).
+
+    Under ``torch.compile`` a frame that dynamo gives up on runs eagerly, and dynamo still
+    tries every Python frame that it calls: the module hooks and the torch-function mode
+    among them. Such a compiled hook sees ``is_compiling()`` true and records nothing (the
+    modules and calls of that frame were missing from the dump), and torch 2.13 guards a
+    compiled ``__torch_function__`` on its arguments but not on ``func``: ``x.device`` ran
+    the code compiled for ``x.shape`` and handed the model a ``torch.Size``. A torch without
+    the per-code switch keeps its default.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:  # pragma: no cover - a torch without it
+        return
+    for fn in functions:
+        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
 class ModuleTracker:
     """Keeps the stack of module paths being executed.
 
@@ -216,3 +236,6 @@ class ModuleTracker:
             self.on_change(self.stack[-1] if self.stack else "")
         if self._on_exit is not None:
             self._on_exit(unwrap(module), path, args, output)
+
+
+run_eagerly(ModuleTracker._pre, ModuleTracker._post)
