@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-VOCAB, SEQ, BATCH, IMAGE, LABELS = 64, 16, 4, 32, 4
+VOCAB, SEQ, BATCH, IMAGE, LABELS, MELS, CTC_VOCAB = 64, 16, 4, 32, 4, 8, 16
 FAULTS = ("act", "norm_eps", "attn_scale", "weight_row")
 # target-run kwargs of each benign pair; every run starts from REFERENCE
 BENIGN: dict[str, dict[str, Any]] = {
@@ -64,6 +64,7 @@ class Family:
     norm: str
     attention: str | None  # None: the family has no attention (no sdpa pair, no attn_scale)
     weight: str
+    sdpa: bool = True  # transformers has an sdpa attention for it (Gemma 2's soft-capping: no)
 
 
 def _causal_lm(gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -87,6 +88,19 @@ def _seq2seq(gen: torch.Generator) -> dict[str, torch.Tensor]:
 def _images(gen: torch.Generator) -> dict[str, torch.Tensor]:
     return {"pixel_values": torch.randn(BATCH, 3, IMAGE, IMAGE, generator=gen),
             "labels": torch.randint(0, LABELS, (BATCH,), generator=gen)}
+
+
+def _speech(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    # Whisper: log-mel features of 2 * max_source_positions frames (its convs halve them)
+    return {"input_features": torch.randn(BATCH, MELS, 2 * SEQ, generator=gen),
+            "labels": torch.randint(3, VOCAB, (BATCH, SEQ // 2), generator=gen)}
+
+
+def _audio_ctc(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    # Wav2Vec2 for CTC: a raw waveform (its conv stack makes 39 frames of 400 samples) and
+    # a transcript of 8 tokens (1..15; 0 is the blank)
+    return {"input_values": torch.randn(BATCH, 400, generator=gen),
+            "labels": torch.randint(1, CTC_VOCAB, (BATCH, 8), generator=gen)}
 
 
 def _model(cls_name: str, cfg_name: str, **cfg: Any) -> Callable[[str], nn.Module]:
@@ -170,10 +184,78 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# Families the matrix script runs beside the seven above (``--families``); the tests run a
+# subset of pairs on them (test_real_models.py, "More families"). Each brings data flow the
+# seven lack: Qwen3's per-head q/k RMSNorm; Gemma 2's (1 + w) RMSNorm, four norms a layer,
+# scaled embeddings and tanh soft-capping of the attention scores and the logits; GPT-NeoX's
+# fused qkv, partial rotary and parallel residual; Whisper's conv front end on audio
+# features; Swin's shifted windows (roll, a mask of -100); Wav2Vec2's conv feature
+# extractor, its weight-normed positional conv (a parametrization: the weight is computed
+# from two parameters each forward) and CTC loss; ConvNeXt's depthwise convs,
+# channels-last LayerNorm and layer scale; DeBERTa-v2's disentangled relative attention.
+_QWEN = {**_LLAMA, "head_dim": 8}
+MORE_FAMILIES: dict[str, Family] = {
+    "qwen3": Family(
+        _model("Qwen3ForCausalLM", "Qwen3Config", **_QWEN),
+        _causal_lm, "model.layers.1.mlp.act_fn", _gelu, "model.layers.1.input_layernorm",
+        "model.layers.1.self_attn", "model.layers.0.mlp.up_proj.weight"),
+    "gemma2": Family(
+        _model("Gemma2ForCausalLM", "Gemma2Config", **_QWEN),
+        _causal_lm, "model.layers.1.mlp.act_fn", _silu, "model.layers.1.input_layernorm",
+        "model.layers.1.self_attn", "model.layers.0.mlp.up_proj.weight", sdpa=False),
+    "gpt_neox": Family(
+        _model("GPTNeoXForCausalLM", "GPTNeoXConfig", **_LLAMA, rotary_pct=0.25, hidden_dropout=0.0,
+               attention_dropout=0.0),
+        _causal_lm, "gpt_neox.layers.1.mlp.act", _silu, "gpt_neox.layers.1.input_layernorm",
+        "gpt_neox.layers.1.attention", "gpt_neox.layers.0.mlp.dense_h_to_4h.weight"),
+    "whisper": Family(
+        _model("WhisperForConditionalGeneration", "WhisperConfig", vocab_size=VOCAB, d_model=32,
+               encoder_layers=2, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+               encoder_ffn_dim=64, decoder_ffn_dim=64, num_mel_bins=MELS, max_source_positions=SEQ,
+               max_target_positions=SEQ, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1,
+               eos_token_id=2, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+        _speech, "model.encoder.layers.1.activation_fn", _silu, "model.encoder.layers.1.self_attn_layer_norm",
+        "model.encoder.layers.1.self_attn", "model.encoder.layers.0.fc1.weight"),
+    "swin": Family(
+        _model("SwinForImageClassification", "SwinConfig", image_size=IMAGE, patch_size=4, embed_dim=16,
+               depths=[2, 1], num_heads=[2, 2], window_size=4, num_labels=LABELS, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0, drop_path_rate=0.0),
+        _images, "swin.encoder.layers.0.blocks.1.mlp.activation_fn", _silu,
+        "swin.encoder.layers.0.blocks.1.layernorm_before", "swin.encoder.layers.0.blocks.1.attention",
+        "swin.encoder.layers.0.blocks.0.mlp.fc1.weight"),
+    "wav2vec2": Family(
+        _model("Wav2Vec2ForCTC", "Wav2Vec2Config", vocab_size=CTC_VOCAB, hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=2, intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
+               conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+               pad_token_id=0, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+               feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0,
+               ctc_loss_reduction="mean"),
+        _audio_ctc, "wav2vec2.encoder.layers.1.feed_forward.intermediate_act_fn", _silu,
+        "wav2vec2.encoder.layers.1.layer_norm", "wav2vec2.encoder.layers.1.attention",
+        "wav2vec2.encoder.layers.0.feed_forward.intermediate_dense.weight"),
+    "convnext": Family(
+        _model("ConvNextForImageClassification", "ConvNextConfig", num_channels=3, hidden_sizes=[8, 16],
+               depths=[1, 1], num_stages=2, num_labels=LABELS, image_size=IMAGE),
+        _images, "convnext.encoder.stages.1.layers.0.act", _silu, "convnext.encoder.stages.1.layers.0.layernorm",
+        None, "convnext.encoder.stages.0.layers.0.pwconv1.weight"),
+    "deberta": Family(
+        _model("DebertaV2ForMaskedLM", "DebertaV2Config", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+               num_attention_heads=2, intermediate_size=64, max_position_embeddings=2 * SEQ,
+               relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0),
+        _masked_lm, "deberta.encoder.layer.1.intermediate.intermediate_act_fn", _silu,
+        "deberta.encoder.layer.1.attention.output.LayerNorm", None,
+        "deberta.encoder.layer.0.intermediate.dense.weight"),
+}
+ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **MORE_FAMILIES}
+
+
 def pairs(family: str) -> list[str]:
     """The pairs that make sense for ``family``: benign ones first, then faults."""
-    attention = FAMILIES[family].attention is not None
-    return [p for p in (*BENIGN, *FAULTS) if attention or p not in ("sdpa", "attn_scale")]
+    fam = ALL_FAMILIES[family]
+    attention = fam.attention is not None
+    return [p for p in (*BENIGN, *FAULTS)
+            if (attention or p not in ("sdpa", "attn_scale")) and (fam.sdpa or p != "sdpa")]
 
 
 def fault_module(family: str, fault: str) -> str:
@@ -185,14 +267,14 @@ def fault_module(family: str, fault: str) -> str:
     weight_row: the module that owns the changed parameter (a root: a parameter that differs
     before any op ran).
     """
-    fam = FAMILIES[family]
+    fam = ALL_FAMILIES[family]
     return {"act": fam.act, "norm_eps": fam.norm, "attn_scale": fam.attention or "",
             "weight_row": fam.weight.rsplit(".", 1)[0]}[fault]
 
 
 def inject(model: nn.Module, family: str, fault: str) -> None:
     """Put ``fault`` into ``model`` in one place (see ``Family``)."""
-    fam = FAMILIES[family]
+    fam = ALL_FAMILIES[family]
     if fault == "act":
         model.get_submodule(fam.act).forward = fam.act_swap
     elif fault == "norm_eps":
@@ -232,7 +314,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     import opscope
 
     start = time.perf_counter()
-    fam = FAMILIES[family]
+    fam = ALL_FAMILIES[family]
     torch.manual_seed(seed)
     model = fam.build(attn)
     model.train()

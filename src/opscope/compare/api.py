@@ -119,6 +119,7 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
     if not t_rows or not r_rows:
         return []
     for side, rows, dump in (("target", t_rows, t_dump), ("reference", r_rows, r_dump)):
+        link_same_bytes(rows)
         _inherit_data(rows)
         phases = (dump.manifest.get("config") or {}).get("phases") or ["optimizer"]
         (scales or loss_scale.LossScales()).read(side, rank, step, rows, optimizer_seen="optimizer" in phases)
@@ -147,6 +148,27 @@ def _rows(table: Any) -> list[dict[str, Any]]:
                 if value is not None:
                     row[name] = seen.setdefault(value, value)
     return rows
+
+
+def link_same_bytes(rows: list[dict[str, Any]]) -> None:
+    """An input read with no producer whose bytes an earlier output of the step holds (the
+    same hash, element count and dtype) takes that output as its producer.
+
+    The capture loses the producer where memory an op wrote through one view is read through
+    another: autograd fills a zeroed buffer through a strided view (``copy_``) and reads the
+    whole buffer back (``as_strided``). Unlinked, such a gradient looked like a value that
+    differed at the start of the step (a root), and a loss scale did not reach it."""
+    latest: dict[tuple[Any, ...], int] = {}
+    for row in rows:
+        digest = row.get("hash")
+        if digest is None:
+            continue
+        key = (digest, row.get("numel"), row.get("dtype"))
+        io = row.get("io")
+        if io == "output":
+            latest[key] = row["id"]
+        elif io == "input" and row.get("producer") is None and key in latest:
+            row["producer"] = latest[key]
 
 
 def _inherit_data(rows: list[dict[str, Any]]) -> None:

@@ -122,6 +122,8 @@ def flow_pairs(pairs: list[Pair], sides: Sides, partner: dict[str, dict[int, Row
         top_t, top_r = _top(sides, "target", pt, partner), _top(sides, "reference", pr, partner)
         if top_t["id"] in partner["target"] or top_r["id"] in partner["reference"]:
             continue
+        if not (_agrees(sides, "target", top_t, top_r, partner) and _agrees(sides, "reference", top_r, top_t, partner)):
+            continue
         partner["target"][top_t["id"]], partner["reference"][top_r["id"]] = top_r, top_t
         out.append(Pair(top_t, top_r, "flow"))
         for a, b in _same_layout_inputs(sides, top_t, top_r):
@@ -142,6 +144,28 @@ def _top(sides: Sides, side: str, row: Row, partner: dict[str, dict[int, Row]]) 
             return row
         row = source
     return row
+
+
+def _agrees(sides: Sides, side: str, top: Row, other_top: Row, partner: dict[str, dict[int, Row]]) -> bool:
+    """False when ``top`` is a cast or alias of a value already paired, and ``other_top`` does
+    not hold that partner's values (itself, or through its own casts and aliases).
+
+    Such a ``top`` can only stand for its source's partner. Where a bf16 model sums two
+    gradients once (after casting) and the float32 run adds them in place one by one, the
+    sums' inputs pair by position but hold other values; their producers must not pair."""
+    source = sides.alias_source(side, top) or _cast_source(sides, side, top)
+    if source is None or source["id"] not in partner[side]:
+        return True
+    want = partner[side][source["id"]]["id"]
+    other = "reference" if side == "target" else "target"
+    row: Row | None = other_top
+    for _ in range(_MAX_WALK):
+        if row is None:
+            return False
+        if row["id"] == want:
+            return True
+        row = sides.alias_source(other, row) or _cast_source(sides, other, row)
+    return False
 
 
 def _cast_source(sides: Sides, side: str, row: Row) -> Row | None:

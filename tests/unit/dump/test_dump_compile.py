@@ -166,7 +166,7 @@ def test_fake_tensor_ops_are_not_recorded(tmp_path):
 def test_strip_wrapped_and_graph_module_paths():
     from types import SimpleNamespace
 
-    from opscope.capture.torch.compiled import module_of
+    from opscope.capture.torch.compiled import module_of, source_of
 
     assert strip_wrapped("_orig_mod.layers.0._orig_mod.fc1") == "layers.0.fc1"
     assert strip_wrapped("_orig_mod") == "" and strip_wrapped("layers.0") == "layers.0"
@@ -177,6 +177,8 @@ def test_strip_wrapped_and_graph_module_paths():
     assert module_of(node("L['self']._modules['layers']._modules['0']")) == "layers.0"
     assert module_of(node("L['model']._orig_mod.head")) == "head"
     assert module_of(SimpleNamespace(meta={})) == ""
+    # a wrapper called as func(*args) (transformers' deprecation wrapper): the module is args[0]
+    assert source_of(node("L['args'][0].model.layers.0")) == ("L['args'][0]", "model.layers.0")
 
 
 # A model whose compiled forward graph-breaks: a data-dependent branch inside each block, an

@@ -12,9 +12,12 @@ from typing import Any
 
 from opscope.capture.torch.modules import strip_wrapped, unwrap
 
-_ROOT = re.compile(r"^[LG]\['[^']*'\]")  # the frame's local or global a module path starts from
+# the frame's local or global a module path starts from, with the items taken of it:
+# L['self'], G['model'], L['args'][0] (a wrapper called as func(*args): the module is its first)
+_ROOT = re.compile(r"^[LG]\['[^']*'\](?:\[\d+\])*")
 _INDEX = re.compile(r"\._modules\['([^']*)'\]|\[['\"]?([^\]'\"]*)['\"]?\]")
-_NAME = re.compile(r"^([LG])\['([^']*)'\]$")
+_NAME = re.compile(r"^([LG])\['([^']*)'\]((?:\[\d+\])*)$")
+_ITEM = re.compile(r"\[(\d+)\]")
 
 
 def source_of(node: Any) -> tuple[str, str]:
@@ -33,6 +36,16 @@ def module_of(node: Any) -> str:
     """The module an FX node of dynamo's graph came from, as ``named_modules()`` names it
     from the graph's root (``L['self'].layers.0`` or ``L['self']._modules['layers']...``)."""
     return source_of(node)[1]
+
+
+def _item(obj: Any, items: str) -> Any:
+    """``obj[i][j]`` for ``items`` "[i][j]" (None where it has no such item)."""
+    for index in _ITEM.findall(items):
+        try:
+            obj = obj[int(index)]
+        except (TypeError, IndexError, KeyError):
+            return None
+    return obj
 
 
 class Scope:
@@ -77,7 +90,7 @@ def frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None,
                 match = _NAME.match(root)
                 if match:
                     scope = f.f_locals if match.group(1) == "L" else f.f_globals
-                    name = tracker.name_of(scope.get(match.group(2)))
+                    name = tracker.name_of(_item(scope.get(match.group(2)), match.group(3)))
                     if name is not None:
                         found[root] = name
         if "self" in code.co_varnames:
