@@ -22,7 +22,7 @@ from opscope.compare.align import Pair
 from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measure; defined beside its reader)
 from opscope.compare.tolerance import NoiseModel
 from opscope.model.hashing import WEAK
-from opscope.model.records import ABSENT_NOTE
+from opscope.model.records import ABSENT_NOTE, NOT_DATA_NOTES
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
@@ -62,6 +62,10 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
         return None
     if t.get("note") == r.get("note") == ABSENT_NOTE:  # neither graph that ran has it: nothing differs
         pair.mode, pair.metrics = "absent", M.finish(M.identical(0))
+        return None
+    if t.get("note") in NOT_DATA_NOTES and r.get("note") in NOT_DATA_NOTES:  # no data on either side yet
+        pair.mode, pair.metrics = "absent", M.finish(M.identical(0))
+        pair.note = _join(pair.note, "no data yet on either side (" + str(t["note"]).split(":")[0] + ")")
         return None
     for side, row in (("target", t), ("reference", r)):
         if not row.get("data") and row.get("norm") is None and row.get("hash") is None and row.get("numel") != 0:

@@ -68,6 +68,7 @@ from opscope.compare.state import (
     statistics_spread,
 )
 from opscope.compare.tolerance import NoiseModel, dtype_extremes, is_float
+from opscope.model.calls import OVERWRITES_FIRST
 from opscope.model.records import ABSENT_NOTE
 
 
@@ -242,10 +243,9 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
 
 
-# In-place ops that fill their first argument without reading it: a random draw into
-# empty_like's uninitialized memory (dropout's bernoulli_), a fill, the destination of a copy.
-OVERWRITTEN = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
-                         "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
+# In-place ops that fill their first argument without reading it (dumps from before they
+# were recorded unmeasured there still hold what that memory held)
+OVERWRITTEN = OVERWRITES_FIRST
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:

@@ -14,3 +14,17 @@ def in_place(func: str) -> bool:
     if func.startswith("__") and func.endswith("__"):
         return func in _IN_PLACE_OPERATORS
     return func.endswith("_")
+
+
+# In-place ops that fill their first argument without reading it: a random draw into
+# empty_like's uninitialized memory (dropout's bernoulli_), a fill, the destination of a copy.
+OVERWRITES_FIRST = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+                              "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
+
+
+def overwrites_first(op: str) -> bool:
+    """Does op ``op`` (``aten.copy_.default``, ``Tensor.fill_``, ``fill_``) write its first
+    argument without reading it? Its value there is never measured nor judged."""
+    parts = op.split(".")
+    base = parts[1] if len(parts) > 2 and parts[0] == "aten" else parts[-1]
+    return base in OVERWRITES_FIRST

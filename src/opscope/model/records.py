@@ -62,6 +62,12 @@ NO_STATS: tuple[Any, ...] = (None,) * len(STAT_NAMES)
 # The note of a record whose tensor the graph that ran does not have (a TensorFlow graph
 # Grappler rewrote: docs/tensorflow.md, "absent"): it holds no statistics and no data.
 ABSENT_NOTE = "absent: not in the graph that ran (Grappler removed or rewrote it)"
+# Records of tensors that hold no data yet, recorded without statistics: the output of an
+# empty-like op, and what an op that only fills its first argument (a random draw into
+# dropout's empty_like, fill_, zero_, the destination of copy_) finds there before it writes.
+UNINITIALIZED_NOTE = "uninitialized memory (empty): not measured"
+UNREAD_NOTE = "overwritten without being read: not measured"
+NOT_DATA_NOTES = frozenset({UNINITIALIZED_NOTE, UNREAD_NOTE})
 
 
 def new_row(**values: Any) -> list[Any]:

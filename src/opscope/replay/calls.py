@@ -21,6 +21,7 @@ import torch
 
 from opscope.capture.torch.dispatch import flat_outputs
 from opscope.errors import ReplayError
+from opscope.model.records import NOT_DATA_NOTES
 from opscope.replay.rules import RULES, not_replayable
 
 INPUT_IO = ("input", "param")
@@ -87,8 +88,9 @@ def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     for row in inputs:
         if row.get("data") and row.get("key"):
             call.tensors[row["id"]] = read_tensor(dump, row)
-        elif "uninitialized" in str(row.get("note") or "") and row.get("arg") in written:
-            call.tensors[row["id"]] = None  # an empty() buffer the op overwrites: its values do not matter
+        elif (row.get("note") in NOT_DATA_NOTES or "uninitialized" in str(row.get("note") or "")) \
+                and row.get("arg") in written:
+            call.tensors[row["id"]] = None  # a buffer the op overwrites: its values do not matter
         else:
             missing.append(f"{row.get('arg') or 'input'} {row.get('slot')}")
     if missing:

@@ -477,3 +477,32 @@ def test_ops_with_a_kernel_beside_their_decomposition_are_recorded(tmp_path, mon
         out = made[made.op.map(base_name) == name]
         readers = back[(back.io == "input") & back.producer.isin(out.id)]
         assert len(readers) >= 1, f"nothing reads {name}'s output through the data flow"
+
+
+@pytest.mark.parametrize("backend_name", ["native", "python"])
+@pytest.mark.parametrize("level", ["aten", "api"])
+def test_what_an_op_overwrites_unread_is_recorded_unmeasured(tmp_path, monkeypatch, backend_name, level):
+    """Dropout's bernoulli_ draws into empty_like's memory, copy_ and zero_ fill theirs: the
+    bytes there before are not data (they differed from run to run, and a compare of the same
+    run twice came out "within tolerance", not "identical"). Their first argument is recorded
+    with a note and no statistics; the other arguments and the outputs are measured."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend_name)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+    with opscope.dump(tmp_path / "d", steps=[0], level=level) as d:
+        model(torch.randn(4, 8)).sum().backward()
+        buf = torch.empty(3)
+        buf.copy_(torch.full((3,), 2.0))
+        buf.zero_()
+        d.step()
+    df = opscope.load(tmp_path / "d").records().to_pandas()
+    names = {"aten": ("bernoulli_", "copy_", "zero_"), "api": ("copy_", "zero_")}[level]
+    for name in names:
+        rows = df[df.op.map(base_name) == name]
+        first = rows[(rows.io == "input") & (rows.slot == 0)]
+        assert len(first) == 1, (name, rows[["io", "slot"]].values.tolist())
+        assert first.note.iloc[0] == "overwritten without being read: not measured"
+        assert first["mean"].isna().all() and first["hash"].isna().all() and first.producer.isna().all()
+        assert rows[rows.io == "output"]["hash"].notna().all(), name
+    copied = df[(df.op.map(base_name) == "copy_") & (df.io == "output")]
+    assert copied["mean"].tolist() == [2.0]

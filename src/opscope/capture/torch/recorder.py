@@ -19,7 +19,8 @@ from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, mat
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
 from opscope.config import DumpConfig
-from opscope.model.records import COL, COLUMNS, NO_STATS, STATS
+from opscope.model.calls import overwrites_first
+from opscope.model.records import COL, COLUMNS, NO_STATS, STATS, UNINITIALIZED_NOTE, UNREAD_NOTE
 from opscope.storage.writer import DumpWriter
 
 # One tensor of a call's inputs or outputs: (slot, argument name, tensor).
@@ -31,6 +32,14 @@ _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"],
 _VIEW = COL["view"]
 _STRIDED = torch.strided
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_UNREAD: dict[str, bool] = {}
+
+
+def _overwrites_first(op: str) -> bool:
+    hit = _UNREAD.get(op)
+    if hit is None:
+        hit = _UNREAD[op] = overwrites_first(op)
+    return hit
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
                    "source", "note", "view", "stats"), "Recorder._new_row builds rows in this order"
@@ -143,7 +152,13 @@ class Recorder:
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
         if self.want_inputs or views:
+            unread = _overwrites_first(op)
             for slot, arg, t in inputs:
+                if unread and slot == 0:  # what is there before the op fills it is not data
+                    if self.want_inputs:
+                        pname = self.param_names.get(id(t))
+                        self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = UNREAD_NOTE
+                    continue
                 row = self._input_row(head, slot, arg, t, data, input_io)
                 if first_input_row is None:
                     first_input_row, first_input = row, t
@@ -170,7 +185,7 @@ class Recorder:
             src = first_input_row if slot in views else None
             if uninitialized:
                 row = self._new_row(head, "output", slot, arg, t)
-                row[_NOTE] = "uninitialized memory (empty): not measured"
+                row[_NOTE] = UNINITIALIZED_NOTE
                 self._register(t, row, version_of(t), None)
             else:
                 self._output_row(head, slot, arg, t, data, src, slot in mutated,

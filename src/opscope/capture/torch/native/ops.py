@@ -10,6 +10,7 @@ import torch
 
 from opscope.capture.torch.dispatch import UNMARKED_WRITES
 from opscope.capture.torch.op_kinds import ADDITIVE, base_name, kind_of
+from opscope.model.calls import overwrites_first
 
 # schema argument types the native side turns into torch's spelling (str(value) in Python)
 _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
@@ -78,4 +79,5 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
             "written": written, "view_outputs": view_outputs, "written_outputs": written_outputs,
             "uninitialized": info.uninitialized, "copies": base_name(kind.name) in _COPIES,
+            "overwrites": overwrites_first(kind.name),
             "random": info.random, "args": args}

@@ -170,7 +170,7 @@ struct Stop {
 };
 Stop g_stop;
 std::vector<std::string> views_json;  // this step's view geometries
-int N_VIEW = -1, N_ALIAS = -1;                // interned notes (set at install)
+int N_VIEW = -1, N_ALIAS = -1, N_UNINITIALIZED = -1, N_UNREAD = -1;                // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 
@@ -365,6 +365,23 @@ const Flow* find_flow(const at::Tensor& t) {
 size_t stats_source(size_t i) {
   while (rows[i].link >= 0 || rows[i].same >= 0) i = static_cast<size_t>(rows[i].link >= 0 ? rows[i].link : rows[i].same);
   return i;
+}
+
+// Slot 0 of an op that fills it without reading it (copy_'s destination, dropout's bernoulli_
+// into empty_like): recorded, not measured, linked to nothing (model/calls.py OVERWRITES_FIRST).
+void unread_row(const Head& h, int arg, const at::Tensor& t) {
+  int param = param_of(t);
+  size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, 0, arg, t, param);
+  rows[i].note = N_UNREAD;
+}
+
+// The same, for an API call by its name (Tensor.copy_, Tensor.fill_): its last dotted part.
+bool overwrites_first(const char* op) {
+  static const std::unordered_set<std::string> names = {
+      "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+      "cauchy_", "log_normal_", "fill_", "zero_", "copy_"};
+  const char* dot = std::strrchr(op, '.');
+  return names.count(dot ? dot + 1 : op) > 0;
 }
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {

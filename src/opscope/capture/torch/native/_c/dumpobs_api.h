@@ -96,7 +96,11 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
     if (!s) return nullptr;
     h.args = args_doc(s, static_cast<size_t>(n));
   }
-  if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) { input_row(h, slot, arg, t); }))
+  bool unread = overwrites_first(op);
+  if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
+        if (slot == 0 && unread) unread_row(h, arg, t);
+        else input_row(h, slot, arg, t);
+      }))
     return nullptr;
   api_calls.push_back(h);
   return PyLong_FromSsize_t(static_cast<Py_ssize_t>(api_calls.size()) - 1);

@@ -24,6 +24,8 @@ PyObject* py_install(PyObject*, PyObject* a) {
   }
   std::lock_guard<std::recursive_mutex> lock(mu);
   N_VIEW = intern("view"), N_ALIAS = intern("alias");
+  N_UNINITIALIZED = intern("uninitialized memory (empty): not measured");  // model/records.py
+  N_UNREAD = intern("overwritten without being read: not measured");
   Py_RETURN_NONE;
 }
 

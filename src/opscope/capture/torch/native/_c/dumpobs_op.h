@@ -66,6 +66,10 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t] : ins) {
+      if (slot == 0 && k.overwrites) {  // filled without being read: what is there is not data
+        if (g_inputs) unread_row(h, arg, t);
+        continue;
+      }
       g_measure_here = writes_arg(k, arg);
       int64_t r = input_row(h, slot, arg, t);
       g_measure_here = false;
@@ -131,7 +135,7 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
       size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
       // not registered: its memory may be filled without any op (torch.tensor(...) copies its
       // data in directly), so whoever reads it next measures what is there
-      rows[i].note = intern("uninitialized memory (empty): not measured");
+      rows[i].note = N_UNINITIALIZED;
     } else {
       output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &pending.base);
     }

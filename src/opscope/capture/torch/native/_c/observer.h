@@ -56,7 +56,7 @@ struct OpKind {
   bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded
   bool wrapper = false;    // not a dispatcher op: a profiler range, a custom autograd Function's apply
   bool transparent = false, cast = false, select = false, skip = false, additive = false;  // watch
-  bool uninitialized = false, random = false, copies = false;                                // dump
+  bool uninitialized = false, random = false, copies = false, overwrites = false;            // dump
   uint64_t view_outputs = 0, written_outputs = 0;  // bit i: output i aliases an input / is written
   std::vector<int> written;                        // argument positions written in place
   std::vector<int> arg_names;                      // interned schema argument names
@@ -198,6 +198,7 @@ void parse_kind(PyObject* d, OpKind& k) {
   k.composite = flag_of(d, "composite"), k.transparent = flag_of(d, "transparent"), k.cast = flag_of(d, "cast");
   k.select = flag_of(d, "select"), k.skip = flag_of(d, "skip"), k.additive = flag_of(d, "additive");
   k.uninitialized = flag_of(d, "uninitialized"), k.random = flag_of(d, "random"), k.copies = flag_of(d, "copies");
+  k.overwrites = flag_of(d, "overwrites");
   for (int64_t i : ints_of(d, "written")) k.written.push_back(static_cast<int>(i));
   for (int64_t i : ints_of(d, "view_outputs")) k.view_outputs |= i < 64 ? (1ull << i) : 0;
   for (int64_t i : ints_of(d, "written_outputs")) k.written_outputs |= i < 64 ? (1ull << i) : 0;
