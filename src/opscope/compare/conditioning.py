@@ -14,6 +14,9 @@ the input's relative to the *input*, with nothing wrong:
   ``SquaredDifference`` of the input and its mean, ``Rsqrt`` and its gradient
   ``RsqrtGrad``, a cube of the inverse standard deviation), with the same cancellation and
   powers inside;
+- CTC's forward-backward recursion over the T frames of its log-probabilities: an error in
+  one frame enters every later step's log-sum-exp, so the loss and its gradient may carry
+  up to T times the inputs' relative error (Wav2Vec2 with one thread against two);
 - an activation's backward that keeps part of the gradient (ReLU's, ReLU6's, ELU's: each
   element times a factor in [0, 1]): an error sitting where the mask keeps the gradient
   counts ||g|| / ||out|| times relative to the output. (An element that flips because the
@@ -163,6 +166,13 @@ def masked_gradient(inputs: list[Row], out_row: Row, out_norm: float) -> float:
 
 
 _POWERS = {"rsqrt": -0.5, "reciprocal": -1.0, "sqrt": 0.5}
+
+
+@register_condition("_ctc_loss", "_ctc_loss_backward", "ctc_loss", "CTCLoss", "CTCLossV2")
+def recurrence(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """T, the frames of the log-probabilities ([T, N, C], the first input of rank 3)."""
+    frames = next((r for r in inputs if len(r.get("shape") or ()) == 3), None)
+    return float(frames["shape"][0]) if frames is not None else 1.0
 
 
 @register_condition("rsqrt", "reciprocal", "sqrt", "pow")
