@@ -299,7 +299,8 @@ def run_record(path: Path) -> dict[str, Any]:
 def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autocast: bool | str = False,
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
-          dtype: str = "float32", dropout: float = 0.0) -> Path:
+          dtype: str = "float32", dropout: float = 0.0, clip: float | None = None,
+          accumulate: int = 1) -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
@@ -307,7 +308,10 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     the forward under bf16 autocast; "float16" under float16 autocast with a
     ``torch.amp.GradScaler`` (its default scale, 65536), the mixed-precision recipe of GPUs.
     ``dropout`` sets every ``nn.Dropout`` of the model to that probability (the configs here
-    set 0; real ones mostly 0.1).
+    set 0; real ones mostly 0.1). ``clip``: gradients clipped to that total norm before the
+    step (``clip_grad_norm_``, after the scaler unscales them), as Hugging Face's Trainer does
+    by default (1.0). ``accumulate``: micro-batches a step (gradient accumulation: the batch
+    split in that many, each loss divided by it).
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -340,12 +344,17 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
                           overwrite=True) as d:
             for _ in range(steps):
                 opt.zero_grad()
-                with torch.autocast("cpu", dtype=torch.float16 if half else torch.bfloat16, enabled=bool(autocast)):
-                    loss = runner(**batch).loss
-                scaler.scale(loss).backward()
+                for part in _micro_batches(batch, accumulate):
+                    with torch.autocast("cpu", dtype=torch.float16 if half else torch.bfloat16,
+                                        enabled=bool(autocast)):
+                        loss = runner(**part).loss / accumulate
+                    scaler.scale(loss).backward()
+                    losses.append(loss.detach())
+                if clip:
+                    scaler.unscale_(opt)
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 scaler.step(opt)  # opt.step(), unless the scaler found Inf/NaN gradients
                 scaler.update()
-                losses.append(loss.detach())
                 d.step()
     finally:
         torch.set_num_threads(old_threads)
@@ -357,6 +366,12 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
         "family": family, "losses": [v.hex() for v in values], "seconds": round(seconds, 3)}))
     print(f"[real_models] {Path(path).name}: {seconds:.2f}s", file=sys.stderr)
     return Path(path)
+
+
+def _micro_batches(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor]]:
+    if n == 1:
+        return [batch]
+    return [{k: v.chunk(n)[i] for k, v in batch.items()} for i in range(n)]
 
 
 def train_in_subprocesses(specs: list[dict[str, Any]], *, timeout: float = 900) -> dict[str, str]:

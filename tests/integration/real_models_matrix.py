@@ -1,8 +1,9 @@
 """The real-model matrix of issue 19: family x pair x data mode -> verdict, as a table.
 
 ``python real_models.py matrix OUT [--families gpt2,llama] [--modes statistics,tensor]
-[--level aten] [--steps 3] [--pairs bf16_model,act]`` trains every pair's target and one reference per family and mode
-under OUT, compares them and prints one row per pair as it goes: the verdict, how many
+[--level aten] [--steps 3] [--pairs bf16_model,act] [--base JSON]`` trains every pair's
+target and one reference per family and mode under OUT (``--base``: train() keywords of both,
+such as gradient clipping or accumulation), compares them and prints one row per pair as it goes: the verdict, how many
 culprits, the first divergence, whether that is what the test expects ("ok" / "WRONG"), and
 the target run's wall time. A compiled run that kills its process is reported as "crash".
 """
@@ -10,9 +11,11 @@ the target run's wall time. A compiled run that kills its process is reported as
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import real_models as rm
 
@@ -84,12 +87,12 @@ def _pairs(family: str, only: list[str] | None) -> list[str]:
 
 
 def matrix(out: Path, families: list[str], modes: list[str], level: str, steps: int,
-           only: list[str] | None = None) -> list[Row]:
+           only: list[str] | None = None, base: dict[str, Any] | None = None) -> list[Row]:
     rows: list[Row] = []
     print(HEADER, flush=True)
     for family in families:
         for mode in modes:
-            kwargs = {"level": level, "data": mode, "steps": steps}
+            kwargs = {**(base or {}), "level": level, "data": mode, "steps": steps}
             reference = rm.train(family, out / f"{family}-{mode}-{level}-reference",
                                  **rm.REFERENCE, **kwargs)
             print(f"# {family} {mode} reference: {rm.run_record(reference)['seconds']:.2f}s",
@@ -118,10 +121,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--level", default="aten", choices=["aten", "api", "module"])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pairs", default="", help="only these pairs (comma-separated)")
+    parser.add_argument("--base", default="{}", help='train() keywords of both runs, as JSON: '
+                                                   '\'{"clip": 1.0, "accumulate": 2, "dropout": 0.1}\'')
     args = parser.parse_args(argv)
     start = time.perf_counter()
     rows = matrix(args.out, args.families.split(","), args.modes.split(","), args.level, args.steps,
-                  [p for p in args.pairs.split(",") if p])
+                  [p for p in args.pairs.split(",") if p], json.loads(args.base))
     wrong = [r for r in rows if not r.expected]
     print(f"# {len(rows)} pairs, {len(wrong)} not as expected, {time.perf_counter() - start:.1f}s")
     return 1 if wrong else 0

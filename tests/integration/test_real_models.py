@@ -27,26 +27,25 @@ MODES = ("statistics", "tensor")
 
 
 class Runs:
-    """Dumps and comparisons made at most once per (family, pair, data, level, attn, dropout) in a session."""
+    """Dumps and comparisons made at most once per (family, pair, data, level, attn, recipe) in a session."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.results: dict[tuple[str, ...], Any] = {}
         self.crashed: dict[str, str] = {}
 
-    def path(self, family: str, pair: str, data: str, level: str, attn: str, dropout: float = 0.0) -> Path:
-        return self.root / f"{family}-{pair}-{data}-{level}-{attn}" if not dropout else \
-            self.root / f"{family}-{pair}-{data}-{level}-{attn}-dropout{dropout}"
+    def path(self, family: str, pair: str, data: str, level: str, attn: str, recipe: str = "") -> Path:
+        return self.root / "-".join(x for x in (family, pair, data, level, attn, recipe) if x)
 
     def dump(self, family: str, pair: str, data: str, level: str = "aten",
-             attn: str = "eager", dropout: float = 0.0) -> Path:
-        path = self.path(family, pair, data, level, attn, dropout)
-        kwargs = {"data": data, "level": level, "steps": STEPS, "attn": attn, "dropout": dropout}
+             attn: str = "eager", recipe: str = "") -> Path:
+        path = self.path(family, pair, data, level, attn, recipe)
+        kwargs = {"data": data, "level": level, "steps": STEPS, "attn": attn, **RECIPES[recipe]}
         batch = {"compiled": [(f, pair) for f in COMPILED], "inductor": INDUCTOR_RUNS}
         group = batch.get(pair.split("+")[0], [])
         if group and str(path) not in self.crashed and not Path(f"{path}.run.json").exists():
             # every compiled run of the kind at once: one interpreter (and torch import) for all
-            specs = [rm.pair_spec(f, p, self.path(f, p, data, level, attn, dropout), **kwargs) for f, p in group]
+            specs = [rm.pair_spec(f, p, self.path(f, p, data, level, attn, recipe), **kwargs) for f, p in group]
             self.crashed.update(rm.train_in_subprocesses(specs))
         if str(path) in self.crashed:
             pytest.fail(f"{family} {pair}: {self.crashed[str(path)]}")
@@ -58,13 +57,20 @@ class Runs:
         return path
 
     def compare(self, family: str, pair: str, data: str, level: str = "aten",
-                attn: str = "eager", dropout: float = 0.0) -> Any:
-        key = (family, pair, data, level, attn, str(dropout))
+                attn: str = "eager", recipe: str = "") -> Any:
+        key = (family, pair, data, level, attn, recipe)
         if key not in self.results:
-            target = self.dump(family, pair, data, level, attn, dropout)
-            reference = self.dump(family, "reference", data, level, attn, dropout)
+            target = self.dump(family, pair, data, level, attn, recipe)
+            reference = self.dump(family, "reference", data, level, attn, recipe)
             self.results[key] = opscope.compare(target, reference)
         return self.results[key]
+
+
+# What both runs of a pair do besides the plain loop: dropout on (every nn.Dropout at 0.1),
+# or Hugging Face's Trainer defaults (gradients clipped to norm 1.0) with the batch split in
+# two micro-batches (gradient accumulation).
+RECIPES: dict[str, dict[str, Any]] = {"": {}, "dropout": {"dropout": 0.1},
+                                      "trainer": {"clip": 1.0, "accumulate": 2}}
 
 
 @pytest.fixture(scope="session")
@@ -140,8 +146,8 @@ def test_compiled_run_has_no_culprit(runs: Runs, family: str) -> None:
 
 def _assert_fault_named(runs: Runs, result: Any, family: str, fault: str, data: str,
                         level: str = "aten", attn: str = "eager", pair: str | None = None,
-                        dropout: float = 0.0) -> None:
-    losses = [rm.run_record(runs.dump(family, p, data, level, attn, dropout))["losses"]
+                        recipe: str = "") -> None:
+    losses = [rm.run_record(runs.dump(family, p, data, level, attn, recipe))["losses"]
               for p in (pair or fault, "reference")]
     # the fault is real: it changes training (a changed weight is seen in the dump itself, as
     # the root below: in Whisper, DeBERTa and ConvNeXt, whose layer scale starts at 1e-6, the
@@ -294,9 +300,29 @@ def test_dropout_on_both_sides(runs: Runs, family: str, pair: str) -> None:
     uninitialized memory, which compare no longer judges (before session 21 the mask's
     bernoulli_ was a root in every comparison, the same run twice included). The same seed
     draws the same masks, so benign pairs stay clean and faults are named."""
-    result = runs.compare(family, pair, "statistics", dropout=0.1)
+    result = runs.compare(family, pair, "statistics", recipe="dropout")
     if pair in rm.FAULTS:
-        _assert_fault_named(runs, result, family, pair, "statistics", dropout=0.1)
+        _assert_fault_named(runs, result, family, pair, "statistics", recipe="dropout")
     else:
         assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
         assert not result.culprits, _culprits(result)
+
+
+TRAINER_PAIRS = ("same_twice", "bf16_model", "fp16_amp", "act", "weight_row")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "resnet"])
+@pytest.mark.parametrize("pair", TRAINER_PAIRS)
+def test_trainer_recipe_with_clipping_and_accumulation(runs: Runs, family: str, pair: str) -> None:
+    """Hugging Face's Trainer clips gradients to norm 1.0 by default, and large batches are
+    split in micro-batches: both sides clip and accumulate two micro-batches a step. ResNet's
+    shortcut convolution over micro-batches of two sums its weight gradient over 32 positions
+    whose terms cancel: as a bf16 model (and under fp16 AMP) that magnified its inputs'
+    rounding 12x-34x and was named (before session 22; compare's contraction rule)."""
+    result = runs.compare(family, pair, "statistics", recipe="trainer")
+    if pair in rm.FAULTS:
+        _assert_fault_named(runs, result, family, pair, "statistics", recipe="trainer")
+    else:
+        assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+        assert not result.culprits, _culprits(result)
+        assert pair != "same_twice" or result.verdict == "identical"

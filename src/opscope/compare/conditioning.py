@@ -14,6 +14,11 @@ the input's relative to the *input*, with nothing wrong:
   ``SquaredDifference`` of the input and its mean, ``Rsqrt`` and its gradient
   ``RsqrtGrad``, a cube of the inverse standard deviation), with the same cancellation and
   powers inside;
+- a contraction (a matmul, a convolution and their backward's gradients): each output sums
+  products of the two operands, |ΔC| <= Σ|a||b|·(εa + εb), and ||(|A||B|)|| <= ||A||·||B||,
+  so terms that cancel (a weight gradient summed over a few positions: ResNet's shortcut
+  convolution with micro-batches of two) magnify the operands' relative error up to
+  ||A||·||B|| / ||C|| times;
 - CTC's forward-backward recursion over the T frames of its log-probabilities: an error in
   one frame enters every later step's log-sum-exp, so the loss and its gradient may carry
   up to T times the inputs' relative error (Wav2Vec2 with one thread against two);
@@ -166,6 +171,32 @@ def masked_gradient(inputs: list[Row], out_row: Row, out_norm: float) -> float:
 
 
 _POWERS = {"rsqrt": -0.5, "reciprocal": -1.0, "sqrt": 0.5}
+
+
+# output slot -> the input slots of its two operands
+_OPERANDS: dict[str, dict[int, tuple[int, int]]] = {
+    **dict.fromkeys(("mm", "bmm", "matmul", "__matmul__", "linear", "convolution", "_convolution",
+                     "conv1d", "conv2d", "conv3d", "Linear", "Conv1d", "Conv2d", "Conv3d"), {0: (0, 1)}),
+    **dict.fromkeys(("addmm", "baddbmm", "addbmm"), {0: (1, 2)}),
+    # (grad_output, input, weight) -> grad_input from grad_output and weight, grad_weight from
+    # grad_output and input (grad_bias, slot 2, is a sum: the reduction rule's)
+    "convolution_backward": {0: (0, 2), 1: (0, 1)},
+}
+
+
+@register_condition(*_OPERANDS)
+def contraction(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """||A||·||B|| / ||C|| for the output's two operands (1 where they are not recorded)."""
+    slot = int(out_row.get("slot") or 0)
+    operands = _OPERANDS.get(base_op(str(out_row.get("op") or "")), {}).get(slot)
+    if operands is None:
+        return reduction(inputs, out_row, out_norm) if slot == 2 else 1.0
+    by_slot = {r.get("slot"): r for r in inputs}
+    rows = [by_slot.get(i) for i in operands]
+    if any(r is None for r in rows) or out_norm <= 0:
+        return 1.0
+    a, b = (_num(r.get("norm")) for r in rows if r is not None)
+    return a * b / out_norm if math.isfinite(a) and math.isfinite(b) else 1.0
 
 
 @register_condition("_ctc_loss", "_ctc_loss_backward", "ctc_loss", "CTCLoss", "CTCLossV2")

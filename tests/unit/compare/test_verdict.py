@@ -27,7 +27,9 @@ def test_fault_is_blamed_on_the_op_that_made_it(tmp_path, reference, fault, modu
     first = result.first_divergence
     assert result.verdict == "diverged" and not result
     assert (first.kind, first.module, first.op, first.step, first.phase) == ("culprit", module, op, 0, "forward")
-    assert first.metrics["input_error"] < 1e-6  # float64 reference: inputs agree to float32 rounding
+    # float64 reference: inputs agree to float32 rounding (times the op's conditioning: the
+    # matmul's ||A||·||B|| / ||C||, ~2 here)
+    assert first.metrics["input_error"] < 1e-6 * (4 if op == "aten.mm.default" else 1)
 
 
 def test_changed_parameter_is_the_root(tmp_path, reference):
