@@ -157,12 +157,13 @@ def link_same_bytes(rows: list[dict[str, Any]]) -> None:
     The capture loses the producer where memory an op wrote through one view is read through
     another: autograd fills a zeroed buffer through a strided view (``copy_``) and reads the
     whole buffer back (``as_strided``). Unlinked, such a gradient looked like a value that
-    differed at the start of the step (a root), and a loss scale did not reach it."""
+    differed at the start of the step (a root), and a loss scale did not reach it. Constant
+    tensors are left alone: the loss's seed gradient (1.0) equals many a scalar by chance."""
     latest: dict[tuple[Any, ...], int] = {}
     for row in rows:
         digest = row.get("hash")
-        if digest is None:
-            continue
+        if digest is None or row.get("min") == row.get("max"):
+            continue  # a constant (a zeroed buffer, the loss's seed 1.0) matches by chance
         key = (digest, row.get("numel"), row.get("dtype"))
         io = row.get("io")
         if io == "output":

@@ -4,7 +4,8 @@ The verdict allows an output ``ratio`` times its inputs' relative error. For mos
 is enough; for some, the output's error relative to the *output* can be far larger than
 the input's relative to the *input*, with nothing wrong:
 
-- a sum or mean whose terms cancel: summing r elements gives |Δout| <= sqrt(r)·|Δin|, so
+- a sum or mean whose terms cancel (and a sum by index: an embedding's weight gradient, a
+  relative position bias table's): summing r elements gives |Δout| <= sqrt(r)·|Δin|, so
   relative to the output the input's error counts ||in||·sqrt(r)/||out|| times (a bias
   gradient summed over a batch; the mean a layer norm saves for backward);
 - a normalization (layer, batch, group norm) works on the input less its mean, so an
@@ -108,6 +109,29 @@ def _num(value: Any) -> float:
         return float(value) if value is not None else math.nan
     except (TypeError, ValueError):
         return math.nan
+
+
+@register_condition("embedding_dense_backward", "embedding_backward", "_embedding_bag_backward",
+                    "_embedding_bag_dense_backward", "index_put_", "_index_put_impl_", "index_put",
+                    "index_add", "index_add_", "scatter_add", "scatter_add_", "scatter_reduce",
+                    "scatter_reduce_", "UnsortedSegmentSum")
+def sum_by_index(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """A sum by index (a scatter-add): each output element sums the values sent to it, so
+    ||values||·sqrt(max(1, n_values / n_out))/||out||, as a reduction (n_out: the output's
+    elements that are not zero: rows no index reached), even where the values are no more
+    than the output (an embedding's weight gradient sums its rows' gradients by
+    token: DeBERTa's 64 tokens into 64 rows; Swin's relative position bias table sums the
+    attention scores' gradients by offset)."""
+    floats = [r for r in inputs if str(r.get("dtype") or "").startswith(("float", "bfloat"))]
+    zeros = _num(out_row.get("zeros"))
+    out_numel = (out_row.get("numel") or 0) - (int(zeros) if math.isfinite(zeros) else 0)
+    if not floats or out_norm <= 0 or out_numel <= 0:
+        return 1.0
+    values = max(floats, key=lambda r: r.get("numel") or 0)
+    norm = _num(values.get("norm"))
+    if not math.isfinite(norm) or norm <= 0:
+        return 1.0
+    return norm * math.sqrt(max(1.0, (values.get("numel") or 0) / out_numel)) / out_norm
 
 
 @register_condition("mul", "mul_")

@@ -105,13 +105,16 @@ def gradient_nodes(state: VerdictState) -> list[Node]:
     return out
 
 
-def judge_gradient(state: VerdictState, node: Node, step_tainted: bool) -> bool:
+def judge_gradient(state: VerdictState, node: Node, step_tainted: bool, noise: float = 0.0) -> bool:
     """A gradient at a module's output, against every gradient recorded before it in the
-    step: what the backward pass could have read. Blamed on the module whose code runs
-    around it (the backward of its code between submodules, or of the next submodule)."""
+    step and the step's rounding so far (``noise``: the backward reads the forward's
+    activations too, made under autocast in bf16 where the gradients are float32). Blamed on
+    the module whose code runs around it (the backward of its code between submodules, or of
+    the next submodule)."""
     pair = node.outputs[0]
     row = pair.home
     known, tainted = backward_known(state, node.side, node.rank, node.step, row["seq"], pair)
+    known = max(known, noise)
     if step_tainted:  # the backward also reads the forward's activations, already diverged
         known, tainted = math.inf, True
     parent = _parent_span(state, node, row.get("module") or "")

@@ -127,7 +127,7 @@ def judge(state: VerdictState) -> None:
         if info is None or info["step"] != node.step:
             prev[node.rank] = info = _new_step(node, info)
         if node.kind == "gradient":
-            info["tainted"] = judge_gradient(state, node, info["tainted"]) or info["tainted"]
+            info["tainted"] = judge_gradient(state, node, info["tainted"], info["noise"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
         if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight:

@@ -11,7 +11,7 @@ from opscope.compare.conditioning import condition
 
 def row(op: str, io: str, slot: int, x: np.ndarray) -> dict:
     return {"op": op, "io": io, "slot": slot, "numel": x.size, "norm": float(np.linalg.norm(x)),
-            "absmax": float(np.abs(x).max()), "shape": list(x.shape)}
+            "absmax": float(np.abs(x).max()), "shape": list(x.shape), "zeros": int((x == 0).sum())}
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -81,3 +81,67 @@ def test_a_masked_gradient_counts_the_share_it_keeps() -> None:
     e = 1e-6
     seen = worst(lambda grad: fn(grad, x), [g], e, rng)
     assert 1.2 * e < seen <= factor * e * (1 + 1e-9), (seen, factor)
+
+
+def test_a_contraction_bounds_the_cancellation_of_its_terms() -> None:
+    """A weight gradient summed over few positions whose terms cancel (ResNet's shortcut
+    convolution over micro-batches of two): x^T g, and the same rule for mm's output and for
+    convolution_backward's weight gradient (slot 1: grad_output and input)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((32, 8)) + 2.0  # a common offset: the terms cancel in x^T g
+    g = rng.standard_normal((32, 16))
+    g -= g.mean(axis=0)  # a gradient summing to ~0 over the positions
+    fn = lambda a, b: a.T @ b  # noqa: E731
+    out = fn(x, g)
+    e = 1e-6
+    seen = worst(fn, [x, g], e, rng)
+    rows = [row("aten.mm.default", "input", 0, x.T), row("aten.mm.default", "input", 1, g)]
+    factor = condition(rows, row("aten.mm.default", "output", 0, out), float(np.linalg.norm(out)))
+    assert 3 * e < seen <= factor * e, (seen, factor)
+    assert factor < 20 * seen / e, "not so loose that a fault a few times the rounding hides"
+    op = "aten.convolution_backward.default"
+    rows = [row(op, "input", 0, g), row(op, "input", 1, x), row(op, "input", 2, np.ones((16, 8)))]
+    assert np.isclose(condition(rows, row(op, "output", 1, out), float(np.linalg.norm(out))), factor)
+
+
+def test_a_sum_by_index_is_a_reduction() -> None:
+    """An embedding's weight gradient: each row sums the gradient rows of its tokens, with as
+    many tokens as rows (DeBERTa: 64 into 64); here each used row sums two that cancel."""
+    rng = np.random.default_rng(4)
+    ids = np.concatenate([np.arange(32), np.arange(32)])  # every token twice: rows 32..63 unused
+    half = rng.standard_normal((32, 32)) * 0.02
+    grad = np.concatenate([half, -0.8 * half + rng.standard_normal((32, 32)) * 0.004])  # they cancel
+    fn = lambda gr: np.stack([gr[ids == i].sum(axis=0) for i in range(64)])  # noqa: E731
+    out = fn(grad)
+    e = 1e-6
+    seen = worst(fn, [grad], e, rng)
+    op = "aten.embedding_dense_backward.default"
+    rows = [row(op, "input", 0, grad), {**row(op, "input", 1, ids.astype(float)), "dtype": "int64"}]
+    rows[0]["dtype"] = "float32"
+    factor = condition(rows, row(op, "output", 0, out), float(np.linalg.norm(out)))
+    assert 3 * e < seen <= factor * e, (seen, factor)
+    assert factor < 20 * seen / e, "not so loose that a fault a few times the rounding hides"
+
+
+def test_ctc_may_carry_its_frames_times_the_inputs_error() -> None:
+    import torch
+
+    torch.manual_seed(5)
+    t, n, c = 39, 2, 16
+    logits = torch.randn(t, n, c, dtype=torch.float64)
+    targets = torch.randint(1, c, (n, 8))
+    lengths, target_lengths = torch.full((n,), t), torch.full((n,), 8)
+
+    def grad_of(x: np.ndarray) -> np.ndarray:
+        lp = torch.tensor(x, requires_grad=True)
+        torch.nn.functional.ctc_loss(lp, targets, lengths, target_lengths).backward()
+        return lp.grad.numpy()
+
+    x = torch.log_softmax(logits, -1).numpy()
+    e = 1e-7
+    seen = worst(grad_of, [x], e, np.random.default_rng(5), tries=20)
+    op = "aten._ctc_loss_backward.default"
+    out = grad_of(x)
+    rows = [row(op, "input", 0, np.ones(1)), row(op, "input", 1, x)]
+    factor = condition(rows, row(op, "output", 0, out), float(np.linalg.norm(out)))
+    assert factor == t and e < seen <= factor * e, (seen, factor)

@@ -58,3 +58,17 @@ def test_which_ops_overwrite_their_first_argument():
     assert overwrites_first("aten.copy_.default") and overwrites_first("Tensor.bernoulli_")
     assert overwrites_first("zero_") and not overwrites_first("aten.add_.Tensor")
     assert not overwrites_first("Tensor.copy") and not overwrites_first("Dropout")
+
+
+def test_a_read_through_another_view_takes_the_output_with_its_bytes_as_producer():
+    """Swin's pooler backward fills a zeroed buffer through a strided view (copy_) and reads
+    the whole buffer back (as_strided): the capture gives that read no producer."""
+    from opscope.compare.api import link_same_bytes
+
+    def row(i, io, digest, numel=128, lo=-1.0, hi=1.0, producer=None):
+        return {"id": i, "io": io, "hash": digest, "numel": numel, "dtype": "float16", "min": lo, "max": hi,
+                "producer": producer}
+    rows = [row(0, "output", 11), row(1, "output", 22), row(2, "input", 11), row(3, "input", 33),
+            row(4, "output", 44, lo=1.0, hi=1.0), row(5, "input", 44, lo=1.0, hi=1.0), row(6, "input", 22, producer=1)]
+    link_same_bytes(rows)
+    assert [r["producer"] for r in rows] == [None, None, 0, None, None, None, 1]  # a constant: left alone

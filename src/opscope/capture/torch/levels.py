@@ -131,6 +131,12 @@ def api_name(func: Any) -> str | None:
             name = resolve_name(func)
         except Exception:  # some builtins have no resolvable name
             name = None
+        qualname = getattr(func, "__qualname__", "")
+        if name is None and qualname.startswith("_VariableFunctionsClass."):
+            # a private torch function torch.overrides does not name: torch._weight_norm (a
+            # weight-normed conv's weight, Wav2Vec2's positional conv) made a weight no record
+            # had made, a root at every step
+            name = "torch." + qualname.rpartition(".")[2]
         short = (name or "").rsplit(".", 1)[-1]
         if name is None or short in _SKIP_API or name.endswith(".__get__") or name.endswith(".__set__"):
             name = None
