@@ -300,12 +300,18 @@ def test_dropout_on_both_sides(runs: Runs, family: str, pair: str) -> None:
     uninitialized memory, which compare no longer judges (before session 21 the mask's
     bernoulli_ was a root in every comparison, the same run twice included). The same seed
     draws the same masks, so benign pairs stay clean and faults are named."""
-    result = runs.compare(family, pair, "statistics", recipe="dropout")
+    _assert_recipe_pair(runs, family, pair, "dropout")
+
+
+def _assert_recipe_pair(runs: Runs, family: str, pair: str, recipe: str) -> None:
+    """A fault named, or a benign pair clean (the same run twice identical), under ``recipe``."""
+    result = runs.compare(family, pair, "statistics", recipe=recipe)
     if pair in rm.FAULTS:
-        _assert_fault_named(runs, result, family, pair, "statistics", recipe="dropout")
-    else:
-        assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
-        assert not result.culprits, _culprits(result)
+        _assert_fault_named(runs, result, family, pair, "statistics", recipe=recipe)
+        return
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
+    assert pair != "same_twice" or result.verdict == "identical"
 
 
 TRAINER_PAIRS = ("same_twice", "bf16_model", "fp16_amp", "act", "weight_row")
@@ -319,10 +325,4 @@ def test_trainer_recipe_with_clipping_and_accumulation(runs: Runs, family: str, 
     shortcut convolution over micro-batches of two sums its weight gradient over 32 positions
     whose terms cancel: as a bf16 model (and under fp16 AMP) that magnified its inputs'
     rounding 12x-34x and was named (before session 22; compare's contraction rule)."""
-    result = runs.compare(family, pair, "statistics", recipe="trainer")
-    if pair in rm.FAULTS:
-        _assert_fault_named(runs, result, family, pair, "statistics", recipe="trainer")
-    else:
-        assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
-        assert not result.culprits, _culprits(result)
-        assert pair != "same_twice" or result.verdict == "identical"
+    _assert_recipe_pair(runs, family, pair, "trainer")

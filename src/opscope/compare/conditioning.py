@@ -78,13 +78,18 @@ def reduction(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     """||in||·sqrt(r)/||out||: a sum or mean over r elements whose terms cancel."""
     out_numel = out_row.get("numel") or 0
     bigger = [r for r in inputs if (r.get("numel") or 0) > out_numel]
-    if not bigger or out_norm <= 0 or out_numel <= 0:
+    return _summed(bigger, out_numel, out_norm)
+
+
+def _summed(terms: list[Row], out_numel: int, out_norm: float) -> float:
+    """||t||·sqrt(max(1, n_t / n_out))/||out|| for the largest of ``terms`` (1 without one)."""
+    if not terms or out_norm <= 0 or out_numel <= 0:
         return 1.0
-    big = max(bigger, key=lambda r: r.get("numel") or 0)
-    in_norm = _num(big.get("norm"))
-    if not math.isfinite(in_norm) or in_norm <= 0:
+    big = max(terms, key=lambda r: r.get("numel") or 0)
+    norm = _num(big.get("norm"))
+    if not math.isfinite(norm) or norm <= 0:
         return 1.0
-    return in_norm * math.sqrt(big["numel"] / out_numel) / out_norm
+    return norm * math.sqrt(max(1.0, (big.get("numel") or 0) / out_numel)) / out_norm
 
 
 @register_condition("native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
@@ -124,14 +129,7 @@ def sum_by_index(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     attention scores' gradients by offset)."""
     floats = [r for r in inputs if str(r.get("dtype") or "").startswith(("float", "bfloat"))]
     zeros = _num(out_row.get("zeros"))
-    out_numel = (out_row.get("numel") or 0) - (int(zeros) if math.isfinite(zeros) else 0)
-    if not floats or out_norm <= 0 or out_numel <= 0:
-        return 1.0
-    values = max(floats, key=lambda r: r.get("numel") or 0)
-    norm = _num(values.get("norm"))
-    if not math.isfinite(norm) or norm <= 0:
-        return 1.0
-    return norm * math.sqrt(max(1.0, (values.get("numel") or 0) / out_numel)) / out_norm
+    return _summed(floats, (out_row.get("numel") or 0) - (int(zeros) if math.isfinite(zeros) else 0), out_norm)
 
 
 @register_condition("mul", "mul_")
