@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,17 @@ class DumpWriter:
         self.batch = batch
         self._batches = 0  # batch files written (writer thread)
         self._urgent = False  # something large or the stop is queued: the next round starts now
+        self._manifest_lock = threading.Lock()  # the writer thread writes it every second
 
     # -- caller side -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def editing_manifest(self) -> Iterator[dict[str, Any]]:
+        """The manifest, to change from the caller's thread while the writer thread runs: it
+        writes the manifest with the status every second, and a dict that changes size while
+        json encodes it fails the dump (a session's notes added at its end did, once)."""
+        with self._manifest_lock:
+            yield self.manifest
+
     def open(self) -> None:
         """Create the layout, refuse to mix runs, start the writer thread."""
         dump_root.prepare(self.root, self.rank, self.manifest.get("run_id"), self.overwrite)
@@ -349,9 +359,10 @@ class DumpWriter:
             "run_id": self.manifest.get("run_id"),
             "pid": os.getpid(), "updated": _now()}, indent=None)
         # every rank rewrites the manifest; the last one to close lists them all
-        self.manifest["status"] = status
-        self.manifest["ranks"] = sorted(int(d.name[4:]) for d in self.root.glob("rank*") if d.name[4:].isdigit())
-        fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
+        ranks = sorted(int(d.name[4:]) for d in self.root.glob("rank*") if d.name[4:].isdigit())
+        with self._manifest_lock:
+            self.manifest["status"], self.manifest["ranks"] = status, ranks
+            fmt.write_json(self.root / fmt.MANIFEST, self.manifest)
 
 
 def _batched(rows: Any) -> int:

@@ -61,3 +61,48 @@ def test_a_long_wait_is_a_note_of_the_dump(tmp_path, monkeypatch):
     said = [n for n in notes["full"] if "waited" in n]
     assert len(said) == 1 and "for the disk" in said[0] and "tensor_ops" in said[0]
     assert not [n for n in notes["roomy"] if "waited" in n]
+
+
+def test_the_manifest_changed_while_the_writer_writes_it(tmp_path):
+    """The writer thread writes the manifest with its status every second; a session adds its
+    notes (and the native backend, the compiled graphs) from the training thread meanwhile.
+    Unlocked, json met a dict that changed size and the dump failed at its end ("dump writer
+    failed: RuntimeError: dictionary changed size during iteration", Whisper's in session 22)."""
+    import sys
+    import threading
+
+    writer = DumpWriter(tmp_path / "d", 0, {"format_version": "3.0"})
+    writer.open()
+    failures: list[BaseException] = []
+    written = [0]
+    stop = threading.Event()
+
+    def status_loop() -> None:  # what the writer's rounds do, as often as they can
+        while not stop.is_set():
+            try:
+                writer._write_status("running")
+            except BaseException as exc:  # noqa: BLE001 - the failure is the test's
+                failures.append(exc)
+                return
+            written[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: the race shows at once
+    thread = threading.Thread(target=status_loop)
+    thread.start()
+    i = 0
+    try:
+        while written[0] < 100 and not failures:  # the session's edits, while 100 statuses are written
+            with writer.editing_manifest() as manifest:
+                manifest[f"note{i % 500}"] = "x" * (i % 64)
+                if i % 500 == 499:
+                    manifest.clear()
+                    manifest["format_version"] = "3.0"
+            i += 1
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    writer.close()
+    assert not failures, failures
+    assert json.loads((tmp_path / "d" / "manifest.json").read_text())["status"] == "complete"

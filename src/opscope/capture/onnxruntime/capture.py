@@ -257,7 +257,8 @@ def _check_unperturbed(writer: Any, model: Any, plan: Plan, samples: list[dict[s
                 message = (f"step {step}: graph output {name!r} differs from a plain ONNX Runtime "
                            "session's: exposing the intermediate values changed the computation "
                            "(e.g. float16 ops run in float32 on CPU); see docs/onnx.md")
-                writer.manifest.setdefault("warnings", []).append(message)
+                with writer.editing_manifest() as manifest:
+                    manifest.setdefault("warnings", []).append(message)
                 values[step][name].note = "differs from a plain session's output (capture perturbed the run)"
 
 

@@ -130,8 +130,8 @@ class TFDumpSession(TFValues):
         with self._lock:
             self._flush_step(self.clock.step)
         wait = self.writer.wait_note()  # the disk behind the steps: said, with what shortens it
-        for line in [*self.notes, *([wait] if wait else [])]:
-            self.writer.manifest.setdefault("notes", []).append(line)
+        with self.writer.editing_manifest() as manifest:  # (the writer thread still runs)
+            manifest.setdefault("notes", []).extend([*self.notes, *([wait] if wait else [])])
         failure = error or self.failure
         self.writer.close("crashed" if failure else "complete",
                           error=None if failure is None else f"{type(failure).__name__}: {failure}")

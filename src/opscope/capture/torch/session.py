@@ -126,7 +126,8 @@ class DumpSession:
             native_level = {"module": NativeModuleLevel, "api": NativeApiLevel}.get(
                 cfg.level, native_aten.NativeAtenLevel)
             self._level = native_level(self, backend)
-            self.writer.manifest["stats_backend"] = "native"  # written with the status at the end
+            with self.writer.editing_manifest() as manifest:  # written with the status at the end
+                manifest["stats_backend"] = "native"
         else:
             self._level = levels.make(cfg.level, self)
         self._watch_modules(True)
@@ -204,12 +205,13 @@ class DumpSession:
             self._note_disk_wait()
             if self.failure is not None and status == "complete":
                 status, error = "crashed", f"opscope internal error: {type(self.failure).__name__}: {self.failure}"
-            self.writer.manifest["notes"] = self.notes
-            compiled = self.compiled.manifest()
-            if compiled is not None:
-                self.writer.manifest["compiled"] = compiled
-            if self.recorder.plan is not None:  # tensor sizes, estimate, where tensor_limit_mb stopped capture
-                self.recorder.plan.finish(self.writer.manifest)
+            with self.writer.editing_manifest() as manifest:  # (the writer thread still runs)
+                manifest["notes"] = self.notes
+                compiled = self.compiled.manifest()
+                if compiled is not None:
+                    manifest["compiled"] = compiled
+                if self.recorder.plan is not None:  # tensor sizes, estimate, where tensor_limit_mb stopped capture
+                    self.recorder.plan.finish(manifest)
             self.writer.close(status, error)
         if failure is not None and status == "crashed" and error == str(failure):
             raise failure
