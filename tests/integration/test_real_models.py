@@ -287,6 +287,19 @@ def test_benign_pair_at_api_level(runs: Runs, family: str, pair: str) -> None:
     assert not result.culprits, _culprits(result)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", COMPILED)
+def test_compiled_run_at_api_level(runs: Runs, family: str) -> None:
+    """torch.compile(backend="eager") under an api-level dump. Mixtral's expert loop makes
+    dynamo give up on its model's forward, which then runs eagerly while dynamo compiles the
+    frames it calls: opscope's torch-function mode among them, and torch 2.13 ran the code it
+    compiled for ``x.shape`` on ``x.device`` (the process died in ``torch.arange`` before
+    session 22; dump.md, "torch.compile")."""
+    result = runs.compare(family, "compiled", "statistics", level="api")
+    assert result.verdict in ("identical", "within_tolerance"), (result.verdict, _culprits(result))
+    assert not result.culprits, _culprits(result)
+
+
 @pytest.mark.parametrize("family, fault, data", _cases(rm.FAULTS, ("statistics",)))
 def test_fault_is_named_at_api_level(runs: Runs, family: str, fault: str, data: str) -> None:
     result = runs.compare(family, fault, data, level="api")
