@@ -134,7 +134,7 @@ def sum_by_index(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     nonzero = (out_row.get("numel") or 0) - (int(zeros) if math.isfinite(zeros) else 0)
     if not indices or not floats or nonzero <= 0 or out_norm <= 0:
         return _summed(floats, nonzero, out_norm)
-    shape = out_row.get("shape") or ()
+    shape = list(out_row.get("shape") or [])
     width = int(shape[-1]) if len(shape) >= 2 and int(shape[-1]) > 0 else 1
     n = max(int(r.get("numel") or 0) for r in indices)
     most = max(1, n - max(1, nonzero // width) + 1)
