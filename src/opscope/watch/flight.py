@@ -9,8 +9,10 @@ on the chain of the event. ``opscope show`` and ``opscope compare`` read it like
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,11 @@ class RingWriter:
         self.sink_step: int | None = None
         self.on_sink_done: Any = None
         self._open: dict[int, list[tuple[str, Any]]] = {}
+
+    @contextlib.contextmanager
+    def editing_manifest(self) -> Iterator[dict[str, Any]]:
+        """The ring's own manifest (DumpWriter's has a thread writing it; this one has none)."""
+        yield self.manifest
 
     @property
     def error(self) -> BaseException | None:
@@ -176,7 +183,8 @@ class FlightRecorder:
         self.dump.cfg.tensor_ops = Filter()
         self._replan()
         if sink is not None:
-            sink.manifest["notes"] = list(self.pending_notes)
+            with sink.editing_manifest() as manifest:  # (its writer thread still runs)
+                manifest["notes"] = list(self.pending_notes)
             sink.close(status, error)
 
 
