@@ -89,3 +89,16 @@ def test_a_fault_under_bf16_autocast_is_named_right_or_not_at_all(runs: Runs, fa
     first = result.first_divergence
     if first is not None:
         _assert_fault_named(runs, result, family, "act", "statistics", pair=pair)
+
+
+def test_a_module_gradient_under_autocast_carries_the_forwards_rounding(tmp_path: Path) -> None:
+    """Qwen3 at the module level under bf16 autocast, three steps: in the third, the gradient
+    at layer 1's output differs 10.1x the backward's errors before it, which is in proportion
+    to the forward's bf16 rounding it also reads (named a culprit of Qwen3Model's own code
+    before session 22)."""
+    import opscope
+
+    runs = {name: rm.train("qwen3", tmp_path / name, steps=3, level="module", **{**rm.REFERENCE, **kw})
+            for name, kw in (("reference", {}), ("autocast", rm.BENIGN["bf16_autocast"]))}
+    result = opscope.compare(runs["autocast"], runs["reference"])
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
