@@ -195,7 +195,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         key = (node.side, node.rank, node.step, row["id"])
         own = state.entry.get(key)
         own = own if own is not None and own.kind in PAIRED else None
-        if row.get("slot") == 0 and base_op(row.get("op")) in OVERWRITTEN:
+        # (dumps from before such an argument was recorded unmeasured hold what was there)
+        if row.get("slot") == 0 and base_op(row.get("op")) in OVERWRITES_FIRST:
             if own is not None and not own.status:  # what was there before does not count
                 if own.metrics.get("bit_exact"):
                     own.status = "identical"
@@ -241,11 +242,6 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and not own.status:
             set_input_status(state, own, tainted)
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
-
-
-# In-place ops that fill their first argument without reading it (dumps from before they
-# were recorded unmeasured there still hold what that memory held)
-OVERWRITTEN = OVERWRITES_FIRST
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:

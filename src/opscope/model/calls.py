@@ -3,6 +3,8 @@ peers' dumps and replay share."""
 
 from __future__ import annotations
 
+import functools
+
 # in-place operators: they write the tensor they read first (`x += y`, `x[i] = v`)
 _IN_PLACE_OPERATORS = frozenset(f"__i{op}__" for op in "add sub mul truediv div floordiv mod pow matmul and or xor "
                                                          "lshift rshift".split()) | {"__setitem__"}
@@ -22,6 +24,7 @@ OVERWRITES_FIRST = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "e
                               "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
 
 
+@functools.cache  # asked once per recorded call (capture's Python paths): a name is looked up once
 def overwrites_first(op: str) -> bool:
     """Does op ``op`` (``aten.copy_.default``, ``Tensor.fill_``, ``fill_``) write its first
     argument without reading it? Its value there is never measured nor judged."""

@@ -88,8 +88,7 @@ def load_aten_call(dump: Any, rows: list[dict[str, Any]], side: str) -> Call:
     for row in inputs:
         if row.get("data") and row.get("key"):
             call.tensors[row["id"]] = read_tensor(dump, row)
-        elif (row.get("note") in NOT_DATA_NOTES or "uninitialized" in str(row.get("note") or "")) \
-                and row.get("arg") in written:
+        elif row.get("note") in NOT_DATA_NOTES and row.get("arg") in written:
             call.tensors[row["id"]] = None  # a buffer the op overwrites: its values do not matter
         else:
             missing.append(f"{row.get('arg') or 'input'} {row.get('slot')}")

@@ -31,6 +31,15 @@ def view_geometry(view: torch.Tensor, base: torch.Tensor | None) -> str | None:
     return json.dumps({"shape": list(view.shape), "stride": list(view.stride()), "offset": offset // size})
 
 
+def version_of(t: torch.Tensor) -> int:
+    """The tensor's version counter (torch bumps it on every in-place write), -1 for an
+    inference tensor, which has none."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def storage_of(t: torch.Tensor) -> Any:
     try:
         return t.untyped_storage()

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from opscope.capture.torch.dataflow import annotate, geometry, storage_key, storage_of, view_geometry
+from opscope.capture.torch.dataflow import annotate, geometry, storage_key, storage_of, version_of, view_geometry
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
@@ -32,14 +32,6 @@ _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"],
 _VIEW = COL["view"]
 _STRIDED = torch.strided
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
-_UNREAD: dict[str, bool] = {}
-
-
-def _overwrites_first(op: str) -> bool:
-    hit = _UNREAD.get(op)
-    if hit is None:
-        hit = _UNREAD[op] = overwrites_first(op)
-    return hit
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
                    "source", "note", "view", "stats"), "Recorder._new_row builds rows in this order"
@@ -50,13 +42,6 @@ def dtype_name_cached(dtype: torch.dtype) -> str:
     if name is None:
         name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
     return name
-
-
-def version_of(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # inference tensors have no version counter
-        return -1
 
 
 class Recorder:
@@ -152,7 +137,7 @@ class Recorder:
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
         if self.want_inputs or views:
-            unread = _overwrites_first(op)
+            unread = overwrites_first(op)
             for slot, arg, t in inputs:
                 if unread and slot == 0:  # what is there before the op fills it is not data
                     if self.want_inputs:

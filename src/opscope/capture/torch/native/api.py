@@ -26,6 +26,7 @@ from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
+from opscope.model.calls import overwrites_first
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +77,7 @@ class _NativeApiMode(ApiCalls):
             return None
         try:
             token: int = self.native.api_begin(name, module, PHASE_CODES[phase], call_inputs(args, kwargs),
-                                               args_text(args, kwargs))
+                                               args_text(args, kwargs), overwrites_first(name))
             return token, name
         except Exception as exc:
             self._failed(exc)

@@ -375,15 +375,6 @@ void unread_row(const Head& h, int arg, const at::Tensor& t) {
   rows[i].note = N_UNREAD;
 }
 
-// The same, for an API call by its name (Tensor.copy_, Tensor.fill_): its last dotted part.
-bool overwrites_first(const char* op) {
-  static const std::unordered_set<std::string> names = {
-      "bernoulli_", "uniform_", "normal_", "random_", "exponential_", "geometric_",
-      "cauchy_", "log_normal_", "fill_", "zero_", "copy_"};
-  const char* dot = std::strrchr(op, '.');
-  return names.count(dot ? dot + 1 : op) > 0;
-}
-
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
   if (f) {

@@ -76,13 +76,14 @@ void api_hook_node(const Head& h, const at::Tensor& t) {
   node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name())));
 }
 
-// api_begin(op, module, phase, inputs, args) -> token: the call's head and its input rows.
-// inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or None.
+// api_begin(op, module, phase, inputs, args, unread) -> token: the call's head and its input rows.
+// inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or None;
+// unread: the call fills its first argument without reading it (model/calls.py overwrites_first).
 PyObject* py_api_begin(PyObject*, PyObject* a) {
   const char *op, *module;
-  int phase;
+  int phase, unread;
   PyObject *ins, *args;
-  if (!PyArg_ParseTuple(a, "ssiOO", &op, &module, &phase, &ins, &args)) return nullptr;
+  if (!PyArg_ParseTuple(a, "ssiOOp", &op, &module, &phase, &ins, &args, &unread)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   if (g_api_step != g_step) api_new_step();
   if (phase == FORWARD) g_api_told = false;
@@ -96,7 +97,6 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
     if (!s) return nullptr;
     h.args = args_doc(s, static_cast<size_t>(n));
   }
-  bool unread = overwrites_first(op);
   if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
         if (slot == 0 && unread) unread_row(h, arg, t);
         else input_row(h, slot, arg, t);

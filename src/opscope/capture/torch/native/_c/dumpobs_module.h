@@ -234,7 +234,7 @@ PyMethodDef methods[] = {
     {"record_module", py_record_module, METH_VARARGS,
      "record_module(op, module, phase, value, params, call, grads) -> call or None: a module call, walked natively"},
     {"set_leaves", py_set_leaves, METH_O, "set_leaves(types): the types record_module's walk skips"},
-    {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args) -> token: an API call starts"},
+    {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args, unread) -> token: an API call starts"},
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
     {"api_write", py_api_write, METH_O, "api_write(items): tensors an API call writes without a version bump"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
