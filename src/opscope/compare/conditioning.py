@@ -125,7 +125,7 @@ def sum_by_index(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     most sqrt(k) times theirs, so sqrt(k_max)·||values||/||out||. k_max is bounded by the
     indices: n of them into d distinct rows (the output's rows that are not zero) put at most
     n - d + 1 in one. An embedding's weight gradient sums its rows' gradients by token, a
-    masked language model's mask token a tenth of them (DeBERTa, its micro-batches); Swin's
+    masked language model's mask token a third of them (DeBERTa, its micro-batches); Swin's
     relative position bias table sums the attention scores' gradients by offset. Without an
     index input: the values per non-zero output element, as a reduction."""
     floats = [r for r in inputs if str(r.get("dtype") or "").startswith(("float", "bfloat"))]
