@@ -21,7 +21,9 @@ from opscope.config.values import (
 )
 from opscope.errors import ConfigError
 
-PHASES = ("forward", "backward", "optimizer")
+# recompute: the forward that activation checkpointing runs again inside the backward (its
+# rows are recorded where backward is selected)
+PHASES = ("forward", "backward", "optimizer", "recompute")
 # The phases' codes in the native observers (enum Phase in capture/torch/native/_c/observer.h).
 PHASE_CODES = {phase: code for code, phase in enumerate(PHASES)}
 MODES = ("input", "output", "all")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from opscope.config import PHASES
 from opscope.report import register_renderer
 from opscope.storage.reader import Dump
 
@@ -32,7 +33,7 @@ def render(dump: Dump) -> str:
         ops = df.drop_duplicates(["rank", "step", "seq"]).groupby("phase").size()
         rows = df.groupby("phase").size()
         lines.append("ops        " + ", ".join(f"{p}: {int(ops.get(p, 0))} calls / {int(rows.get(p, 0))} tensors"
-                                               for p in ("forward", "backward", "optimizer") if p in rows))
+                                               for p in PHASES if p in rows))
     lines += _tensor_sizes(dump)
     lines += _first_nonfinite(dump)
     for note in dump.manifest.get("notes", []):

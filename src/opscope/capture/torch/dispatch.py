@@ -153,7 +153,7 @@ class DumpDispatchMode(TorchDispatchMode):
     def _record_inputs(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         s = self.session
         node = _current_node()
-        if node is not None:
+        if node is not None and not (s.phase == "recompute" and node is s.recompute_node):
             # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
             tag = node.metadata.get("opscope")  # type: ignore[attr-defined]
             module, fwd_op, phase = (tag[0], tag[1], "backward") if tag else ("", None, "backward")

@@ -8,7 +8,7 @@ the session module: imports in ``capture/torch`` run one way, session → levels
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -45,6 +45,7 @@ class CaptureHost(Protocol):
     capturing: bool
     started: bool
     failure: BaseException | None
+    recompute_node: Any  # the autograd node a recomputation (activation checkpointing) runs inside
 
     @property
     def level(self) -> GraphLevel | None:

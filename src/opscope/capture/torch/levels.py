@@ -43,6 +43,11 @@ class Level:
     def set_phase(self, phase: str) -> None:
         """The session's phase changed (levels that do not read it per op are told)."""
 
+    def recompute(self, on: bool) -> None:
+        """Activation checkpointing's recomputation of a forward starts (``on``) or ends, inside
+        the backward (after :meth:`set_phase` was told ``recompute``, before it is told the
+        phase after)."""
+
     def stop_capture(self) -> None:
         """Capture stopped for good (an internal error); levels that do not check per op stop."""
 
@@ -59,6 +64,18 @@ class Level:
 
 class _ModeLevel(Level):
     mode: Any
+    _pushed = False  # the mode entered again for a recomputation
+
+    def recompute(self, on: bool) -> None:
+        """The autograd engine runs the backward without the thread's torch-function modes:
+        an API mode is entered again for the recomputation, so that its calls are recorded
+        (and a reentrant checkpoint's nested backward, through their autograd nodes)."""
+        if on and self.on and not self._pushed and _current_mode(self.mode) is None:
+            self.mode.__enter__()
+            self._pushed = True
+        elif not on and self._pushed and self._on_top():
+            self._pushed = False
+            self.mode.__exit__(None, None, None)
 
     def activate(self) -> None:
         if not self.on:
@@ -319,9 +336,9 @@ class ModuleLevel(Level):
             return
         outs = tensors_of(output)
         s.recorder.record(op, path, s.phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
-        if "backward" in s.cfg.phases:
+        if "backward" in s.cfg.phases and s.phase != "recompute":  # (why not: native dumpobs_calls.h)
             for i, t in enumerate(outs):
-                if t.requires_grad:
+                if t.requires_grad and type(t.grad_fn).__name__ != "CheckpointFunctionBackward":
                     t.register_hook(self._grad_hook(op, path, i))
 
     def _grad_hook(self, op: str, path: str, slot: int) -> Any:

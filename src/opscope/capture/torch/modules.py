@@ -72,6 +72,9 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 
 
 _is_compiling = torch.compiler.is_compiling
+# the autograd engine's graph task this thread runs (-1: none): a module called inside it
+# (activation checkpointing's recomputation of a forward) is no outermost call of a forward
+_graph_task = torch._C._current_graph_task_id
 
 
 def run_eagerly(*functions: Callable[..., Any]) -> None:
@@ -101,6 +104,10 @@ class ModuleTracker:
         on_outer_call: called with the module before each call of an outermost module.
         on_enter / on_exit: optional per-module callbacks for module-level capture,
             ``on_enter(module, path, args)`` and ``on_exit(module, path, args, output)``.
+
+    A module called while the autograd engine runs a backward on this thread (activation
+    checkpointing running a forward again: capture/torch/checkpointing.py) is no outermost
+    call of a forward pass.
     """
 
     def __init__(self, on_outer_call: Callable[[torch.nn.Module], None],
@@ -200,7 +207,7 @@ class ModuleTracker:
         if _is_compiling():  # traced by dynamo (see the module docstring)
             return
         shadow = self._shadow(module)
-        if not self.stack and not shadow:
+        if not self.stack and not shadow and _graph_task() < 0:
             if id(module) not in self.names:
                 self.index(module)
             self._on_outer_call(module)

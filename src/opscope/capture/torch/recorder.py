@@ -97,7 +97,8 @@ class Recorder:
         hit = self._selected.get(key)
         if hit is None:
             cfg = self.cfg
-            hit = (phase in cfg.phases and (not cfg.scope or cfg.scope.matches(module))
+            hit = ((phase in cfg.phases or (phase == "recompute" and "backward" in cfg.phases))
+                   and (not cfg.scope or cfg.scope.matches(module))
                    and (not cfg.ops or cfg.ops.matches(op)))
             self._selected[key] = hit
         return hit

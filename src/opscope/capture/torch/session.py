@@ -14,6 +14,7 @@ import torch
 
 from opscope.capture.steps import StepClock
 from opscope.capture.torch import levels, run_info
+from opscope.capture.torch.checkpointing import Recomputations
 from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.grad_scaler import ScalerHooks
@@ -77,6 +78,8 @@ class DumpSession:
         self.failure: BaseException | None = None
         self.clock = StepClock(self._boundary, has_optimizer=has_optimizer)
         self.modules = ModuleTracker(self._outer_module_call)
+        self.recompute_node: Any = None  # the autograd node activation checkpointing recomputes inside
+        self.recomputations = Recomputations(self)  # marked while the dump runs
         self.compiled = CompileWatch(self)  # torch.compile: what runs is recorded, not what is traced
         self.writer: DumpWriter | None = None
         self._result: Dump | None = None
@@ -135,6 +138,7 @@ class DumpSession:
         self._watch_optimizers(True)
         if cfg.level == "module":
             self.scaler_hooks.install()
+        self.recomputations.install()
         atexit.register(self._atexit)
         # a process forked while capturing (a DataLoader worker) inherits the hooks and
         # the dispatch mode; it must not capture, nor pay for capturing
@@ -226,6 +230,7 @@ class DumpSession:
         self.compiled.remove()
         self._watch_optimizers(False)
         self.scaler_hooks.remove()
+        self.recomputations.remove()
 
     def internal_error(self, exc: BaseException) -> None:
         """An error inside opscope itself: stop capturing, keep what was captured, say so once.

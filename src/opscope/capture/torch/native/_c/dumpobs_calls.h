@@ -44,9 +44,20 @@ void grad_row(int64_t install, int op, int mod, int slot, const at::TensorBase& 
   }
 }
 
+// A recomputed module's outputs (activation checkpointing) get none: the non-reentrant variant
+// never runs a backward over them, and in the reentrant one's the gradient of what the block
+// returns is that of its uses outside the block only; so does an output of the reentrant
+// variant's Function in the forward (T5's position bias, also read inside the block that makes
+// it: the other block's share, not the module's). capture/torch/levels.py likewise.
+bool reentrant_output(const at::Tensor& t) {
+  const auto& fn = t.grad_fn();
+  return fn && fn->name() == "CheckpointFunctionBackward";
+}
+
 void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>& outs) {
+  if (h.phase == RECOMPUTE) return;
   for (const auto& [slot, t] : outs) {
-    if (!t.requires_grad()) continue;
+    if (!t.requires_grad() || reentrant_output(t)) continue;
     int64_t install = g_installs;
     int op = h.op, mod = h.module, s = slot;
     t.register_hook([install, op, mod, s](const at::TensorBase& grad) { grad_row(install, op, mod, s, grad); });

@@ -4,7 +4,8 @@ namespace {
 
 // Python strings of interned names, made once and shared by every row that holds them
 std::vector<PyObject*> py_names;
-PyObject* py_text[9] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" "" "grad"
+PyObject* py_text[10] = {nullptr};  // "input" "output" "param" "forward" "backward" "optimizer" "cpu" "" "grad" "recompute"
+constexpr int N_TEXT = 10;
 
 PyObject* name_obj(int i) {  // a new reference
   if (i < 0) Py_RETURN_NONE;
@@ -15,10 +16,12 @@ PyObject* name_obj(int i) {  // a new reference
   return o;
 }
 
-const int IO_TEXT_AT[] = {0, 1, 2, 8};  // Io -> its text
+const int IO_TEXT_AT[] = {0, 1, 2, 8};     // Io -> its text
+const int PHASE_TEXT_AT[] = {3, 4, 5, 9};  // Phase -> its text
 
 PyObject* text(int i) {
-  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", "", "grad"};
+  static const char* const t[] = {"input", "output", "param", "forward", "backward", "optimizer", "cpu", "", "grad",
+                                  "recompute"};
   if (!py_text[i]) py_text[i] = PyUnicode_InternFromString(t[i]);
   Py_INCREF(py_text[i]);
   return py_text[i];
@@ -41,7 +44,7 @@ PyObject* names_list(const std::vector<int>& by_slot) {
     PyList_Append(dict, o);
     Py_DECREF(o);
   }
-  for (int i = 0; i < 9; ++i) {  // input output param forward backward optimizer cpu "" grad
+  for (int i = 0; i < N_TEXT; ++i) {  // input output param forward backward optimizer cpu "" grad recompute
     PyObject* o = text(i);
     PyList_Append(dict, o);
     Py_DECREF(o);
@@ -214,10 +217,10 @@ void fill_row(const StepRows& s, size_t i, const Filled& c, std::vector<int64_t>
   const Row& r = s.rows[i];
   int64_t iv[6] = {r.id, r.seq, r.call, r.slot, r.numel, r.producer};
   for (int k = 0; k < 6; ++k) c.ints[k * n + i] = iv[k];
-  int32_t sv[11] = {fixed + 3 + r.phase, r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1,
+  int32_t sv[11] = {fixed + PHASE_TEXT_AT[r.phase], r.module < 0 ? fixed + 7 : r.module, r.op, fixed + IO_TEXT_AT[r.io], r.arg, -1,
                     r.device < 0 ? fixed + 6 : r.device, r.param, r.fwd, r.node, r.note};
   for (int k = 0; k < 11; ++k) c.strs[k * n + i] = sv[k];
-  c.strs[5 * n + i] = fixed + 9 + s.slot_of[r.dtype & 255];  // the step's dtype names follow the fixed texts
+  c.strs[5 * n + i] = fixed + N_TEXT + s.slot_of[r.dtype & 255];  // the step's dtype names follow the fixed texts
   c.offsets[i] = static_cast<int32_t>(shape.size());
   shape.insert(shape.end(), r.shape.begin(), r.shape.end());
   uint16_t bits = 0;

@@ -50,6 +50,7 @@ PyObject* py_configure(PyObject*, PyObject* a) {
   if (!PyArg_ParseTuple(a, "pi", &on, &phase)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   g_on = on, g_phase = static_cast<int8_t>(phase);
+  if (phase == RECOMPUTE) g_recompute_nodes = here().nodes.size();
   Py_RETURN_NONE;
 }
 

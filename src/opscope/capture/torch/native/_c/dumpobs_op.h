@@ -42,13 +42,14 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) return;
   rng_before(T, k);
   Head h{0, 0, g_phase, g_module, k.name, -1, -1, -1};
-  if (!T.nodes.empty()) {
+  if (in_node(T)) {
     h.phase = BACKWARD, h.node = T.nodes.back().second, h.module = -1;
     // what runs after backward until the optimizer step or the next forward (the outermost
     // module's call; see DumpSession) is backward too: gradient clipping, unscaling, all-reduce
     if (g_phase == FORWARD) g_phase = BACKWARD;
     if (const Owner* o = owner_of(T.nodes.back().first)) h.module = o->module, h.fwd = o->op;
-  } else if (h.phase == FORWARD && fn.seqNr() >= 0) {
+  } else if ((h.phase == FORWARD || h.phase == RECOMPUTE) && fn.seqNr() >= 0) {
+    // a recomputed op's node is the one a reentrant checkpoint's nested backward runs
     own(fn.seqNr(), h.module, k.name);
   }
   if (!selected(h.module, k.name, h.phase)) return;
@@ -105,7 +106,10 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   pending.valid = false;
   const Head& h = pending.h;
   int64_t first = pending.first;
-  if (!g_outputs) return;
+  // an op that raised (torch's end callback runs while its exception unwinds) made no outputs:
+  // its inputs stay, as on the Python path (a checkpoint's early stop raises inside the op that
+  // saves the last tensor it needs; the in-place index_add_ it stopped had written nothing)
+  if (!g_outputs || std::uncaught_exceptions() > 0) return;
   static std::vector<std::pair<int, at::Tensor>> outs;  // kept: no allocation per op (under mu)
   outs.clear();
   const auto& ov = fn.outputs();

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -37,7 +38,9 @@
 
 namespace {
 
-enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2 };
+// RECOMPUTE: activation checkpointing's second run of a forward, inside the backward (set from
+// Python around it: capture/torch/checkpointing.py)
+enum Phase : int8_t { FORWARD = 0, BACKWARD = 1, OPTIMIZER = 2, RECOMPUTE = 3 };
 
 // A flag any thread may read and set (relaxed), copied with the struct that holds it.
 struct Relaxed {
@@ -124,6 +127,13 @@ struct Thread {
   const at::RecordFunctionTLS* callbacks = nullptr;  // torch's list of this thread's callbacks (kept: its address is fixed)
 };
 thread_local Thread t_thread;
+size_t g_recompute_nodes = 0;  // RECOMPUTE: the autograd nodes open when it began (its ops run inside them)
+
+// An op of this thread runs as the recomputation's own (not as part of the backward node that
+// asked for it, nor of one a reentrant checkpoint's nested backward runs later).
+inline bool recomputing(const Thread& T) { return g_phase == RECOMPUTE && T.nodes.size() == g_recompute_nodes; }
+// An op of this thread is a backward op: part of an autograd node.
+inline bool in_node(const Thread& T) { return !T.nodes.empty() && !recomputing(T); }
 
 // This thread's state. Its address is computed once by the caller and kept: each reach of a
 // thread-local of this (dlopen'ed, local-dynamic) module calls __tls_get_addr, and the compiler
@@ -286,7 +296,8 @@ const Owner* owner_of(int64_t seq) {
 // sequence nr its backward node is about to take: that node belongs to the module calling
 // apply, not (nearest earlier number) to whatever op ran before it.
 void own_function(const Thread& T, const at::RecordFunction& fn) {
-  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !T.nodes.empty() || g_phase != FORWARD) return;
+  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || in_node(T) || (g_phase != FORWARD && g_phase != RECOMPUTE))
+    return;
   std::lock_guard<std::recursive_mutex> lock(mu);
   own(fn.seqNr(), g_module, intern(fn.name()));
 }
