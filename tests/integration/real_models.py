@@ -40,7 +40,12 @@ BENIGN: dict[str, dict[str, Any]] = {
     "sdpa": {"attn": "sdpa"},
     "compiled": {"compile": True},
     "inductor": {"compile": "inductor"},
+    "checkpointing": {"checkpointing": True},
+    "checkpointing_reentrant": {"checkpointing": "reentrant"},
 }
+# A recomputation that does not remake its forward: activation checkpointing without the
+# forward's generator state (with dropout on, the recomputed masks differ). Not in the matrix.
+RECOMPUTE_FAULTS: dict[str, dict[str, Any]] = {"checkpointing_no_rng": {"checkpointing": "no_rng"}}
 # Two threads pinned (not the machine's count) so that "threads 1 vs 2" means the same on
 # every machine and the other pairs differ from the reference in one thing only.
 REFERENCE: dict[str, Any] = {"attn": "eager", "threads": 2}
@@ -65,6 +70,7 @@ class Family:
     attention: str | None  # None: the family has no attention (no sdpa pair, no attn_scale)
     weight: str
     sdpa: bool = True  # transformers has an sdpa attention for it (Gemma 2's soft-capping: no)
+    checkpointing: bool = True  # its model supports activation checkpointing (ResNet, ConvNeXt: no)
 
 
 def _causal_lm(gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -166,7 +172,7 @@ FAMILIES: dict[str, Family] = {
                hidden_sizes=[8, 16], depths=[1, 1], num_labels=LABELS),
         _images, "resnet.encoder.stages.1.layers.0.layer.0.activation", _gelu,
         "resnet.encoder.stages.1.layers.0.layer.0.normalization", None,
-        "resnet.encoder.stages.0.layers.0.layer.0.convolution.weight"),
+        "resnet.encoder.stages.0.layers.0.layer.0.convolution.weight", checkpointing=False),
     "vit": Family(
         _model("ViTForImageClassification", "ViTConfig", image_size=IMAGE, patch_size=8,
                hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -237,7 +243,7 @@ MORE_FAMILIES: dict[str, Family] = {
         _model("ConvNextForImageClassification", "ConvNextConfig", num_channels=3, hidden_sizes=[8, 16],
                depths=[1, 1], num_stages=2, num_labels=LABELS, image_size=IMAGE),
         _images, "convnext.encoder.stages.1.layers.0.act", _silu, "convnext.encoder.stages.1.layers.0.layernorm",
-        None, "convnext.encoder.stages.0.layers.0.pwconv1.weight"),
+        None, "convnext.encoder.stages.0.layers.0.pwconv1.weight", checkpointing=False),
     "deberta": Family(
         _model("DebertaV2ForMaskedLM", "DebertaV2Config", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
                num_attention_heads=2, intermediate_size=64, max_position_embeddings=2 * SEQ,
@@ -255,7 +261,8 @@ def pairs(family: str) -> list[str]:
     fam = ALL_FAMILIES[family]
     attention = fam.attention is not None
     return [p for p in (*BENIGN, *FAULTS)
-            if (attention or p not in ("sdpa", "attn_scale")) and (fam.sdpa or p != "sdpa")]
+            if (attention or p not in ("sdpa", "attn_scale")) and (fam.sdpa or p != "sdpa")
+            and (fam.checkpointing or not p.startswith("checkpointing"))]
 
 
 def fault_module(family: str, fault: str) -> str:
@@ -300,7 +307,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32", dropout: float = 0.0, clip: float | None = None,
-          accumulate: int = 1) -> Path:
+          accumulate: int = 1, checkpointing: bool | str = False) -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
@@ -311,7 +318,10 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     set 0; real ones mostly 0.1). ``clip``: gradients clipped to that total norm before the
     step (``clip_grad_norm_``, after the scaler unscales them), as Hugging Face's Trainer does
     by default (1.0). ``accumulate``: micro-batches a step (gradient accumulation: the batch
-    split in that many, each loss divided by it).
+    split in that many, each loss divided by it). ``checkpointing``: activation checkpointing of
+    every layer (``activation_checkpointing_enable``: the layers' forward runs again inside the
+    backward), non-reentrant as transformers' default; "reentrant" for ``use_reentrant=True``;
+    "no_rng" without the forward's generator state (``preserve_rng_state=False``).
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -327,6 +337,9 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
             module.p = dropout
     if fault:
         inject(model, family, fault)
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": checkpointing == "reentrant",
+                                               "preserve_rng_state": checkpointing != "no_rng"})
     model.to(getattr(torch, dtype))
     batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v
              for k, v in fam.batch(torch.Generator().manual_seed(seed)).items()}
@@ -406,7 +419,7 @@ def pair_spec(family: str, pair: str, path: Path, **kwargs: Any) -> dict[str, An
     """
     spec = {**REFERENCE, **kwargs, "family": family, "path": path}
     for part in pair.split("+"):
-        spec.update(BENIGN.get(part, {}))
+        spec.update(BENIGN.get(part, RECOMPUTE_FAULTS.get(part, {})))
         if part in FAULTS:
             spec["fault"] = part
     return spec

@@ -339,3 +339,52 @@ def test_trainer_recipe_with_clipping_and_accumulation(runs: Runs, family: str, 
     whose terms cancel: as a bf16 model (and under fp16 AMP) that magnified its inputs'
     rounding 12x-34x and was named (before session 22; compare's contraction rule)."""
     _assert_recipe_pair(runs, family, pair, "trainer")
+
+
+# Activation checkpointing (Hugging Face's gradient checkpointing, both variants) against the
+# plain run, at every level (session 23). transformers checkpoints a layer's forward, not its
+# call, so the layer's own ops (a residual sum, Swin's window shifts) are recomputed without
+# its hooks: they belong to the layer there as in the forward. With it on, transformers turns
+# the KV cache off (the plain causal LMs build it), and at the api level marks the embeddings'
+# output as requiring grad: those rows stay unpaired, so "within tolerance".
+CHECKPOINTED = [f for f in rm.FAMILIES if rm.FAMILIES[f].checkpointing]
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
+@pytest.mark.parametrize("family", CHECKPOINTED)
+def test_activation_checkpointing_against_the_plain_run(runs: Runs, family: str, level: str) -> None:
+    """The recomputation is judged against the plain run's forward: none fails, and where the
+    plain run builds no KV cache (whose attention takes another path, in the forward and the
+    recomputation alike) every recomputed row is identical to it. Before session 23 its rows
+    were the backward's (aten, api) or a
+    second forward (module level), unpaired; at the api level with the reentrant variant the
+    checkpointed layers' backward was missing; at the aten level Mixtral's recomputation,
+    stopped early inside an in-place index_add_, recorded that op's unwritten output and named
+    it."""
+    for pair in ("checkpointing", "checkpointing_reentrant"):
+        result = runs.compare(family, pair, "statistics", level=level)
+        assert result.verdict in ("identical", "within_tolerance"), (pair, result.verdict, _culprits(result))
+        assert not result.culprits and result.counts["failed"] == 0, (pair, _culprits(result))
+        table = result.pairs_table.to_pandas()
+        recomputed = table[table["phase"] == "recompute"]
+        assert len(recomputed), pair
+        if family in ("bert", "vit"):  # no cache: the recomputation is the plain run's forward, bit for bit
+            wrong = recomputed[recomputed["status"] != "identical"]
+            assert wrong.empty, (pair, wrong[["module", "op", "status"]].head())
+    _assert_fault_named(runs, runs.compare(family, "checkpointing+act", "statistics", level=level),
+                        family, "act", "statistics", level=level, pair="checkpointing+act")
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
+@pytest.mark.parametrize("family", ["bert", "vit", "gpt2", "t5"])  # the families with nn.Dropout modules
+def test_a_recomputation_without_the_forwards_generator_state_is_named(
+        runs: Runs, family: str, level: str) -> None:
+    """``preserve_rng_state=False`` with dropout on: the recomputed layers draw other masks than
+    their forward did, so the backward reads values the forward never made. The first
+    divergence is the first recomputed draw, on the side that recomputed; before session 23 it
+    was a backward op reading the recomputed values (a LayerNorm's backward, "root")."""
+    result = runs.compare(family, "checkpointing_no_rng", "statistics", level=level, recipe="dropout")
+    first = result.first_divergence
+    assert result.verdict == "diverged" and first is not None
+    assert (first.kind, first.phase, first.step) == ("culprit", "recompute", 0), first.where
+    assert "activation checkpointing on the target" in first.note and "preserve_rng_state" in first.note

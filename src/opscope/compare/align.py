@@ -45,6 +45,7 @@ def rename_target(rows: list[dict[str, Any]], mapping: Mapping) -> None:
 def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) -> list[Pair]:
     """Align the rows of one (rank, step); returns paired, identity and unpaired entries."""
     t_calls, r_calls = op_calls(t_rows, "target"), op_calls(r_rows, "reference")
+    replays = _replay_pairs(t_calls, r_calls)  # (their groups leave t_calls / r_calls)
     pairs: list[Pair] = []
     partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
     one_sided: list[OpCall] = []
@@ -64,10 +65,14 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 pairs.extend(_pair_rows(a, b, "exact" if same else "aligned", partner))
             else:
                 one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
+    for pair in replays:  # the recomputing side's rows get partners; the forward rows keep theirs
+        t, r = pair.rows
+        partner[pair.side][pair.home["id"]] = r if pair.side == "target" else t
     pairs.extend(flow_pairs(pairs, sides, partner))
     pairs.extend(_parameter_pairs(t_rows, r_rows, partner))
     one_sided.sort(key=lambda call: call.seq)
     pairs.extend(_identity_pairs(one_sided, sides, partner))
+    pairs.extend(replays)  # after every other pair: the forward rows they reuse keep their own
     paired = {"target": set(partner["target"]), "reference": set(partner["reference"])}
     judged = {(p.side, p.home["id"]) for p in pairs if p.kind == "identity"}
     for side, rows in (("target", t_rows), ("reference", r_rows)):
@@ -76,6 +81,61 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
                 pairs.append(Pair(row if side == "target" else None,
                                   row if side == "reference" else None, "unpaired", side=side))
     return pairs
+
+
+def _replay_pairs(t_calls: dict[tuple[str, str], list[OpCall]],
+                  r_calls: dict[tuple[str, str], list[OpCall]]) -> list[Pair]:
+    """A recomputation on one side only pairs with the other side's forward of its module.
+
+    Activation checkpointing (``torch.utils.checkpoint``, Hugging Face's gradient
+    checkpointing) runs the forward of a block again inside the backward to remake what the
+    backward reads (phase ``recompute``, under the forward's module paths). A run without it
+    has nothing of that phase; what the recomputation must remake is the forward, so each
+    (recompute, module) group with no counterpart is aligned with the other side's
+    (forward, module) group and judged against it: a faithful recomputation is identical,
+    one that is not (a random op drawn again from another generator state) is a culprit
+    where the backward that reads it would be blamed. Its pairs carry the recomputing side
+    (its call is judged as that side's); the group leaves ``t_calls`` / ``r_calls``.
+    """
+    out: list[Pair] = []
+    for mine, other, side in ((t_calls, r_calls, "target"), (r_calls, t_calls, "reference")):
+        for key in [k for k in mine if k[0] == "recompute" and k not in other]:
+            calls, forward = mine.pop(key), other.get(("forward", key[1]), [])
+            tc, rc = (calls, forward) if side == "target" else (forward, calls)
+            partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
+            aligned = _align_calls(tc, rc, len(tc) == len(rc) and _same_ops(tc, rc))
+            for a, b in _with_interrupted(aligned, side):
+                for pair in _pair_rows(a, b, "aligned", partner):
+                    pair.side = side
+                    out.append(pair)
+    return out
+
+
+def _with_interrupted(aligned: list[tuple[OpCall | None, OpCall | None]],
+                      side: str) -> list[tuple[OpCall, OpCall]]:
+    """The matched calls, and a recomputed call without outputs matched to the first call of
+    the same op left unmatched between the same neighbours: torch stops a recomputation once
+    it has remade what the backward needs by raising from inside the op that made the last
+    of it, whose outputs are then never recorded."""
+    out: list[tuple[OpCall, OpCall]] = []
+    gap: list[OpCall] = []  # this gap's recomputed calls without outputs
+    spare: list[OpCall] = []  # this gap's unmatched forward calls
+    for a, b in [*aligned, (None, None)]:
+        mine, theirs = (a, b) if side == "target" else (b, a)
+        if mine is not None and theirs is None and not mine.outputs():
+            gap.append(mine)
+        elif mine is None and theirs is not None:
+            spare.append(theirs)
+        if (a is None) == (b is None):  # a match (or the end) ends the gap
+            for cut in gap:
+                found = next((c for c in spare if c.op == cut.op), None)
+                if found is not None:
+                    spare.remove(found)
+                    out.append((cut, found) if side == "target" else (found, cut))
+            gap, spare = [], []
+            if a is not None and b is not None:
+                out.append((a, b))
+    return out
 
 
 def _parameter_pairs(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],

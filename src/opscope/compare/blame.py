@@ -66,6 +66,8 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     f.downstream = _downstream(state, node.side, node.rank, node.step, [p.home for p in node.outputs])
     if out.kind == "identity":
         f.note = out.note
+    elif out.side:  # a recomputation judged against the other side's forward (align._replay_pairs)
+        f.note = recompute_note(home, out.side)
     if node.graph is not None:  # read from compiled graphs that nothing compared
         side, first = node.graph
         f.module, f.op = first.get("module") or "", first.get("op") or ""
@@ -84,8 +86,28 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
                        f"differs, while what that code could read agrees")
         if node.kind == "gradient":
             f.phase, f.inputs = "backward", []
+        elif out.side:  # its own code, recomputed
+            f.note = f"{f.note}; {recompute_note(home, out.side)}"
         f.outputs = [_tensor(home, out)]
     return f
+
+
+_DRAWS = ("bernoulli", "dropout", "rand", "normal", "uniform", "multinomial", "exponential")
+
+
+def recompute_note(row: dict[str, Any], side: str) -> str:
+    """Why a recomputed op (activation checkpointing) is a culprit: what it remakes differs
+    from the forward it repeats, although what it read agrees."""
+    other = "reference" if side == "target" else "target"
+    op = str(row.get("op") or "")
+    why = ("a random op drawn again from another generator state: checkpoint(..., preserve_rng_state=False), "
+           "or a generator advanced between the forward and the backward" if any(d in op.lower() for d in _DRAWS)
+           else "a random op in it drawn again from another generator state, as with checkpoint(..., "
+                "preserve_rng_state=False); a nondeterministic kernel; or state that changed between the forward "
+                "and the backward")
+    return (f"recomputed by activation checkpointing on the {side}: its output differs from the {other}'s "
+            f"forward of this op while its inputs agree, so the {side}'s backward reads values its forward "
+            f"did not make ({why})")
 
 
 def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Finding:

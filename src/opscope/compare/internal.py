@@ -26,15 +26,21 @@ from opscope.compare.tolerance import is_float
 Row = dict[str, Any]
 
 
+# Phases that run forward code: the forward, and activation checkpointing's second run of it
+FORWARD_LIKE = ("forward", "recompute")
+
+
 def build_spans(state: VerdictState) -> None:
-    """Forward module calls whose records bracket other records, per side, rank and step."""
+    """Forward module calls (a recomputation's too) whose records bracket other records, per
+    side, rank and step."""
     bounds: dict[tuple[Any, ...], list[Any]] = {}
     ordered: dict[tuple[str, int, int], list[Row]] = defaultdict(list)
     for (side, rank, step, _), row in state.rows.items():
         ordered[(side, rank, step)].append(row)
-        if row.get("phase") != "forward" or row.get("call") is None:
+        phase = row.get("phase")
+        if phase not in FORWARD_LIKE or row.get("call") is None:
             continue
-        key = (side, rank, step, row.get("module") or "", row.get("op"), row.get("call"))
+        key = (side, rank, step, row.get("module") or "", row.get("op"), row.get("call"), phase)
         b = bounds.setdefault(key, [row["seq"], row["seq"], row])
         b[0], b[1] = min(b[0], row["seq"]), max(b[1], row["seq"])
         if row["seq"] < b[2]["seq"]:
@@ -42,34 +48,34 @@ def build_spans(state: VerdictState) -> None:
     for where, rows in ordered.items():
         rows.sort(key=lambda r: r["seq"])
         state.ordered[where] = rows
-    for (side, rank, step, module, _, _), (start, end, head) in bounds.items():
+    for (side, rank, step, module, _, _, phase), (start, end, head) in bounds.items():
         if end == start and "." not in str(head.get("op") or "."):
             # a module call (op = its class name, not aten.* / torch.* / Opt.step) whose
             # inputs came as keywords (model(**batch)) and were not recorded
-            start = _first_inside(state.ordered[(side, rank, step)], module, end)
+            start = _first_inside(state.ordered[(side, rank, step)], module, end, phase)
         if end > start:
             span = {"start": start, "end": end, "module": module, "head": head}
             state.spans.setdefault((side, rank, step), []).append(span)
             state.span_ends[(side, rank, step, end)] = span
 
 
-def _first_inside(rows: list[Row], module: str, end: int) -> float:
-    """Where a call whose inputs were not recorded began: before the run of forward records
-    of its submodules that ends at its output."""
+def _first_inside(rows: list[Row], module: str, end: int, phase: str) -> float:
+    """Where a call whose inputs were not recorded began: before the run of records of its
+    submodules (in its phase) that ends at its output."""
     i = bisect.bisect_left(rows, end, key=lambda r: r["seq"])
     start: float = end
     while i > 0:
         row = rows[i - 1]
         inner = row.get("module") or ""
-        if row.get("phase") != "forward" or not (inner == module or _inside(inner, module)):
+        if row.get("phase") != phase or not (inner == module or _inside(inner, module)):
             break
         start, i = row["seq"] - 0.5, i - 1
     return start
 
 
 def owner_of(state: VerdictState, side: str, rank: int, step: int, row: Row) -> dict[str, Any] | None:
-    """The innermost forward module call that brackets this record, if any."""
-    if row.get("phase") != "forward" or row.get("io") != "input":
+    """The innermost forward module call (or recomputed one) that brackets this record, if any."""
+    if row.get("phase") not in FORWARD_LIKE or row.get("io") != "input":
         return None
     module, seq = row.get("module") or "", row["seq"]
     best = None

@@ -17,7 +17,9 @@ class Pair:
     """One aligned tensor pair (or one unpaired record, with the other side None).
 
     ``kind``: exact | aligned | mapped | flow | identity | unpaired. For ``identity`` the
-    op ran on ``side`` only and its output is compared with the other side's input.
+    op ran on ``side`` only and its output is compared with the other side's input. An
+    aligned pair with a ``side`` is that side's recomputation of a forward (activation
+    checkpointing) against the other side's forward: it belongs to that side's call.
     """
 
     t: dict[str, Any] | None
@@ -35,10 +37,8 @@ class Pair:
     @property
     def home(self) -> dict[str, Any]:
         """The row that places this pair in execution order (target's, unless target-less)."""
-        if self.kind == "identity":
-            row = self.t if self.side == "target" else self.r
-        else:
-            row = self.t if self.t is not None else self.r
+        # a side: an identity, or a recomputation judged against the other side's forward
+        row = (self.t if self.side == "target" else self.r) if self.side else (self.t if self.t is not None else self.r)
         if row is None:
             raise ValueError(f"a {self.kind} pair without the row that places it")
         return row

@@ -92,7 +92,7 @@ def index(state: VerdictState) -> None:
     for pair in state.pairs:
         home = pair.home
         if pair.kind in (*PAIRED, "identity") and home.get("io") == "output":
-            side = pair.side if pair.kind == "identity" else "target"
+            side = pair.side or "target"
             by_call[(side, home["rank"], home["step"], home["cseq"])].append(pair)
         elif pair.kind in PAIRED and home.get("io") == "param" and home.get("producer") is None:
             # a weight read by a call with no paired output (an inductor graph): judged as a
