@@ -75,9 +75,11 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = join(own.note, f"differs at the start of step {node.step}, as left by step "
                                    f"{info.get('previous_step')}")
         return bool(info["tainted_before"])
-    if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer")):
+    if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer", "recompute")):
         # a gradient or optimizer state whose producer was not captured (module / api
-        # levels), in a step that already diverged: it carries that divergence
+        # levels), or a recomputed value made by code that no record brackets (a checkpointed
+        # layer's own code, whose hooks do not run again), in a step that already diverged:
+        # it carries that divergence
         own.status, own.verdict = "failed", "inherits"
         own.note = join(own.note, "no captured producer, in a step that had already diverged")
         state.tainted.add(id(own))

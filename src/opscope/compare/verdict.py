@@ -10,11 +10,14 @@ finished result, such as float64 replay, with :mod:`opscope.compare.passes`):
    *culprit*; one whose inputs already carry a divergence *inherits*; a parameter or model
    input that differs at the start of a step is a *root* (inputs, leaves and the pairs no
    call judged: :mod:`opscope.compare.inputs`).
-3. :func:`opscope.compare.healing.forgive_compensated` — a one-sided op judged as an identity
+3. :func:`opscope.compare.recompute.repeats_its_forward` — a recomputation (activation
+   checkpointing) that remade its own side's forward bit for bit inherits that forward's
+   difference.
+4. :func:`opscope.compare.healing.forgive_compensated` — a one-sided op judged as an identity
    is no culprit where the other side makes its difference up further on.
-4. :func:`opscope.compare.nesting.demote_enclosing` — a module call that contains a diverged
+5. :func:`opscope.compare.nesting.demote_enclosing` — a module call that contains a diverged
    call of a submodule inherits.
-5. :func:`opscope.compare.blame.describe` and :func:`opscope.compare.blame.rank` — findings
+6. :func:`opscope.compare.blame.describe` and :func:`opscope.compare.blame.rank` — findings
    with their inputs, outputs and neighbours; ranked; first divergence per rank.
 
 Errors are norm-wise: ‖t − r‖ / ‖r‖. An op's output error is measured against
@@ -55,6 +58,7 @@ from opscope.compare.internal import (
 )
 from opscope.compare.loss_scale import excuse
 from opscope.compare.nesting import demote_enclosing
+from opscope.compare.recompute import repeats_its_forward
 from opscope.compare.state import (
     PAIRED,
     Node,
@@ -332,7 +336,7 @@ def _score(pair: Pair, in_error: float, state: VerdictState) -> float:
 
 
 VerdictPass = Callable[[VerdictState], None]
-VERDICT_PASSES: list[VerdictPass] = [index, judge, forgive_compensated, demote_enclosing]
+VERDICT_PASSES: list[VerdictPass] = [index, judge, repeats_its_forward, forgive_compensated, demote_enclosing]
 
 
 def register_pass(fn: VerdictPass, *, before: VerdictPass | None = None) -> VerdictPass:

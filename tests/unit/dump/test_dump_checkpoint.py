@@ -139,7 +139,7 @@ def test_the_recomputation_is_recorded_under_the_forwards_modules(
     backward = {r["module"] for r in ck if r["phase"] == "backward"}
     expected = {r["module"] for r in plain if r["phase"] == "backward"}
     if level == "module" and how == "reentrant":
-        assert not any(m.startswith(("blocks.0.", "blocks.1.")) for m in backward) and backward < expected
+        assert not any(m.startswith("blocks") for m in backward) and backward < expected
     else:
         assert expected <= backward
     assert sorted({r["step"] for r in ck}) == [0, 1]
@@ -210,6 +210,10 @@ def test_a_recomputation_that_draws_other_masks_is_named(tmp_path: Path, level: 
 def test_a_fault_inside_a_checkpointed_block_is_named_in_the_forward(tmp_path: Path, level: str) -> None:
     run(tmp_path / "ck", "plain", level=level, fault=True)
     run(tmp_path / "plain", level=level)
-    first = opscope.compare(tmp_path / "ck", tmp_path / "plain").first_divergence
+    result = opscope.compare(tmp_path / "ck", tmp_path / "plain")
+    first = result.first_divergence
     assert first is not None
     assert (first.kind, first.param, first.phase, first.step) == ("root", "blocks.0.fc2.weight", "forward", 0)
+    # its recomputation repeats the forward bit for bit: it inherits, it is no culprit of its own
+    assert result.culprits and all(c.phase != "recompute" for c in result.culprits), \
+        [c.where for c in result.culprits]

@@ -336,7 +336,7 @@ class ModuleLevel(Level):
             return
         outs = tensors_of(output)
         s.recorder.record(op, path, s.phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
-        if "backward" in s.cfg.phases and s.phase != "recompute":  # (why not: native dumpobs_calls.h)
+        if "backward" in s.cfg.phases and s.phase != "recompute" and torch.is_grad_enabled():  # (native/module.py)
             for i, t in enumerate(outs):
                 if t.requires_grad and type(t.grad_fn).__name__ != "CheckpointFunctionBackward":
                     t.register_hook(self._grad_hook(op, path, i))

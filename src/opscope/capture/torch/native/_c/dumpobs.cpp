@@ -20,6 +20,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/view_as_real.h>
+#include <typeinfo>
 #include <sys/mman.h>
 
 #include "fastats_kernel.h"

@@ -50,8 +50,11 @@ void grad_row(int64_t install, int op, int mod, int slot, const at::TensorBase& 
 // variant's Function in the forward (T5's position bias, also read inside the block that makes
 // it: the other block's share, not the module's). capture/torch/levels.py likewise.
 bool reentrant_output(const at::Tensor& t) {
-  const auto& fn = t.grad_fn();
-  return fn && fn->name() == "CheckpointFunctionBackward";
+  // only a Python Function's node (torch::autograd::PyNode, whose type information torch does not
+  // export) can be it: no name is made for the others (a C++ node's is demangled each time)
+  const torch::autograd::Node* fn = t.grad_fn().get();
+  return fn && std::strcmp(typeid(*fn).name(), "N5torch8autograd6PyNodeE") == 0 &&
+         fn->name() == "CheckpointFunctionBackward";
 }
 
 void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>& outs) {
