@@ -69,13 +69,16 @@ class Net(nn.Module):
 
 
 def run(path: Path | None, how: str = "", steps: int = 2, p: float = 0.0, rng: bool = True,
-        fault: bool = False, call_step: bool = True, **keys: Any) -> list[float]:
-    """Train ``steps`` SGD steps from seed 0 (under a dump at ``path`` unless None); the losses."""
+        fault: str = "", call_step: bool = True, **keys: Any) -> list[float]:
+    """Train ``steps`` SGD steps from seed 0 (under a dump at ``path`` unless None); the losses.
+    ``fault``: "weight" (a row of block 0's fc2 changed) or "act" (its GELU's tanh formula)."""
     torch.manual_seed(0)
     model = Net(how, p, rng)
-    if fault:
+    if fault == "weight":
         with torch.no_grad():
             model.blocks[0].fc2.weight[1] += 0.05
+    elif fault == "act":
+        model.blocks[0].act.approximate = "tanh"
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     batches = [torch.randn(6, 4, generator=torch.Generator().manual_seed(i)) for i in range(steps)]
     losses = []
@@ -208,7 +211,7 @@ def test_a_recomputation_that_draws_other_masks_is_named(tmp_path: Path, level: 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_fault_inside_a_checkpointed_block_is_named_in_the_forward(tmp_path: Path, level: str) -> None:
-    run(tmp_path / "ck", "plain", level=level, fault=True)
+    run(tmp_path / "ck", "plain", level=level, fault="weight")
     run(tmp_path / "plain", level=level)
     result = opscope.compare(tmp_path / "ck", tmp_path / "plain")
     first = result.first_divergence
@@ -217,3 +220,18 @@ def test_a_fault_inside_a_checkpointed_block_is_named_in_the_forward(tmp_path: P
     # its recomputation repeats the forward bit for bit: it inherits, it is no culprit of its own
     assert result.culprits and all(c.phase != "recompute" for c in result.culprits), \
         [c.where for c in result.culprits]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("how", VARIANTS)
+def test_both_sides_checkpointed(tmp_path: Path, level: str, how: str) -> None:
+    """Recomputations pair with each other; a fault's recomputation, which repeats its own
+    side's forward bit for bit, is no second culprit."""
+    run(tmp_path / "a", how, level=level)
+    run(tmp_path / "b", how, level=level)
+    run(tmp_path / "fault", how, level=level, fault="act")
+    assert opscope.compare(tmp_path / "a", tmp_path / "b").verdict == "identical"
+    result = opscope.compare(tmp_path / "fault", tmp_path / "b")
+    first = result.first_divergence
+    assert first is not None and (first.kind, first.module, first.phase) == ("culprit", "blocks.0.act", "forward")
+    assert all(c.phase != "recompute" for c in result.culprits), [c.where for c in result.culprits]
