@@ -378,7 +378,10 @@ def test_activation_checkpointing_against_the_plain_run(runs: Runs, family: str,
 
 
 @pytest.mark.parametrize("level", ["aten", "api", "module"])
-@pytest.mark.parametrize("family", ["bert", "vit", "gpt2", "t5"])  # the families with nn.Dropout modules
+# families with nn.Dropout modules; Swin's second mask of a layer keeps as many elements as the
+# forward's (equal statistics), and the backward op that reads it was ranked before the
+# recomputed first draw (recompute ordered after optimizer, not by seq inside the backward)
+@pytest.mark.parametrize("family", ["bert", "vit", "gpt2", "t5", "swin"])
 def test_a_recomputation_without_the_forwards_generator_state_is_named(
         runs: Runs, family: str, level: str) -> None:
     """``preserve_rng_state=False`` with dropout on: the recomputed layers draw other masks than

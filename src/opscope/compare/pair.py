@@ -8,7 +8,9 @@ from typing import Any
 
 from opscope.config import PHASES
 
-PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)}
+# Where a phase's records fall in a step, for ordering: a recomputation (activation
+# checkpointing) runs inside the backward, so its records order with the backward's by seq
+PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)} | {"recompute": PHASES.index("backward")}
 INPUT_IO = ("input", "param", "grad")
 
 
