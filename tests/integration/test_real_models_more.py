@@ -102,3 +102,74 @@ def test_a_module_gradient_under_autocast_carries_the_forwards_rounding(tmp_path
             for name, kw in (("reference", {}), ("autocast", rm.BENIGN["bf16_autocast"]))}
     result = opscope.compare(runs["autocast"], runs["reference"])
     assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+
+
+# LoRA (peft) on Llama, the usual fine-tuning recipe: the base weights frozen, adapters on the
+# attention and MLP projections (module paths under base_model.model, the base layer's weight
+# under base_layer), gradient checkpointing with the embeddings' output marked as requiring
+# grad, as peft's recipes for large models do. Aten level, statistics, two steps.
+LORA_CASES = {"same_twice": {}, "bf16_autocast": {"autocast": True}, "checkpointing": {"checkpointing": True},
+              "act": {"fault": "act"}, "weight_row": {"fault": "weight_row"},
+              "checkpointing+act": {"checkpointing": True, "fault": "act"}}
+
+
+def _lora_run(path: Path, fault: str | None = None, autocast: bool = False, checkpointing: bool = False) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    import opscope
+
+    fam = rm.ALL_FAMILIES["llama"]
+    torch.manual_seed(0)
+    model = fam.build("eager")
+    model.train()
+    if fault:
+        rm.inject(model, "llama", fault)
+    if checkpointing:
+        model.activation_checkpointing_enable({"use_reentrant": False})
+        model.enable_input_require_grads()
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                             target_modules=["q_proj", "v_proj", "up_proj"]))
+    batch = fam.batch(torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with opscope.dump(path, steps=[0, 1], overwrite=True) as d:
+            for _ in range(2):
+                opt.zero_grad()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    loss = model(**batch).loss
+                loss.backward()
+                opt.step()
+                d.step()
+    finally:
+        torch.set_num_threads(threads)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("peft")
+    import opscope
+
+    root = tmp_path_factory.mktemp("lora")
+    reference = _lora_run(root / "reference")
+    return {name: opscope.compare(_lora_run(root / name, **kw), reference) for name, kw in LORA_CASES.items()}
+
+
+@pytest.mark.parametrize("case", LORA_CASES)
+def test_lora_fine_tuning(lora: dict[str, Any], case: str) -> None:
+    result = lora[case]
+    first = result.first_divergence
+    if case == "same_twice":
+        assert result.verdict == "identical", _culprits(result)
+    elif "act" in case:
+        assert first is not None and (first.kind, first.module, first.phase, first.step) == \
+            ("culprit", "base_model.model.model.layers.1.mlp.act_fn", "forward", 0), first.where
+        assert all(c.phase != "recompute" for c in result.culprits), _culprits(result)
+    elif case == "weight_row":  # a frozen base weight: a root all the same
+        assert first is not None and (first.kind, first.param) == \
+            ("root", "base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"), first.where
+    else:
+        assert result.verdict in ("identical", "within_tolerance") and not result.culprits, _culprits(result)
