@@ -35,6 +35,7 @@ def render(dump: Dump) -> str:
         lines.append("ops        " + ", ".join(f"{p}: {int(ops.get(p, 0))} calls / {int(rows.get(p, 0))} tensors"
                                                for p in PHASES if p in rows))
     lines += _tensor_sizes(dump)
+    lines += _recomputation(dump)
     lines += _first_nonfinite(dump)
     for note in dump.manifest.get("notes", []):
         lines.append(f"note       {note}")
@@ -77,6 +78,34 @@ def _step_tensor_size(dump: Dump, rank: int, step: int) -> tuple[int, int, int, 
     stored = {(row[COL["data"]], row[COL["key"]]): int(row[COL["numel"]] or 0) * ITEMSIZE.get(row[COL["dtype"]], 4)
               for row in rows if row[COL["key"]] is not None}
     return nbytes, count, sum(stored.values()), len(stored)
+
+
+def _recomputation(dump: Dump) -> list[str]:
+    """Activation checkpointing: does each recomputed output hold what the forward call it
+    repeats made (the same content hash)? One that does not means the backward read values
+    the forward never made; a comparison against a run with the same checkpointing (or the
+    same bug) cannot show it, this one dump can."""
+    cols = ["rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "hash", "numel", "dtype"]
+    df = dump.records(columns=cols).to_pandas()
+    df = df[(df.io == "output") & df.phase.isin(["forward", "recompute"]) & df.hash.notna()]
+    again = df[df.phase == "recompute"]
+    if again.empty:
+        return []
+    key = ["rank", "step", "module", "op", "call", "slot"]
+    both = again.merge(df[df.phase == "forward"], on=key, suffixes=("", "_forward"))
+    differ = both[(both.hash != both.hash_forward) | (both.numel != both.numel_forward)
+                  | (both.dtype != both.dtype_forward)]
+    if differ.empty:
+        return [f"recompute  {len(both)} recomputed outputs (activation checkpointing), each equal to the "
+                f"forward output it repeats"]
+    first = differ.sort_values(["step", "rank", "seq"]).iloc[0]
+    draw = any(d in str(first['op']).lower() for d in ("bernoulli", "dropout", "rand", "normal", "uniform"))
+    why = ("a random op drawn again without the forward's generator state: checkpoint(..., "
+           "preserve_rng_state=False)?" if draw else "a nondeterministic op, or state changed between them")
+    where = f"{first['op']} in module {first['module'] or '(top level)'} (call {first['call']}, output {first['slot']})"
+    return [f"recompute  {len(differ)} of {len(both)} recomputed outputs (activation checkpointing) differ from the "
+            f"forward output they repeat, so the backward read values the forward did not make",
+            f"  first: step {first['step']} rank {first['rank']}: {where}; {why}"]
 
 
 def _first_nonfinite(dump: Dump) -> list[str]:

@@ -235,3 +235,31 @@ def test_both_sides_checkpointed(tmp_path: Path, level: str, how: str) -> None:
     first = result.first_divergence
     assert first is not None and (first.kind, first.module, first.phase) == ("culprit", "blocks.0.act", "forward")
     assert all(c.phase != "recompute" for c in result.culprits), [c.where for c in result.culprits]
+
+
+def _show(path: Path) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "opscope", "show", str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_show_checks_each_recomputation_against_its_forward(tmp_path: Path, level: str) -> None:
+    """One dump on its own: ``opscope show`` says whether every recomputed output holds what
+    the forward call it repeats made. A comparison cannot see it where both runs recompute
+    alike (the same bug on both sides compares identical)."""
+    run(tmp_path / "good", "plain", p=0.1, level=level)
+    run(tmp_path / "bad", "plain", p=0.1, rng=False, level=level)
+    run(tmp_path / "bad2", "plain", p=0.1, rng=False, level=level)
+    assert opscope.compare(tmp_path / "bad", tmp_path / "bad2").verdict == "identical"
+    good, bad = _show(tmp_path / "good"), _show(tmp_path / "bad")
+    assert "recomputed outputs (activation checkpointing), each equal to the forward output it repeats" in good
+    line = next(x for x in bad.splitlines() if x.startswith("  first:"))
+    assert "differ from the forward output they repeat" in bad and "preserve_rng_state=False" in line
+    assert f"{DRAWN_BY[level]} in module blocks.1.drop" in line, line
+    run(tmp_path / "plain", p=0.1, level=level)
+    assert not any(x.startswith("recompute") for x in _show(tmp_path / "plain").splitlines())
