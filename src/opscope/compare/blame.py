@@ -8,6 +8,7 @@ from typing import Any
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
 from opscope.compare.result import SUMMARY_METRICS, Finding
 from opscope.compare.state import PAIRED, Node, VerdictState, raw_error
+from opscope.model.calls import draws
 
 NEIGHBOURS = 12
 
@@ -92,16 +93,12 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     return f
 
 
-_DRAWS = ("bernoulli", "dropout", "rand", "normal", "uniform", "multinomial", "exponential")
-
-
 def recompute_note(row: dict[str, Any], side: str) -> str:
     """Why a recomputed op (activation checkpointing) is a culprit: what it remakes differs
     from the forward it repeats, although what it read agrees."""
     other = "reference" if side == "target" else "target"
-    op = str(row.get("op") or "")
     why = ("a random op drawn again from another generator state: checkpoint(..., preserve_rng_state=False), "
-           "or a generator advanced between the forward and the backward" if any(d in op.lower() for d in _DRAWS)
+           "or a generator advanced between the forward and the backward" if draws(str(row.get("op") or ""))
            else "a random op in it drawn again from another generator state, as with checkpoint(..., "
                 "preserve_rng_state=False); a nondeterministic kernel; or state that changed between the forward "
                 "and the backward")

@@ -24,6 +24,18 @@ OVERWRITES_FIRST = frozenset({"bernoulli_", "uniform_", "normal_", "random_", "e
                               "cauchy_", "log_normal_", "fill_", "zero_", "copy_"})
 
 
+# Random draws, as parts of op names at every level (aten.bernoulli_, torch.nn.functional.dropout,
+# Dropout, torch.randn_like): a draw made again from another generator state differs although
+# its inputs agree (activation checkpointing without the forward's generator state).
+DRAWS = ("bernoulli", "dropout", "rand", "normal", "uniform", "multinomial", "exponential")
+
+
+def draws(op: str) -> bool:
+    """Is op ``op`` (any level's name) a random draw?"""
+    name = op.lower()
+    return any(d in name for d in DRAWS)
+
+
 @functools.cache  # asked once per recorded call (capture's Python paths): a name is looked up once
 def overwrites_first(op: str) -> bool:
     """Does op ``op`` (``aten.copy_.default``, ``Tensor.fill_``, ``fill_``) write its first

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from opscope.config import PHASES
+from opscope.model.calls import draws
 from opscope.report import register_renderer
 from opscope.storage.reader import Dump
 
@@ -99,9 +100,9 @@ def _recomputation(dump: Dump) -> list[str]:
         return [f"recompute  {len(both)} recomputed outputs (activation checkpointing), each equal to the "
                 f"forward output it repeats"]
     first = differ.sort_values(["step", "rank", "seq"]).iloc[0]
-    draw = any(d in str(first['op']).lower() for d in ("bernoulli", "dropout", "rand", "normal", "uniform"))
     why = ("a random op drawn again without the forward's generator state: checkpoint(..., "
-           "preserve_rng_state=False)?" if draw else "a nondeterministic op, or state changed between them")
+           "preserve_rng_state=False)?" if draws(str(first["op"])) else "a nondeterministic op, or state changed "
+           "between them")
     where = f"{first['op']} in module {first['module'] or '(top level)'} (call {first['call']}, output {first['slot']})"
     return [f"recompute  {len(differ)} of {len(both)} recomputed outputs (activation checkpointing) differ from the "
             f"forward output they repeat, so the backward read values the forward did not make",
