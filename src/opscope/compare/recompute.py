@@ -13,23 +13,21 @@ that did not (dropout drawn again from another generator state) stays the culpri
 
 from __future__ import annotations
 
-from typing import Any
-
 from opscope.compare.state import VerdictState, join
-
-Row = dict[str, Any]
+from opscope.model.recompute import Key, Row, forward_index, remakes
 
 
 def repeats_its_forward(state: VerdictState) -> None:
     """Recomputed culprit calls whose outputs equal their own side's forward inherit."""
-    forward: dict[tuple[Any, ...], Row] | None = None  # built at the first recomputed culprit
+    forward: dict[str, dict[Key, Row]] | None = None  # per side, built at the first recomputed culprit
     for node in state.nodes:
         if node.verdict != "culprit" or not node.outputs or node.head.get("phase") != "recompute":
             continue
         if forward is None:
-            forward = {_key(side, row): row for (side, *_), row in state.rows.items() if row.get("phase") == "forward"}
+            forward = {side: forward_index(row for (s, *_), row in state.rows.items() if s == side)
+                       for side in ("target", "reference")}
         measured = [pair.rows for pair in node.outputs if pair.metrics and pair.t is not None and pair.r is not None]
-        if measured and all(_faithful(forward, side, row) for rows in measured
+        if measured and all(_faithful(forward[side], row) for rows in measured
                             for side, row in zip(("target", "reference"), rows)):
             node.verdict = "inherits"
             for pair in node.outputs:
@@ -39,16 +37,7 @@ def repeats_its_forward(state: VerdictState) -> None:
                                                 "that forward's")
 
 
-def _key(side: str, row: Row) -> tuple[Any, ...]:
-    return (side, row["rank"], row["step"], row.get("module"), row.get("op"), row.get("call"), row.get("io"),
-            row.get("slot"))
-
-
-def _faithful(forward: dict[tuple[Any, ...], Row], side: str, row: Row) -> bool:
+def _faithful(forward: dict[Key, Row], row: Row) -> bool:
     """Does ``row`` hold what its side's forward call of the same op made (a forward row
     itself, the other side's of a recomputation on one side only, does)?"""
-    if row.get("phase") != "recompute":
-        return True
-    made = forward.get(_key(side, row))
-    return (made is not None and row.get("hash") is not None and made.get("hash") == row.get("hash")
-            and made.get("numel") == row.get("numel") and made.get("dtype") == row.get("dtype"))
+    return row.get("phase") != "recompute" or remakes(forward, row) is True

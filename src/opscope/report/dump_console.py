@@ -7,6 +7,7 @@ from typing import Any
 
 from opscope.config import PHASES
 from opscope.model.calls import draws
+from opscope.model.recompute import forward_index, remakes
 from opscope.report import register_renderer
 from opscope.storage.reader import Dump
 
@@ -29,14 +30,17 @@ def render(dump: Dump) -> str:
     table = dump.records(columns=["rank", "step", "seq", "phase", "io", "nan", "inf"])
     for rank in dump.ranks:
         lines.append(f"rank {rank}     steps {_ranges(dump.steps(rank))}")
+    seen: set[str] = set()  # the phases recorded
     if table.num_rows:
         df = table.to_pandas()
         ops = df.drop_duplicates(["rank", "step", "seq"]).groupby("phase").size()
         rows = df.groupby("phase").size()
+        seen = set(rows.index)
         lines.append("ops        " + ", ".join(f"{p}: {int(ops.get(p, 0))} calls / {int(rows.get(p, 0))} tensors"
                                                for p in PHASES if p in rows))
     lines += _tensor_sizes(dump)
-    lines += _recomputation(dump)
+    if "recompute" in seen:  # (the records read again only where a recomputation was recorded)
+        lines += _recomputation(dump)
     lines += _first_nonfinite(dump)
     for note in dump.manifest.get("notes", []):
         lines.append(f"note       {note}")
@@ -87,24 +91,22 @@ def _recomputation(dump: Dump) -> list[str]:
     the forward never made; a comparison against a run with the same checkpointing (or the
     same bug) cannot show it, this one dump can."""
     cols = ["rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "hash", "numel", "dtype"]
-    df = dump.records(columns=cols).to_pandas()
-    df = df[(df.io == "output") & df.phase.isin(["forward", "recompute"]) & df.hash.notna()]
-    again = df[df.phase == "recompute"]
-    if again.empty:
+    rows = [r for r in dump.records(columns=cols).to_pylist() if r["io"] == "output"]
+    forward = forward_index(rows)
+    checked = [(row, remakes(forward, row)) for row in rows if row["phase"] == "recompute"]
+    differ = [row for row, same in checked if same is False]
+    compared = sum(1 for _, same in checked if same is not None)
+    if not compared:
         return []
-    key = ["rank", "step", "module", "op", "call", "slot"]
-    both = again.merge(df[df.phase == "forward"], on=key, suffixes=("", "_forward"))
-    differ = both[(both.hash != both.hash_forward) | (both.numel != both.numel_forward)
-                  | (both.dtype != both.dtype_forward)]
-    if differ.empty:
-        return [f"recompute  {len(both)} recomputed outputs (activation checkpointing), each equal to the "
+    if not differ:
+        return [f"recompute  {compared} recomputed outputs (activation checkpointing), each equal to the "
                 f"forward output it repeats"]
-    first = differ.sort_values(["step", "rank", "seq"]).iloc[0]
+    first = min(differ, key=lambda r: (r["step"], r["rank"], r["seq"]))
     why = ("a random op drawn again without the forward's generator state: checkpoint(..., "
            "preserve_rng_state=False)?" if draws(str(first["op"])) else "a nondeterministic op, or state changed "
            "between them")
     where = f"{first['op']} in module {first['module'] or '(top level)'} (call {first['call']}, output {first['slot']})"
-    return [f"recompute  {len(differ)} of {len(both)} recomputed outputs (activation checkpointing) differ from the "
+    return [f"recompute  {len(differ)} of {compared} recomputed outputs (activation checkpointing) differ from the "
             f"forward output they repeat, so the backward read values the forward did not make",
             f"  first: step {first['step']} rank {first['rank']}: {where}; {why}"]
 

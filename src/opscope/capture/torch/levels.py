@@ -305,6 +305,17 @@ def _backward_recorder(s: CaptureHost, name: str, module: str, node_name: str) -
     return hook
 
 
+def hooks_gradients(s: CaptureHost) -> bool:
+    """Do the outputs of the module call ending now get gradient hooks (both paths)? Not in a
+    recomputation (activation checkpointing): the non-reentrant variant runs no backward over
+    its outputs, and the reentrant one's nested backward gives a tensor the block returns only
+    the gradient of its uses outside the block (T5's position bias: the other block's share).
+    Not where the module ran without grad: what requires grad there passed through it from
+    outside (a reentrant checkpoint's forward), and its gradient is not the module's. An
+    output of the reentrant variant's Function is left out per tensor, for the same reason."""
+    return s.phase != "recompute" and torch.is_grad_enabled()
+
+
 class ApiLevel(_ModeLevel):
     def __init__(self, session: CaptureHost) -> None:
         super().__init__(session)
@@ -336,7 +347,7 @@ class ModuleLevel(Level):
             return
         outs = tensors_of(output)
         s.recorder.record(op, path, s.phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
-        if "backward" in s.cfg.phases and s.phase != "recompute" and torch.is_grad_enabled():  # (native/module.py)
+        if "backward" in s.cfg.phases and hooks_gradients(s):
             for i, t in enumerate(outs):
                 if t.requires_grad and type(t.grad_fn).__name__ != "CheckpointFunctionBackward":
                     t.register_hook(self._grad_hook(op, path, i))

@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.levels import module_inputs
+from opscope.capture.torch.levels import hooks_gradients, module_inputs
 from opscope.capture.torch.modules import LEAVES, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
-
-_grad_enabled = torch.is_grad_enabled
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
@@ -90,10 +88,8 @@ class NativeModuleLevel(NativeAtenLevel):
             return
         op = type(module).__name__
         try:
-            # outputs that require grad get a C++ hook: their gradient's row in backward (not
-            # where the module ran without grad: what requires grad passed through it from
-            # outside, a reentrant checkpoint's forward, whose gradient is not the module's)
-            grads = self._grads and _grad_enabled() and s.recorder.selected(path, op, "backward")
+            # outputs that require grad get a C++ hook: their gradient's row in backward
+            grads = self._grads and hooks_gradients(s) and s.recorder.selected(path, op, "backward")
             phase = PHASE_CODES[s.phase]
             if self.native.record_module(op, path, phase, output, None, call, grads) is None:
                 outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]

@@ -44,11 +44,10 @@ void grad_row(int64_t install, int op, int mod, int slot, const at::TensorBase& 
   }
 }
 
-// A recomputed module's outputs (activation checkpointing) get none: the non-reentrant variant
-// never runs a backward over them, and in the reentrant one's the gradient of what the block
-// returns is that of its uses outside the block only; so does an output of the reentrant
-// variant's Function in the forward (T5's position bias, also read inside the block that makes
-// it: the other block's share, not the module's). capture/torch/levels.py likewise.
+// An output of activation checkpointing's reentrant Function gets none: its gradient is that of
+// its uses outside the checkpointed block only (T5's position bias, also read inside the block
+// that makes it: the other block's share, not the module's). When no output gets one at all:
+// capture/torch/levels.py hooks_gradients.
 bool reentrant_output(const at::Tensor& t) {
   // only a Python Function's node (torch::autograd::PyNode, whose type information torch does not
   // export) can be it: no name is made for the others (a C++ node's is demangled each time)
@@ -58,7 +57,6 @@ bool reentrant_output(const at::Tensor& t) {
 }
 
 void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>& outs) {
-  if (h.phase == RECOMPUTE) return;
   for (const auto& [slot, t] : outs) {
     if (!t.requires_grad() || reentrant_output(t)) continue;
     int64_t install = g_installs;
