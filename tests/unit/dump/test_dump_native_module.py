@@ -289,3 +289,40 @@ def test_module_calls_walked_natively_or_in_python_give_the_rows_of_the_python_p
     assert list(forward[forward.module == "dict_in.fc"].arg) == ["weight"]  # no row for the None bias
     assert list(forward[forward.module == "dict_in"].arg) == ["scale"]
     assert list(forward[forward.module == "rev"].arg) == ["bias", "weight"]
+
+
+class _Keywords(nn.Module):
+    """A model called the way Hugging Face models are: every tensor by keyword."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.embed(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return self.head(h)
+
+
+@pytest.mark.parametrize("backend_name", ["native", "python"])
+def test_the_outermost_calls_keyword_tensors_are_its_inputs(tmp_path, monkeypatch, backend_name):
+    """model(input_ids=..., attention_mask=...): a global pre-hook gets no keywords, and the
+    model's inputs were missing from module-level dumps (a different batch on the two sides
+    came out as the top module's own code). Inner calls keep their positional inputs."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend_name)
+    torch.manual_seed(0)
+    model = _Keywords()
+    ids, mask = torch.randint(0, 16, (2, 5)), torch.ones(2, 5)
+    with opscope.dump(tmp_path / "d", level="module") as d:
+        for _ in range(2):
+            model(input_ids=ids, attention_mask=mask)
+            d.step()
+    rows = opscope.load(tmp_path / "d").records().to_pandas()
+    top = rows[(rows.module == "") & (rows.io == "input") & (rows.step == 1)]
+    assert list(top.arg) == ["input_ids", "attention_mask"]
+    assert list(top.slot) == [0, 1] and list(top.dtype) == ["int64", "float32"]
+    assert int(top.iloc[0]["max"]) == int(ids.max())
+    embed = rows[(rows.module == "embed") & (rows.io == "input") & (rows.step == 1)]
+    assert list(embed.arg.isna()) == [True], "an inner call's inputs are unchanged"

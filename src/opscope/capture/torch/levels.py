@@ -337,7 +337,8 @@ class ModuleLevel(Level):
         if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
             self._calls.append(-1)
             return
-        self._calls.append(s.recorder.record(op, path, s.phase, module_inputs(module, args), []))
+        inputs = module_inputs(module, args, outer_kwargs(s))
+        self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
         s = self.session
@@ -361,12 +362,23 @@ class ModuleLevel(Level):
         return hook
 
 
-def module_inputs(module: torch.nn.Module, args: Any) -> list[tuple[int, str | None, torch.Tensor]]:
+def module_inputs(module: torch.nn.Module, args: Any,
+                  kwargs: dict[str, Any] | None = None) -> list[tuple[int, str | None, torch.Tensor]]:
     """A module call's input items (slot, arg name, tensor): its tensor arguments, then its
-    own parameters by name."""
+    own parameters by name, then the tensors of ``kwargs`` by keyword."""
     inputs: list[tuple[int, str | None, torch.Tensor]] = [(i, None, t) for i, t in enumerate(tensors_of(args))]
     n = len(inputs)
-    return inputs + [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
+    inputs += [(n + i, name, p) for i, (name, p) in enumerate(module.named_parameters(recurse=False))]
+    if kwargs:
+        inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
+    return inputs
+
+
+def outer_kwargs(s: CaptureHost) -> dict[str, Any] | None:
+    """The keyword arguments of the call being entered, where it is the outermost module call
+    (the model's: ``model(**batch)``); None for inner calls, whose keywords are not recorded."""
+    modules = s.modules
+    return modules.outer_kwargs if len(modules.stack) == 1 else None
 
 
 def make(level: str, session: CaptureHost) -> Level:

@@ -13,6 +13,7 @@ inside it is not a second call.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -125,6 +126,7 @@ class ModuleTracker:
         self._shadows: list[bool] = []  # per entry: a compiled module's own call inside its OptimizedModule
         self.on_change: Callable[[str], None] | None = None  # the innermost module path changed
         self.on_indexed: Callable[[torch.nn.Module], None] | None = None  # a root's names were learnt
+        self.outer_kwargs: dict[str, Any] | None = None  # the keyword arguments of the outermost call
 
     @property
     def path(self) -> str:
@@ -211,6 +213,7 @@ class ModuleTracker:
             if id(module) not in self.names:
                 self.index(module)
             self._on_outer_call(module)
+            self.outer_kwargs = _call_kwargs() if self._on_enter is not None else None
         path = self.path if shadow else self._name(module)
         self.stack.append(path)
         self._callers.append(module)
@@ -237,6 +240,8 @@ class ModuleTracker:
                 del self.stack[-1], callers[-1], self._shadows[-1]
         path = self.stack.pop()
         callers.pop()
+        if not self.stack:
+            self.outer_kwargs = None  # (a module entered at the top later, in a backward, has none)
         if self._shadows.pop():
             return
         if self.on_change is not None:
@@ -245,4 +250,25 @@ class ModuleTracker:
             self._on_exit(unwrap(module), path, args, output)
 
 
+def _call_kwargs() -> dict[str, Any] | None:
+    """The keyword arguments of the module call whose global pre-hook runs now.
+
+    A global forward pre-hook gets the positional arguments only, and a model is mostly
+    called with keywords (``model(**batch)``, ``generate``'s ``model(input_ids=...)``): they
+    are read from ``Module._call_impl``'s frame, once per outermost call (None where that
+    frame is not found: a torch that calls hooks from elsewhere)."""
+    import sys
+
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_code is _CALL_IMPL:
+            kwargs = frame.f_locals.get("kwargs")
+            return kwargs if isinstance(kwargs, dict) and kwargs else None
+        frame = frame.f_back
+    return None
+
+
+_CALL_IMPL = torch.nn.Module._call_impl.__code__
 run_eagerly(ModuleTracker._pre, ModuleTracker._post)

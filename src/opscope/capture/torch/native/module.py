@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.levels import hooks_gradients, module_inputs
+from opscope.capture.torch.levels import hooks_gradients, module_inputs, outer_kwargs
 from opscope.capture.torch.modules import LEAVES, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
@@ -73,10 +73,13 @@ class NativeModuleLevel(NativeAtenLevel):
                 phase = PHASE_CODES[s.phase]
                 # one native call walks the arguments and own parameters (None: something
                 # only Python walks, or named_parameters overridden)
+                # (the outermost call's keyword tensors: Python walks them)
+                kwargs = outer_kwargs(s)
                 params = module._parameters if type(module).named_parameters is _NAMED_PARAMETERS else None
-                found = None if params is None else self.native.record_module(op, path, phase, args, params, -1)
+                found = None if params is None or kwargs else self.native.record_module(
+                    op, path, phase, args, params, -1)
                 call = found if found is not None else self.native.record_call(
-                    op, path, phase, module_inputs(module, args), (), -1)
+                    op, path, phase, module_inputs(module, args, kwargs), (), -1)
         except Exception as exc:
             self._guard(exc)
         self._calls.append(call)
