@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opscope.compare import crossframework, loss_scale, measure
+from opscope.compare import carried, crossframework, loss_scale, measure
 from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
@@ -92,6 +92,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     result = _result(t_dump, r_dump, run, findings, problems, noise, names, n_workers,
                      time.perf_counter() - start)
     result.notes += scales.notes()
+    result.notes += carried.notes(run.previous)
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))

@@ -8,6 +8,7 @@ from typing import Any
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
 from opscope.compare.result import SUMMARY_METRICS, Finding
 from opscope.compare.state import PAIRED, Node, VerdictState, raw_error
+from opscope.compare.tolerance import is_float
 from opscope.model.calls import draws
 
 NEIGHBOURS = 12
@@ -111,8 +112,14 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     # a value that must match exactly (allowed 0) is out of any proportion: inf, not error/1e-300
     score = pair.error / pair.tolerance if math.isfinite(pair.error) and pair.tolerance > 0 else math.inf
     f = _finding("root", row, pair, score)
-    what = f"parameter {row['param']}" if row.get("param") else f"{row.get('io')} {row.get('slot')} of {row.get('op')}"
+    arg = f" ({row['arg']})" if row.get("arg") else ""
+    what = (f"parameter {row['param']}" if row.get("param")
+            else f"{row.get('io')} {row.get('slot')}{arg} of {row.get('op')}")
     f.note = f"{what} already differs at the start of step {row['step']}"
+    if not row.get("param") and not is_float(row.get("dtype")) and "." not in str(row.get("op") or "."):
+        f.note += (": where the step before chose it (the next token of a generation), the choice ran outside "
+                   "any module, which a module-level dump does not record; dump at the api or aten level, "
+                   "where compare tells a near tie of the logits from a fault")
     f.inputs = [_tensor(row, pair)]
     consumers = state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
     f.downstream = _summarise_calls(state, side, row["rank"], row["step"], {row["cseq"]}) if consumers else []

@@ -27,6 +27,8 @@ the input's relative to the *input*, with nothing wrong:
   element times a factor in [0, 1]): an error sitting where the mask keeps the gradient
   counts ||g|| / ||out|| times relative to the output. (An element that flips because the
   features moved across the threshold is a decision, not covered here.)
+- a selection (a slice, an index, a gather, a split's part): its elements are some of its
+  input's, and those can hold more than their share of its error: ||in|| / ||out||.
 
 Each rule is a function of the call's rows (their statistics) and registers for op names
 with :func:`register_condition`; a name registered twice is refused.
@@ -272,3 +274,17 @@ def _exponent(row: Row) -> float | None:
         if position == 1 and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+@register_condition("slice", "select", "narrow", "index", "index_select", "gather",
+                    "masked_select", "take", "take_along_dim", "split", "split_with_sizes", "chunk",
+                    "unbind", "diagonal", "__getitem__", "unfold")
+def selection(inputs: list[Row], out_row: Row, out_norm: float) -> float:
+    """||in|| / ||out||: the output is a part of its first input's elements, and the part
+    can hold more than its share of the error (the KV-cache rows of the tokens two
+    generations chose differently)."""
+    source = next((r for r in inputs if r.get("slot") == 0), None)
+    norm = _num(source.get("norm")) if source is not None else math.nan
+    if not math.isfinite(norm) or out_norm <= 0:
+        return 1.0
+    return norm / out_norm

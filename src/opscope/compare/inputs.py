@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.carried import made_before
 from opscope.compare.internal import backward_known, module_gradient_error
 from opscope.compare.loss_scale import explained_by_skip
 from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
@@ -55,10 +56,19 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     if own.metrics.get("bit_exact") or not error > tol:
         return False
     name = row.get("param")
-    identity = name or (row.get("hash"), r.get("hash"), row.get("numel"), row.get("arg"))
+    # a value read again (a second op reading the weight; at the module level the model's
+    # input, then its first submodule's) is what its first read found
+    identity = name or (row.get("hash"), r.get("hash"), row.get("numel"))
     if identity in info["seen"]:
-        return id(own) in state.tainted or info["tainted_before"]
-    info["seen"].add(identity)
+        return id(own) in state.tainted or info["tainted_before"] or info["seen"][identity]
+    info["seen"][identity] = tainted = _first_read(state, node, row, own, info, error, tol)
+    return tainted
+
+
+def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair, info: dict[str, Any],
+                error: float, tol: float) -> bool:
+    t, r = own.rows
+    name = row.get("param")
     skip = explained_by_skip(t, r) if name else None
     if skip:  # no root: the runs part here by design, and what reads the weights carries it
         own.note = join(own.note, skip)
@@ -75,6 +85,10 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = join(own.note, f"differs at the start of step {node.step}, as left by step "
                                    f"{info.get('previous_step')}")
         return bool(info["tainted_before"])
+    made = None if name else made_before(info, own)
+    if made is not None:  # a token chosen, a cache appended to, in the step before: that value
+        own.note = join(own.note, made)
+        return False
     if info["tainted"] and (row.get("io") == "grad" or row.get("phase") in ("backward", "optimizer", "recompute")):
         # a gradient or optimizer state whose producer was not captured (module / api
         # levels), or a recomputed value made by code that no record brackets (a checkpointed
@@ -99,6 +113,7 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
+    info["tainted"] = True  # the step diverged here, also where what reads it stays within tolerance
     return True
 
 

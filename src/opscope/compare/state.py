@@ -45,7 +45,8 @@ class Node:
 class VerdictState:
     """Everything the passes share: the pairs of one (rank, step) partition at a time (or
     more), and in ``previous`` what :func:`~opscope.compare.verdict.judge` carries from a
-    rank's previous step (whether it diverged, its parameters' errors, its noise)."""
+    rank's previous step (whether it diverged, its parameters' errors, its noise, the values
+    it made that differ: :mod:`opscope.compare.carried`) and the rank's first choice."""
 
     pairs: list[Pair]
     noise: NoiseModel

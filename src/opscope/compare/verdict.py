@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from opscope.compare import carried
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.conditioning import condition
 from opscope.compare.flow import base_op
@@ -152,6 +153,9 @@ def judge(state: VerdictState) -> None:
             error = max(in_error, finite_or_inf(raw_error(through))) if through else in_error
             taint = in_taint or (through is not None and id(through) in state.tainted)
             _judge_output(state, node, out, error, taint, floor)
+            carried.remember(info, out)
+            if not (info["tainted"] or info["tainted_before"]):  # after a divergence: its consequence
+                carried.count_decision(state, node, out, info["decisions"])
             if id(out) in state.tainted:
                 info["tainted"] = True
             elif out.status == "passed" and math.isfinite(out.error):
@@ -180,9 +184,11 @@ def _reads_unseen(node: Node) -> bool:
 
 def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
     """Per-rank memory across steps: was anything tainted before, and parameter errors."""
-    info = {"step": node.step, "tainted": False, "param_error": {}, "seen": set(), "noise": 0.0,
-            "first": last is None, "tainted_before": False, "prev_param_error": {}, "prev_noise": 0.0}
+    info = {"step": node.step, "tainted": False, "param_error": {}, "seen": {}, "noise": 0.0,
+            "first": last is None, "tainted_before": False, "prev_param_error": {}, "prev_noise": 0.0,
+            "made": {}, "prev_made": {}, "decisions": {"first": None, "more": 0}}
     if last is not None:
+        info["prev_made"], info["decisions"] = last["made"], last["decisions"]
         info["tainted_before"] = last["tainted"] or last["tainted_before"]
         info["prev_param_error"] = last["param_error"]
         info["prev_noise"] = last["noise"]

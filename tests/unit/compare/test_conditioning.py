@@ -168,3 +168,24 @@ def test_a_sum_by_index_bounds_a_row_that_takes_many() -> None:
     factor = condition(rows, row(op, "output", 0, out), float(np.linalg.norm(out)))
     assert seen <= factor * e, (seen, factor)
     assert factor < 5 * seen / e, "not so loose that a fault a few times the rounding hides"
+
+
+def test_a_selection_may_hold_more_than_its_share_of_the_error() -> None:
+    """A slice of a KV cache whose changed rows are the ones kept: the part's relative error is
+    up to ||in|| / ||out|| times the whole's, and no more (a selection adds no error of its own:
+    with an input that agrees, any difference stays out of proportion)."""
+    rng = np.random.default_rng(5)
+    cache = rng.standard_normal((4, 2, 12, 8))
+    fn = lambda c: c[:, :, -2:, :]  # noqa: E731  the newest two positions
+    out = fn(cache)
+    moved = cache.copy()
+    moved[:, :, -2:, :] += 1e-3 * rng.standard_normal(out.shape)  # all of the change where it is kept
+    e_in, e_out = rel(moved, cache), rel(fn(moved), out)
+    op = "aten.slice.Tensor"
+    factor = condition([row(op, "input", 0, cache)], row(op, "output", 0, out), float(np.linalg.norm(out)))
+    assert e_out > 2 * e_in, "the part holds more than its share"
+    assert e_out <= factor * e_in * (1 + 1e-9), (e_out, e_in, factor)
+    assert np.isclose(factor, np.linalg.norm(cache) / np.linalg.norm(out))
+    api = condition([row("Tensor.__getitem__", "input", 0, cache)], row("Tensor.__getitem__", "output", 0, out),
+                    float(np.linalg.norm(out)))
+    assert api == factor

@@ -44,6 +44,7 @@
     var c = el("div", { "class": "card" }, null, cards); el("b", null, S.counts[k], c); el("span", { "class": "muted" }, k.replace("_", " "), c);
   });
   if (S.weaker) { el("p", { "class": "muted" }, "Note: " + S.weaker, body); }
+  (S.notes || []).forEach(function (n) { el("p", { "class": "note" }, "Note: " + n, body); });
   if (S.problems && S.problems.length) {
     var det = el("details", null, null, body); el("summary", null, S.problems.length + " thing(s) skipped", det);
     var ul = el("ul", null, null, det); S.problems.forEach(function (p) { el("li", null, p, ul); });
