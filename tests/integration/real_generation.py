@@ -1,0 +1,83 @@
+"""Text generation (``model.generate``) of the real-model families under opscope.dump.
+
+Greedy decoding of NEW tokens with the KV cache, every model step dumped (a step per call of
+the model: the prompt's, then one per token). The same families and faults as training
+(real_models.py), plus a fault of the decoding steps only: an attention whose scale is off
+when it reads one query against the cache (a kernel wrong for the decode shape alone).
+
+``generate`` writes the generated ids beside the dump (``PATH.run.json``, ``ids``), so a test
+knows at which step the two runs' tokens part.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import real_models as rm
+import torch
+
+NEW = 12  # tokens generated (the configs' 2 * SEQ positions hold the 16-token prompt and these)
+DECODERS = ("gpt2", "llama", "qwen3", "gemma2", "gpt_neox", "mixtral")
+
+
+def prompt(family: str) -> dict[str, torch.Tensor]:
+    """The family's training batch without its labels: the prompt (or the encoder input)."""
+    batch = rm.ALL_FAMILIES[family].batch(torch.Generator().manual_seed(0))
+    batch.pop("labels", None)
+    return batch
+
+
+def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str = "float32",
+             attn: str = "eager", fault: str | None = None, data: str = "statistics") -> list[list[int]]:
+    """Build ``family`` (seed 0), greedy-generate NEW tokens, dumped to ``path`` (None: no dump).
+
+    ``fault``: one of real_models.FAULTS, or "decode_scale" (the attention module's scale
+    times 1.5 in the decoding steps only). Returns the generated ids, also written to
+    ``PATH.run.json``."""
+    import opscope
+
+    fam = rm.ALL_FAMILIES[family]
+    torch.manual_seed(0)
+    model = fam.build(attn).eval()
+    if fault == "decode_scale":
+        _scale_when_decoding(model.get_submodule(fam.attention or ""))
+    elif fault:
+        rm.inject(model, family, fault)
+    model.to(getattr(torch, dtype))
+    batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in prompt(family).items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        kwargs: dict[str, Any] = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False}
+        if path is None:
+            ids = model.generate(**batch, **kwargs)
+        else:
+            with opscope.dump(path, level=level, data=data, overwrite=True):
+                ids = model.generate(**batch, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+    out = ids.tolist()
+    if path is not None:
+        Path(f"{path}.run.json").write_text(json.dumps({"family": family, "ids": out}))
+    return out
+
+
+def _scale_when_decoding(attention: torch.nn.Module) -> None:
+    """Scale the attention's scores by 1.5 more when it runs on one new token (decoding)."""
+    plain = attention.scaling
+
+    def pre(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        module.scaling = plain * (rm.ATTN_SCALE if hidden.shape[1] == 1 else 1.0)
+    attention.register_forward_pre_hook(pre, with_kwargs=True)
+
+
+def first_step_apart(a: list[list[int]], b: list[list[int]]) -> int | None:
+    """The model step whose chosen token first differs (step 0 chooses the first new token)."""
+    start = len(a[0]) - NEW
+    for i in range(NEW):
+        if any(ra[start + i] != rb[start + i] for ra, rb in zip(a, b, strict=True)):
+            return i
+    return None
