@@ -3,7 +3,8 @@ only whether an optimizer holds a module (:func:`torch_has_optimizer`), when it 
 
 A step ends at the user's ``step()``; when the user never calls it, at each
 ``optimizer.step()``; with no optimizer, at each call of the outermost module that began
-the step.
+the step, or of a module that contains it: an encoder-decoder's ``generate`` calls its
+encoder first, then the whole model once per token, each call a step.
 
 An optimizer step only marks the boundary as *pending*: it is resolved at the next
 event that belongs to the next iteration (the next outermost module call, data-loader
@@ -23,6 +24,7 @@ same iteration never ends it.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +52,8 @@ class StepClock:
         self._outer_calls = 0
         self._resolved_by_event = False
         self._step_root: int | None = None
+        self._root_module: Any = None
+        self._enclosing: dict[tuple[int, int], bool] = {}
         self._trained: bool | None = None
         self._has_optimizer = has_optimizer if has_optimizer is not None else torch_has_optimizer
         self._on_boundary = on_boundary
@@ -75,12 +79,24 @@ class StepClock:
         self.poll()
         self._resolved_by_event = False
         key = None if module is None else id(module)
-        repeat = self._outer_calls and key == self._step_root and not (self.manual or self.saw_optimizer)
+        again = key == self._step_root or self._encloses(module)
+        repeat = self._outer_calls and again and not (self.manual or self.saw_optimizer)
         if repeat and not self._trained_by_optimizer(module):
             self._advance()
         if not self._outer_calls:
-            self._step_root = key
+            self._step_root, self._root_module = key, _weak(module)
         self._outer_calls += 1
+
+    def _encloses(self, module: Any) -> bool:
+        """Is the step's outermost module one of ``module``'s submodules? (Asked once a pair.)"""
+        root = self._root_module() if self._root_module is not None else None
+        if module is None or root is None or module is root:
+            return False
+        key = (id(module), id(root))
+        if key not in self._enclosing:
+            walk = getattr(module, "modules", None)
+            self._enclosing[key] = callable(walk) and any(m is root for m in walk())
+        return self._enclosing[key]
 
     def zero_grad(self) -> None:
         """``zero_grad`` is about to run: the next iteration's start in a zero_grad-first loop."""
@@ -107,6 +123,14 @@ class StepClock:
         self._outer_calls = 0
         if self._on_boundary is not None:
             self._on_boundary(finished, self.step)
+
+
+def _weak(module: Any) -> Any:
+    """A weak reference to ``module`` (the clock must not keep a model alive), or None."""
+    try:
+        return weakref.ref(module)
+    except TypeError:  # None, or an object without weak references
+        return None
 
 
 def torch_has_optimizer(module: Any) -> bool:

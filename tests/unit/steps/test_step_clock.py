@@ -83,3 +83,23 @@ def test_has_optimizer_sees_a_live_optimizer_of_the_module_only() -> None:
 def test_a_zero_grad_before_the_loop_and_a_user_step_make_one_boundary() -> None:
     # transformers.Trainer: model.zero_grad() once, then forward ... optimizer, zero_grad, step()
     assert len(feed("z flpoz s flpoz s flpoz s")) == 3
+
+
+def test_a_call_of_the_model_that_contains_the_steps_first_module_ends_the_step() -> None:
+    """An encoder-decoder's generate calls its encoder, then the whole model once per token:
+    each model call is a step (before session 24 the whole generation was one). A module
+    that does not contain the step's first one (a loss module, a second model) never ends it."""
+    from torch import nn
+
+    model = nn.ModuleDict({"encoder": nn.Linear(2, 2), "decoder": nn.Linear(2, 2)})
+    other = nn.Linear(2, 2)
+    seen: list[tuple[int, int]] = []
+    clock = StepClock(lambda a, b: seen.append((a, b)), has_optimizer=lambda m: False)
+    for module in (model["encoder"], other, model, other, model, model):
+        clock.outer_module_call(module)
+    assert seen == [(0, 1), (1, 2), (2, 3)]
+    seen.clear()
+    clock = StepClock(lambda a, b: seen.append((a, b)), has_optimizer=lambda m: True)
+    for module in (model["encoder"], model, model):  # trained by an optimizer: its steps end it
+        clock.outer_module_call(module)
+    assert seen == []

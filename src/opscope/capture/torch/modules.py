@@ -211,7 +211,7 @@ class ModuleTracker:
         shadow = self._shadow(module)
         if not self.stack and not shadow and _graph_task() < 0:
             if id(module) not in self.names:
-                self.index(module)
+                self.index(_generating_owner(module) or module)
             self._on_outer_call(module)
             self.outer_kwargs = _call_kwargs() if self._on_enter is not None else None
         path = self.path if shadow else self._name(module)
@@ -266,6 +266,25 @@ def _call_kwargs() -> dict[str, Any] | None:
         if frame.f_code is _CALL_IMPL:
             kwargs = frame.f_locals.get("kwargs")
             return kwargs if isinstance(kwargs, dict) and kwargs else None
+        frame = frame.f_back
+    return None
+
+
+def _generating_owner(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The model whose ``generate`` (Hugging Face's) calls ``module``, one of its submodules,
+    before the model itself: an encoder-decoder runs its encoder first. Indexed as the root,
+    the encoder's modules get the model's paths (``encoder.block.0``), as in its later calls
+    and in training, instead of paths from the encoder (``block.0``). Looked for in the
+    calling frames once, at a root's first call."""
+    import sys
+
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        if isinstance(owner, torch.nn.Module) and owner is not module and callable(getattr(owner, "generate", None)):
+            return owner if any(m is module for m in owner.modules()) else None
         frame = frame.f_back
     return None
 
