@@ -20,6 +20,9 @@ import torch
 
 NEW = 12  # tokens generated (the configs' 2 * SEQ positions hold the 16-token prompt and these)
 DECODERS = ("gpt2", "llama", "qwen3", "gemma2", "gpt_neox", "mixtral")
+# encoder-decoders: step 0 is the encoder, each later step one call of the whole model; the
+# decode-only fault goes into the decoder's self-attention (the training faults are in the encoder)
+DECODER_ATTENTION = {"t5": "decoder.block.0.layer.0.SelfAttention", "whisper": "model.decoder.layers.0.self_attn"}
 
 
 def prompt(family: str) -> dict[str, torch.Tensor]:
@@ -42,7 +45,7 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     torch.manual_seed(0)
     model = fam.build(attn).eval()
     if fault == "decode_scale":
-        _scale_when_decoding(model.get_submodule(fam.attention or ""))
+        _scale_when_decoding(model.get_submodule(decode_attention(family)))
     elif fault:
         rm.inject(model, family, fault)
     model.to(getattr(torch, dtype))
@@ -64,6 +67,11 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     return out
 
 
+def decode_attention(family: str) -> str:
+    """The attention module the decode-only fault goes into."""
+    return DECODER_ATTENTION.get(family) or rm.ALL_FAMILIES[family].attention or ""
+
+
 def _scale_when_decoding(attention: torch.nn.Module) -> None:
     """Scale the attention's scores by 1.5 more when it runs on one new token (decoding)."""
     plain = attention.scaling
@@ -74,10 +82,11 @@ def _scale_when_decoding(attention: torch.nn.Module) -> None:
     attention.register_forward_pre_hook(pre, with_kwargs=True)
 
 
-def first_step_apart(a: list[list[int]], b: list[list[int]]) -> int | None:
-    """The model step whose chosen token first differs (step 0 chooses the first new token)."""
-    start = len(a[0]) - NEW
+def first_step_apart(a: list[list[int]], b: list[list[int]], family: str = "") -> int | None:
+    """The model step whose chosen token first differs (a decoder's step 0 chooses the first
+    new token; an encoder-decoder's step 1 does, after its encoder's step 0)."""
+    start, offset = len(a[0]) - NEW, 1 if family in DECODER_ATTENTION else 0
     for i in range(NEW):
         if any(ra[start + i] != rb[start + i] for ra, rb in zip(a, b, strict=True)):
-            return i
+            return i + offset
     return None

@@ -127,6 +127,38 @@ def test_at_the_module_level_the_chosen_token_is_the_models_input_and_the_note_s
     assert same.verdict == "identical", same.counts
 
 
+@pytest.mark.parametrize("family, encoder", [("t5", "encoder."), ("whisper", "model.encoder.")])
+def test_an_encoder_decoder_generates_a_step_per_token_under_the_models_paths(
+        gens: Generations, family: str, encoder: str) -> None:
+    """generate runs the encoder first (step 0), then the whole model per token. Before session
+    24 the generation was one step (the model's calls were not calls of the encoder that began
+    it) and the encoder's modules were named from it (``block.0``, not ``encoder.block.0``)."""
+    rows = opscope.load(gens.path(family, "same", "aten")).records(columns=["step", "module"]).to_pandas()
+    assert sorted(rows.step.unique()) == list(range(rg.NEW + 1))
+    step0 = set(rows[rows.step == 0].module) - {""}
+    assert step0 and all(f"{m}.".startswith(encoder) for m in step0), sorted(step0)[:5]
+    assert gens.compare(family, "same").verdict == "identical"
+    assert gens.ids[(family, "same", "aten")] == rg.generate(family, None)
+
+
+@pytest.mark.parametrize("family, variant", [("t5", "act"), ("t5", "bf16"), ("t5", "decode_scale"),
+                                             ("whisper", "norm_eps"), ("whisper", "sdpa"),
+                                             ("whisper", "decode_scale")])
+def test_an_encoder_decoders_fault_is_named_at_its_step(gens: Generations, family: str, variant: str) -> None:
+    """A fault in the encoder is named in step 0, one of the decoding steps alone in step 1 (the
+    decoder's self-attention); bf16 and sdpa are clean."""
+    result = gens.compare(family, variant)
+    first = result.first_divergence
+    if variant in ("bf16", "sdpa"):
+        assert result.verdict == "within_tolerance" and not result.culprits, _found(result)
+    elif variant == "decode_scale":
+        assert first is not None and (first.kind, first.step, first.module) == (
+            "culprit", 1, rg.decode_attention(family)), _found(result)
+    else:
+        assert first is not None and (first.kind, first.step, first.module) == (
+            "culprit", 0, rm.fault_module(family, variant)), _found(result)
+
+
 def test_the_cli_and_the_report_say_the_choice(gens: Generations, tmp_path: Path) -> None:
     """What the user runs: `opscope compare` exits 0 (nothing diverged) and prints the choice;
     the HTML report shows it (in Chromium, where installed)."""
