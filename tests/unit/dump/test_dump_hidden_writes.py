@@ -86,3 +86,53 @@ def test_api_operators_are_in_place_only_when_they_write(tmp_path, monkeypatch, 
     reads = df[(df.op == "Tensor.mul") & (df.io == "input") & (df.slot == 0)].sort_values("seq")
     assert reads["producer"].iloc[0] == sliced["id"] and reads["mean"].iloc[0] == 2.0
     assert reads["mean"].iloc[1] == 2.75 and reads["producer"].isna().iloc[1]
+
+
+class _FillsABuffer(torch.nn.Module):
+    """Writes one column of a buffer through a view of it, then reads the whole buffer (beam
+    search's running sequences, a logits processor's mask)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x) * self.scale
+        buf = torch.full((4, 6), 0.5)
+        buf[:, 2] = h.sum(1)  # copy_ into a select view of buf
+        return (buf * 3).sum()
+
+
+def _fill(path, scale: float) -> None:
+    torch.manual_seed(0)
+    model, x = _FillsABuffer(scale), torch.randn(4, 8)
+    with opscope.dump(path) as d:
+        model(x)
+        d.step()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_base_written_through_a_view_has_that_write_for_its_producer(tmp_path, monkeypatch, backend):
+    """The base's next read was a row with no producer: compare took it for a value that
+    differed at the start of the step, a root listed before the fault that changed what was
+    written (beam search: the fault's step named a top-level slice)."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    _fill(tmp_path / "ref", 1.0)
+    _fill(tmp_path / "bad", 1.5)
+    dump = opscope.load(tmp_path / "ref")
+    assert (dump.manifest["stats_backend"] == "native") == (backend == "native")
+    rows = dump.records().to_pandas()
+    copy = rows[(rows.op == "aten.copy_.default") & (rows.io == "output")]
+    read = rows[(rows.op == "aten.mul.Tensor") & (rows.io == "input") & rows["shape"].map(lambda s: list(s) == [4, 6])]
+    assert len(copy) == 1 and len(read) == 1
+    assert read.iloc[0]["producer"] == copy.iloc[0]["id"]
+    expected = torch.full((4, 6), 0.5)
+    torch.manual_seed(0)
+    model, x = _FillsABuffer(), torch.randn(4, 8)
+    with torch.no_grad():
+        expected[:, 2] = (model.lin(x)).sum(1)
+    assert read.iloc[0]["mean"] == pytest.approx(expected.mean().item(), rel=1e-6), "measured anew, not the view's"
+    result = opscope.compare(tmp_path / "bad", tmp_path / "ref")
+    assert [(f.kind, f.op) for f in result.culprits] == [("culprit", "aten.mul.Tensor")]
+    assert result.first_divergence.seq < read.iloc[0]["seq"], "the scale, not the read of the buffer"

@@ -212,6 +212,13 @@ class Recorder:
             # autograd wraps view outputs in new tensor objects: find them by storage and
             # geometry (such entries are dropped when their storage is written, see invalidate)
             entry = self.flow.get(geometry(t))
+        if entry is not None and len(entry) > 6 and self.want_inputs:
+            # made in part by an in-place write through a view of it: read anew, that write its producer
+            pname = self.param_names.get(id(t))
+            row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, entry[1][0])
+            self._measure(row, t, data)
+            self._register(t, row, version_of(t), pname)
+            return row
         if entry is not None:
             if not self.want_inputs:
                 return entry[1]
@@ -259,6 +266,12 @@ class Recorder:
             self._measure(row, t, data)
         row[_PARAM] = pname
         self._register(t, row, version, pname, view=src is not None and note == "view")
+        if mutated and t._is_view() and t._base is not None:
+            # the base written through this view (``buf[:, 2] = x``): its next read has this
+            # row for its producer (without it the base had none: a root, in beam search)
+            base = t._base
+            self.flow[id(base)] = [weakref.ref(base), row, version, self.param_names.get(id(base)), False,
+                                   self._writes(base), "written"]
 
     def _register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
                   view: bool = False) -> None:

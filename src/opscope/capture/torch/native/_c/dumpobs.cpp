@@ -61,6 +61,9 @@ struct Flow {
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
   int64_t writes = 0;  // in-place calls seen writing its storage by then (g_writes)
+  // the base of a view an op wrote in place: `row` is that op's output, which made part of
+  // it, and a read of the base is measured anew with that row as its producer
+  bool written = false;
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -331,6 +334,16 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
   }
 }
 
+// `base` was written in place through a view of it (`buf[:, 2] = x`: copy_ into a select),
+// whose output is `row`: the base's next read has that op for its producer. Without it the
+// base had none, and looked like a value that differed at the start of the step (beam search's
+// running sequences, a root listed before the fault that changed what was written).
+void record_written_base(const at::Tensor& base, size_t row) {
+  Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(base.getIntrusivePtr()), row,
+         version_of(base), param_of(base), c10::Storage(), writes_to(base), true};
+  flow[reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl())] = f;
+}
+
 // The record of this very tensor (alive, unchanged since), or null. A weak reference that has
 // not expired means the TensorImpl at that address is still the one recorded.
 const Flow* same_tensor(const at::Tensor& t, int64_t version) {
@@ -378,6 +391,13 @@ void unread_row(const Head& h, int arg, const at::Tensor& t) {
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
+  if (f && f->written && g_inputs) {  // made in part by an in-place write through a view: read anew
+    int param = param_of(t);
+    size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, rows[f->row].id);
+    measure(i, t, h.data);
+    record_flow(t, i, version_of(t), param, false);
+    return static_cast<int64_t>(i);
+  }
   if (f) {
     if (!g_inputs) return static_cast<int64_t>(f->row);
     size_t src = f->row;

@@ -63,6 +63,10 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   }
   rows[i].param = param;
   record_flow(t, i, version, param, view);
+  if (mutated && t.is_view()) {
+    at::TensorBase base = t._base();  // (a new reference: the TensorBase torch holds is const)
+    record_written_base(at::Tensor(std::move(base)), i);
+  }
 }
 
 void rng_before(const Thread& T, const OpKind& k);
