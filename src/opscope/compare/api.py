@@ -92,10 +92,13 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     result = _result(t_dump, r_dump, run, findings, problems, noise, names, n_workers,
                      time.perf_counter() - start)
     result.notes += scales.notes()
-    result.notes += carried.notes(run.previous)
+    result.notes += carried.notes(run.previous, (t_dump, r_dump))
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))
+    for given, dump in ((target, t_dump), (reference, r_dump)):
+        if dump is not given:  # loaded here: its shards read for the notes are closed
+            dump.close()
     return result
 
 

@@ -22,15 +22,17 @@ from __future__ import annotations
 from typing import Any
 
 from opscope.compare.pair import INPUT_IO, Pair
-from opscope.compare.state import Node, VerdictState, raw_error
+from opscope.compare.state import Node, VerdictState, input_error
 from opscope.compare.tolerance import is_float
 
 Key = tuple[Any, Any, Any]
 
 
 def _key(row: dict[str, Any] | None) -> Key | None:
-    if row is None or row.get("hash") is None or row.get("min") == row.get("max"):
-        return None  # a constant (zeros, a mask of ones) matches many a tensor by chance
+    # (a constant is kept: a single prompt's next token is one element. Both sides must match
+    # a pair that differs, which a chance equality of zeros or ones on one side does not make)
+    if row is None or row.get("hash") is None:
+        return None
     return row.get("hash"), row.get("numel"), row.get("dtype")
 
 
@@ -63,24 +65,25 @@ def decision(state: VerdictState, node: Node, out: Pair) -> dict[str, Any] | Non
     if out.status != "passed" or is_float(t.get("dtype")) or is_float(r.get("dtype")) \
             or not out.error > 0:
         return None
-    worst = 0.0
+    worst, scores = 0.0, None
     for row in node.rows:
         if row.get("io") not in INPUT_IO:
             continue
         own = state.entry.get((node.side, node.rank, node.step, row["id"]))
         if own is None or not own.metrics or own.metrics.get("bit_exact"):
             continue
-        error = raw_error(own)
+        error = input_error(state, own)  # (from statistics: at least their resolution, the hashes differing)
         if not is_float(row.get("dtype")) and error != 0:
             return None  # it read other indices: a consequence, not the choice
-        if is_float(row.get("dtype")):
-            worst = max(worst, error)
-    if not worst > 0:
+        if is_float(row.get("dtype")) and not error <= worst:
+            worst, scores = error, own
+    if not worst > 0 or scores is None:
         return None
     home = out.home
     return {"rank": node.rank, "step": node.step, "seq": node.seq, "phase": home.get("phase") or "",
             "module": home.get("module") or "", "op": home.get("op") or "", "call": home.get("call"),
-            "slot": home.get("slot"), "dtype": home.get("dtype"), "error": out.error, "input_error": worst}
+            "slot": home.get("slot"), "dtype": home.get("dtype"), "error": out.error, "input_error": worst,
+            "rows": (scores.t, scores.r, t, r)}  # what it chose from, and its choices, on each side
 
 
 def count_decision(state: VerdictState, node: Node, out: Pair, decisions: dict[str, Any]) -> None:
@@ -93,10 +96,18 @@ def count_decision(state: VerdictState, node: Node, out: Pair, decisions: dict[s
     decisions["first"] = decision(state, node, out)
 
 
-def notes(previous: dict[int, dict[str, Any]]) -> list[str]:
-    """Each rank's first decision, said for the result's notes."""
-    return [note(info["decisions"]) for _, info in sorted(previous.items())
-            if info.get("decisions", {}).get("first") is not None]
+def notes(previous: dict[int, dict[str, Any]], dumps: tuple[Any, Any] | None = None) -> list[str]:
+    """Each rank's first decision, said for the result's notes; with ``dumps`` (target,
+    reference) holding its full tensors, how near the tie was (:func:`~opscope.compare.near_tie.margin`)."""
+    from opscope.compare.near_tie import margin
+
+    out = []
+    for _, info in sorted(previous.items()):
+        decisions = info.get("decisions", {})
+        if decisions.get("first") is not None:
+            tie = margin(decisions["first"], *dumps) if dumps is not None else None
+            out.append(note(decisions) + (f". {tie}" if tie else ""))
+    return out
 
 
 def note(decisions: dict[str, Any]) -> str:

@@ -278,8 +278,10 @@ class Dump:
         return arr
 
     def close(self) -> None:
+        """Close the tensor shards read so far (a later read opens its shard again)."""
         for shard in self._shards.values():
             shard.close()
+        self._shards.clear()
         self._shards.clear()
 
 
