@@ -33,12 +33,14 @@ def prompt(family: str) -> dict[str, torch.Tensor]:
 
 
 def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str = "float32",
-             attn: str = "eager", fault: str | None = None, data: str = "statistics") -> list[list[int]]:
+             attn: str = "eager", fault: str | None = None, data: str = "statistics",
+             beams: int = 1) -> list[list[int]]:
     """Build ``family`` (seed 0), greedy-generate NEW tokens, dumped to ``path`` (None: no dump).
 
     ``fault``: one of real_models.FAULTS, or "decode_scale" (the attention module's scale
-    times 1.5 in the decoding steps only). Returns the generated ids, also written to
-    ``PATH.run.json``."""
+    times 1.5 in the decoding steps only). ``beams`` > 1: beam search (its running sequences
+    are written a column at a time through views, its cache reordered by beam). Returns the
+    generated ids, also written to ``PATH.run.json``."""
     import opscope
 
     fam = rm.ALL_FAMILIES[family]
@@ -53,7 +55,8 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        kwargs: dict[str, Any] = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False}
+        kwargs: dict[str, Any] = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False,
+                                  "num_beams": beams}
         if path is None:
             ids = model.generate(**batch, **kwargs)
         else:

@@ -27,6 +27,7 @@ import opscope  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {"reference": {}, "same": {}, "bf16": {"dtype": "bfloat16"},
                                        "sdpa": {"attn": "sdpa"}}
+BEAMS = 3
 
 
 class Generations:
@@ -37,15 +38,18 @@ class Generations:
         self.ids: dict[tuple[str, str, str], list[list[int]]] = {}
 
     def path(self, family: str, variant: str, level: str) -> Path:
+        """A variant ending in ``+beams`` runs beam search (the reference too, as ``reference+beams``)."""
         key = (family, variant, level)
         path = self.root / f"{family}-{variant}-{level}"
         if key not in self.ids:
-            kwargs = VARIANTS.get(variant, {"fault": variant})
-            self.ids[key] = rg.generate(family, path, level=level, **kwargs)
+            name, _, search = variant.partition("+")
+            kwargs = VARIANTS.get(name, {"fault": name})
+            self.ids[key] = rg.generate(family, path, level=level, beams=BEAMS if search else 1, **kwargs)
         return path
 
     def compare(self, family: str, variant: str, level: str = "aten") -> Any:
-        return opscope.compare(self.path(family, variant, level), self.path(family, "reference", level))
+        reference = "reference+beams" if variant.endswith("+beams") else "reference"
+        return opscope.compare(self.path(family, variant, level), self.path(family, reference, level))
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +161,21 @@ def test_an_encoder_decoders_fault_is_named_at_its_step(gens: Generations, famil
     else:
         assert first is not None and (first.kind, first.step, first.module) == (
             "culprit", 0, rm.fault_module(family, variant)), _found(result)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "qwen3", "t5"])
+def test_beam_search(gens: Generations, family: str) -> None:
+    """Beam search writes its running sequences a column at a time through a view and reorders
+    the cache by beam. Before session 24 the sequences' next read had no producer: a root
+    (named before the fault itself, and under bf16 where a beam's topk chose from a near tie)."""
+    assert gens.compare(family, "same+beams").verdict == "identical"
+    bf16 = gens.compare(family, "bf16+beams")
+    assert bf16.verdict == "within_tolerance" and not bf16.culprits, _found(bf16)
+    assert any("aten.topk.default" in n and "chose differently" in n for n in bf16.notes), bf16.notes
+    fault = gens.compare(family, "act+beams")
+    first = fault.first_divergence
+    assert first is not None and (first.kind, first.step, first.module) == (
+        "culprit", 0, rm.fault_module(family, "act")), _found(fault)
 
 
 def test_the_cli_and_the_report_say_the_choice(gens: Generations, tmp_path: Path) -> None:
