@@ -61,9 +61,6 @@ struct Flow {
   int param;
   c10::Storage keep;  // views: keeps the memory from being reused within the step
   int64_t writes = 0;  // in-place calls seen writing its storage by then (g_writes)
-  // the base of a view an op wrote in place: `row` is that op's output, which made part of
-  // it, and a read of the base is measured anew with that row as its producer
-  bool written = false;
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -139,6 +136,15 @@ StepMap<std::tuple<int, int, int>, int64_t, KeyHash> calls{&*g_arena};
 // whose version counter is not p's) moves no version counter of `p`: this does, and a row of
 // `p` made before it is no longer taken for `p` (same_tensor, find_flow).
 StepMap<intptr_t, int64_t> g_writes{&*g_arena};
+// The bases of views that ops wrote in place (`buf[:, 2] = x`), by TensorImpl: the row of that
+// write's output, and the base's version then. Looked up only where a read finds no row to
+// link to (it is measured anyway), so the links' path does not pay for it.
+struct WrittenBase {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> ref;
+  size_t row;
+  int64_t version;
+};
+StepMap<intptr_t, WrittenBase> g_written{&*g_arena};
 
 template <typename M>
 void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new map's buckets are inline)
@@ -148,7 +154,7 @@ void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new m
 // The step's maps emptied and the arena reset (its buffer grown when the step took more); under mu.
 // shrink: the buffer given back too (the dump stops).
 void reset_arena(bool shrink = false) {
-  renew(flow), renew(geo), renew(views), renew(shared), renew(calls), renew(g_writes);
+  renew(flow), renew(geo), renew(views), renew(shared), renew(calls), renew(g_writes), renew(g_written);
   g_arena->release();
   if (g_beyond.taken == 0 && !shrink) return;
   size_t size = shrink ? (64 << 10) : g_arena_buffer.size() + g_beyond.taken;
@@ -339,9 +345,18 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
 // base had none, and looked like a value that differed at the start of the step (beam search's
 // running sequences, a root listed before the fault that changed what was written).
 void record_written_base(const at::Tensor& base, size_t row) {
-  Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(base.getIntrusivePtr()), row,
-         version_of(base), param_of(base), c10::Storage(), writes_to(base), true};
-  flow[reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl())] = f;
+  g_written.insert_or_assign(reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl()),
+                             WrittenBase{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                                             base.getIntrusivePtr()), row, version_of(base)});
+}
+
+// The id of the write that last made part of `t` through a view of it (alive and unwritten
+// since), or -1.
+int64_t written_by(const at::Tensor& t) {
+  if (g_written.empty()) return -1;
+  auto it = g_written.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it == g_written.end() || it->second.ref.expired() || it->second.version != version_of(t)) return -1;
+  return rows[it->second.row].id;
 }
 
 // The record of this very tensor (alive, unchanged since), or null. A weak reference that has
@@ -391,13 +406,6 @@ void unread_row(const Head& h, int arg, const at::Tensor& t) {
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
-  if (f && f->written && g_inputs) {  // made in part by an in-place write through a view: read anew
-    int param = param_of(t);
-    size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, rows[f->row].id);
-    measure(i, t, h.data);
-    record_flow(t, i, version_of(t), param, false);
-    return static_cast<int64_t>(i);
-  }
   if (f) {
     if (!g_inputs) return static_cast<int64_t>(f->row);
     size_t src = f->row;
@@ -408,7 +416,8 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   }
   if (!g_inputs) return -1;
   int param = param_of(t);
-  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param);
+  // (made in part by an in-place write through a view of it: that write is its producer)
+  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
   measure(i, t, h.data);
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);
