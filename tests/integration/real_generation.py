@@ -23,6 +23,10 @@ DECODERS = ("gpt2", "llama", "qwen3", "gemma2", "gpt_neox", "mixtral")
 # encoder-decoders: step 0 is the encoder, each later step one call of the whole model; the
 # decode-only fault goes into the decoder's self-attention (the training faults are in the encoder)
 DECODER_ATTENTION = {"t5": "decoder.block.0.layer.0.SelfAttention", "whisper": "model.decoder.layers.0.self_attn"}
+SEARCHES: dict[str, dict[str, Any]] = {
+    "greedy": {}, "beams": {"num_beams": 3},
+    "sample": {"do_sample": True, "top_k": 20, "top_p": 0.9, "temperature": 0.7},
+    "penalty": {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}}
 
 
 def prompt(family: str) -> dict[str, torch.Tensor]:
@@ -34,13 +38,15 @@ def prompt(family: str) -> dict[str, torch.Tensor]:
 
 def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str = "float32",
              attn: str = "eager", fault: str | None = None, data: str = "statistics",
-             beams: int = 1) -> list[list[int]]:
+             search: str = "greedy") -> list[list[int]]:
     """Build ``family`` (seed 0), greedy-generate NEW tokens, dumped to ``path`` (None: no dump).
 
     ``fault``: one of real_models.FAULTS, or "decode_scale" (the attention module's scale
-    times 1.5 in the decoding steps only). ``beams`` > 1: beam search (its running sequences
-    are written a column at a time through views, its cache reordered by beam). Returns the
-    generated ids, also written to ``PATH.run.json``."""
+    times 1.5 in the decoding steps only). ``search``: a key of SEARCHES (beam search writes its
+    running sequences a column at a time through views and reorders the cache by beam;
+    sampling draws from the processed logits, seeded; the repetition penalty and the n-gram
+    ban process the logits in place). Returns the generated ids, also written to
+    ``PATH.run.json``."""
     import opscope
 
     fam = rm.ALL_FAMILIES[family]
@@ -56,7 +62,8 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     torch.set_num_threads(2)
     try:
         kwargs: dict[str, Any] = {"max_new_tokens": NEW, "min_new_tokens": NEW, "do_sample": False,
-                                  "num_beams": beams}
+                                  **SEARCHES[search]}
+        torch.manual_seed(1)  # sampling's draws
         if path is None:
             ids = model.generate(**batch, **kwargs)
         else:

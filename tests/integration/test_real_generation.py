@@ -27,7 +27,6 @@ import opscope  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any]] = {"reference": {}, "same": {}, "bf16": {"dtype": "bfloat16"},
                                        "sdpa": {"attn": "sdpa"}}
-BEAMS = 3
 
 
 class Generations:
@@ -38,17 +37,19 @@ class Generations:
         self.ids: dict[tuple[str, str, str], list[list[int]]] = {}
 
     def path(self, family: str, variant: str, level: str) -> Path:
-        """A variant ending in ``+beams`` runs beam search (the reference too, as ``reference+beams``)."""
+        """A variant ending in ``+SEARCH`` decodes so (real_generation.SEARCHES; the reference
+        too, as ``reference+SEARCH``)."""
         key = (family, variant, level)
         path = self.root / f"{family}-{variant}-{level}"
         if key not in self.ids:
             name, _, search = variant.partition("+")
             kwargs = VARIANTS.get(name, {"fault": name})
-            self.ids[key] = rg.generate(family, path, level=level, beams=BEAMS if search else 1, **kwargs)
+            self.ids[key] = rg.generate(family, path, level=level, search=search or "greedy", **kwargs)
         return path
 
     def compare(self, family: str, variant: str, level: str = "aten") -> Any:
-        reference = "reference+beams" if variant.endswith("+beams") else "reference"
+        search = variant.partition("+")[2]
+        reference = f"reference+{search}" if search else "reference"
         return opscope.compare(self.path(family, variant, level), self.path(family, reference, level))
 
 
@@ -176,6 +177,21 @@ def test_beam_search(gens: Generations, family: str) -> None:
     first = fault.first_divergence
     assert first is not None and (first.kind, first.step, first.module) == (
         "culprit", 0, rm.fault_module(family, "act")), _found(fault)
+
+
+@pytest.mark.parametrize("search, decision", [("sample", "aten.topk.default"), ("penalty", "aten.lt.Scalar")])
+def test_sampling_and_logits_processors(gens: Generations, search: str, decision: str) -> None:
+    """Seeded top-k / top-p sampling, and the repetition penalty with an n-gram ban (logits
+    processed in place, by scatter and by mask): the same run twice identical; bf16 clean,
+    its first choice said (a top-k from a near tie; the penalty's test of a logit's sign at
+    zero); the fault named at step 0."""
+    assert gens.compare("gpt2", f"same+{search}").verdict == "identical"
+    bf16 = gens.compare("gpt2", f"bf16+{search}")
+    assert bf16.verdict == "within_tolerance" and not bf16.culprits, _found(bf16)
+    assert any(decision in n and "chose differently" in n for n in bf16.notes), bf16.notes
+    first = gens.compare("gpt2", f"act+{search}").first_divergence
+    assert first is not None and (first.kind, first.step, first.module) == (
+        "culprit", 0, rm.fault_module("gpt2", "act"))
 
 
 def test_the_cli_and_the_report_say_the_choice(gens: Generations, tmp_path: Path) -> None:
