@@ -116,7 +116,8 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     what = (f"parameter {row['param']}" if row.get("param")
             else f"{row.get('io')} {row.get('slot')}{arg} of {row.get('op')}")
     f.note = f"{what} already differs at the start of step {row['step']}"
-    if not row.get("param") and not is_float(row.get("dtype")) and "." not in str(row.get("op") or "."):
+    if not row.get("param") and not is_float(row.get("dtype")) and "." not in str(row.get("op") or ".") \
+            and not _trains(state):
         f.note += (": where the step before chose it (the next token of a generation), the choice ran outside "
                    "any module, which a module-level dump does not record; dump at the api or aten level, "
                    "where compare tells a near tie of the logits from a fault")
@@ -124,6 +125,11 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     consumers = state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
     f.downstream = _summarise_calls(state, side, row["rank"], row["step"], {row["cseq"]}) if consumers else []
     return f
+
+
+def _trains(state: VerdictState) -> bool:
+    """Does the step train (a backward or an optimizer phase)? Inference then, if not."""
+    return any(n.rows and n.rows[0].get("phase") in ("backward", "optimizer") for n in state.nodes)
 
 
 def _finding(kind: str, home: dict[str, Any], pair: Pair, score: float) -> Finding:

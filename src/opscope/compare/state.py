@@ -10,7 +10,7 @@ from typing import Any
 from opscope.compare.flow import PASS_THROUGH, base_op
 from opscope.compare.metrics import statistics_resolution
 from opscope.compare.pair import INPUT_IO, Pair
-from opscope.compare.tolerance import NoiseModel
+from opscope.compare.tolerance import NoiseModel, is_float
 
 PAIRED = ("exact", "aligned", "mapped", "flow")
 RowKey = tuple[str, int, int, int]  # side, rank, step, id or seq
@@ -68,7 +68,9 @@ class VerdictState:
 
 
 def raw_error(pair: Pair | None) -> float:
-    """‖t − r‖ / ‖r‖ of a measured pair (inf for NaN/Inf mismatches), nan when unmeasured."""
+    """‖t − r‖ / ‖r‖ of a measured pair (inf for NaN/Inf mismatches), nan when unmeasured.
+    Integers and booleans whose hashes differ where their statistics agree (a permutation)
+    differ by at least the statistics' resolution: they must match exactly."""
     m = pair.metrics if pair is not None else None
     if not m:
         return math.nan
@@ -76,8 +78,15 @@ def raw_error(pair: Pair | None) -> float:
         return math.inf
     diff, ref = m.get("diff_norm", 0.0), m.get("ref_norm", 0.0)
     if diff == 0:
-        return 0.0
+        return exact_differs(pair) if m.get("hash_differs") else 0.0
     return diff / ref if ref > 0 else math.inf
+
+
+def exact_differs(pair: Pair | None) -> float:
+    """The least error of a pair whose hashes differ and whose statistics agree: none for floats
+    (their tolerance covers it), the statistics' resolution for integers (exact)."""
+    t, r = (pair.t or {}, pair.r or {}) if pair is not None else ({}, {})
+    return 0.0 if is_float(t.get("dtype")) else statistics_resolution(t, r)
 
 
 def producer_entry(state: VerdictState, side: str, rank: int, step: int, producer: int) -> Pair | None:

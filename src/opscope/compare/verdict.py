@@ -65,6 +65,7 @@ from opscope.compare.state import (
     Node,
     RowKey,
     VerdictState,
+    exact_differs,
     finite,
     finite_or_inf,
     input_error,
@@ -296,7 +297,8 @@ def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, i
     else:
         diff, ref = m.get("diff_norm", 0.0), m.get("ref_norm", 0.0)
         denom = max(ref, floor)
-        error = 0.0 if diff == 0 else (diff / denom if denom > 0 else math.inf)
+        error = (exact_differs(out) if m.get("hash_differs") else 0.0) if diff == 0 else (
+            diff / denom if denom > 0 else math.inf)
     out.error, out.tolerance = error, tol
     in_error *= condition(node.rows, out.home, m.get("ref_norm") or 0.0)
     in_error *= statistics_spread(node.spread_n, int(out.home.get("numel") or 0))

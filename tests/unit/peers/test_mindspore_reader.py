@@ -271,9 +271,12 @@ def test_statistic_digests_prove_identity(tmp_path: Path) -> None:
     assert opscope.load(a).manifest["hash_algorithm"] == "mindspore-md5-64"
     same = opscope.compare(a, _with_md5(DATA / "statistic_reference", tmp_path / "c"), workers=1)
     assert same.verdict == "identical" and same.counts["identical"] == same.counts["pairs"]
-    # equal statistics, other digests: not identical, and no difference the statistics show
+    # equal statistics, other digests: not identical; a float tensor shows no difference the
+    # statistics could, an integer one must match exactly (BiasAdd's int64 input 2): a root
     other = opscope.compare(b, a, workers=1)
-    assert other.verdict == "within_tolerance" and other.counts["identical"] < other.counts["pairs"]
+    assert other.counts["identical"] < other.counts["pairs"]
+    assert [(f.kind, f.op, f.io, f.slot, f.dtype) for f in other.culprits] == [
+        ("root", "mindspore.BiasAdd", "input", 2, "int64")]
     assert opscope.load(DATA / "statistic_reference").manifest["hash_algorithm"] is None
 
 
