@@ -114,7 +114,7 @@ def note(decisions: dict[str, Any]) -> str:
     """A rank's first decision in words, and how many came after it."""
     d = decisions["first"]
     size = (f"by {d['input_error']:.3g} (relative)" if d["input_error"] != float("inf")
-            else "by an amount statistics cannot size (they hold Inf: logits masked with -inf)")
+            else "by an amount statistics cannot size (a tensor holding Inf: logits masked with -inf)")
     more = decisions["more"]
     after = f"; {more} more such choice{'s' if more > 1 else ''} later" if more else ""
     return (f"rank {d['rank']} step {d['step']}: {d['op']} ({d['module'] or 'top level'}, {d['phase']}, "

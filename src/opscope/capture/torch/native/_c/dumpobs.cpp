@@ -136,9 +136,8 @@ StepMap<std::tuple<int, int, int>, int64_t, KeyHash> calls{&*g_arena};
 // whose version counter is not p's) moves no version counter of `p`: this does, and a row of
 // `p` made before it is no longer taken for `p` (same_tensor, find_flow).
 StepMap<intptr_t, int64_t> g_writes{&*g_arena};
-// The bases of views that ops wrote in place (`buf[:, 2] = x`), by TensorImpl: the row of that
-// write's output, and the base's version then. Looked up only where a read finds no row to
-// link to (it is measured anyway), so the links' path does not pay for it.
+// Bases of views written in place (`buf[:, 2] = x`), by TensorImpl: the write's output row and
+// the base's version then (dumpobs_same.h). Looked up only by a read measured anew anyway.
 struct WrittenBase {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> ref;
   size_t row;
@@ -340,25 +339,6 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
   }
 }
 
-// `base` was written in place through a view of it (`buf[:, 2] = x`: copy_ into a select),
-// whose output is `row`: the base's next read has that op for its producer. Without it the
-// base had none, and looked like a value that differed at the start of the step (beam search's
-// running sequences, a root listed before the fault that changed what was written).
-void record_written_base(const at::Tensor& base, size_t row) {
-  g_written.insert_or_assign(reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl()),
-                             WrittenBase{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                                             base.getIntrusivePtr()), row, version_of(base)});
-}
-
-// The id of the write that last made part of `t` through a view of it (alive and unwritten
-// since), or -1.
-int64_t written_by(const at::Tensor& t) {
-  if (g_written.empty()) return -1;
-  auto it = g_written.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it == g_written.end() || it->second.ref.expired() || it->second.version != version_of(t)) return -1;
-  return rows[it->second.row].id;
-}
-
 // The record of this very tensor (alive, unchanged since), or null. A weak reference that has
 // not expired means the TensorImpl at that address is still the one recorded.
 const Flow* same_tensor(const at::Tensor& t, int64_t version) {
@@ -403,6 +383,8 @@ void unread_row(const Head& h, int arg, const at::Tensor& t) {
   size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, 0, arg, t, param);
   rows[i].note = N_UNREAD;
 }
+
+int64_t written_by(const at::Tensor& t);  // dumpobs_same.h
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);

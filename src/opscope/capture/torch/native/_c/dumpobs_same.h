@@ -1,5 +1,6 @@
 // Included by dumpobs.cpp inside its anonymous namespace, after the rows and data flow: an
-// output that holds the bytes of an input already read takes that row's statistics.
+// output that holds the bytes of an input already read takes that row's statistics; a tensor
+// written in place through a view of it has that write for its producer at its next read.
 
 // ---- statistics shared by tensors holding the same bytes --------------------------------------
 // The inputs of the recorded op running on this thread that a new output may hold byte for byte:
@@ -36,6 +37,25 @@ int64_t same_bytes(const at::Tensor& t) {
     if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
       return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
   return -1;
+}
+
+// `base` was written in place through a view of it (`buf[:, 2] = x`: copy_ into a select),
+// whose output is `row`: the base's next read has that op for its producer. Without it the
+// base had none, and looked like a value that differed at the start of the step (beam search's
+// running sequences, a root listed before the fault that changed what was written).
+void record_written_base(const at::Tensor& base, size_t row) {
+  g_written.insert_or_assign(reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl()),
+                             WrittenBase{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                                             base.getIntrusivePtr()), row, version_of(base)});
+}
+
+// The id of the write that last made part of `t` through a view of it (alive and unwritten
+// since), or -1.
+int64_t written_by(const at::Tensor& t) {
+  if (g_written.empty()) return -1;
+  auto it = g_written.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it == g_written.end() || it->second.ref.expired() || it->second.version != version_of(t)) return -1;
+  return rows[it->second.row].id;
 }
 
 // `base`: the op's first input, when output `t` is a view of it (src >= 0)
