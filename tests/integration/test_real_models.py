@@ -192,6 +192,19 @@ def test_inductor_run_against_the_eager_run(runs: Runs) -> None:
     assert (first.kind, first.param, first.step) == ("root", rm.FAMILIES["gpt2"].weight, 0)
 
 
+@pytest.mark.slow
+def test_an_inductor_run_dumped_at_the_module_level_with_full_tensors_trains(runs: Runs) -> None:
+    """A compiled backward hands a module output's gradient hook None where no gradient reached
+    it; the Python module level (full tensors) recorded it and raised inside the user's
+    backward until session 24 (T5, Llama, BERT, ResNet, ViT, Mixtral: the run crashed)."""
+    target = runs.path("t5", "inductor", "tensor", "module", "eager")
+    rm.run_pair("t5", "inductor", target, data="tensor", level="module", steps=STEPS)  # alone, not its group
+    result = opscope.compare(target, runs.dump("t5", "reference", "tensor", level="module"))
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+    rows = opscope.load(target).records().to_pandas()
+    assert (rows.phase == "backward").sum() > 0 and rows.data.notna().any()
+
+
 # In a bf16 model against the float32 run, an op may differ by up to 0.1 (16 bf16 epsilons):
 # the swapped activation (a few percent on these fresh models) and the eps of BERT's layer norm
 # and ResNet's batch norm stay under it, so those pairs cannot be told from rounding. A weight

@@ -356,8 +356,9 @@ class ModuleLevel(Level):
     def _grad_hook(self, op: str, path: str, slot: int) -> Any:
         s = self.session
 
-        def hook(grad: torch.Tensor) -> None:
-            if s.capturing and s.recorder.selected(path, op, "backward"):
+        def hook(grad: torch.Tensor | None) -> None:
+            # (a compiled backward hands None for an output no gradient reached)
+            if grad is not None and s.capturing and s.recorder.selected(path, op, "backward"):
                 s.recorder.record(op, path, "backward", [(slot, "grad_output", grad)], [])
         return hook
 
