@@ -1,7 +1,8 @@
 """Text generation (``model.generate``) of the real-model families under opscope.dump.
 
-Greedy decoding of NEW tokens with the KV cache, every model step dumped (a step per call of
-the model: the prompt's, then one per token). The same families and faults as training
+Decoding of NEW tokens with the KV cache (greedy, beam search, sampling), every model step
+dumped (a step per call of the model: the prompt's, then one per token; an encoder-decoder's
+encoder first). The same families and faults as training
 (real_models.py), plus a fault of the decoding steps only: an attention whose scale is off
 when it reads one query against the cache (a kernel wrong for the decode shape alone).
 
@@ -39,7 +40,8 @@ def prompt(family: str) -> dict[str, torch.Tensor]:
 def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str = "float32",
              attn: str = "eager", fault: str | None = None, data: str = "statistics",
              search: str = "greedy") -> list[list[int]]:
-    """Build ``family`` (seed 0), greedy-generate NEW tokens, dumped to ``path`` (None: no dump).
+    """Build ``family`` (seed 0), generate NEW tokens (greedy unless ``search``), dumped to ``path``
+    (None: no dump).
 
     ``fault``: one of real_models.FAULTS, or "decode_scale" (the attention module's scale
     times 1.5 in the decoding steps only). ``search``: a key of SEARCHES (beam search writes its
