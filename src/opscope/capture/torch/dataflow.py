@@ -1,10 +1,12 @@
-"""The data-flow helpers of :class:`~opscope.capture.torch.recorder.Recorder`: where a
-tensor's elements are (to find a view again by its geometry), a view's place in its input's
-data (kept as geometry with full tensors), and the tag on an autograd node that names the
-forward module and op behind it (backward attribution)."""
+"""The data flow of :class:`~opscope.capture.torch.recorder.Recorder` (:class:`DataFlow`: the
+row that last measured each tensor) and its helpers: where a tensor's elements are (to find a
+view again by its geometry), a view's place in its input's data (kept as geometry with full
+tensors), and the tag on an autograd node that names the forward module and op behind it
+(backward attribution)."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -75,3 +77,70 @@ def annotate(t: torch.Tensor, producer: list[Any]) -> None:
             tag = (producer[_MODULE], function.__name__ if function else producer[_OP])
             # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
             node.metadata.setdefault("opscope", tag)  # type: ignore[attr-defined]
+
+
+class DataFlow:
+    """One step's map from tensors to the rows that last measured them (the Python path of
+    what the native dump keeps in C++: dumpobs.cpp's ``flow``, ``geo``, ``g_writes`` and
+    ``g_written``).
+
+    An entry is ``[weakref, row, version, param name, tagged, writes]``: it holds while the
+    tensor is the same object at the same version and no in-place write was seen on its
+    storage since (``writes``, counted by :meth:`before_write`). Views are also kept by
+    geometry (autograd wraps view outputs in new tensor objects), forgotten when their
+    storage is written. A tensor written in place through a view of it (``buf[:, 2] = x``)
+    is kept apart: its next read is measured anew, with that write for its producer."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Any, list[Any]] = {}
+        self.views: dict[int, list[tuple[Any, ...]]] = {}
+        self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step
+        self.written: dict[int, tuple[Any, list[Any], int]] = {}  # id(base) -> (weakref, write's row, version)
+
+    def same(self, t: torch.Tensor, version: int) -> list[Any] | None:
+        """The entry of this very tensor, unchanged since, or None."""
+        entry = self.entries.get(id(t))
+        if entry is not None and entry[0]() is t and entry[2] == version and entry[5] == self.writes_to(t):
+            return entry
+        return None
+
+    def find(self, t: torch.Tensor) -> list[Any] | None:
+        """The entry of ``t`` as it is now: the same tensor, or a view found by its geometry."""
+        entry = self.same(t, version_of(t))
+        if entry is None and self.views:
+            entry = self.entries.get(geometry(t))
+        return entry
+
+    def register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
+                 view: bool = False) -> None:
+        self.entries[id(t)] = [weakref.ref(t), row, version, pname, False, self.writes_to(t)]
+        if view:  # the storage reference keeps its memory from being reused within the step
+            key = geometry(t)
+            self.entries[key] = [None, row, version, pname, False, storage_of(t)]
+            self.views.setdefault(key[0], []).append(key)
+
+    def wrote_through(self, view: torch.Tensor, row: list[Any], version: int) -> None:
+        """``view`` was written in place (its row ``row``): if it is a view, its base's next read
+        has that row for its producer."""
+        base = view._base if view._is_view() else None
+        if base is not None:
+            self.written[id(base)] = (weakref.ref(base), row, version)
+
+    def written_by(self, t: torch.Tensor) -> int | None:
+        """The id of the row of the write that last made part of ``t`` through a view, or None."""
+        found = self.written.get(id(t)) if self.written else None
+        if found is None or found[0]() is not t or found[2] != version_of(t):
+            return None
+        return int(found[1][COL["id"]])
+
+    def before_write(self, t: torch.Tensor) -> None:
+        """``t`` is about to be written in place: the write counted on its storage, and views
+        registered on that storage forgotten."""
+        key = storage_key(t)
+        self.writes[key] = self.writes.get(key, 0) + 1
+        if self.views:
+            for geo in self.views.pop(geometry(t)[0], None) or ():
+                self.entries.pop(geo, None)
+
+    def writes_to(self, t: torch.Tensor) -> int:
+        return self.writes.get(storage_key(t), 0) if self.writes else 0

@@ -8,13 +8,12 @@ only tensors seen for the first time (parameters, model inputs) are reduced on t
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from opscope.capture.torch.dataflow import annotate, geometry, storage_key, storage_of, version_of, view_geometry
+from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
@@ -84,9 +83,7 @@ class Recorder:
         self.rows: list[list[Any]] = []
         self.links: list[tuple[list[Any], list[Any]]] = []
         self.device_jobs: list[tuple[list[Any], Any]] = []
-        self.flow: dict[Any, list[Any]] = {}
-        self.views: dict[int, list[tuple[Any, ...]]] = {}
-        self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step (before_write)
+        self.flow = DataFlow()  # which row last measured each tensor (dataflow.py)
         self.calls: dict[tuple[str, str, str], int] = {}
         self.seq = 0
 
@@ -152,7 +149,7 @@ class Recorder:
                     row[_PARAM] = param
         else:  # no input rows (mode="output"): backward attribution still needs the tags
             for _, _, t in inputs:
-                entry = self.flow.get(id(t))
+                entry = self.flow.entries.get(id(t))
                 if entry is not None and not entry[4] and entry[0]() is t:
                     entry[4] = True
                     annotate(t, entry[1])
@@ -172,7 +169,7 @@ class Recorder:
             if uninitialized:
                 row = self._new_row(head, "output", slot, arg, t)
                 row[_NOTE] = UNINITIALIZED_NOTE
-                self._register(t, row, version_of(t), None)
+                self.flow.register(t, row, version_of(t), None)
             else:
                 self._output_row(head, slot, arg, t, data, src, slot in mutated,
                                  first_input if src is not None else None, bumped)
@@ -205,20 +202,7 @@ class Recorder:
 
     def _input_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
                    input_io: str) -> list[Any] | None:
-        entry = self.flow.get(id(t))
-        if entry is not None and (entry[0]() is not t or entry[2] != version_of(t) or entry[5] != self._writes(t)):
-            entry = None
-        if entry is None and self.views:
-            # autograd wraps view outputs in new tensor objects: find them by storage and
-            # geometry (such entries are dropped when their storage is written, see invalidate)
-            entry = self.flow.get(geometry(t))
-        if entry is not None and len(entry) > 6 and self.want_inputs:
-            # made in part by an in-place write through a view of it: read anew, that write its producer
-            pname = self.param_names.get(id(t))
-            row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, entry[1][0])
-            self._measure(row, t, data)
-            self._register(t, row, version_of(t), pname)
-            return row
+        entry = self.flow.find(t)
         if entry is not None:
             if not self.want_inputs:
                 return entry[1]
@@ -231,9 +215,10 @@ class Recorder:
         if not self.want_inputs:
             return None
         pname = self.param_names.get(id(t))
-        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)
+        # (made in part by an in-place write through a view of it: that write is its producer)
+        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
         self._measure(row, t, data)
-        self._register(t, row, version_of(t), pname)
+        self.flow.register(t, row, version_of(t), pname)
         return row
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
@@ -246,8 +231,8 @@ class Recorder:
         pname = self.param_names.get(id(t))
         note = "view"
         if src is None and not mutated:
-            entry = self.flow.get(id(t))
-            if entry is not None and entry[0]() is t and entry[2] == version and entry[5] == self._writes(t):
+            entry = self.flow.same(t, version)
+            if entry is not None:
                 src, note = entry[1], "alias"  # the very tensor an earlier record measured
         geometry_ = None
         if src is not None and note == "view" and self.views_share_data and (
@@ -265,44 +250,18 @@ class Recorder:
         else:
             self._measure(row, t, data)
         row[_PARAM] = pname
-        self._register(t, row, version, pname, view=src is not None and note == "view")
-        if mutated and t._is_view() and t._base is not None:
-            # the base written through this view (``buf[:, 2] = x``): its next read has this
-            # row for its producer (without it the base had none: a root, in beam search)
-            base = t._base
-            self.flow[id(base)] = [weakref.ref(base), row, version, self.param_names.get(id(base)), False,
-                                   self._writes(base), "written"]
-
-    def _register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
-                  view: bool = False) -> None:
-        entry = [weakref.ref(t), row, version, pname, False, self._writes(t)]
-        self.flow[id(t)] = entry
-        if view:  # the storage reference keeps its memory from being reused within the step
-            key = geometry(t)
-            self.flow[key] = [None, row, version, pname, False, storage_of(t)]
-            self.views.setdefault(key[0], []).append(key)
+        self.flow.register(t, row, version, pname, view=src is not None and note == "view")
+        if mutated:  # (a view's base: its next read has this row for its producer)
+            self.flow.wrote_through(t, row, version)
 
     def before_write(self, t: torch.Tensor) -> None:
         """``t`` is about to be written in place: the statistics still to be taken of its storage
         are taken, views registered on it forgotten, and the write counted, so that no row made
         before it is taken for a tensor of that storage again, also one whose version counter
         does not move (``p`` after ``p.data.add_()``, batch norm's running statistics)."""
-        key = storage_key(t)
-        self.writes[key] = self.writes.get(key, 0) + 1
+        self.flow.before_write(t)
         if self.worker is not None:
             self.worker.before_write(t)
-        if self.views:
-            self.invalidate(t)
-
-    def _writes(self, t: torch.Tensor) -> int:
-        return self.writes.get(storage_key(t), 0) if self.writes else 0
-
-    def invalidate(self, t: torch.Tensor) -> None:
-        """``t`` is about to be written in place: forget views registered on its storage."""
-        keys = self.views.pop(geometry(t)[0], None)
-        if keys:
-            for key in keys:
-                self.flow.pop(key, None)
 
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
         if self.probing:
