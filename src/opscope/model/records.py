@@ -67,7 +67,11 @@ ABSENT_NOTE = "absent: not in the graph that ran (Grappler removed or rewrote it
 # dropout's empty_like, fill_, zero_, the destination of copy_) finds there before it writes.
 UNINITIALIZED_NOTE = "uninitialized memory (empty): not measured"
 UNREAD_NOTE = "overwritten without being read: not measured"
-NOT_DATA_NOTES = frozenset({UNINITIALIZED_NOTE, UNREAD_NOTE})
+SUBCLASS_NOTE = "tensor subclass dispatched to Python: not measured"  # (its data is not where it says)
+# an output of a collective (torch.distributed): what it holds arrives when the collective
+# completes, on another thread or stream, after the op returned; its next read measures it
+COLLECTIVE_NOTE = "filled by a collective when it completes: measured at its next read"
+NOT_DATA_NOTES = frozenset({UNINITIALIZED_NOTE, UNREAD_NOTE, COLLECTIVE_NOTE})
 
 
 def new_row(**values: Any) -> list[Any]:

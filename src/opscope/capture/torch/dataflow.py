@@ -95,7 +95,8 @@ class DataFlow:
         self.entries: dict[Any, list[Any]] = {}
         self.views: dict[int, list[tuple[Any, ...]]] = {}
         self.writes: dict[int, int] = {}  # storage address -> in-place writes seen on it this step
-        self.written: dict[int, tuple[Any, list[Any], int]] = {}  # id(base) -> (weakref, write's row, version)
+        # id(base) -> (weakref, write's row, version, a collective's result: its version moves on as it arrives)
+        self.written: dict[int, tuple[Any, list[Any], int, bool]] = {}
 
     def same(self, t: torch.Tensor, version: int) -> list[Any] | None:
         """The entry of this very tensor, unchanged since, or None."""
@@ -124,12 +125,25 @@ class DataFlow:
         has that row for its producer."""
         base = view._base if view._is_view() else None
         if base is not None:
-            self.written[id(base)] = (weakref.ref(base), row, version)
+            self.written[id(base)] = (weakref.ref(base), row, version, False)
+
+    def holds_result(self, t: torch.Tensor, row: list[Any]) -> None:
+        """``t`` holds the result of the collective whose output row is ``row`` (filled after its
+        op returned): its next read, and its base's, is measured with that row for its producer."""
+        base = t._base if t._is_view() else None
+        for x in (t,) if base is None else (t, base):
+            self.written[id(x)] = (weakref.ref(x), row, version_of(x), True)
+
+    def result_of(self, t: torch.Tensor) -> list[Any] | None:
+        """The output row of the collective whose result ``t`` holds, or None."""
+        found = self.written.get(id(t)) if self.written else None
+        return found[1] if found is not None and found[3] and found[0]() is t else None
 
     def written_by(self, t: torch.Tensor) -> int | None:
-        """The id of the row of the write that last made part of ``t`` through a view, or None."""
+        """The id of the row of the write that last made part of ``t`` through a view (or of the
+        collective whose result it holds), or None."""
         found = self.written.get(id(t)) if self.written else None
-        if found is None or found[0]() is not t or found[2] != version_of(t):
+        if found is None or found[0]() is not t or (not found[3] and found[2] != version_of(t)):
             return None
         return int(found[1][COL["id"]])
 

@@ -3,6 +3,7 @@ forward, backward (attributed through the autograd node being executed) and opti
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,12 +24,44 @@ UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "mio
                    "batch_norm_update_stats": (1, 2), "batch_norm_gather_stats": (3, 4),
                    "batch_norm_gather_stats_with_counts": (3, 4)}
 
+# torch.distributed's collectives (the ops of these namespaces). What one writes arrives when it
+# completes, on gloo's worker thread or NCCL's stream, after its op returned: its outputs are
+# measured at their next read (model/records.py COLLECTIVE_NOTE). Their schemas mark no
+# argument written: a destination (``output_tensor``...) is filled without being read, and
+# ``tensors`` (all-reduce, broadcast, reduce, receive) is written in place.
+COLLECTIVES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+_DESTINATIONS = frozenset(("output_tensor", "output_tensors", "outputs", "output", "output_lists"))
+_RECEIVES = ("c10d.recv_", "c10d.recv_any_source_")
+# Custom ops' arguments filled without being read that their schemas do not say: FSDP lays this
+# rank's shards into the all-gather's buffer, whose other ranks' parts the all-gather fills.
+UNREAD_ARGS = {"fsdp.all_gather_copy_in": frozenset(("all_gather_output",))}
+# Outputs that hold no data yet: that buffer, returned whole.
+UNFILLED_OUTPUTS = {"fsdp.all_gather_copy_in.default": (1,)}
+
+
+def _unread(name: str, arg: Any) -> bool:
+    """Does op ``name`` fill argument ``arg`` (its schema's) without reading it?"""
+    if arg.kwarg_only and arg.alias_info is not None and arg.alias_info.is_write:
+        return True  # out=: mul.out into a DDP bucket, FSDP's split_with_sizes_copy
+    base = name.rsplit(".", 1)[0]
+    if arg.name in UNREAD_ARGS.get(base, ()):
+        return True
+    if name.split(".", 1)[0] not in COLLECTIVES:
+        return False
+    return arg.name in _DESTINATIONS or (arg.name == "tensors" and base in _RECEIVES) \
+        or base == "_c10d_functional.wait_tensor"  # its tensor is not there until it returns
+
+
+def _collective_writes(name: str, arg: str) -> bool:
+    """Does collective ``name`` write its argument ``arg`` (unmarked in its schema)?"""
+    return arg in _DESTINATIONS or (arg == "tensors" and not name.startswith(("c10d.send", "c10d.barrier")))
+
 
 class OpInfo:
     """What the schema of one aten overload says, computed once per overload."""
 
     __slots__ = ("name", "arg_names", "written", "unmarked", "view_outputs", "written_outputs", "uninitialized",
-                 "random")
+                 "random", "unread", "collective", "unfilled")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)
@@ -36,6 +69,12 @@ class OpInfo:
         self.arg_names = [a.name for a in schema.arguments]
         self.written = tuple(i for i, a in enumerate(schema.arguments)
                              if a.alias_info is not None and a.alias_info.is_write)
+        self.collective = self.name.split(".", 1)[0] in COLLECTIVES
+        # arguments it fills without reading them: an out= argument, a collective's destination
+        self.unread = frozenset(a.name for a in schema.arguments if _unread(self.name, a))
+        if self.collective:
+            self.written = tuple(sorted({*self.written, *(i for i, a in enumerate(schema.arguments)
+                                                           if _collective_writes(self.name, a.name))}))
         self.view_outputs = tuple(i for i, r in enumerate(schema.returns)
                                   if r.alias_info is not None and not r.alias_info.is_write)
         self.written_outputs = tuple(i for i, r in enumerate(schema.returns)
@@ -45,6 +84,7 @@ class OpInfo:
         # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
         self.uninitialized = base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
         self.random = torch.Tag.nondeterministic_seeded in func.tags  # replay needs its generator state
+        self.unfilled = UNFILLED_OUTPUTS.get(self.name, ())
 
 
 _INFO: dict[Any, OpInfo] = {}
@@ -66,7 +106,8 @@ def flat_inputs(info: OpInfo, args: tuple[Any, ...],
             out.append((len(out), names[i] if i < len(names) else None, a))
         elif isinstance(a, (list, tuple)):
             name = names[i] if i < len(names) else None
-            out.extend((len(out) + j, name, x) for j, x in enumerate(y for y in a if isinstance(y, torch.Tensor)))
+            flat = [z for y in a for z in (y if isinstance(y, (list, tuple)) else (y,))]
+            out.extend((len(out) + j, name, x) for j, x in enumerate(y for y in flat if isinstance(y, torch.Tensor)))
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
             out.append((len(out), k, v))
@@ -81,8 +122,10 @@ def flat_outputs(out: Any) -> list[tuple[int, str | None, torch.Tensor]]:
         for i, x in enumerate(out):
             if isinstance(x, torch.Tensor):
                 res.append((i, None, x))
-            elif isinstance(x, (list, tuple)):  # _foreach ops return lists
-                res.extend((len(res) + j, None, y) for j, y in enumerate(x) if isinstance(y, torch.Tensor))
+            elif isinstance(x, (list, tuple)):  # _foreach ops return lists, some collectives lists of lists
+                flat = [z for y in x for z in (y if isinstance(y, (list, tuple)) else (y,))]
+                tensors = [z for z in flat if isinstance(z, torch.Tensor)]
+                res.extend((len(res) + j, None, y) for j, y in enumerate(tensors))
         return res
     return []
 
@@ -96,8 +139,9 @@ def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
         a = args[i] if i < len(args) else kwargs.get(info.arg_names[i])
         if isinstance(a, torch.Tensor):
             found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found.extend(x for x in a if isinstance(x, torch.Tensor))
+        elif isinstance(a, (list, tuple)):  # (a collective's output lists may nest)
+            found.extend(x for y in a for x in (y if isinstance(y, (list, tuple)) else (y,))
+                         if isinstance(x, torch.Tensor))
     return found
 
 
@@ -107,6 +151,11 @@ class DumpDispatchMode(TorchDispatchMode):
     def __init__(self, session: CaptureHost) -> None:
         super().__init__()
         self.session = session
+        # Ops are recorded on the thread that made the mode and in autograd's nodes. Torch
+        # hands a thread's modes to the threads that do work for it: gloo's worker threads
+        # run a collective's own ops (the all-gather's copies), whose order against the
+        # training thread's is the scheduler's, and whose effect the collective's outputs show.
+        self.home = get_ident()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -120,6 +169,18 @@ class DumpDispatchMode(TorchDispatchMode):
         s = self.session
         if not s.capturing:
             return func(*args, **kwargs)
+        foreign = get_ident() != self.home and _current_node() is None
+        if foreign or s.collective_depth:
+            # a collective's own work: on another thread given this one's modes (gloo's worker
+            # copying into an all-gather's output), or beside its c10d op inside its Python call
+            # (gloo's reduce-scatter splitting its buffer): not recorded, what it writes told
+            info = op_info(func)
+            if foreign or not info.collective:
+                out = func(*args, **kwargs)
+                if info.written:
+                    s.recorder.foreign_write([t for _, _, t in flat_inputs(info, args, kwargs)],
+                                             written_tensors(info, args, kwargs))
+                return out
         try:
             info = op_info(func)
             call = self._record_inputs(info, args, kwargs)  # before an in-place op changes them
@@ -168,7 +229,8 @@ class DumpDispatchMode(TorchDispatchMode):
         call_args = args_of(args, kwargs) if rng is None else args_with_rng(args_of(args, kwargs), rng)
         return s.recorder.record_inputs(info.name, module, phase, flat_inputs(info, args, kwargs), args=call_args,
                                         views=bool(info.view_outputs), fwd_op=fwd_op, node=node_name,
-                                        source=s.source() if s.cfg.source else None)
+                                        source=s.source() if s.cfg.source else None, unread=info.unread,
+                                        view_op=bool(info.view_outputs))
 
     def _record_outputs(self, info: OpInfo, call: Any, out: Any, written: Any, unmarked: list[torch.Tensor]) -> None:
         outputs = flat_outputs(out)
@@ -180,7 +242,8 @@ class DumpDispatchMode(TorchDispatchMode):
         # use links to these rows, made by this op (their version did not move: not `mutated`)
         outputs += [(len(outputs) + j, None, t) for j, t in enumerate(unmarked)]
         self.session.recorder.record_outputs(call, outputs, views=info.view_outputs, mutated=mutated,
-                                             uninitialized=info.uninitialized)
+                                             uninitialized=info.uninitialized, unfilled=info.unfilled,
+                                             collective=info.collective)
 
 
 def rng_state(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, Any]:

@@ -43,6 +43,7 @@ class CaptureHost(Protocol):
     rank: int
     phase: str
     capturing: bool
+    collective_depth: int  # inside a torch.distributed collective's call (capture/torch/collectives.py)
     started: bool
     failure: BaseException | None
     recompute_node: Any  # the autograd node a recomputation (activation checkpointing) runs inside

@@ -16,10 +16,20 @@ import torch
 from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
 from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
+from opscope.capture.torch.unfilled import Unfilled
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
 from opscope.config import DumpConfig
 from opscope.model.calls import overwrites_first
-from opscope.model.records import COL, COLUMNS, NO_STATS, STATS, UNINITIALIZED_NOTE, UNREAD_NOTE
+from opscope.model.records import (
+    COL,
+    COLLECTIVE_NOTE,
+    COLUMNS,
+    NO_STATS,
+    STATS,
+    SUBCLASS_NOTE,
+    UNINITIALIZED_NOTE,
+    UNREAD_NOTE,
+)
 from opscope.storage.writer import DumpWriter
 
 # One tensor of a call's inputs or outputs: (slot, argument name, tensor).
@@ -30,6 +40,9 @@ _MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
 _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
 _VIEW = COL["view"]
 _STRIDED = torch.strided
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_dispatch_keys = torch._C._dispatch_keys
+_PYTHON_KEY = torch._C.DispatchKey.Python
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
@@ -84,6 +97,7 @@ class Recorder:
         self.links: list[tuple[list[Any], list[Any]]] = []
         self.device_jobs: list[tuple[list[Any], Any]] = []
         self.flow = DataFlow()  # which row last measured each tensor (dataflow.py)
+        self.unfilled = Unfilled()  # rows of memory that holds no data yet (unfilled.py)
         self.calls: dict[tuple[str, str, str], int] = {}
         self.seq = 0
 
@@ -120,11 +134,15 @@ class Recorder:
     def record_inputs(self, op: str, module: str, phase: str, inputs: Sequence[TensorItem],
                       *, args: Any = None, views: bool = False, fwd_op: str | None = None, node: str | None = None,
                       source: str | None = None, input_io: str = "input", call: int | None = None,
-                      param: str | None = None) -> tuple[Any, ...]:
+                      param: str | None = None, unread: frozenset[str] = frozenset(),
+                      view_op: bool = False) -> tuple[Any, ...]:
         """The first half of :meth:`record`, taken before the op runs (an in-place op changes
         its inputs): the input rows. ``call`` reuses the index of an earlier record of the
         same call (module entry and exit); ``param`` names the parameter the inputs belong
-        to (a gradient's parameter). Returns what :meth:`record_outputs` needs."""
+        to (a gradient's parameter); ``unread``: the arguments the op fills without reading
+        them (an out= argument, a collective's destination), recorded unmeasured as the
+        first argument of ``copy_`` is; ``view_op``: an aten op that only views its inputs
+        (reads no element). Returns what :meth:`record_outputs` needs."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
@@ -135,14 +153,16 @@ class Recorder:
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
         if self.want_inputs or views:
-            unread = overwrites_first(op)
+            unread_first = overwrites_first(op)
             for slot, arg, t in inputs:
-                if unread and slot == 0:  # what is there before the op fills it is not data
+                if (unread_first and slot == 0) or arg in unread:  # what is there before the op fills it is not data
+                    if self.unfilled.view_reads:
+                        self._unmeasure(t)
                     if self.want_inputs:
                         pname = self.param_names.get(id(t))
                         self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = UNREAD_NOTE
                     continue
-                row = self._input_row(head, slot, arg, t, data, input_io)
+                row = self._input_row(head, slot, arg, t, data, input_io, view_op)
                 if first_input_row is None:
                     first_input_row, first_input = row, t
                 if param is not None and row is not None:
@@ -157,19 +177,25 @@ class Recorder:
 
     def record_outputs(self, call: tuple[Any, ...], outputs: Sequence[TensorItem], *,
                        views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), uninitialized: bool = False,
-                       bumped: bool = False) -> None:
+                       bumped: bool = False, unfilled: tuple[int, ...] = (), collective: bool = False) -> None:
         """The second half of :meth:`record`, after the op ran: the output rows. ``bumped``:
         the version counters of written outputs already moved on (else torch bumps them
-        only after a dispatch mode returns)."""
+        only after a dispatch mode returns). ``unfilled``: outputs that hold no data yet.
+        ``collective``: what the outputs hold arrives later; each is measured at its next
+        read, which has the output's row for its producer."""
         if not self.want_outputs:
             return
         head, data, first_input_row, first_input = call
         for slot, arg, t in outputs:
             src = first_input_row if slot in views else None
-            if uninitialized:
+            if uninitialized or slot in unfilled:
                 row = self._new_row(head, "output", slot, arg, t)
-                row[_NOTE] = UNINITIALIZED_NOTE
+                self.unfilled.empty(row)
                 self.flow.register(t, row, version_of(t), None)
+            elif collective:
+                row = self._new_row(head, "output", slot, arg, t)
+                row[_NOTE] = COLLECTIVE_NOTE
+                self.flow.holds_result(t, row)
             else:
                 self._output_row(head, slot, arg, t, data, src, slot in mutated,
                                  first_input if src is not None else None, bumped)
@@ -201,12 +227,15 @@ class Recorder:
         return row
 
     def _input_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
-                   input_io: str) -> list[Any] | None:
+                   input_io: str, view_op: bool = False) -> list[Any] | None:
         entry = self.flow.find(t)
+        if entry is not None and not view_op and not self.unfilled.read(entry[1]):
+            entry = None  # memory that held no data: whatever filled it since without an op is measured
         if entry is not None:
             if not self.want_inputs:
                 return entry[1]
             row = self._new_row(head, "param" if entry[3] else input_io, slot, arg, t, entry[3], entry[1][0])
+            self.unfilled.carry(row, entry[1])
             self.links.append((row, entry[1]))
             if not entry[4]:
                 entry[4] = True
@@ -219,7 +248,15 @@ class Recorder:
         row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
         self._measure(row, t, data)
         self.flow.register(t, row, version_of(t), pname)
+        if view_op and not pname:
+            self.unfilled.view_read(row)
         return row
+
+    def _unmeasure(self, t: torch.Tensor) -> None:
+        """``t`` is overwritten unread: a view read of it is taken back (unfilled.py)."""
+        entry = self.flow.find(t)
+        if entry is not None and self.unfilled.overwritten(entry[1]) and self.worker is not None:
+            self.worker.before_write(t)  # (its statistics, still pending, are dropped at the step's end)
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
                     src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None,
@@ -238,6 +275,10 @@ class Recorder:
         if src is not None and note == "view" and self.views_share_data and (
                 data or (self.probing and self.wants_data(head[3], head[2], head[1], head[4]))):
             geometry_ = view_geometry(t, base)
+        if src is not None and not mutated and note == "view" and self.unfilled.holds_none(src):
+            self.unfilled.empty(row)  # a view of memory that holds no data yet (a part of an empty's)
+            self.flow.register(t, row, version, pname, view=True)
+            return
         if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14]:
             if geometry_:  # a full-tensor view is kept as its input's data plus this geometry
                 row[_VIEW] = geometry_
@@ -247,12 +288,23 @@ class Recorder:
             row[_NOTE] = note
             pname = src[_PARAM] or pname
             self.links.append((row, src))
+            self.unfilled.carry(row, src)
         else:
             self._measure(row, t, data)
         row[_PARAM] = pname
         self.flow.register(t, row, version, pname, view=src is not None and note == "view")
         if mutated:  # (a view's base: its next read has this row for its producer)
             self.flow.wrote_through(t, row, version)
+
+    def foreign_write(self, read: list[torch.Tensor], written: list[torch.Tensor]) -> None:
+        """An op of a thread doing a collective's work read ``read`` and wrote ``written``: the
+        writes are counted, and where it read a collective's result (a communication hook's
+        decompression into DDP's bucket), what it wrote holds that result."""
+        source = next((r for r in map(self.flow.result_of, read) if r is not None), None)
+        for t in written:
+            self.before_write(t)
+            if source is not None:
+                self.flow.holds_result(t, source)
 
     def before_write(self, t: torch.Tensor) -> None:
         """``t`` is about to be written in place: the statistics still to be taken of its storage
@@ -266,6 +318,11 @@ class Recorder:
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
         if self.probing:
             return  # a size probe: shapes and dtypes are all it needs
+        if t.__class__ not in _PLAIN and _dispatch_keys(t).has(_PYTHON_KEY):
+            # a subclass dispatched to Python (FSDP's DTensor parameters, FakeTensor) may say
+            # "cpu" while it holds no data of its own: its elements are never read (as natively)
+            row[_NOTE] = SUBCLASS_NOTE
+            return
         if self.worker is not None and t.is_cpu and t.layout is _STRIDED:
             self.worker.submit(row, t, data)
             return
@@ -331,6 +388,7 @@ class Recorder:
             self._reset()
             return
         self.drain()
+        self.unfilled.finish()
         if self.device_jobs:
             for (row, _), stats in zip(self.device_jobs, materialize([j for _, j in self.device_jobs]), strict=True):
                 row[STATS] = stats
@@ -340,6 +398,8 @@ class Recorder:
                 row[_VIEW] = src[_VIEW]  # an input that is a view recorded earlier: the same geometry
             if src[_NOTE] and src[_NOTE] != "view" and not row[_NOTE]:
                 row[_NOTE] = src[_NOTE]  # e.g. "meta tensor: not measured" travels with the data
+            elif src[_NOTE] == UNINITIALIZED_NOTE:
+                row[_NOTE] = UNINITIALIZED_NOTE  # a view of memory that held no data
         if self.rows:
             self.writer.add_rows(self.step, self.rows)
         self._close_step()

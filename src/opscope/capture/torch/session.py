@@ -15,6 +15,7 @@ import torch
 from opscope.capture.steps import StepClock
 from opscope.capture.torch import levels, run_info
 from opscope.capture.torch.checkpointing import Recomputations
+from opscope.capture.torch.collectives import CollectiveCalls
 from opscope.capture.torch.compiled import CompileWatch
 from opscope.capture.torch.dist import current_rank
 from opscope.capture.torch.grad_scaler import ScalerHooks
@@ -88,6 +89,8 @@ class DumpSession:
         self._modules_on = False  # the module hooks are installed
         self.optimizer_hooks = OptimizerHooks(self)
         self.scaler_hooks = ScalerHooks(self)  # module level: GradScaler's scale, recorded in place of its ops
+        self.collective_depth = 0  # inside a torch.distributed collective's call (collectives.py)
+        self.collective_calls: CollectiveCalls | None = None  # aten level: those calls, marked
 
     @property
     def level(self) -> levels.Level | None:
@@ -138,6 +141,9 @@ class DumpSession:
         self._watch_optimizers(True)
         if cfg.level == "module":
             self.scaler_hooks.install()
+        if cfg.level == "aten":
+            self.collective_calls = CollectiveCalls(backend.collective if backend is not None else self._collective)
+            self.collective_calls.install()
         self.recomputations.install()
         atexit.register(self._atexit)
         # a process forked while capturing (a DataLoader worker) inherits the hooks and
@@ -231,6 +237,12 @@ class DumpSession:
         self._watch_optimizers(False)
         self.scaler_hooks.remove()
         self.recomputations.remove()
+        if self.collective_calls is not None:
+            self.collective_calls.remove()
+            self.collective_calls = None
+
+    def _collective(self, delta: int) -> None:
+        self.collective_depth = max(0, self.collective_depth + delta)
 
     def internal_error(self, exc: BaseException) -> None:
         """An error inside opscope itself: stop capturing, keep what was captured, say so once.

@@ -56,7 +56,9 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
     decomposition is seen instead). Watch: ``transparent``, ``cast``, ``select``, ``skip``,
     ``additive``. Dump: ``view_outputs``, ``written_outputs``, ``uninitialized``,
     ``copies`` (the output holds the first input's values), ``random``, ``args`` (name,
-    keyword-only, kind). Both: ``written`` argument positions, :data:`UNMARKED_WRITES` included.
+    keyword-only, kind), ``unread`` (argument positions filled without being read),
+    ``collective``, ``unfilled`` (outputs that hold no data yet). Both: ``written`` argument
+    positions, :data:`UNMARKED_WRITES` and a collective's unmarked writes included.
     """
     ns, _, rest = qualname.partition(".")
     op, _, overload = rest.rpartition(".")
@@ -79,5 +81,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
             "written": written, "view_outputs": view_outputs, "written_outputs": written_outputs,
             "uninitialized": info.uninitialized, "copies": base_name(kind.name) in _COPIES,
-            "overwrites": overwrites_first(kind.name),
+            "unread": tuple(i for i, a in enumerate(func._schema.arguments)
+                            if a.name in info.unread or (i == 0 and overwrites_first(kind.name))),
+            "collective": info.collective, "unfilled": info.unfilled,
             "random": info.random, "args": args}

@@ -50,6 +50,7 @@ struct Row {
   int shard = -1, view = -1;  // the step's shard holding its data, its view geometry (views_json)
   int64_t key = -1;           // id of the row whose tensor (key r<id>) holds its data
   int64_t same = -1;          // an earlier row holding the very same bytes: its statistics, nothing else
+  uint8_t marks = 0;          // NODATA, VIEW_READ (carried along links)
   double st[6];
   unsigned long long cnt[4];  // nan, inf, zeros, hash
 };
@@ -142,6 +143,7 @@ struct WrittenBase {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> ref;
   size_t row;
   int64_t version;
+  bool collective;  // a collective's result: written again as it arrives (its version moves on)
 };
 StepMap<intptr_t, WrittenBase> g_written{&*g_arena};
 
@@ -152,8 +154,14 @@ void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new m
 
 // The step's maps emptied and the arena reset (its buffer grown when the step took more); under mu.
 // shrink: the buffer given back too (the dump stops).
+// Row::marks. NODATA: memory no op has written yet (an empty-like op's output, a view of one).
+// VIEW_READ: measured anew by an op that only views it, and read by no other op since.
+constexpr uint8_t NODATA = 1, VIEW_READ = 2;
+std::unordered_set<size_t> g_view_reads;  // the VIEW_READ rows (see unmeasure_overwritten)
+
 void reset_arena(bool shrink = false) {
   renew(flow), renew(geo), renew(views), renew(shared), renew(calls), renew(g_writes), renew(g_written);
+  g_view_reads.clear();
   g_arena->release();
   if (g_beyond.taken == 0 && !shrink) return;
   size_t size = shrink ? (64 << 10) : g_arena_buffer.size() + g_beyond.taken;
@@ -179,7 +187,7 @@ struct Stop {
 };
 Stop g_stop;
 std::vector<std::string> views_json;  // this step's view geometries
-int N_VIEW = -1, N_ALIAS = -1, N_UNINITIALIZED = -1, N_UNREAD = -1;                // interned notes (set at install)
+int N_VIEW = -1, N_ALIAS = -1, N_UNINITIALIZED = -1, N_UNREAD = -1, N_COLLECTIVE = -1;                // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 
@@ -376,34 +384,7 @@ size_t stats_source(size_t i) {
   return i;
 }
 
-// Slot 0 of an op that fills it without reading it (copy_'s destination, dropout's bernoulli_
-// into empty_like): recorded, not measured, linked to nothing (model/calls.py OVERWRITES_FIRST).
-void unread_row(const Head& h, int arg, const at::Tensor& t) {
-  int param = param_of(t);
-  size_t i = new_row(h, param >= 0 ? IO_PARAM : IO_INPUT, 0, arg, t, param);
-  rows[i].note = N_UNREAD;
-}
-
-int64_t written_by(const at::Tensor& t);  // dumpobs_same.h
-
-int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
-  const Flow* f = find_flow(t);
-  if (f) {
-    if (!g_inputs) return static_cast<int64_t>(f->row);
-    size_t src = f->row;
-    int param = f->param;
-    size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, rows[src].id);
-    rows[i].link = static_cast<int64_t>(src);
-    return static_cast<int64_t>(i);
-  }
-  if (!g_inputs) return -1;
-  int param = param_of(t);
-  // (made in part by an in-place write through a view of it: that write is its producer)
-  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
-  measure(i, t, h.data);
-  record_flow(t, i, version_of(t), param, false);
-  return static_cast<int64_t>(i);
-}
+#include "dumpobs_inputs.h"
 
 #include "dumpobs_same.h"
 

@@ -98,7 +98,7 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
     h.args = args_doc(s, static_cast<size_t>(n));
   }
   if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
-        if (slot == 0 && unread) unread_row(h, arg, t);
+        if (slot == 0 && unread) unread_row(h, 0, arg, t);
         else input_row(h, slot, arg, t);
       }))
     return nullptr;

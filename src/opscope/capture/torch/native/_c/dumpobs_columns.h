@@ -128,6 +128,7 @@ void resolve_links(StepRows& s) {  // sources come first: one pass resolves chai
     r.stats = src.stats;
     std::memcpy(r.st, src.st, sizeof r.st);
     std::memcpy(r.cnt, src.cnt, sizeof r.cnt);
+    if (src.note == N_UNINITIALIZED) r.note = N_UNINITIALIZED;  // (a view of memory that held no data)
   }
 }
 

@@ -26,6 +26,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
   N_VIEW = intern("view"), N_ALIAS = intern("alias");
   N_UNINITIALIZED = intern("uninitialized memory (empty): not measured");  // model/records.py
   N_UNREAD = intern("overwritten without being read: not measured");
+  N_COLLECTIVE = intern("filled by a collective when it completes: measured at its next read");
   Py_RETURN_NONE;
 }
 
@@ -216,7 +217,17 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
 
 namespace {
 
+// collective(delta): this thread enters (1) or leaves (-1) a torch.distributed collective's call
+PyObject* py_collective(PyObject*, PyObject* a) {
+  long delta = PyLong_AsLong(a);
+  if (delta == -1 && PyErr_Occurred()) return nullptr;
+  Thread& T = here();
+  T.collective = std::max(0, T.collective + static_cast<int>(delta));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"collective", py_collective, METH_O, "collective(delta): this thread enters (1) or leaves (-1) a collective's call"},
     {"install", py_install, METH_VARARGS,
      "install(classify, hooks, rank, want_inputs, want_outputs, no_stats, shard_bytes, queue_bytes)"},
     {"uninstall", py_uninstall, METH_NOARGS, "remove the observer and forget everything"},

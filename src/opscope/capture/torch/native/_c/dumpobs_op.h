@@ -1,19 +1,30 @@
 // What the native dump does when a recorded op starts and ends (included by dumpobs.cpp,
 // inside its anonymous namespace).
 // ---- the op ----------------------------------------------------------------------------------------
-void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out) {
+// The tensors of a value: a tensor, a list of them, or lists of lists (a collective's Tensor[][]).
+template <typename F>
+void each_tensor(const c10::IValue& a, F&& f) {
+  if (a.isTensor()) {
+    if (a.toTensor().defined()) f(a.toTensor());
+  } else if (a.isTensorList()) {
+    for (const at::Tensor& t : a.toTensorList()) f(t);
+  } else if (a.isList()) {
+    for (const auto& x : a.toListRef()) each_tensor(x, f);
+  }
+}
+
+// (slot, argument name, tensor, filled without being read)
+void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor, bool>>& out) {
   for (size_t i = 0; i < T.args.size(); ++i) {
     int arg = i < k.arg_names.size() ? k.arg_names[i] : -1;
+    bool unread = i < 64 && (k.unread >> i) & 1;
     const auto& a = T.args[i];
     if (a.isTensor()) {
       const at::Tensor& t = a.toTensor();  // a Python number passed as a tensor is an argument value
       if (t.defined() && !t.unsafeGetTensorImpl()->is_wrapped_number())
-        out.emplace_back(static_cast<int>(out.size()), arg, t);
-    } else if (a.isTensorList()) {
-      for (const at::Tensor& t : a.toTensorList()) out.emplace_back(static_cast<int>(out.size()), arg, t);
-    } else if (a.isList()) {
-      for (const auto& x : a.toListRef())
-        if (x.isTensor() && x.toTensor().defined()) out.emplace_back(static_cast<int>(out.size()), arg, x.toTensor());
+        out.emplace_back(static_cast<int>(out.size()), arg, t, unread);
+    } else {
+      each_tensor(a, [&](const at::Tensor& t) { out.emplace_back(static_cast<int>(out.size()), arg, t, unread); });
     }
   }
 }
@@ -26,7 +37,7 @@ struct Pending {  // the recorded op running on this thread, between its start a
 };
 thread_local Pending t_pending;
 
-void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor>>& out);
+void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor, bool>>& out);
 int args_of(const Thread& T, const OpKind& k);
 const OpKind& schema_of(const OpKind& k);
 
@@ -57,7 +68,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   h.call = calls[std::make_tuple(h.module, static_cast<int>(h.phase), k.name)]++;
   h.seq = g_seq++;
   h.args = args_of(T, k);
-  static std::vector<std::tuple<int, int, at::Tensor>> ins;  // kept: no allocation per op (under mu)
+  static std::vector<std::tuple<int, int, at::Tensor, bool>> ins;  // kept: no allocation per op (under mu)
   ins.clear();
   flatten_inputs(T, k, ins);
   int64_t first = -1;
@@ -65,10 +76,11 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::vector<Held>& held = kept(t_held);
   held.clear();
   g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
+  g_view_op = k.view_outputs != 0;
   if (g_inputs || k.view_outputs)
-    for (auto& [slot, arg, t] : ins) {
-      if (slot == 0 && k.overwrites) {  // filled without being read: what is there is not data
-        if (g_inputs) unread_row(h, arg, t);
+    for (auto& [slot, arg, t, unread] : ins) {
+      if (unread) {  // filled without being read (copy_'s destination, out=): what is there is not data
+        if (g_inputs) unread_row(h, slot, arg, t);
         continue;
       }
       g_measure_here = writes_arg(k, arg);
@@ -80,7 +92,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
         if (h.place && k.view_outputs) base = base_of(t);
       }
     }
-  g_share = false;
+  g_share = g_view_op = false;
   ins.clear();  // its tensors are not held past the op's start
   pending = Pending{true, h, first, base};
 }
@@ -91,11 +103,28 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
 void count_writes(const Thread& T, const OpKind& k) {
   for (int pos : k.written) {
     if (pos >= static_cast<int>(T.args.size())) continue;
-    const auto& a = T.args[pos];
-    if (a.isTensor() && a.toTensor().defined()) ++g_writes[storage_of(a.toTensor())];
-    else if (a.isTensorList())
-      for (const at::Tensor& x : a.toTensorList()) ++g_writes[storage_of(x)];
+    each_tensor(T.args[pos], [](const at::Tensor& x) { ++g_writes[storage_of(x)]; });
   }
+}
+
+// An op of a thread doing a collective's work (foreign in observer.h) ended: what it wrote is
+// counted (no row made before is taken for that storage again), and where it read a
+// collective's result (a communication hook's decompression into DDP's bucket), what it wrote
+// holds that result.
+void foreign_op(Thread& T, const at::RecordFunction&, const OpKind& k) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  count_writes(T, k);
+  int64_t source = -1;
+  for (const auto& a : T.args)
+    each_tensor(a, [&](const at::Tensor& t) {
+      const WrittenBase* w = source >= 0 ? nullptr : written_entry(t);
+      if (w && w->collective) source = static_cast<int64_t>(w->row);
+    });
+  if (source >= 0)
+    for (int pos : k.written)
+      if (pos < static_cast<int>(T.args.size()))
+        each_tensor(T.args[pos], [&](const at::Tensor& t) { holds_result(t, static_cast<size_t>(source)); });
+  T.args.clear();
 }
 
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
@@ -116,18 +145,15 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   for (size_t i = 0; i < ov.size(); ++i) {
     if (ov[i].isTensor()) {
       if (ov[i].toTensor().defined()) outs.emplace_back(static_cast<int>(i), ov[i].toTensor());
-    } else if (ov[i].isTensorList()) {
-      for (const at::Tensor& t : ov[i].toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+    } else {
+      each_tensor(ov[i], [&](const at::Tensor& t) { outs.emplace_back(static_cast<int>(outs.size()), t); });
     }
   }
   uint64_t mutated = k.written_outputs;
   if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
     for (int pos : k.written) {
       if (pos >= static_cast<int>(T.args.size())) continue;
-      const auto& a = T.args[pos];
-      if (a.isTensor()) outs.emplace_back(static_cast<int>(outs.size()), a.toTensor());
-      else if (a.isTensorList())
-        for (const at::Tensor& t : a.toTensorList()) outs.emplace_back(static_cast<int>(outs.size()), t);
+      each_tensor(T.args[pos], [&](const at::Tensor& t) { outs.emplace_back(static_cast<int>(outs.size()), t); });
     }
     mutated = ~0ull;
   }
@@ -135,11 +161,14 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   g_share = !held.empty(), g_copies = k.copies;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
-    if (k.uninitialized) {
+    if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1)) {
       size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
-      // not registered: its memory may be filled without any op (torch.tensor(...) copies its
-      // data in directly), so whoever reads it next measures what is there
-      rows[i].note = N_UNINITIALIZED;
+      // registered for the ops that view it; its memory may be filled without any op (a custom
+      // kernel writing empty_like's), so whatever reads it next measures what is there
+      rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
+      record_flow(t, i, version_of(t), param_of(t), false);
+    } else if (k.collective) {
+      collective_row(h, slot, t);
     } else {
       output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &pending.base);
     }

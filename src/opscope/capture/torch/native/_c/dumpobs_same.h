@@ -43,20 +43,47 @@ int64_t same_bytes(const at::Tensor& t) {
 // whose output is `row`: the base's next read has that op for its producer. Without it the
 // base had none, and looked like a value that differed at the start of the step (beam search's
 // running sequences, a root listed before the fault that changed what was written).
-void record_written_base(const at::Tensor& base, size_t row) {
+void record_written_base(const at::Tensor& base, size_t row, bool collective = false) {
   g_written.insert_or_assign(reinterpret_cast<intptr_t>(base.unsafeGetTensorImpl()),
                              WrittenBase{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                                             base.getIntrusivePtr()), row, version_of(base)});
+                                             base.getIntrusivePtr()), row, version_of(base), collective});
+}
+
+const WrittenBase* written_entry(const at::Tensor& t) {
+  if (g_written.empty()) return nullptr;
+  auto it = g_written.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
+  if (it == g_written.end() || it->second.ref.expired()) return nullptr;
+  return &it->second;
 }
 
 // The id of the write that last made part of `t` through a view of it (alive and unwritten
-// since), or -1.
+// since), or of the collective whose result it holds, or -1.
 int64_t written_by(const at::Tensor& t) {
-  if (g_written.empty()) return -1;
-  auto it = g_written.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
-  if (it == g_written.end() || it->second.ref.expired() || it->second.version != version_of(t)) return -1;
-  return rows[it->second.row].id;
+  const WrittenBase* w = written_entry(t);
+  if (!w || (!w->collective && w->version != version_of(t))) return -1;
+  return rows[w->row].id;
 }
+
+// `t` holds the result of the collective whose output row is `row`: its next read (and its
+// base's) has that row for its producer, however often the result's arrival writes it.
+void holds_result(const at::Tensor& t, size_t row) {
+  record_written_base(t, row, true);
+  if (t.is_view()) {
+    at::TensorBase base = t._base();
+    record_written_base(at::Tensor(std::move(base)), row, true);
+  }
+}
+
+// An output of a collective (capture/torch/dispatch.py COLLECTIVES): what it holds arrives when
+// the collective completes, after its op returned (gloo's worker thread, NCCL's stream). Not
+// measured here: its next read is, with this row for its producer.
+void collective_row(const Head& h, int slot, const at::Tensor& t) {
+  size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+  rows[i].note = N_COLLECTIVE;
+  holds_result(t, i);
+}
+
+
 
 // `base`: the op's first input, when output `t` is a view of it (src >= 0)
 void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated, const Base* base) {
@@ -69,12 +96,18 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
       src = static_cast<int64_t>(f->row), note = N_ALIAS;  // the very tensor measured before
   }
   bool view = src >= 0 && note == N_VIEW;
+  if (view && !mutated && (rows[src].marks & NODATA)) {
+    rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;  // a view of memory that holds no data yet
+    record_flow(t, i, version, param, true);
+    return;
+  }
   bool link = src >= 0 && !mutated && rows[src].numel == rows[i].numel;
   // with full tensors a view is kept as its input's data plus its geometry, else stored itself
   int geometry = link && view && h.place && base ? view_geometry(t, *base) : -1;
   if (link && view && h.data && geometry < 0) link = false;
   if (link) {
     rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src, rows[i].view = geometry;
+    rows[i].marks = rows[src].marks;
     if (rows[src].param >= 0) param = rows[src].param;
   } else if (int64_t same = mutated || h.data ? -1 : same_bytes(t); same >= 0) {
     rows[i].same = same;

@@ -7,6 +7,8 @@
 //   void on_op(Thread&, const at::RecordFunction&, const OpKind&)      a recorded op ended
 //   void before_op(Thread&, const at::RecordFunction&, const OpKind&)  a recorded op starts (inputs in Thread::args)
 //   void on_error(const char*)                              an exception inside the observer
+//   void foreign_op(Thread&, const at::RecordFunction&, const OpKind&)  an op that writes ended on a
+//                                                           thread doing a collective's work (args in Thread::args)
 #pragma once
 #include <Python.h>
 
@@ -27,6 +29,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -59,8 +62,9 @@ struct OpKind {
   bool composite = false;  // decomposes at the autograd level (or not an op): its parts are recorded
   bool wrapper = false;    // not a dispatcher op: a profiler range, a custom autograd Function's apply
   bool transparent = false, cast = false, select = false, skip = false, additive = false;  // watch
-  bool uninitialized = false, random = false, copies = false, overwrites = false;            // dump
+  bool uninitialized = false, random = false, copies = false, collective = false;            // dump
   uint64_t view_outputs = 0, written_outputs = 0;  // bit i: output i aliases an input / is written
+  uint64_t unread = 0, unfilled = 0;  // bit i: argument i is filled unread / output i holds no data yet
   std::vector<int> written;                        // argument positions written in place
   std::vector<int> arg_names;                      // interned schema argument names
   std::vector<int8_t> arg_kinds;                   // 0 value, 1 dtype, 2 layout, 3 memory format
@@ -97,6 +101,8 @@ struct PairHash {
 using OpKey = std::pair<const char*, const char*>;  // (name, overload) as the dispatcher keeps them
 std::unordered_map<OpKey, OpKind, PairHash> kinds;
 int g_generation = 0;  // bumped when `kinds` is cleared: per-thread caches drop their pointers
+std::thread::id g_home;    // the thread that registered the callbacks last
+int g_home_generation = 0;
 struct Owner {
   int64_t seq;
   int module, op;
@@ -109,7 +115,7 @@ std::vector<Owner> seq_owner;  // autograd sequence nr -> (module, op), sorted b
 // not recorded but its decomposition is; any other op is recorded, and the ops its kernel
 // calls are not (they run below autograd, unseen by a dispatch mode too).
 constexpr int64_t QUIET_FROM = 2;  // inner ops of a call from which its kind runs QUIET
-constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8, QUIET = 16;
+constexpr uint8_t OPAQUE = 1, RECORD = 2, ENGINE = 4, INNER = 8, QUIET = 16, FOREIGN = 32;
 struct Open {     // a record started and not ended
   const OpKind* kind;
   uint8_t flags;               // OPAQUE|RECORD|QUIET, or ENGINE, or INNER
@@ -125,6 +131,9 @@ struct Thread {
   std::unordered_map<OpKey, const OpKind*, PairHash> kinds;
   int generation = -1;
   const at::RecordFunctionTLS* callbacks = nullptr;  // torch's list of this thread's callbacks (kept: its address is fixed)
+  int home_generation = -1;
+  bool home = false;  // the thread that registered the callbacks (see `foreign`)
+  int collective = 0;  // inside a torch.distributed collective's Python call (capture/torch/collectives.py)
 };
 thread_local Thread t_thread;
 size_t g_recompute_nodes = 0;  // RECOMPUTE: the autograd nodes open when it began (its ops run inside them)
@@ -150,6 +159,7 @@ inline Thread& here() { return kept(t_thread); }
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k);
 void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k);
 void on_error(const char* what);
+void foreign_op(Thread& T, const at::RecordFunction& fn, const OpKind& k);
 
 struct Internal {  // opscope's own ops: not observed, not seen by Python dispatch modes, no autograd
   at::RecordFunctionGuard record{false};
@@ -208,7 +218,9 @@ void parse_kind(PyObject* d, OpKind& k) {
   k.composite = flag_of(d, "composite"), k.transparent = flag_of(d, "transparent"), k.cast = flag_of(d, "cast");
   k.select = flag_of(d, "select"), k.skip = flag_of(d, "skip"), k.additive = flag_of(d, "additive");
   k.uninitialized = flag_of(d, "uninitialized"), k.random = flag_of(d, "random"), k.copies = flag_of(d, "copies");
-  k.overwrites = flag_of(d, "overwrites");
+  k.collective = flag_of(d, "collective");
+  for (int64_t i : ints_of(d, "unread")) k.unread |= i < 64 ? (1ull << i) : 0;
+  for (int64_t i : ints_of(d, "unfilled")) k.unfilled |= i < 64 ? (1ull << i) : 0;
   for (int64_t i : ints_of(d, "written")) k.written.push_back(static_cast<int>(i));
   for (int64_t i : ints_of(d, "view_outputs")) k.view_outputs |= i < 64 ? (1ull << i) : 0;
   for (int64_t i : ints_of(d, "written_outputs")) k.written_outputs |= i < 64 ? (1ull << i) : 0;
@@ -319,10 +331,13 @@ bool holds(Thread& T, at::CallbackHandle h) {
   return false;
 }
 
+#include "observer_collective.h"
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!g_installed) return nullptr;
   Thread& T = here();
-  if (T.opaque > 0 && fn.scope() == at::RecordScope::FUNCTION) {
+  if (fn.scope() == at::RecordScope::FUNCTION && T.opaque == 0 && g_on && collective_work(T, fn)) return nullptr;
+  if (fn.scope() == at::RecordScope::FUNCTION && (T.opaque > 0 || foreign(T))) {
     // an op inside one no dispatch mode looks into (what its kernel calls): never recorded, so
     // neither its name nor its kind is looked up (most ops of a step are such inner ops)
     T.open.push_back({nullptr, INNER, 0});
@@ -388,6 +403,16 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (!T.nodes.empty()) T.nodes.pop_back();
     return;
   }
+  if (flags & FOREIGN) {
+    --T.opaque;
+    try {
+      if (g_on) foreign_op(T, fn, *k);
+    } catch (const std::exception& e) {
+      on_error(e.what());
+    }
+    T.args.clear();
+    return;
+  }
   T.opaque -= flags & OPAQUE;
   if (!(flags & RECORD)) return;
   if (g_on) {
@@ -413,6 +438,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // and autograd's node records still reach the observer meanwhile.
 void set_registered(bool on) {
   if (on && !g_handle && g_installed) {
+    g_home = std::this_thread::get_id(), ++g_home_generation;
     g_handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                               .needsInputs(true)
                                               .needsOutputs(true)

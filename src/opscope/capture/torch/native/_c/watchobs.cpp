@@ -247,6 +247,7 @@ at::Tensor alive(const Rec& r) {
 }
 
 void before_op(Thread&, const at::RecordFunction&, const OpKind&) {}
+void foreign_op(Thread&, const at::RecordFunction&, const OpKind&) {}
 
 void on_error(const char* what) {
   PyGILState_STATE gil = PyGILState_Ensure();
