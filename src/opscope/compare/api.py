@@ -93,6 +93,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
                      time.perf_counter() - start)
     result.notes += scales.notes()
     result.notes += carried.notes(run.previous, (t_dump, r_dump))
+    result.notes += run.notes
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))

@@ -60,7 +60,7 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
     assert out is not None
     home = out.home
     allowed = max(out.tolerance, state.noise.ratio * node.in_error, 1e-300)
-    f = _finding("culprit", home, out, out.error / allowed if math.isfinite(out.error) else math.inf)
+    f = finding_of("culprit", home, out, out.error / allowed if math.isfinite(out.error) else math.inf)
     f.side = "both" if out.kind in PAIRED else node.side
     f.inputs = [_input(state, node, row) for row in node.rows if row.get("io") in INPUT_IO]
     f.outputs = [_tensor(p.home, p) for p in node.outputs]
@@ -111,7 +111,7 @@ def recompute_note(row: dict[str, Any], side: str) -> str:
 def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Finding:
     # a value that must match exactly (allowed 0) is out of any proportion: inf, not error/1e-300
     score = pair.error / pair.tolerance if math.isfinite(pair.error) and pair.tolerance > 0 else math.inf
-    f = _finding("root", row, pair, score)
+    f = finding_of("root", row, pair, score)
     arg = f" ({row['arg']})" if row.get("arg") else ""
     what = (f"parameter {row['param']}" if row.get("param")
             else f"{row.get('io')} {row.get('slot')}{arg} of {row.get('op')}")
@@ -132,7 +132,7 @@ def _trains(state: VerdictState) -> bool:
     return any(n.rows and n.rows[0].get("phase") in ("backward", "optimizer") for n in state.nodes)
 
 
-def _finding(kind: str, home: dict[str, Any], pair: Pair, score: float) -> Finding:
+def finding_of(kind: str, home: dict[str, Any], pair: Pair, score: float) -> Finding:
     return Finding(
         kind=kind, rank=int(home["rank"]), step=int(home["step"]), phase=home.get("phase") or "",
         module=home.get("orig_module", home.get("module")) or "", op=home.get("orig_op", home.get("op")) or "",

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from opscope.compare import measure
+from opscope.compare import collectives, measure
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
 from opscope.compare.pairs_file import PairsFile
 from opscope.compare.result import COUNT_KEYS, Finding
@@ -42,6 +42,10 @@ class PartitionedRun:
         self.bytes_compared = 0
         self.problems: list[str] = []  # from the measurement (unreadable tensors)
         self.previous: dict[int, dict[str, Any]] = {}  # per rank: what judging its next step reads
+        self.notes: list[str] = []  # what the findings need said beside them (collectives.settle)
+        self._fed: list[Finding] = []  # reads of collectives' values that other ranks made differ
+        self._collective_inputs: dict[tuple[int, int, int], bool] = {}
+        self._ranks: set[int] = set()
         self._done = self._total = 0  # tensor bytes of the windows before, for progress
         self._cluster = contextlib.ExitStack()
         self._client: Any = None
@@ -80,6 +84,11 @@ class PartitionedRun:
         from opscope.compare.blame import execution_order
 
         self.pairs_file.close()
+        if self._fed:
+            world = int(self.dumps[0].manifest.get("world_size") or 0)  # (peer dumps may not say)
+            ranks = set(range(world)) if world else set(self._ranks)
+            self.notes += collectives.settle(self.findings, self._fed, self._collective_inputs, ranks - self._ranks,
+                                             ranks | self._ranks)
         self.findings.sort(key=execution_order)
         return self.findings
 
@@ -90,6 +99,11 @@ class PartitionedRun:
         state = run_passes(pairs, self.noise, self.previous)
         identify(state)
         self.findings += state.findings
+        self._ranks.add(rank)
+        if state.collective_fed:
+            identify_fed(state.collective_fed)
+            self._fed += state.collective_fed
+        self._collective_inputs.update(collectives.identical_inputs(pairs))
         del state  # its indexes (~900 bytes a pair) before the table is built
         pairs.sort(key=order)
         count(pairs, self.counts)
@@ -125,6 +139,12 @@ def count(pairs: list[Pair], counts: dict[str, int]) -> None:
             continue
         counts["pairs"] += 1
         counts[pair.status if pair.status in counts else "skipped"] += 1
+
+
+def identify_fed(found: list[Finding]) -> None:
+    """The ``id`` of each collective that :func:`collectives.settle` may name."""
+    for f in found:
+        f.id = f"{f.rank}:{f.step}:{f.seq}"
 
 
 def identify(state: Any) -> None:

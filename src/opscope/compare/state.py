@@ -65,6 +65,7 @@ class VerdictState:
     extra_nodes: list[Node] = field(default_factory=list)
     previous: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: its last judged step
     compiled: bool | None = None  # does any row come from a compiled graph (found on first use)
+    collective_fed: list[Any] = field(default_factory=list)  # collectives' values from other ranks (collectives.py)
 
 
 def raw_error(pair: Pair | None) -> float:

@@ -35,6 +35,7 @@ from typing import Any
 
 from opscope.compare import carried
 from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.collectives import judge_collective, made_by
 from opscope.compare.conditioning import condition
 from opscope.compare.flow import base_op
 from opscope.compare.graphs import (
@@ -230,7 +231,10 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
                 in_error, taint = math.inf, True
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
-        if own is not None and is_leaf(state, node, row):
+        made = made_by(state, node, row) if own is not None and own.metrics else None
+        if made is not None and own is not None and not own.status:  # what a collective brought from the other ranks
+            tainted = judge_collective(state, node, own, made)
+        elif own is not None and is_leaf(state, node, row):
             span = owner_of(state, node.side, node.rank, node.step, row)
             if span is not None:
                 tainted = judge_internal(state, node, row, own, span) or tainted
