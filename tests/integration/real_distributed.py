@@ -1,0 +1,83 @@
+"""A tiny random-config Hugging Face Llama trained data-parallel on 2 CPU ranks (gloo) under
+opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py OUT WRAP [FAULT]``.
+
+WRAP: ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2's ``fully_shard`` on every decoder
+layer and the model), ``manual`` (each gradient all-reduced by hand after backward, then
+divided by the world size). FAULT: ``act`` swaps layer 1's activation on rank 1 only
+(real_models.inject); ``max_reduce`` all-reduces the gradients with MAX instead of SUM (manual
+only): the collective itself changes the values while every rank's inputs agree.
+
+Each rank trains on its own batch (seed = rank), from the same weights, two AdamW steps dumped
+at the aten level; rank r's losses go to ``OUT.losses.r.json`` (float.hex, for bit-identity).
+Used by test_real_distributed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+import real_models  # noqa: E402
+
+STEPS = 2
+
+
+def wrap(model: torch.nn.Module, how: str) -> torch.nn.Module:
+    if how == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if how == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    return model
+
+
+def sync(model: torch.nn.Module, op: dist.ReduceOp) -> None:
+    """Data parallelism by hand: every gradient all-reduced, then averaged."""
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=op)
+            p.grad.div_(dist.get_world_size())
+
+
+def main(out: str, how: str, fault: str | None) -> None:
+    import opscope
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    fam = real_models.ALL_FAMILIES["llama"]
+    model = fam.build("eager")
+    if fault == "act" and rank == 1:
+        real_models.inject(model, "llama", "act")
+    model = wrap(model, how)
+    batch = fam.batch(torch.Generator().manual_seed(rank))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    op = dist.ReduceOp.MAX if fault == "max_reduce" else dist.ReduceOp.SUM
+    losses = []
+    with opscope.dump(out, steps=list(range(STEPS)), level="aten", overwrite=True) as d:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = model(**batch).loss
+            loss.backward()
+            if how == "manual":
+                sync(model, op)
+            opt.step()
+            losses.append(float(loss.detach()).hex())
+            d.step()
+    Path(f"{out}.losses.{rank}.json").write_text(json.dumps(losses))
+    time.sleep(0.2)  # gloo's threads free their works first (test_monitor_ddp.gloo_settle: torch 2.13)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
