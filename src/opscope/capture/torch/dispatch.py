@@ -32,6 +32,7 @@ UNMARKED_WRITES = {"native_batch_norm": (3, 4), "cudnn_batch_norm": (3, 4), "mio
 COLLECTIVES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
 _DESTINATIONS = frozenset(("output_tensor", "output_tensors", "outputs", "output", "output_lists"))
 _RECEIVES = ("c10d.recv_", "c10d.recv_any_source_")
+_PENDING = ("_c10d_functional.wait_tensor", "_c10d_functional._wrap_tensor_autograd")
 # Custom ops' arguments filled without being read that their schemas do not say: FSDP lays this
 # rank's shards into the all-gather's buffer, whose other ranks' parts the all-gather fills.
 UNREAD_ARGS = {"fsdp.all_gather_copy_in": frozenset(("all_gather_output",))}
@@ -49,7 +50,7 @@ def _unread(name: str, arg: Any) -> bool:
     if name.split(".", 1)[0] not in COLLECTIVES:
         return False
     return arg.name in _DESTINATIONS or (arg.name == "tensors" and base in _RECEIVES) \
-        or base == "_c10d_functional.wait_tensor"  # its tensor is not there until it returns
+        or base in _PENDING  # a functional collective's result, not there until it is waited for
 
 
 def _collective_writes(name: str, arg: str) -> bool:
