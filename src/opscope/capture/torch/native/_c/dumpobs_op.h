@@ -2,14 +2,21 @@
 // inside its anonymous namespace).
 // ---- the op ----------------------------------------------------------------------------------------
 // The tensors of a value: a tensor, a list of them, or lists of lists (a collective's Tensor[][]).
+// (No recursion: called for every argument of every recorded op, it stays inlined.)
 template <typename F>
-void each_tensor(const c10::IValue& a, F&& f) {
+inline void each_tensor(const c10::IValue& a, F&& f) {
   if (a.isTensor()) {
     if (a.toTensor().defined()) f(a.toTensor());
   } else if (a.isTensorList()) {
     for (const at::Tensor& t : a.toTensorList()) f(t);
   } else if (a.isList()) {
-    for (const auto& x : a.toListRef()) each_tensor(x, f);
+    for (const auto& x : a.toListRef()) {
+      if (x.isTensor()) {
+        if (x.toTensor().defined()) f(x.toTensor());
+      } else if (x.isTensorList()) {
+        for (const at::Tensor& t : x.toTensorList()) f(t);
+      }
+    }
   }
 }
 
@@ -100,10 +107,19 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
 // The op wrote its written arguments: counted per storage (g_writes), before their output rows, so
 // that no row made before is taken for a tensor of that storage again, also where no version
 // counter moved (an argument the schema does not mark written: batch norm's running statistics).
+__attribute__((noinline)) void count_list_writes(const c10::IValue& a) {
+  each_tensor(a, [](const at::Tensor& x) { ++g_writes[storage_of(x)]; });
+}
+
 void count_writes(const Thread& T, const OpKind& k) {
   for (int pos : k.written) {
     if (pos >= static_cast<int>(T.args.size())) continue;
-    each_tensor(T.args[pos], [](const at::Tensor& x) { ++g_writes[storage_of(x)]; });
+    const auto& a = T.args[pos];
+    if (a.isTensor() && a.toTensor().defined()) ++g_writes[storage_of(a.toTensor())];
+    else if (a.isTensorList())
+      for (const at::Tensor& x : a.toTensorList()) ++g_writes[storage_of(x)];
+    else if (a.isList())  // (a collective's lists of lists)
+      count_list_writes(a);
   }
 }
 

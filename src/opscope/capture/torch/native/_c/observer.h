@@ -336,8 +336,12 @@ bool holds(Thread& T, at::CallbackHandle h) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!g_installed) return nullptr;
   Thread& T = here();
-  if (fn.scope() == at::RecordScope::FUNCTION && T.opaque == 0 && g_on && collective_work(T, fn)) return nullptr;
-  if (fn.scope() == at::RecordScope::FUNCTION && (T.opaque > 0 || foreign(T))) {
+  bool away = false;  // (foreign: looked at once)
+  if (fn.scope() == at::RecordScope::FUNCTION && T.opaque == 0) {
+    away = foreign(T);
+    if (g_on && (away || T.collective > 0) && collective_work(T, fn)) return nullptr;
+  }
+  if (fn.scope() == at::RecordScope::FUNCTION && (T.opaque > 0 || away)) {
     // an op inside one no dispatch mode looks into (what its kernel calls): never recorded, so
     // neither its name nor its kind is looked up (most ops of a step are such inner ops)
     T.open.push_back({nullptr, INNER, 0});

@@ -7,29 +7,31 @@
 // training thread's that the scheduler picks. Not recorded: the collective's outputs show
 // what they did (measured at their next read).
 inline bool foreign(Thread& T) {
-  if (T.home_generation != g_home_generation)
+  if (T.home_generation != g_home_generation) [[unlikely]]
     T.home = std::this_thread::get_id() == g_home, T.home_generation = g_home_generation;
   return !T.home && T.nodes.empty();
 }
 
-// An outermost op while ops are recorded: is it a collective's own work (on its worker thread,
+// An outermost op while ops are recorded, on a foreign thread or inside a collective's call: is it
+// a collective's own work (on its worker thread,
 // or beside its c10d op inside its Python call: gloo's reduce-scatter splits its all-reduced
 // buffer into the output)? Then it is not recorded (true): what it writes is told at its end
 // (foreign_op), its inner ops not at all.
-bool collective_work(Thread& T, const at::RecordFunction& fn) {
-  if (T.collective == 0 && !foreign(T)) return false;
+__attribute__((noinline)) bool collective_work(Thread& T, const at::RecordFunction& fn) {
   const OpKind& k = kind_of(T, fn);
+  // (the entries made by emplace_back() then filled: on_start's own push_back stays inlined there)
   if (k.composite) {  // its parts come next, each judged here
-    T.open.push_back({&k, 0, T.inner});
+    T.open.emplace_back() = Open{&k, 0, T.inner};
     return true;
   }
   if (k.collective && !foreign(T)) return false;  // the collective's own op, inside its call
   bool writes = !k.written.empty();
-  if (writes) {
-    auto in = fn.inputs();
-    T.args.assign(in.begin(), in.end());
+  if (writes) {  // (copied one by one: on_start's own copy of the arguments stays inlined there)
+    T.args.clear();
+    for (const c10::IValue& v : fn.inputs()) T.args.push_back(v);
   }
   ++T.opaque;
-  T.open.push_back({&k, static_cast<uint8_t>(OPAQUE | (writes ? FOREIGN : 0)), T.inner});
+  T.open.emplace_back() = Open{&k, static_cast<uint8_t>(OPAQUE | (writes ? FOREIGN : 0)), T.inner};
   return true;
 }
+
