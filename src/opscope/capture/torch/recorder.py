@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
-from opscope.capture.torch.stats import cpu_stats, device_stats, dtype_name, materialize
+from opscope.capture.torch.recorder_measure import Measuring
+from opscope.capture.torch.stats import dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.unfilled import Unfilled
-from opscope.capture.torch.worker import NativeStats, tensor_buffer
+from opscope.capture.torch.worker import NativeStats
 from opscope.config import DumpConfig
 from opscope.model.calls import overwrites_first
 from opscope.model.records import (
@@ -26,7 +27,6 @@ from opscope.model.records import (
     COLUMNS,
     NO_STATS,
     STATS,
-    SUBCLASS_NOTE,
     UNINITIALIZED_NOTE,
     UNREAD_NOTE,
 )
@@ -36,13 +36,9 @@ from opscope.storage.writer import DumpWriter
 TensorItem = tuple[int, "str | None", torch.Tensor]
 
 _ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
-_MODULE, _OP, _NOTE, _STEP = COL["module"], COL["op"], COL["note"], COL["step"]
+_NOTE = COL["note"]
 _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
 _VIEW = COL["view"]
-_STRIDED = torch.strided
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_dispatch_keys = torch._C._dispatch_keys
-_PYTHON_KEY = torch._C.DispatchKey.Python
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
@@ -56,7 +52,7 @@ def dtype_name_cached(dtype: torch.dtype) -> str:
     return name
 
 
-class Recorder:
+class Recorder(Measuring):
     """Collects the rows of one rank, step by step, and hands them to the writer.
 
     Args:
@@ -315,54 +311,6 @@ class Recorder:
         if self.worker is not None:
             self.worker.before_write(t)
 
-    def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
-        if self.probing:
-            return  # a size probe: shapes and dtypes are all it needs
-        if t.__class__ not in _PLAIN and _dispatch_keys(t).has(_PYTHON_KEY):
-            # a subclass dispatched to Python (FSDP's DTensor parameters, FakeTensor) may say
-            # "cpu" while it holds no data of its own: its elements are never read (as natively)
-            row[_NOTE] = SUBCLASS_NOTE
-            return
-        if self.worker is not None and t.is_cpu and t.layout is _STRIDED:
-            self.worker.submit(row, t, data)
-            return
-        device = t.device.type
-        if device == "meta":
-            row[_NOTE] = "meta tensor: no data, not measured"
-            self.meta_skipped += 1
-            return
-        if t.layout != torch.strided or t.is_quantized:
-            row[_NOTE] = f"{t.layout} tensor: not measured"
-            return
-        if device == "cpu" and self.worker is not None:
-            self.worker.submit(row, t, data)
-            return
-        if device == "cpu" and self.engine != "torch":
-            row[STATS] = cpu_stats(t)
-        else:
-            self.device_jobs.append((row, device_stats(t)))
-        if data:
-            row[_DATA] = self._store(row, t.detach().to("cpu", copy=True).contiguous())
-
-    def _publish(self, row: list[Any], buffer: Any) -> str | None:
-        """Hand the writer the bytes the native thread copied for ``row`` (dtype and shape
-        are the row's own)."""
-        if getattr(self.writer, "error", None) is not None:
-            return None  # the disk failed: the error reaches the user once, from the step
-        if self.plan is not None and not self.plan.admit(row, buffer.nbytes, _where(row)):
-            return None  # past tensor_limit_mb: statistics only from here on
-        key = f"r{row[_ID]}"
-        row[_KEY] = key
-        return self.writer.add_tensor(row[_STEP], key, row[11], row[12], buffer, buffer.nbytes)
-
-    def _store(self, row: list[Any], copy: torch.Tensor) -> str | None:
-        dtype, shape, raw, nbytes = tensor_buffer(copy)
-        if self.plan is not None and not self.plan.admit(row, nbytes, _where(row)):
-            return None  # past tensor_limit_mb: statistics only from here on
-        key = f"r{row[_ID]}"
-        row[_KEY] = key
-        return self.writer.add_tensor(row[_STEP], key, dtype, shape, raw, nbytes)
-
     # -- steps -----------------------------------------------------------------------
     def begin_step(self, step: int, probe: bool = False) -> None:
         """Start recording ``step``; with ``probe``, only to measure what a tensor dump of
@@ -414,10 +362,6 @@ class Recorder:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
-
-
-def _where(row: list[Any]) -> tuple[Any, ...]:
-    return (row[_STEP], row[COL["phase"]], row[_MODULE], row[_OP], row[COL["io"]], row[COL["slot"]])
 
 
 def _native(store: Any, publish: Any) -> NativeStats | None:
