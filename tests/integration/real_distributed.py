@@ -1,14 +1,15 @@
 """A tiny random-config Hugging Face Llama trained data-parallel on 2 CPU ranks (gloo) under
-opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py OUT WRAP [FAULT]``.
+opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py OUT WRAP [FAULT [LEVEL]]``.
 
 WRAP: ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2's ``fully_shard`` on every decoder
 layer and the model), ``manual`` (each gradient all-reduced by hand after backward, then
 divided by the world size). FAULT: ``act`` swaps layer 1's activation on rank 1 only
 (real_models.inject); ``max_reduce`` all-reduces the gradients with MAX instead of SUM (manual
-only): the collective itself changes the values while every rank's inputs agree.
+only): the collective itself changes the values while every rank's inputs agree; ``none``: no
+fault. LEVEL: the dump's level (``aten`` unless given).
 
 Each rank trains on its own batch (seed = rank), from the same weights, two AdamW steps dumped
-at the aten level; rank r's losses go to ``OUT.losses.r.json`` (float.hex, for bit-identity).
+at the aten level (or LEVEL); rank r's losses go to ``OUT.losses.r.json`` (float.hex, for bit-identity).
 Used by test_real_distributed.py.
 """
 
@@ -48,7 +49,7 @@ def sync(model: torch.nn.Module, op: dist.ReduceOp) -> None:
             p.grad.div_(dist.get_world_size())
 
 
-def main(out: str, how: str, fault: str | None) -> None:
+def main(out: str, how: str, fault: str | None, level: str = "aten") -> None:
     import opscope
 
     torch.set_num_threads(1)
@@ -64,7 +65,7 @@ def main(out: str, how: str, fault: str | None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     op = dist.ReduceOp.MAX if fault == "max_reduce" else dist.ReduceOp.SUM
     losses = []
-    with opscope.dump(out, steps=list(range(STEPS)), level="aten", overwrite=True) as d:
+    with opscope.dump(out, steps=list(range(STEPS)), level=level, overwrite=True) as d:
         for _ in range(STEPS):
             opt.zero_grad()
             loss = model(**batch).loss
@@ -80,4 +81,5 @@ def main(out: str, how: str, fault: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)
+    fault = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "none" else None
+    main(sys.argv[1], sys.argv[2], fault, *sys.argv[4:5])

@@ -33,13 +33,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out: Path, wrap: str, fault: str | None = None, backend: str | None = None) -> Path:
+def launch(out: Path, wrap: str, fault: str | None = None, backend: str | None = None, level: str = "aten") -> Path:
     """Train on 2 ranks with torchrun; the dump's path (the test fails with torchrun's output)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if backend:
         env["OPSCOPE_DUMP_BACKEND"] = backend
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port()),
-           str(SCRIPT), str(out), wrap, *([fault] if fault else [])]
+           str(SCRIPT), str(out), wrap, fault or "none", level]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return out
@@ -54,7 +54,8 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dist")
     plan = {"ddp": ("ddp", None), "ddp_same": ("ddp", None), "ddp_act": ("ddp", "act"),
             "fsdp": ("fsdp", None), "fsdp_same": ("fsdp", None), "fsdp_act": ("fsdp", "act"),
-            "manual": ("manual", None), "manual_max": ("manual", "max_reduce")}
+            "manual": ("manual", None), "manual_max": ("manual", "max_reduce"),
+            "ddp_module": ("ddp", None, None, "module"), "ddp_module_act": ("ddp", "act", None, "module")}
     return {name: launch(root / name, *spec) for name, spec in plan.items()}
 
 
@@ -99,6 +100,14 @@ def test_comparing_one_rank_alone_says_where_its_difference_came_from(runs):
     result = opscope.compare(runs["ddp_act"], runs["ddp"], ranks=[0])
     assert result.culprits == []
     assert any("rank 0 first differs at step 0" in n and "compare every rank" in n for n in result.notes)
+
+
+def test_at_the_module_level_the_gradients_rank_0_received_are_said_not_blamed(runs):
+    # the module level sees no collective: rank 0's optimizer reads gradients with no producer
+    result = opscope.compare(runs["ddp_module_act"], runs["ddp_module"])
+    assert {f.rank for f in result.culprits} == {1}, culprits(result)
+    assert result.first_divergence.module.endswith("model.layers.1.mlp.act_fn")
+    assert any(n.startswith("rank 0's gradients of ") and "rank 1 diverged before" in n for n in result.notes)
 
 
 def test_the_python_capture_path_records_ddp_exactly_and_survives_fsdp(runs, tmp_path):

@@ -116,6 +116,32 @@ def settle(findings: list[Any], fed: list[Any], inputs: dict[tuple[int, int, int
     return notes
 
 
+def received_gradients(findings: list[Any]) -> list[str]:
+    """Take out of ``findings`` the gradients a rank's optimizer read that differ with no producer
+    recorded (a module-level or api-level dump does not see the gradient all-reduce), where that
+    rank had no divergence before and another rank had one: what the all-reduce brought. One note
+    per rank says so."""
+    notes: list[str] = []
+    for rank in sorted({f.rank for f in findings}):
+        mine = sorted((f for f in findings if f.rank == rank), key=_order)
+        first = mine[0]
+        if not (first.kind == "root" and first.io == "grad"):
+            continue
+        before = [g for g in findings if g.rank != rank and _order(g) < _order(first)]
+        if not before:
+            continue
+        source = min(before, key=_order)
+        received = [f for f in mine if f.kind == "root" and f.io == "grad" and f.step == first.step]
+        for f in received:
+            findings.remove(f)
+        names = ", ".join(str(f.param) for f in received[:3]) + (", ..." if len(received) > 3 else "")
+        notes.append(f"rank {rank}'s gradients of {names} differ at step {first.step} where the optimizer reads "
+                     "them, with no producer recorded (this level does not see the gradient all-reduce): what "
+                     f"the other ranks sent: rank {source.rank} diverged before, at {source.op} (step "
+                     f"{source.step}, {source.phase})")
+    return notes
+
+
 def _order(f: Any) -> tuple[Any, ...]:
     start = f.kind == "root" and f.phase == "forward"
     return (f.step, -1 if start else PHASE_ORDER.get(f.phase, 9), f.seq)

@@ -84,6 +84,8 @@ class PartitionedRun:
         from opscope.compare.blame import execution_order
 
         self.pairs_file.close()
+        if len(self._ranks) > 1:
+            self.notes += collectives.received_gradients(self.findings)
         if self._fed:
             world = int(self.dumps[0].manifest.get("world_size") or 0)  # (peer dumps may not say)
             ranks = set(range(world)) if world else set(self._ranks)

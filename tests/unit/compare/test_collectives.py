@@ -4,7 +4,7 @@ with identical inputs to it, the collective itself is named."""
 
 from __future__ import annotations
 
-from opscope.compare.collectives import settle
+from opscope.compare.collectives import received_gradients, settle
 from opscope.compare.result import Finding
 
 
@@ -43,3 +43,19 @@ def test_inputs_that_differ_somewhere_or_a_rank_not_compared_name_nothing():
         assert notes == ["rank 0 first differs at step 0 (backward) where c10d.allreduce_.default brought what "
                          "the other ranks sent; no rank compared diverged before (compare every rank to see "
                          "where it came from)"]
+
+
+def test_gradients_a_rank_received_from_a_diverged_rank_are_no_roots():
+    act = finding(1, 0, "forward", 52, "SiLUActivation")
+    grads = [finding(0, 0, "optimizer", 103 + i, "AdamW.step", kind="root") for i in range(2)]
+    for i, g in enumerate(grads):
+        g.io, g.param = "grad", f"w{i}"
+    own = finding(0, 1, "forward", 10, "aten.mul.Tensor")  # a later culprit of rank 0 stays
+    findings = [act, *grads, own]
+    notes = received_gradients(findings)
+    assert findings == [act, own]
+    assert notes == ["rank 0's gradients of w0, w1 differ at step 0 where the optimizer reads them, with no producer "
+                     "recorded (this level does not see the gradient all-reduce): what the other ranks sent: rank 1 "
+                     "diverged before, at SiLUActivation (step 0, forward)"]
+    alone = [grads[0]]  # no other rank diverged before: a root stays a root
+    assert received_gradients(alone) == [] and alone == [grads[0]]
