@@ -179,8 +179,11 @@ class DumpDispatchMode(TorchDispatchMode):
             if foreign or not info.collective:
                 out = func(*args, **kwargs)
                 if info.written:
-                    s.recorder.foreign_write([t for _, _, t in flat_inputs(info, args, kwargs)],
-                                             written_tensors(info, args, kwargs))
+                    try:
+                        s.recorder.foreign_write([t for _, _, t in flat_inputs(info, args, kwargs)],
+                                                 written_tensors(info, args, kwargs))
+                    except Exception as exc:  # opscope's own failure must never stop the collective
+                        s.internal_error(exc)
                 return out
         try:
             info = op_info(func)
