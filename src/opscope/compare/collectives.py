@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
+from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.blame import execution_order, finding_of
 from opscope.compare.state import Node, VerdictState, join, raw_error
 from opscope.model.records import COLLECTIVE_NOTE
 
@@ -40,8 +41,6 @@ def made_by(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, A
 
 def judge_collective(state: VerdictState, node: Node, own: Pair, made: dict[str, Any]) -> bool:
     """Judge a read of a collective's output (``made``, its row); True when it carries a divergence."""
-    from opscope.compare.blame import finding_of
-
     t, r = own.rows
     own.error = raw_error(own)
     own.tolerance = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
@@ -89,12 +88,11 @@ def settle(findings: list[Any], fed: list[Any], inputs: dict[tuple[int, int, int
     notes: list[str] = []
     named: set[tuple[int, int]] = set()
     seen: set[int] = set()
+    first = min((g for g in findings if g.kind in ("culprit", "root")), key=_order, default=None)
     for f in sorted(fed, key=_order):
-        before = [g for g in findings if _order(g) < _order(f) and g.kind in ("culprit", "root")]
-        if before:
+        if first is not None and _order(first) < _order(f):
             if f.rank not in seen:
                 seen.add(f.rank)
-                first = min(before, key=_order)
                 notes.append(f"rank {f.rank} first differs at step {f.step} ({f.phase}) where {f.op} brought "
                              f"what the other ranks sent: rank {first.rank} diverged before, at {first.op} "
                              f"(step {first.step}, {first.phase})")
@@ -108,6 +106,8 @@ def settle(findings: list[Any], fed: list[Any], inputs: dict[tuple[int, int, int
                       f"compared ({_span(ranks)}): the collective itself changed the values (its reduction, "
                       "a communication hook, the transport)")
             findings.append(f)
+            if first is None or _order(f) < _order(first):
+                first = f
         elif f.rank not in seen:
             seen.add(f.rank)
             notes.append(f"rank {f.rank} first differs at step {f.step} ({f.phase}) where {f.op} brought what "
@@ -143,8 +143,7 @@ def received_gradients(findings: list[Any]) -> list[str]:
 
 
 def _order(f: Any) -> tuple[Any, ...]:
-    start = f.kind == "root" and f.phase == "forward"
-    return (f.step, -1 if start else PHASE_ORDER.get(f.phase, 9), f.seq)
+    return execution_order(f)[:3]  # (ranks line up call by call: not ordered by rank)
 
 
 def _span(ranks: set[int]) -> str:

@@ -250,9 +250,9 @@ class Recorder(Measuring):
 
     def _unmeasure(self, t: torch.Tensor) -> None:
         """``t`` is overwritten unread: a view read of it is taken back (unfilled.py)."""
-        entry = self.flow.find(t)
-        if entry is not None and self.unfilled.overwritten(entry[1]) and self.worker is not None:
-            self.worker.before_write(t)  # (its statistics, still pending, are dropped at the step's end)
+        entry = self.flow.find(t)  # (statistics still pending are dropped at the step's end)
+        if entry is not None:
+            self.unfilled.overwritten(entry[1])
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
                     src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None,

@@ -59,14 +59,12 @@ class Unfilled:
         if self.view_src and src[_ID] in self.view_src:
             self.view_src[row[_ID]] = self.view_src[src[_ID]]
 
-    def overwritten(self, row: list[Any]) -> bool:
+    def overwritten(self, row: list[Any]) -> None:
         """The tensor ``row`` last measured is overwritten unread: a view read it had, not read
-        by any op since, is taken back (True)."""
+        by any op since, is taken back."""
         src = self.view_reads.pop(self.view_src.get(row[_ID], -1), None)
-        if src is None:
-            return False
-        self.taken_back += [src, row]
-        return True
+        if src is not None:
+            self.taken_back += [src, row]
 
     def finish(self) -> None:
         """The step's statistics are all in: the rows taken back lose theirs."""

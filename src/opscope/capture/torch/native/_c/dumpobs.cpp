@@ -152,16 +152,17 @@ void renew(M& m) {  // emptied, its nodes and buckets left to the arena (a new m
   M(m.get_allocator()).swap(m);
 }
 
+// Row::marks. NODATA: memory no op has written yet (an empty-like op's output, a view of one).
+// VIEW_READ: measured anew by an op that only views it (on the row measured: cleared when an op
+// reads its data; the rows linked to it keep the mark, to find it).
+constexpr uint8_t NODATA = 1, VIEW_READ = 2;
+int64_t g_view_reads = 0;  // rows marked VIEW_READ and not read since (see unmeasure_overwritten)
+
 // The step's maps emptied and the arena reset (its buffer grown when the step took more); under mu.
 // shrink: the buffer given back too (the dump stops).
-// Row::marks. NODATA: memory no op has written yet (an empty-like op's output, a view of one).
-// VIEW_READ: measured anew by an op that only views it, and read by no other op since.
-constexpr uint8_t NODATA = 1, VIEW_READ = 2;
-std::unordered_set<size_t> g_view_reads;  // the VIEW_READ rows (see unmeasure_overwritten)
-
 void reset_arena(bool shrink = false) {
   renew(flow), renew(geo), renew(views), renew(shared), renew(calls), renew(g_writes), renew(g_written);
-  g_view_reads.clear();
+  g_view_reads = 0;
   g_arena->release();
   if (g_beyond.taken == 0 && !shrink) return;
   size_t size = shrink ? (64 << 10) : g_arena_buffer.size() + g_beyond.taken;

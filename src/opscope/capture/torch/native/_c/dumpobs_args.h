@@ -185,9 +185,10 @@ const OpKind& schema_of(const OpKind& k) {
   if (!op) return k;
   const auto& args = op->schema().arguments();
   for (const auto& a : args) k.defaults.push_back(a.default_value());
-  for (int pos : k.collective ? std::vector<int>() : k.written)  // (a collective's outputs say what it wrote)
-    if (pos < static_cast<int>(args.size()) && !(args[pos].alias_info() && args[pos].alias_info()->isWrite()))
-      k.unmarked.push_back(pos);
+  if (!k.collective)  // (a collective's outputs say what it wrote)
+    for (int pos : k.written)
+      if (pos < static_cast<int>(args.size()) && !(args[pos].alias_info() && args[pos].alias_info()->isWrite()))
+        k.unmarked.push_back(pos);
   return k;
 }
 

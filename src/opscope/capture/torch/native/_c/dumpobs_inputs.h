@@ -2,11 +2,32 @@
 // input rows, linked to the row that last measured the tensor or measured anew, and what an op
 // fills without reading it.
 
+// The measured row a VIEW_READ-marked row `i` has its statistics from, if no op read its data
+// since (else -1).
+int64_t unread_view_read(size_t i) {
+  size_t src = stats_source(i);
+  return rows[src].marks & VIEW_READ ? static_cast<int64_t>(src) : -1;
+}
+
+// An argument an op overwrites unread was read before only by an op that viewed it: FSDP's
+// unsharded parameters, whose memory is given back after the forward and allocated again
+// without an op, are viewed, then filled by split_with_sizes_copy(out=). That read measured
+// memory that held no data yet: taken back (its statistics were taken: forget_views waited).
+void unmeasure_overwritten(const at::Tensor& t) {
+  if (g_view_reads == 0) return;
+  const Flow* f = find_flow(t);
+  int64_t src = f && (rows[f->row].marks & VIEW_READ) ? unread_view_read(f->row) : -1;
+  if (src < 0) return;
+  --g_view_reads;
+  for (size_t i : {static_cast<size_t>(src), f->row}) {
+    Row& r = rows[i];
+    r.stats = NONE, r.note = N_UNINITIALIZED, r.shard = -1, r.key = -1, r.marks = NODATA;
+  }
+}
+
 // An argument an op fills without reading it (copy_'s destination, dropout's bernoulli_ into
 // empty_like, an out= argument, a collective's destination): recorded, not measured, linked to
 // nothing (model/calls.py OVERWRITES_FIRST, capture/torch/dispatch.py OpInfo.unread).
-void unmeasure_overwritten(const at::Tensor& t);
-
 void unread_row(const Head& h, int slot, int arg, const at::Tensor& t) {
   unmeasure_overwritten(t);
   int param = param_of(t);
@@ -15,22 +36,6 @@ void unread_row(const Head& h, int slot, int arg, const at::Tensor& t) {
 }
 
 int64_t written_by(const at::Tensor& t);  // dumpobs_same.h
-
-// An argument an op overwrites unread was read before only by an op that viewed it: FSDP's
-// unsharded parameters, whose memory is given back after the forward and allocated again
-// without an op, are viewed, then filled by split_with_sizes_copy(out=). That read measured
-// memory that held no data yet: taken back (its statistics were taken: forget_views waited).
-void unmeasure_overwritten(const at::Tensor& t) {
-  if (g_view_reads.empty()) return;
-  const Flow* f = find_flow(t);
-  if (!f || !(rows[f->row].marks & VIEW_READ)) return;
-  size_t src = stats_source(f->row);
-  if (!g_view_reads.erase(src)) return;
-  for (size_t i : {src, f->row}) {
-    Row& r = rows[i];
-    r.stats = NONE, r.note = N_UNINITIALIZED, r.shard = -1, r.key = -1, r.marks = NODATA;
-  }
-}
 
 // The op being recorded only makes views of its inputs (set by before_op): it reads no element,
 // so memory that holds no data yet (an empty's) is linked to, not measured.
@@ -42,8 +47,12 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   // kernel filling empty_like's memory) is measured at a read. An op that only views it (DDP's
   // bucket views, FSDP's unsharded parameters, before an out= argument fills them) is linked.
   if (f && rows[f->row].marks && !g_view_op) {
-    if (rows[f->row].marks & NODATA) f = nullptr;
-    else g_view_reads.erase(stats_source(f->row));  // (VIEW_READ) its data is read: it was data
+    if (rows[f->row].marks & NODATA) {
+      f = nullptr;
+    } else if (int64_t src = unread_view_read(f->row); src >= 0) {  // its data is read: it was data
+      rows[src].marks &= ~VIEW_READ;
+      --g_view_reads;
+    }
   }
   if (f) {
     if (!g_inputs) return static_cast<int64_t>(f->row);
@@ -59,7 +68,7 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   // (made in part by an in-place write through a view of it: that write is its producer)
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
   measure(i, t, h.data);
-  if (g_view_op && param < 0) g_view_reads.insert(i), rows[i].marks = VIEW_READ;
+  if (g_view_op && param < 0) rows[i].marks = VIEW_READ, ++g_view_reads;
   record_flow(t, i, version_of(t), param, false);
   return static_cast<int64_t>(i);
 }

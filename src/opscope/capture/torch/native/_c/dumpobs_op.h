@@ -140,7 +140,6 @@ void foreign_op(Thread& T, const at::RecordFunction&, const OpKind& k) {
     for (int pos : k.written)
       if (pos < static_cast<int>(T.args.size()))
         each_tensor(T.args[pos], [&](const at::Tensor& t) { holds_result(t, static_cast<size_t>(source)); });
-  T.args.clear();
 }
 
 void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {

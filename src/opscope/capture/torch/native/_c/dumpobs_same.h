@@ -83,8 +83,6 @@ void collective_row(const Head& h, int slot, const at::Tensor& t) {
   holds_result(t, i);
 }
 
-
-
 // `base`: the op's first input, when output `t` is a view of it (src >= 0)
 void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated, const Base* base) {
   size_t i = new_row(h, IO_OUTPUT, slot, -1, t);

@@ -12,11 +12,10 @@ inline bool foreign(Thread& T) {
   return !T.home && T.nodes.empty();
 }
 
-// An outermost op while ops are recorded, on a foreign thread or inside a collective's call: is it
-// a collective's own work (on its worker thread,
-// or beside its c10d op inside its Python call: gloo's reduce-scatter splits its all-reduced
-// buffer into the output)? Then it is not recorded (true): what it writes is told at its end
-// (foreign_op), its inner ops not at all.
+// An outermost op while ops are recorded, on a foreign thread or inside a collective's Python
+// call: is it the collective's own work (gloo's worker copying into an all-gather's output; its
+// reduce-scatter splitting its all-reduced buffer beside the c10d op)? Then it is not recorded
+// (true): what it writes is told at its end (foreign_op), its inner ops not at all.
 __attribute__((noinline)) bool collective_work(Thread& T, const at::RecordFunction& fn) {
   const OpKind& k = kind_of(T, fn);
   // (the entries made by emplace_back() then filled: on_start's own push_back stays inlined there)
