@@ -337,7 +337,7 @@ class ModuleLevel(Level):
         if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
             self._calls.append(-1)
             return
-        inputs = module_inputs(module, args, outer_kwargs(s))
+        inputs = module_inputs(module, args, s.modules.kwargs)
         self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
@@ -373,13 +373,6 @@ def module_inputs(module: torch.nn.Module, args: Any,
     if kwargs:
         inputs += [(len(inputs) + j, k, t) for j, (k, t) in enumerate(_keyword_tensors(kwargs))]
     return inputs
-
-
-def outer_kwargs(s: CaptureHost) -> dict[str, Any] | None:
-    """The keyword arguments of the call being entered, where it is the outermost module call
-    (the model's: ``model(**batch)``); None for inner calls, whose keywords are not recorded."""
-    modules = s.modules
-    return modules.outer_kwargs if len(modules.stack) == 1 else None
 
 
 def make(level: str, session: CaptureHost) -> Level:

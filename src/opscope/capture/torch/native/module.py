@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.levels import hooks_gradients, module_inputs, outer_kwargs
-from opscope.capture.torch.modules import LEAVES, tensors_of
+from opscope.capture.torch.levels import hooks_gradients, module_inputs
+from opscope.capture.torch.modules import SKIPPED, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
@@ -41,7 +41,7 @@ class NativeModuleLevel(NativeAtenLevel):
         session.modules._on_exit = self._exit
         self._calls: list[int] = []
         self._grads = "backward" in session.cfg.phases
-        backend.set_leaves(set(LEAVES))  # what record_module's walk skips, as tensors_of does
+        backend.set_leaves(SKIPPED)  # what record_module's walk skips, as tensors_of does (shared)
 
     # the per-op observer stays unregistered: only the configuration changes
     def activate(self) -> None:
@@ -71,13 +71,12 @@ class NativeModuleLevel(NativeAtenLevel):
         try:
             if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
                 phase = PHASE_CODES[s.phase]
-                # one native call walks the arguments and own parameters (None: something
-                # only Python walks, or named_parameters overridden)
-                # (the outermost call's keyword tensors: Python walks them)
-                kwargs = outer_kwargs(s)
+                # one native call walks the arguments, own parameters and keyword arguments
+                # (None: something only Python walks, or named_parameters overridden)
+                kwargs = s.modules.kwargs
                 params = module._parameters if type(module).named_parameters is _NAMED_PARAMETERS else None
-                found = None if params is None or kwargs else self.native.record_module(
-                    op, path, phase, args, params, -1)
+                found = None if params is None else self.native.record_module(
+                    op, path, phase, args, params, -1, False, kwargs)
                 call = found if found is not None else self.native.record_call(
                     op, path, phase, module_inputs(module, args, kwargs), (), -1)
         except Exception as exc:

@@ -65,14 +65,15 @@ void hook_gradients(const Head& h, const std::vector<std::pair<int, at::Tensor>>
   }
 }
 
-// The arguments of record_call and record_module: (op, module, phase, first, second, call[, grads])
+// The arguments of record_call and record_module: (op, module, phase, first, second, call[,
+// grads[, kwargs]])
 struct CallArgs {
   const char *op, *module;
   int phase, grads = 0;
   long long call;
-  PyObject *first, *second;
+  PyObject *first, *second, *kwargs = Py_None;
   bool parse(PyObject* a) {
-    return PyArg_ParseTuple(a, "ssiOOL|p", &op, &module, &phase, &first, &second, &call, &grads);
+    return PyArg_ParseTuple(a, "ssiOOL|pO", &op, &module, &phase, &first, &second, &call, &grads, &kwargs);
   }
 };
 
@@ -153,18 +154,35 @@ bool own_params(PyObject* d, std::vector<std::pair<PyObject*, PyObject*>>& out) 
   return true;
 }
 
-// record_module(op, module, phase, value, params, call, grads) -> call, or None: nothing
-// recorded, `value` or `params` holds what only Python walks (the hooks then call record_call).
-// call < 0: a module's entry, its inputs the tensors of `value` (its arguments), then `params`
-// (its `_parameters`) by name; else its exit, its outputs the tensors of `value`. The rows are
-// those record_call makes from module_inputs / tensors_of, without their Python lists.
+// The tensors of a call's keyword arguments (a dict, or None), each with its keyword, in
+// module_inputs' order; false when a value holds what only Python walks.
+bool keyword_tensors(PyObject* kwargs, std::vector<std::pair<PyObject*, PyObject*>>& out) {
+  if (kwargs == Py_None) return true;
+  if (!PyDict_CheckExact(kwargs)) return false;
+  std::vector<PyObject*> found;
+  PyObject *key, *value;
+  for (Py_ssize_t pos = 0; PyDict_Next(kwargs, &pos, &key, &value);) {
+    found.clear();
+    if (!PyUnicode_Check(key) || !walk_tensors(value, found)) return false;
+    for (PyObject* t : found) out.emplace_back(key, t);
+  }
+  return true;
+}
+
+// record_module(op, module, phase, value, params, call, grads, kwargs) -> call, or None:
+// nothing recorded, `value`, `params` or `kwargs` holds what only Python walks (the hooks
+// then call record_call). call < 0: a module's entry, its inputs the tensors of `value` (its
+// arguments), then `params` (its `_parameters`) by name, then the tensors of `kwargs` by
+// keyword; else its exit, its outputs the tensors of `value`. The rows are those record_call
+// makes from module_inputs / tensors_of, without their Python lists.
 PyObject* py_record_module(PyObject*, PyObject* a) {
   CallArgs c;
   if (!c.parse(a)) return nullptr;
   std::vector<PyObject*> tensors;
-  std::vector<std::pair<PyObject*, PyObject*>> own;
+  std::vector<std::pair<PyObject*, PyObject*>> own, keywords;
   bool entry = c.call < 0;
-  if (!walk_tensors(c.first, tensors) || (entry && !own_params(c.second, own))) Py_RETURN_NONE;
+  if (!walk_tensors(c.first, tensors)) Py_RETURN_NONE;
+  if (entry && !(own_params(c.second, own) && keyword_tensors(c.kwargs, keywords))) Py_RETURN_NONE;
   std::lock_guard<std::recursive_mutex> lock(mu);
   Head h = call_head(c.op, c.module, c.phase, c.call);
   long long call = c.call;
@@ -173,6 +191,7 @@ PyObject* py_record_module(PyObject*, PyObject* a) {
   if (entry) {
     if (!g_inputs) return PyLong_FromLongLong(call);
     for (int i = 0; i < n; ++i) input_row(h, i, -1, THPVariable_Unpack(tensors[i]));
+    own.insert(own.end(), keywords.begin(), keywords.end());  // named inputs: params, then keywords
     for (size_t j = 0; j < own.size(); ++j)
       input_row(h, n + static_cast<int>(j), intern(PyUnicode_AsUTF8(own[j].first)), THPVariable_Unpack(own[j].second));
     return PyLong_FromLongLong(call);

@@ -244,7 +244,7 @@ PyMethodDef methods[] = {
     {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
     {"record_module", py_record_module, METH_VARARGS,
-     "record_module(op, module, phase, value, params, call, grads) -> call or None: a module call, walked natively"},
+     "record_module(op, module, phase, value, params, call, grads, kwargs) -> call or None: a module call, walked natively"},
     {"set_leaves", py_set_leaves, METH_O, "set_leaves(types): the types record_module's walk skips"},
     {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args, unread) -> token: an API call starts"},
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
