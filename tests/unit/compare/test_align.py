@@ -92,3 +92,44 @@ def test_a_long_group_is_checked_once_not_once_a_call(monkeypatch):
     pairs = align_partition(t.rows, r.rows)
     assert len(_pairs_by_seq(pairs)) == 300 and {p.kind for p in pairs} == {"exact"}
     assert len(checks) == 300
+
+
+def _attention_call(keywords):
+    """One module call's input rows: hidden states by position, then tensors by keyword."""
+    common = dict(rank=0, step=0, seq=0, phase="forward", module="layers.0.self_attn", op="LlamaAttention",
+                  call=0, producer=None, numel=4, shape=[4], norm=1.0)
+    rows = [dict(id=0, io="input", slot=0, arg=None, **common)]
+    rows += [dict(id=i + 1, io="input", slot=i + 1, arg=k, **common) for i, k in enumerate(keywords)]
+    rows.append(dict(id=len(rows), io="output", slot=0, arg=None, **{**common, "seq": 1}))
+    return rows
+
+
+def _keyword_pairs(pairs):
+    return {(p.t.get("arg"), p.r.get("arg")) for p in pairs
+            if p.t is not None and p.r is not None and p.t["io"] == "input"}
+
+
+def test_keyword_inputs_pair_by_keyword_where_one_side_passes_none():
+    """Eager attention gets a mask tensor, sdpa's gets attention_mask=None (no tensor, no row):
+    by slot, the eager mask paired with sdpa's position_ids and each cos/sin with the next."""
+    eager = _attention_call(["attention_mask", "position_ids", "position_embeddings", "position_embeddings"])
+    sdpa = _attention_call(["position_ids", "position_embeddings", "position_embeddings"])
+    pairs = align_partition(eager, sdpa)
+    assert _keyword_pairs(pairs) == {(None, None), ("position_ids", "position_ids"),
+                                     ("position_embeddings", "position_embeddings")}
+    by_slot = {(p.t["slot"], p.r["slot"]) for p in pairs if p.t is not None and p.r is not None
+               and p.t["io"] == "input"}
+    assert by_slot == {(0, 0), (2, 1), (3, 2), (4, 3)}  # cos with cos, sin with sin
+    mask = [p for p in pairs if p.t is not None and p.t.get("arg") == "attention_mask"]
+    assert len(mask) == 1 and mask[0].r is None, "the eager side's mask has no partner"
+
+
+def test_an_unnamed_row_still_pairs_by_slot_with_a_named_one():
+    """A peer tool's dump may name no argument: slot pairing stays for it."""
+    named = _attention_call(["attention_mask"])
+    unnamed = _attention_call(["attention_mask"])
+    for r in unnamed:
+        r["arg"] = None
+    pairs = align_partition(named, unnamed)
+    assert {(p.t["slot"], p.r["slot"]) for p in pairs if p.t is not None and p.r is not None
+            and p.t["io"] == "input"} == {(0, 0), (1, 1)}
