@@ -84,7 +84,7 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
         f.op, f.io, f.slot = owner.get("orig_op", owner.get("op")) or "", "its own code", None
         f.note = (f"{out.note}, differs while every gradient before it agrees" if node.kind == "gradient"
                   else f"made by its own code between its submodules: the tensor read as "
-                       f"{home.get('io')} {home.get('slot')} of {home.get('module') or '(top level)'} "
+                       f"{home.get('io')} {home.get('slot')}{_arg(home)} of {home.get('module') or '(top level)'} "
                        f"differs, while what that code could read agrees")
         if node.kind == "gradient":
             f.phase, f.inputs = "backward", []
@@ -112,7 +112,7 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     # a value that must match exactly (allowed 0) is out of any proportion: inf, not error/1e-300
     score = pair.error / pair.tolerance if math.isfinite(pair.error) and pair.tolerance > 0 else math.inf
     f = finding_of("root", row, pair, score)
-    arg = f" ({row['arg']})" if row.get("arg") else ""
+    arg = _arg(row)
     what = (f"parameter {row['param']}" if row.get("param")
             else f"{row.get('io')} {row.get('slot')}{arg} of {row.get('op')}")
     f.note = f"{what} already differs at the start of step {row['step']}"
@@ -125,6 +125,11 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     consumers = state.calls.get((side, row["rank"], row["step"], row["cseq"]), [])
     f.downstream = _summarise_calls(state, side, row["rank"], row["step"], {row["cseq"]}) if consumers else []
     return f
+
+
+def _arg(row: dict[str, Any]) -> str:
+    """" (attention_mask)": the argument's name where the row has one."""
+    return f" ({row['arg']})" if row.get("arg") else ""
 
 
 def _trains(state: VerdictState) -> bool:

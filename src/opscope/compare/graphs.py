@@ -106,6 +106,27 @@ def graph_floor(node: Node) -> float:
     rows = node.rows
     if not rows or not _is_graph(rows[0]):
         return 0.0
+    return _floor(rows)
+
+
+def made_floor(state: VerdictState, side: str, rank: int, step: int, row: dict[str, Any]) -> float:
+    """The floor (:func:`graph_floor`) of the compiled graph of this step whose output holds
+    this leaf row's bytes, 0 where none does: a gradient the optimizer reads that a backward
+    graph made, which AccumulateGrad took without a link (module level under inductor,
+    where no module's hook runs inside the graph). Judged against that floor, a gradient that
+    is zero in truth (a key bias's) is the noise it is, as the graph's output would be."""
+    key = (side, rank, step)
+    index = state.indexes.get(("graph outputs", *key))
+    if index is None:
+        index = state.indexes[("graph outputs", *key)] = {}
+        for r in state.ordered.get(key, []):
+            if r.get("io") == "output" and _is_graph(r) and r.get("hash") is not None:
+                calls = state.calls.get((side, rank, step, r["cseq"]), [])
+                index[(r["hash"], r.get("numel"))] = _floor(calls)
+    return index.get((row.get("hash"), row.get("numel")), 0.0)
+
+
+def _floor(rows: list[dict[str, Any]]) -> float:
     norms = [float(r["norm"]) for r in rows if r.get("io") in INPUT_IO
              and ((r.get("numel") or 0) > 1 or r.get("arg") == "grad_output")  # the loss's seed counts
              and is_float(r.get("dtype")) and r.get("norm") and 0 < float(r["norm"]) < math.inf]

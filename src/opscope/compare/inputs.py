@@ -14,6 +14,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.carried import made_before
+from opscope.compare.graphs import has_graphs, made_floor
 from opscope.compare.internal import backward_known, module_gradient_error
 from opscope.compare.loss_scale import explained_by_skip
 from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
@@ -106,6 +107,7 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         # what made it also read the forward's tensors (a softmax's output), with the step's
         # rounding so far
         known = max(known, module_gradient_error(state, node, row, own), info["noise"])
+        error = _floored(state, node, own, error)
         if not error > max(tol, state.noise.ratio * known):
             own.status = "passed"
             own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
@@ -115,6 +117,17 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     state.roots.append((own, row, node.side))
     info["tainted"] = True  # the step diverged here, also where what reads it stays within tolerance
     return True
+
+
+def _floored(state: VerdictState, node: Node, own: Pair, error: float) -> float:
+    """A gradient's error against the floor of the compiled graph that made it, on either
+    side (:func:`~opscope.compare.graphs.made_floor`), where that exceeds its own norm."""
+    m = own.metrics
+    if not has_graphs(state) or m.get("nan_mismatch") or m.get("inf_mismatch"):
+        return error
+    floor = max(made_floor(state, side, node.rank, node.step, row)
+                for side, row in (("target", own.t), ("reference", own.r)) if row is not None)
+    return min(error, m.get("diff_norm", 0.0) / floor) if floor > 0 else error
 
 
 # A cast rounds to nearest: each element moves by at most half an epsilon of its size, so a

@@ -20,7 +20,7 @@ from typing import Any
 from opscope.compare.conditioning import reduction
 from opscope.compare.loss_scale import excuse
 from opscope.compare.pair import INPUT_IO
-from opscope.compare.state import Node, VerdictState, input_error, join, raw_error
+from opscope.compare.state import Node, VerdictState, frees_reader, input_error, join, raw_error
 from opscope.compare.tolerance import is_float
 
 Row = dict[str, Any]
@@ -113,10 +113,10 @@ def gradient_nodes(state: VerdictState) -> list[Node]:
 
 def judge_gradient(state: VerdictState, node: Node, step_tainted: bool, noise: float = 0.0) -> bool:
     """A gradient at a module's output, against every gradient recorded before it in the
-    step and the step's rounding so far (``noise``: the backward reads the forward's
-    activations too, made under autocast in bf16 where the gradients are float32). Blamed on
-    the module whose code runs around it (the backward of its code between submodules, or of
-    the next submodule)."""
+    step, the step's rounding so far (``noise``: the backward reads the forward's activations
+    too, made under autocast in bf16 where the gradients are float32) and what the forward of
+    the module whose code runs around it could read. Blamed on that module (the backward of
+    its code between submodules, or of the next submodule)."""
     pair = node.outputs[0]
     row = pair.home
     known, tainted = backward_known(state, node.side, node.rank, node.step, row["seq"], pair)
@@ -124,13 +124,48 @@ def judge_gradient(state: VerdictState, node: Node, step_tainted: bool, noise: f
     if step_tainted:  # the backward also reads the forward's activations, already diverged
         known, tainted = math.inf, True
     parent = _parent_span(state, node, row.get("module") or "")
+    if parent is not None:
+        # that backward reads what the forward of the same code read (its inputs, its weights,
+        # also slices of them: an expert's; inf where indices differ, a router's choice)
+        known = max(known, available(state, node, parent, parent["end"] + 1)[0])
     owner = parent["head"] if parent is not None else row
     what = (f"the gradient at {row.get('module') or '(top level)'}'s output: made by the backward of "
             f"{owner.get('module') or '(top level)'}'s own code or of the submodule that read it")
+    mask = _threshold_reader(state, node, row.get("module") or "")
+    if mask is not None and known < math.inf:
+        known = math.inf
+        what = (f"{what}, {mask} (its mask, whose input differs: an element that crossed the threshold "
+                f"moves the gradient by all of that element's, a decision as an index is)")
     diverged = _judge_made(state, node, row, pair, known, tainted, owner, what, nest=False)
     if pair.verdict == "culprit":
         node.verdict, node.worst, node.in_error, node.owner = "culprit", pair, known, owner
     return diverged
+
+
+# Activations whose backward keeps or drops each element of the gradient by which side of a
+# threshold its input fell (ReLU's zero): piecewise, with a jump in the factor
+THRESHOLDS = frozenset(("ReLU", "ReLU6", "LeakyReLU", "RReLU", "PReLU", "Hardtanh", "Threshold",
+                        "Hardshrink", "Softshrink", "Hardsigmoid", "Hardswish"))
+
+
+def _threshold_reader(state: VerdictState, node: Node, module: str) -> str | None:
+    """The threshold activation module (THRESHOLDS) that read this module's forward output
+    where that input differs between the sides, or None."""
+    key = (node.side, node.rank, node.step)
+    outputs = state.indexes.get(("forward outputs", *key))
+    if outputs is None:
+        outputs = state.indexes[("forward outputs", *key)] = defaultdict(list)
+        for row in state.ordered.get(key, []):
+            if row.get("phase") == "forward" and row.get("io") == "output":
+                outputs[row.get("module") or ""].append(row)
+    for row in outputs.get(module, ()):
+        for reader in state.consumers.get((*key, row["id"]), []):
+            if str(reader.get("op")) in THRESHOLDS:
+                pair = state.entry.get((*key, reader["id"]))
+                if pair is not None and pair.metrics and not pair.metrics.get("bit_exact") \
+                        and raw_error(pair) > 0:
+                    return f"read by {reader.get('module')} ({reader.get('op')})"
+    return None
 
 
 def backward_known(state: VerdictState, side: str, rank: int, step: int, seq: int,
@@ -236,6 +271,8 @@ def available(state: VerdictState, node: Node, span: dict[str, Any], seq: int) -
         if pair is None or not pair.metrics:
             continue
         error = input_error(state, pair)
+        if frees_reader(row, pair, error):  # the indices it routes by (MixtralExperts' top_k_index)
+            error = math.inf
         if math.isfinite(error) or error == math.inf:
             known = max(known, 0.0 if math.isnan(error) else error)
         tainted = tainted or id(pair) in state.tainted

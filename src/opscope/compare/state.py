@@ -66,6 +66,7 @@ class VerdictState:
     previous: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: its last judged step
     compiled: bool | None = None  # does any row come from a compiled graph (found on first use)
     collective_fed: list[Any] = field(default_factory=list)  # collectives' values from other ranks (collectives.py)
+    indexes: dict[tuple[str, str, int, int], Any] = field(default_factory=dict)  # (what, side, rank, step): built once
 
 
 def raw_error(pair: Pair | None) -> float:
@@ -112,6 +113,15 @@ def producer_entry(state: VerdictState, side: str, rank: int, step: int, produce
             return own
         key = (side, rank, step, inputs[0]["producer"])
     return first
+
+
+def frees_reader(row: dict[str, Any], measured: Pair, error: float) -> bool:
+    """Does this read free what reads it? Indices, masks and counts that differ (integers,
+    booleans): one changed element changes which data is read, not by how much (a token
+    routed to another expert), so what the reader makes may differ freely. ``error``: the
+    read's :func:`input_error`."""
+    return not is_float(row.get("dtype")) and not measured.metrics.get("bit_exact") \
+        and (error != 0 or measured.mode == "statistics")
 
 
 def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = False) -> float:
