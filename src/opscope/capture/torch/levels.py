@@ -15,7 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
-from opscope.capture.torch.modules import run_eagerly, tensors_of
+from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
 from opscope.model.calls import in_place
 
 if TYPE_CHECKING:
@@ -337,7 +337,7 @@ class ModuleLevel(Level):
         if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
             self._calls.append(-1)
             return
-        inputs = module_inputs(module, args, s.modules.kwargs)
+        inputs = module_inputs(module, args, call_kwargs())
         self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:

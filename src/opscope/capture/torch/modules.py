@@ -134,7 +134,6 @@ class ModuleTracker:
         self._shadows: list[bool] = []  # per entry: a compiled module's own call inside its OptimizedModule
         self.on_change: Callable[[str], None] | None = None  # the innermost module path changed
         self.on_indexed: Callable[[torch.nn.Module], None] | None = None  # a root's names were learnt
-        self.kwargs: dict[str, Any] | None = None  # the keyword arguments of the call on_enter is told of
 
     @property
     def path(self) -> str:
@@ -230,9 +229,7 @@ class ModuleTracker:
         if self.on_change is not None:
             self.on_change(path)
         if self._on_enter is not None:
-            self.kwargs = _call_kwargs()
             self._on_enter(unwrap(module), path, args)
-            self.kwargs = None
 
     def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if _is_compiling():
@@ -257,8 +254,9 @@ class ModuleTracker:
             self._on_exit(unwrap(module), path, args, output)
 
 
-def _call_kwargs() -> dict[str, Any] | None:
-    """The keyword arguments of the module call whose global pre-hook runs now.
+def call_kwargs() -> dict[str, Any] | None:
+    """The keyword arguments of the module call whose global pre-hook runs now (called from
+    the hook, or from the ``on_enter`` it calls).
 
     A global forward pre-hook gets the positional arguments only, and a model is mostly
     called with keywords (``model(**batch)``, ``generate``'s ``model(input_ids=...)``), as are
@@ -268,7 +266,7 @@ def _call_kwargs() -> dict[str, Any] | None:
     import sys
 
     frame: FrameType | None = sys._getframe(2)
-    for _ in range(4):
+    for _ in range(5):
         if frame is None:
             return None
         if frame.f_code is _CALL_IMPL:
