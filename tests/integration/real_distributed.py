@@ -3,12 +3,13 @@ opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distribu
 
 WRAP: ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2's ``fully_shard`` on every decoder
 layer and the model), ``manual`` (each gradient all-reduced by hand after backward, then
-divided by the world size). FAULT: ``act`` swaps layer 1's activation on rank 1 only
-(real_models.inject); ``max_reduce`` all-reduces the gradients with MAX instead of SUM (manual
-only): the collective itself changes the values while every rank's inputs agree; ``none``: no
-fault. LEVEL: the dump's level (``aten`` unless given).
+divided by the world size), ``tp`` (tensor parallelism: every layer's projections split
+across the ranks with DTensor plans; one batch, the same on every rank). FAULT: ``act`` swaps
+layer 1's activation on rank 1 only (real_models.inject); ``max_reduce`` all-reduces the
+gradients with MAX instead of SUM (manual only): the collective itself changes the values while
+every rank's inputs agree; ``none``: no fault. LEVEL: the dump's level (``aten`` unless given).
 
-Each rank trains on its own batch (seed = rank), from the same weights, two AdamW steps dumped
+Each rank trains on its own batch (seed = rank; tp: one batch), from the same weights, two AdamW steps dumped
 at the aten level (or LEVEL); rank r's losses go to ``OUT.losses.r.json`` (float.hex, for bit-identity).
 Used by test_real_distributed.py.
 """
@@ -38,7 +39,24 @@ def wrap(model: torch.nn.Module, how: str) -> torch.nn.Module:
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
+    if how == "tp":
+        tensor_parallel(model)
     return model
+
+
+def tensor_parallel(model: torch.nn.Module) -> None:
+    """Megatron-style tensor parallelism with torch's DTensor plans: each layer's q/k/v and
+    gate/up projections split by output features, o/down projections by input features (their
+    partial sums all-reduced)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    plan = {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh, plan)
 
 
 def sync(model: torch.nn.Module, op: dist.ReduceOp) -> None:
@@ -61,7 +79,7 @@ def main(out: str, how: str, fault: str | None, level: str = "aten") -> None:
     if fault == "act" and rank == 1:
         real_models.inject(model, "llama", "act")
     model = wrap(model, how)
-    batch = fam.batch(torch.Generator().manual_seed(rank))
+    batch = fam.batch(torch.Generator().manual_seed(0 if how == "tp" else rank))  # TP: one batch, split weights
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     op = dist.ReduceOp.MAX if fault == "max_reduce" else dist.ReduceOp.SUM
     losses = []

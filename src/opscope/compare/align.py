@@ -234,7 +234,19 @@ def _matchable(a: OpCall, b: OpCall) -> bool:
     """Same op, and outputs of the same shapes (a reordered sequence must not pair by name;
     a [4, 16, 32] view is not a [8, 16, 16] view, whatever their element counts)."""
     oa, ob = a.outputs(), b.outputs()
-    return a.op == b.op and len(oa) == len(ob) and all(same_shape(x, y) for x, y in zip(oa, ob))
+    return _same_op(a.op, b.op) and len(oa) == len(ob) and all(same_shape(x, y) for x, y in zip(oa, ob))
+
+
+def _same_op(a: str, b: str) -> bool:
+    """The same op, or an aten op and its in-place form (``add`` / ``add_``): the same values.
+    The autograd engine sums a tensor's gradients with ``add_`` where it may reuse the buffer
+    and ``add`` where not, which one depending on the graph around it (a fault elsewhere
+    swaps them)."""
+    if a == b:
+        return True
+    pa, pb = a.split("."), b.split(".")
+    return len(pa) == len(pb) == 3 and pa[0] == pb[0] == "aten" and pa[2] == pb[2] \
+        and pa[1] != pb[1] and pa[1].rstrip("_") == pb[1].rstrip("_") and not pa[1].startswith("__")
 
 
 def _align_calls(tc: list[OpCall], rc: list[OpCall],

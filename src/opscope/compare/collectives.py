@@ -89,9 +89,13 @@ def settle(findings: list[Any], fed: list[Any], inputs: dict[tuple[int, int, int
     named: set[tuple[int, int]] = set()
     seen: set[int] = set()
     first = min((g for g in findings if g.kind in ("culprit", "root")), key=_order, default=None)
+    own: dict[int, Any] = {}  # each rank's first culprit or root of its own
+    for g in findings:
+        if g.kind in ("culprit", "root") and (g.rank not in own or _order(g) < own[g.rank]):
+            own[g.rank] = _order(g)
     for f in sorted(fed, key=_order):
         if first is not None and _order(first) < _order(f):
-            if f.rank not in seen:
+            if f.rank not in seen and not (f.rank in own and own[f.rank] < _order(f)):
                 seen.add(f.rank)
                 notes.append(f"rank {f.rank} first differs at step {f.step} ({f.phase}) where {f.op} brought "
                              f"what the other ranks sent: rank {first.rank} diverged before, at {first.op} "

@@ -61,6 +61,20 @@ def _collect(value: Any, c: type, out: list[torch.Tensor]) -> None:
             out.extend(x for x in leaves if isinstance(x, torch.Tensor))
 
 
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def local(t: Any) -> Any:
+    """A DTensor's local shard (the values this rank holds: FSDP2's and tensor parallelism's
+    parameters and gradients), else ``t`` itself. Recorded as the shard, a parameter has
+    statistics and links to the aten ops that update that shard."""
+    to_local = getattr(t, "to_local", None) if t is not None and type(t) not in PLAIN_TENSORS else None
+    if to_local is None:
+        return t
+    with torch.no_grad():
+        return to_local()
+
+
 WRAPPED = "_orig_mod"  # the attribute under which an OptimizedModule holds the compiled module
 
 

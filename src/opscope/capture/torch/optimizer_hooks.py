@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from opscope.capture.torch.host import CaptureHost
+from opscope.capture.torch.modules import local
 from opscope.capture.torch.optimizers import phased_closure, with_closure
 from opscope.errors import OpscopeError
 
@@ -109,7 +110,8 @@ class OptimizerHooks:
         if native is not None:  # one native call, which reads each parameter's gradient itself
             native(op, params, before)
         else:
-            recorder.record_params(op, [(i, module, p, p.grad, name) for i, module, p, name in params], before)
+            recorder.record_params(op, [(i, module, local(p), local(p.grad), name) for i, module, p, name in params],
+                                   before)
 
     def _selected(self, optimizer: torch.optim.Optimizer, recorder: Any) -> tuple[str, list[Param], bool]:
         """The op name, the parameters of ``optimizer`` that the filters select and whether all

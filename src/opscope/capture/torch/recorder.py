@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
+from opscope.capture.torch.modules import PLAIN_TENSORS, local
 from opscope.capture.torch.recorder_measure import Measuring
 from opscope.capture.torch.stats import dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
@@ -307,6 +308,8 @@ class Recorder(Measuring):
         are taken, views registered on it forgotten, and the write counted, so that no row made
         before it is taken for a tensor of that storage again, also one whose version counter
         does not move (``p`` after ``p.data.add_()``, batch norm's running statistics)."""
+        if type(t) not in PLAIN_TENSORS:
+            t = local(t)  # a DTensor writes the shard it holds, out of this dispatch mode's sight
         self.flow.before_write(t)
         if self.worker is not None:
             self.worker.before_write(t)

@@ -177,28 +177,7 @@ int intern(std::string_view s) {
 
 #include "ranges.h"
 
-// Fake, proxy or functional tensor mode on: the op is being traced (torch.compile, export,
-// make_fx), not run; its tensors have no data. Such ops are not the user's and are never
-// recorded. One TLS read when no mode is set (the usual case).
-bool tracing() {
-  using c10::impl::TorchDispatchModeKey, c10::impl::TorchDispatchModeTLS;
-  if (!TorchDispatchModeTLS::any_modes_set(false)) return false;
-  return TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FAKE).has_value() ||
-         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::PROXY).has_value() ||
-         TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
-}
-
-// A tensor subclass dispatched to Python (FakeTensor, FunctionalTensor, a wrapper subclass)
-// may say "cpu" while it holds no data: its elements must never be read.
-bool python_tensor(const at::Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Python);
-}
-
-bool measurable(const at::Tensor& t) {
-  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && !python_tensor(t) && t.numel() > 0 &&
-         t.layout() == at::kStrided;
-}
-
+#include "observer_subclass.h"
 
 // ---- op kinds (asked from Python, with the GIL, once per overload) -----------------------------
 std::vector<int64_t> ints_of(PyObject* d, const char* key) {
@@ -365,9 +344,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (k.wrapper && T.opaque == 0 && g_on) own_function(T, fn);
   uint8_t flags = k.composite ? 0 : OPAQUE;
   if (T.opaque == 0 && !k.composite && g_on && !tracing()) {
-    flags |= RECORD;
     auto in = fn.inputs();
     T.args.assign(in.begin(), in.end());
+    if (python_args(T.args)) {  // looked through: the ops its __torch_dispatch__ runs are recorded
+      T.args.clear();
+      T.open.push_back({&k, 0, T.inner, 0});
+      return nullptr;
+    }
+    flags |= RECORD;
     ++T.opaque;  // ops run by before_op (Python hooks: a generator's state...) are not the user's
     try {
       before_op(T, fn, k);
