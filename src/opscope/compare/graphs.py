@@ -116,9 +116,9 @@ def made_floor(state: VerdictState, side: str, rank: int, step: int, row: dict[s
     where no module's hook runs inside the graph). Judged against that floor, a gradient that
     is zero in truth (a key bias's) is the noise it is, as the graph's output would be."""
     key = (side, rank, step)
-    index = state.indexes.get(("graph outputs", *key))
+    index = state.indexes.get(("graph outputs", side, rank, step))
     if index is None:
-        index = state.indexes[("graph outputs", *key)] = {}
+        index = state.indexes[("graph outputs", side, rank, step)] = {}
         for r in state.ordered.get(key, []):
             if r.get("io") == "output" and _is_graph(r) and r.get("hash") is not None:
                 calls = state.calls.get((side, rank, step, r["cseq"]), [])

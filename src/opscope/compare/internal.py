@@ -127,7 +127,10 @@ def judge_gradient(state: VerdictState, node: Node, step_tainted: bool, noise: f
     if parent is not None:
         # that backward reads what the forward of the same code read (its inputs, its weights,
         # also slices of them: an expert's; inf where indices differ, a router's choice)
-        known = max(known, available(state, node, parent, parent["end"] + 1)[0])
+        key = ("forward read", node.side, node.rank, node.step, parent["start"], parent["module"])
+        if key not in state.indexes:  # (once a span: a model's span is every row of its forward)
+            state.indexes[key] = available(state, node, parent, parent["end"] + 1)[0]
+        known = max(known, state.indexes[key])
     owner = parent["head"] if parent is not None else row
     what = (f"the gradient at {row.get('module') or '(top level)'}'s output: made by the backward of "
             f"{owner.get('module') or '(top level)'}'s own code or of the submodule that read it")
@@ -152,9 +155,10 @@ def _threshold_reader(state: VerdictState, node: Node, module: str) -> str | Non
     """The threshold activation module (THRESHOLDS) that read this module's forward output
     where that input differs between the sides, or None."""
     key = (node.side, node.rank, node.step)
-    outputs = state.indexes.get(("forward outputs", *key))
+    index_key = ("forward outputs", node.side, node.rank, node.step)
+    outputs = state.indexes.get(index_key)
     if outputs is None:
-        outputs = state.indexes[("forward outputs", *key)] = defaultdict(list)
+        outputs = state.indexes[index_key] = defaultdict(list)
         for row in state.ordered.get(key, []):
             if row.get("phase") == "forward" and row.get("io") == "output":
                 outputs[row.get("module") or ""].append(row)

@@ -66,7 +66,7 @@ class VerdictState:
     previous: dict[int, dict[str, Any]] = field(default_factory=dict)  # per rank: its last judged step
     compiled: bool | None = None  # does any row come from a compiled graph (found on first use)
     collective_fed: list[Any] = field(default_factory=list)  # collectives' values from other ranks (collectives.py)
-    indexes: dict[tuple[str, str, int, int], Any] = field(default_factory=dict)  # (what, side, rank, step): built once
+    indexes: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # (what, side, rank, step, ...): built once
 
 
 def raw_error(pair: Pair | None) -> float:

@@ -34,8 +34,8 @@ def tensors_of(value: Any) -> list[torch.Tensor]:
 
 
 # types that tree_flatten keeps as leaves and that are never tensors
-LEAVES = frozenset((int, float, bool, complex, str, bytes, type(None), slice, type(...), torch.dtype, torch.device,
-                     torch.memory_format, torch.layout))
+LEAVES: frozenset[type] = frozenset((int, float, bool, complex, str, bytes, type(None), slice, type(...),
+                                     torch.dtype, torch.device, torch.memory_format, torch.layout))
 # LEAVES and the other types found to be leaves of tree_flatten that are no tensors (Hugging
 # Face's caches, passed to every attention call): skipped without a tree walk from then on,
 # here and by the native module level's walk, which holds this very set
