@@ -93,6 +93,18 @@ def test_sdpa_generation_against_eager_is_within_tolerance(gens: Generations, fa
     assert result.verdict == "within_tolerance" and not result.culprits, _found(result)
 
 
+def test_sdpa_generation_against_eager_at_the_module_level(gens: Generations) -> None:
+    """Each layer gets its attention mask by keyword (recorded since session 26): a boolean
+    mask under sdpa, an additive float one in eager mode, each made by the model's own code.
+    Two encodings of one mask, not compared: before, the model's own code was the culprit."""
+    result = gens.compare("llama", "sdpa", "module")
+    assert result.verdict == "within_tolerance" and not result.culprits, _found(result)
+    table = result.pairs_table.to_pandas()
+    masks = table[(table.arg == "attention_mask") & (table.dtype_target == "bool")]
+    assert len(masks) and (masks.dtype_reference == "float32").all()
+    assert masks.note.str.contains("another encoding on each side: bool vs float32").all()
+
+
 @pytest.mark.parametrize("family, fault", [("gpt2", "act"), ("llama", "norm_eps"), ("qwen3", "attn_scale"),
                                            ("gpt_neox", "weight_row"), ("mixtral", "act"), ("gemma2", "norm_eps")])
 def test_a_fault_is_named_at_the_prompt_step(gens: Generations, family: str, fault: str) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from opscope.compare import metrics as M
 from opscope.compare.align import Pair
 from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measure; defined beside its reader)
-from opscope.compare.tolerance import NoiseModel
+from opscope.compare.tolerance import NoiseModel, is_float
 from opscope.model.hashing import WEAK
 from opscope.model.records import ABSENT_NOTE, NOT_DATA_NOTES
 
@@ -60,6 +60,12 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
     if n_t is not None and n_r is not None and n_t != n_r:
         _skip_shapes(pair, t, r)
         return None
+    if {_kind(t.get("dtype")), _kind(r.get("dtype"))} == {"bool", "float"}:
+        # a boolean mask against an additive one (sdpa's against eager attention's, made by the
+        # model's code for each): two encodings of one thing, whose values do not compare
+        pair.mode = "skipped"
+        pair.note = _join(pair.note, f"{ENCODINGS_DIFFER}: {t.get('dtype')} vs {r.get('dtype')}")
+        return None
     if t.get("note") == r.get("note") == ABSENT_NOTE:  # neither graph that ran has it: nothing differs
         pair.mode, pair.metrics = "absent", M.finish(M.identical(0))
         return None
@@ -98,6 +104,13 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
         # permutation of labels or indices has the same ones
         pair.metrics["hash_differs"] = True
     return None
+
+
+ENCODINGS_DIFFER = "another encoding on each side"
+
+
+def _kind(dtype: Any) -> str:
+    return "bool" if str(dtype) in ("bool", "torch.bool") else "float" if is_float(dtype) else "other"
 
 
 def _skip_shapes(pair: Pair, t: dict[str, Any], r: dict[str, Any]) -> None:

@@ -59,6 +59,7 @@ from opscope.compare.internal import (
     owner_of,
 )
 from opscope.compare.loss_scale import excuse
+from opscope.compare.measure import ENCODINGS_DIFFER
 from opscope.compare.nesting import demote_enclosing
 from opscope.compare.recompute import repeats_its_forward
 from opscope.compare.state import (
@@ -218,9 +219,10 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             continue
         producers = producer_entries(state, node, row, own)
         measured = own if own is not None and own.metrics else next((p for p in producers if p.metrics), None)
-        if own is not None and own.mode == "skipped" and "shapes differ" in own.note:
-            # a data-dependent shape (tokens routed to an expert, a nonzero): the input is
-            # another tensor on each side, so this op's output says nothing of the op itself
+        if own is not None and own.mode == "skipped" and ("shapes differ" in own.note or ENCODINGS_DIFFER in own.note):
+            # a data-dependent shape (tokens routed to an expert, a nonzero), or a mask encoded
+            # otherwise: the input is another tensor on each side, so this op's output says
+            # nothing of the op itself
             in_error = math.inf
             continue
         if row.get("note") == ABSENT_NOTE or (own is not None and any(r.get("note") == ABSENT_NOTE for r in own.rows)):

@@ -133,3 +133,23 @@ def test_an_unnamed_row_still_pairs_by_slot_with_a_named_one():
     pairs = align_partition(named, unnamed)
     assert {(p.t["slot"], p.r["slot"]) for p in pairs if p.t is not None and p.r is not None
             and p.t["io"] == "input"} == {(0, 0), (1, 1)}
+
+
+def test_a_module_call_returning_one_more_tensor_still_pairs():
+    """Eager attention returns its weights too; under sdpa they are None: the call's inputs and
+    first output pair, the weights stay one-sided (before, nothing of the call paired)."""
+    eager = _attention_call(["attention_mask"])
+    sdpa = _attention_call(["attention_mask"])
+    weights = dict(eager[-1], id=len(eager), slot=1, shape=[4, 4], numel=16)
+    pairs = align_partition([*eager, weights], sdpa)
+    paired = {(p.t["io"], p.t["slot"]) for p in pairs if p.t is not None and p.r is not None}
+    assert paired == {("input", 0), ("input", 1), ("output", 0)}
+    assert [p.t["slot"] for p in pairs if p.kind == "unpaired" and p.t is not None] == [1]
+
+
+def test_an_aten_op_returning_another_count_of_tensors_does_not_pair():
+    t = Rows().op("aten.max.dim", 1.0)
+    r = Rows().op("aten.max.dim", 1.0)
+    t.rows.append(dict(t.rows[-1], id=99, slot=1))
+    pairs = align_partition(t.rows, r.rows)
+    assert not [p for p in pairs if p.t is not None and p.r is not None and p.kind != "identity"]
