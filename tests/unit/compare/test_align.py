@@ -153,3 +153,18 @@ def test_an_aten_op_returning_another_count_of_tensors_does_not_pair():
     t.rows.append(dict(t.rows[-1], id=99, slot=1))
     pairs = align_partition(t.rows, r.rows)
     assert not [p for p in pairs if p.t is not None and p.r is not None and p.kind != "identity"]
+
+
+def test_an_op_pairs_with_its_in_place_form():
+    """The autograd engine sums two gradients with add_ where it may reuse the buffer, add where
+    not (a fault elsewhere in the graph changes which): the same values, paired as one op."""
+    t = Rows().op("aten.mm.default", 1.0).op("aten.add_.Tensor", 2.0).op("aten.mul.Tensor", 3.0)
+    r = Rows().op("aten.mm.default", 1.0).op("aten.add.Tensor", 2.0).op("aten.mul.Tensor", 3.0)
+    pairs = align_partition(t.rows, r.rows)
+    assert _pairs_by_seq(pairs) == {(0, 0), (1, 1), (2, 2)}
+    add_input = [p for p in pairs if p.t is not None and p.t["op"] == "aten.add_.Tensor" and p.t["io"] == "input"]
+    assert len(add_input) == 1 and add_input[0].r is not None and add_input[0].r["op"] == "aten.add.Tensor", \
+        "its inputs pair too (what it read: before, only its output paired, by data flow)"
+    t = Rows().op("aten.mm.default", 1.0).op("aten.add_.Tensor", 2.0)
+    r = Rows().op("aten.mm.default", 1.0).op("aten.sub.Tensor", 2.0)
+    assert _pairs_by_seq(align_partition(t.rows, r.rows)) == {(0, 0)}, "another op is no in-place form"
