@@ -128,7 +128,9 @@ def test_same_code_on_a_busier_machine_is_not_flagged(runs) -> None:
     done = opscope_cli("diff", str(runs / "base"), str(runs / "busy"))
     assert done.returncode == 0, done.stdout
     assert _MACHINE_BUSIER in done.stdout or _MACHINE_MIXED in done.stdout
-    assert "waited for a CPU" in done.stdout
+    # the wait is said in the headline where A's own wait leaves B's significant, else in the
+    # phases' explanation (the whole suite on two cores also loads A: seen once, session 26)
+    assert "waited for a CPU" in done.stdout or "(waiting for a CPU +" in done.stdout
     assert "no phase changed beyond noise once the machine is taken into account" in done.stdout
     raw = opscope_cli("diff", str(runs / "base"), str(runs / "busy"), "--ignore-machine")
     assert raw.returncode == 1, "the load did not slow B down: the test proves nothing"
