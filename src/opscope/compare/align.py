@@ -24,6 +24,7 @@ from typing import Any
 from opscope.compare.flow import Sides, base_op, flow_pairs, inserted, same_shape
 from opscope.compare.mapping import Mapping
 from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair, call_key
+from opscope.compare.row_pairs import pair_rows
 
 __all__ = ["INPUT_IO", "PHASE_ORDER", "OpCall", "Pair", "align_partition", "rename_target"]
 
@@ -55,14 +56,14 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
         by_grad = _pair_by_gradient(tc, rc, *grads)
         for ta, rb in by_grad:
-            pairs.extend(_pair_rows(ta, rb, "aligned", partner))
+            pairs.extend(pair_rows(ta, rb, "aligned", partner))
         if by_grad:
             tc = [c for c in tc if not any(r["id"] in partner["target"] for r in c.rows)]
             rc = [c for c in rc if not any(r["id"] in partner["reference"] for r in c.rows)]
         same = len(tc) == len(rc) and _same_ops(tc, rc)  # once a group: each call is O(len)
         for a, b in _align_calls(tc, rc, same):
             if a is not None and b is not None:
-                pairs.extend(_pair_rows(a, b, "exact" if same else "aligned", partner))
+                pairs.extend(pair_rows(a, b, "exact" if same else "aligned", partner))
             else:
                 one_sided.extend(c for c in (a, b) if c is not None)  # the one side that ran it
     for pair in replays:  # the recomputing side's rows get partners; the forward rows keep theirs
@@ -105,7 +106,7 @@ def _replay_pairs(t_calls: dict[tuple[str, str], list[OpCall]],
             partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
             aligned = _align_calls(tc, rc, len(tc) == len(rc) and _same_ops(tc, rc))
             for a, b in _with_interrupted(aligned, side):
-                for pair in _pair_rows(a, b, "aligned", partner):
+                for pair in pair_rows(a, b, "aligned", partner):
                     pair.side = side
                     out.append(pair)
     return out
@@ -305,51 +306,6 @@ def _similarity(a: OpCall, b: OpCall) -> float:
         if na is not None and nb is not None and math.isfinite(na) and math.isfinite(nb):
             score += 1.0 - min(1.0, abs(na - nb) / max(abs(na), abs(nb), 1e-30))
     return score
-
-
-_OTHER_INPUT = {"input": "param", "param": "input"}
-
-
-def _pair_rows(a: OpCall, b: OpCall, kind: str, partner: dict) -> list[Pair]:
-    """Rows of two matched calls pair by (io, slot); inputs passed by keyword by their keyword
-    (a keyword that is None on one side, an attention mask under sdpa, is no tensor there and
-    moves the later slots); a weight read directly (``param``) also pairs with the same slot
-    read through a cast (``input``: mixed precision's autocast casts the weight on one side
-    only) where neither call numbers a param and an input alike (a peer tool that counts
-    params from 0 apart from inputs)."""
-    r_by_slot = {(r.get("io"), r.get("slot")): r for r in b.rows}
-    t_keys = {(t.get("io"), t.get("slot")) for t in a.rows}
-    mapped = any("orig_op" in r or "orig_module" in r for r in a.rows)
-    keyed = _names(a.rows) != _names(b.rows)
-    out = []
-    for t in a.rows:
-        io, slot = t.get("io"), t.get("slot")
-        r = r_by_slot.get((io, slot))
-        if keyed and io == "input" and t.get("arg"):
-            named = _same_keyword(t, a.rows, b.rows)
-            r = named if named is not None or (r is not None and r.get("arg")) else r
-        other = _OTHER_INPUT.get(str(io))
-        if r is None and other is not None and (other, slot) not in t_keys:
-            r = r_by_slot.get((other, slot))
-        if r is not None and r["id"] not in partner["reference"]:
-            partner["target"][t["id"]] = r
-            partner["reference"][r["id"]] = t
-            out.append(Pair(t, r, "mapped" if mapped else kind))
-    return out
-
-
-def _names(rows: list[dict[str, Any]]) -> list[Any]:
-    return [r.get("arg") for r in rows if r.get("io") == "input"]
-
-
-def _same_keyword(t: dict[str, Any], a_rows: list[dict[str, Any]],
-                  b_rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The other call's input row of ``t``'s name, the same of its tensors (the n-th)."""
-    arg = t["arg"]
-    n = sum(1 for r in a_rows if r is not t and r.get("io") == "input" and r.get("arg") == arg
-            and (r.get("slot") or 0) < (t.get("slot") or 0))
-    found = [r for r in b_rows if r.get("io") == "input" and r.get("arg") == arg]
-    return found[n] if n < len(found) else None
 
 
 def _identity_pairs(one_sided: list[OpCall], sides: Sides, partner: dict) -> list[Pair]:
