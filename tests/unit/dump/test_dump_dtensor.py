@@ -78,3 +78,32 @@ def test_the_optimizer_records_a_dtensor_parameters_shard(tmp_path, monkeypatch,
 
 def pd_isna(value) -> bool:
     return value is None or value != value
+
+
+def test_the_module_level_says_it_does_not_see_a_tensor_parallel_plans_outputs(tmp_path, mesh):
+    """A module's global hook runs before the plan's own forward hook, which all-reduces a
+    row-parallel projection's partial sums: the module level records them unreduced. The dump
+    says so, and which level records tensor parallelism; a model with no plan gets no such note."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from opscope.capture.torch.modules import TENSOR_PARALLEL_NOTE
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    parallel = parallelize_module(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)),
+                                  mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(2, 4)
+    with opscope.dump(tmp_path / "plain", level="module") as d:
+        plain(x).sum().backward()
+        d.step()
+    assert TENSOR_PARALLEL_NOTE not in opscope.load(tmp_path / "plain").manifest["notes"]
+    with pytest.warns(RuntimeWarning, match="under tensor parallelism"), \
+            opscope.dump(tmp_path / "parallel", level="module") as d:
+        for _ in range(2):
+            parallel(x).sum().backward()
+            d.step()
+    assert opscope.load(tmp_path / "parallel").manifest["notes"].count(TENSOR_PARALLEL_NOTE) == 1
+    with opscope.dump(tmp_path / "aten", level="aten") as d:
+        parallel(x).sum().backward()
+        d.step()
+    assert TENSOR_PARALLEL_NOTE not in opscope.load(tmp_path / "aten").manifest["notes"]

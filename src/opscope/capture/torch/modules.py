@@ -12,6 +12,7 @@ inside it is not a second call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -148,6 +149,7 @@ class ModuleTracker:
         self._shadows: list[bool] = []  # per entry: a compiled module's own call inside its OptimizedModule
         self.on_change: Callable[[str], None] | None = None  # the innermost module path changed
         self.on_indexed: Callable[[torch.nn.Module], None] | None = None  # a root's names were learnt
+        self.said: list[str] = []  # what the dump's notes say of the model (TENSOR_PARALLEL_NOTE)
 
     @property
     def path(self) -> str:
@@ -179,6 +181,9 @@ class ModuleTracker:
             self.param_names.setdefault(id(b), strip_wrapped(name))
         if self.on_indexed is not None:
             self.on_indexed(root)
+        if self._on_exit is not None and TENSOR_PARALLEL_NOTE not in self.said and _tensor_parallel(root):
+            self.said.append(TENSOR_PARALLEL_NOTE)
+            warnings.warn(f"opscope: {TENSOR_PARALLEL_NOTE}", RuntimeWarning, stacklevel=5)  # the model's call
 
     def _name(self, module: torch.nn.Module) -> str:
         name = self.names.get(id(module))
@@ -266,6 +271,21 @@ class ModuleTracker:
             self.on_change(self.stack[-1] if self.stack else "")
         if self._on_exit is not None:
             self._on_exit(unwrap(module), path, args, output)
+
+
+# At the module level a module's global hooks run before its own: the output recorded is the
+# one a tensor-parallel plan's forward hook (torch's distribute_module) has not turned yet
+TENSOR_PARALLEL_NOTE = (
+    "level='module' under tensor parallelism: a module's output is recorded before the plan's own forward "
+    "hook turns it (a row-parallel projection's partial sums, before their all-reduce), so compare may name "
+    "a module on a rank whose output another rank changed - dump at level='aten', which records the shards' "
+    "ops and the collectives (docs/dump.md, \"DTensor\")")
+
+
+def _tensor_parallel(root: torch.nn.Module) -> bool:
+    """Has a module of ``root`` a forward hook of torch's tensor parallelism (distribute_module)?"""
+    return any(str(getattr(hook, "__module__", "")).startswith("torch.distributed.tensor")
+               for m in root.modules() for hook in m._forward_hooks.values())
 
 
 def call_kwargs() -> dict[str, Any] | None:

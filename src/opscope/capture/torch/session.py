@@ -216,7 +216,7 @@ class DumpSession:
             if self.failure is not None and status == "complete":
                 status, error = "crashed", f"opscope internal error: {type(self.failure).__name__}: {self.failure}"
             with self.writer.editing_manifest() as manifest:  # (the writer thread still runs)
-                manifest["notes"] = self.notes
+                manifest["notes"] = self.notes + self.modules.said
                 compiled = self.compiled.manifest()
                 if compiled is not None:
                     manifest["compiled"] = compiled
