@@ -62,6 +62,8 @@ def _collect(value: Any, c: type, out: list[torch.Tensor]) -> None:
             out.extend(x for x in leaves if isinstance(x, torch.Tensor))
 
 
+# tensor types that are their own data (a subclass may dispatch to Python and hold none of
+# its own); a parameter's ``grad`` is read natively as Python reads it
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 

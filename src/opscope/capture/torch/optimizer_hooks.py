@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from opscope.capture.torch.host import CaptureHost
-from opscope.capture.torch.modules import local
+from opscope.capture.torch.modules import PLAIN_TENSORS, local
 from opscope.capture.torch.optimizers import phased_closure, with_closure
 from opscope.errors import OpscopeError
 
@@ -130,9 +130,7 @@ class OptimizerHooks:
             module = (name or "").rpartition(".")[0]
             if recorder.selected(module, op, "optimizer"):
                 selected.append((i, module, p, name))
-        found = (op, selected, all(type(p) in _PLAIN for _, _, p, _ in selected))
+        found = (op, selected, all(type(p) in PLAIN_TENSORS for _, _, p, _ in selected))
         self._params[optimizer] = (key, recorder, found, params)  # params held: their ids stay theirs
         return found
 
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor types whose ``grad`` is read natively as Python reads it

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from opscope.capture.torch.modules import PLAIN_TENSORS
 from opscope.capture.torch.stats import cpu_stats, device_stats
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
@@ -15,7 +16,6 @@ from opscope.storage.writer import DumpWriter
 
 _ID, _DATA, _KEY, _NOTE, _STEP = COL["id"], COL["data"], COL["key"], COL["note"], COL["step"]
 _STRIDED = torch.strided
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _dispatch_keys = torch._C._dispatch_keys
 _PYTHON_KEY = torch._C.DispatchKey.Python
 
@@ -35,7 +35,7 @@ class Measuring:
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
         if self.probing:
             return  # a size probe: shapes and dtypes are all it needs
-        if t.__class__ not in _PLAIN and _dispatch_keys(t).has(_PYTHON_KEY):
+        if t.__class__ not in PLAIN_TENSORS and _dispatch_keys(t).has(_PYTHON_KEY):
             # a subclass dispatched to Python (FSDP's DTensor parameters, FakeTensor) may say
             # "cpu" while it holds no data of its own: its elements are never read (as natively)
             row[_NOTE] = SUBCLASS_NOTE
