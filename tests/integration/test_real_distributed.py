@@ -57,6 +57,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "fsdp": ("fsdp", None), "fsdp_same": ("fsdp", None), "fsdp_act": ("fsdp", "act"),
             "manual": ("manual", None), "manual_max": ("manual", "max_reduce"),
             "ddp_module": ("ddp", None, None, "module"), "ddp_module_act": ("ddp", "act", None, "module"),
+            "fsdp_module": ("fsdp", None, None, "module"), "fsdp_module_act": ("fsdp", "act", None, "module"),
             "tp": ("tp", None), "tp_same": ("tp", None), "tp_act": ("tp", "act")}
     return {name: launch(root / name, *spec) for name, spec in plan.items()}
 
@@ -104,12 +105,22 @@ def test_comparing_one_rank_alone_says_where_its_difference_came_from(runs):
     assert any("rank 0 first differs at step 0" in n and "compare every rank" in n for n in result.notes)
 
 
-def test_at_the_module_level_the_gradients_rank_0_received_are_said_not_blamed(runs):
-    # the module level sees no collective: rank 0's optimizer reads gradients with no producer
-    result = opscope.compare(runs["ddp_module_act"], runs["ddp_module"])
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp"])
+def test_at_the_module_level_the_gradients_rank_0_received_are_said_not_blamed(runs, wrap):
+    # the module level sees no collective: rank 0's optimizer reads gradients with no producer;
+    # FSDP2: rank 0's step 1 reads the weights that update changed (before, LlamaMLP's own code)
+    result = opscope.compare(runs[f"{wrap}_module_act"], runs[f"{wrap}_module"])
     assert {f.rank for f in result.culprits} == {1}, culprits(result)
     assert result.first_divergence.module.endswith("model.layers.1.mlp.act_fn")
     assert any(n.startswith("rank 0's gradients of ") and "rank 1 diverged before" in n for n in result.notes)
+
+
+def test_fsdp2s_unsharded_weights_are_read_as_the_parameters_they_are(runs):
+    # FSDP2 sets each layer's unsharded parameters before its forward, after the model was indexed
+    rows = opscope.load(runs["fsdp_module"]).records(rank=0, step=1).to_pandas()
+    weight = rows[(rows.module == "model.layers.1.mlp.gate_proj") & (rows.arg == "weight")]
+    assert list(weight.io) == ["param"] and list(weight.param) == ["model.layers.1.mlp.gate_proj.weight"]
+    assert list(weight["shape"].map(list)) == [[64, 32]]  # the whole weight, not rank 0's shard
 
 
 def test_the_python_capture_path_records_ddp_exactly_and_survives_fsdp(runs, tmp_path):

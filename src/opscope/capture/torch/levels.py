@@ -337,6 +337,7 @@ class ModuleLevel(Level):
         if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
             self._calls.append(-1)
             return
+        s.modules.learn(module, path)
         inputs = module_inputs(module, args, call_kwargs())
         self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
 

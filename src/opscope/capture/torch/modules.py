@@ -13,6 +13,7 @@ inside it is not a second call.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -186,6 +187,21 @@ class ModuleTracker:
         if self._on_exit is not None and TENSOR_PARALLEL_NOTE not in self.said and _tensor_parallel(root):
             self.said.append(TENSOR_PARALLEL_NOTE)
             warnings.warn(f"opscope: {TENSOR_PARALLEL_NOTE}", RuntimeWarning, stacklevel=5)  # the model's call
+
+    def learn(self, module: torch.nn.Module, path: str) -> list[tuple[torch.Tensor, str]]:
+        """Name ``module``'s own parameters that :meth:`index` did not see (``path.name``) and
+        return them: a wrapper set them after the model was indexed, as FSDP2 sets each
+        layer's unsharded parameters before its forward. Unnamed, such a weight reads as a
+        tensor no op made: the enclosing module's own code. A name is dropped with its tensor,
+        so that no later tensor takes it by its id."""
+        new: list[tuple[torch.Tensor, str]] = []
+        for key, p in module._parameters.items():
+            if p is not None and id(p) not in self.param_names:
+                name = f"{path}.{key}" if path else key
+                self.param_names[id(p)] = name
+                weakref.finalize(p, self.param_names.pop, id(p), None)
+                new.append((p, name))
+        return new
 
     def _name(self, module: torch.nn.Module) -> str:
         name = self.names.get(id(module))

@@ -77,8 +77,10 @@ class NativeModuleLevel(NativeAtenLevel):
                 params = module._parameters if type(module).named_parameters is _NAMED_PARAMETERS else None
                 found = None if params is None else self.native.record_module(
                     op, path, phase, args, params, -1, False, kwargs)
-                call = found if found is not None else self.native.record_call(
-                    op, path, phase, module_inputs(module, args, kwargs), (), -1)
+                if found is None:  # (record_module names new own parameters itself)
+                    self.native.set_params(s.modules.learn(module, path))
+                    found = self.native.record_call(op, path, phase, module_inputs(module, args, kwargs), (), -1)
+                call = found
         except Exception as exc:
             self._guard(exc)
         self._calls.append(call)

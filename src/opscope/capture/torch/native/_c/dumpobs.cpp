@@ -175,6 +175,9 @@ std::unordered_map<std::tuple<int, int, int>, bool, KeyHash> chosen;
 bool g_tensor_ops = false;                  // full tensors only for the ops tensor_op() names
 std::unordered_map<int, bool> op_keeps;     // op -> keeps full tensors (with g_tensor_ops)
 std::unordered_map<intptr_t, int> params;     // TensorImpl -> interned name
+// parameters named where a module holds them (learn_param): held weakly, so that no other
+// tensor takes a freed one's TensorImpl address (and its name) while the dump runs
+std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> learned;
 std::unordered_map<PyObject*, int> path_ids;  // module path strings (held) -> interned
 std::string g_rng;  // "rng" JSON of the random op starting (under mu: set and read within its before_op)
 // full tensors (data="tensor"): wanted this step (until tensor_limit_mb stops them), or only

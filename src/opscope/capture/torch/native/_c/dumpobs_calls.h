@@ -154,6 +154,18 @@ bool own_params(PyObject* d, std::vector<std::pair<PyObject*, PyObject*>>& out) 
   return true;
 }
 
+// A module's own parameter that set_params did not name takes the name its module gives it
+// (`module`.`name`): a wrapper put it there after the model was indexed, as FSDP2 puts each
+// layer's unsharded parameters before its forward (modules.ModuleTracker.learn, the same on the
+// Python path). Without a name it read as a tensor no op made, the enclosing module's own code.
+void learn_param(const char* module, PyObject* name, const at::Tensor& t) {
+  auto key = reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl());
+  if (params.count(key)) return;
+  std::string full = *module ? std::string(module) + "." + PyUnicode_AsUTF8(name) : PyUnicode_AsUTF8(name);
+  params.emplace(key, intern(full));
+  learned.emplace_back(t.getIntrusivePtr());
+}
+
 // The tensors of a call's keyword arguments (a dict, or None), each with its keyword, in
 // module_inputs' order; false when a value holds what only Python walks.
 bool keyword_tensors(PyObject* kwargs, std::vector<std::pair<PyObject*, PyObject*>>& out) {
@@ -191,6 +203,7 @@ PyObject* py_record_module(PyObject*, PyObject* a) {
   if (entry) {
     if (!g_inputs) return PyLong_FromLongLong(call);
     for (int i = 0; i < n; ++i) input_row(h, i, -1, THPVariable_Unpack(tensors[i]));
+    for (auto& [name, p] : own) learn_param(c.module, name, THPVariable_Unpack(p));
     own.insert(own.end(), keywords.begin(), keywords.end());  // named inputs: params, then keywords
     for (size_t j = 0; j < own.size(); ++j)
       input_row(h, n + static_cast<int>(j), intern(PyUnicode_AsUTF8(own[j].first)), THPVariable_Unpack(own[j].second));

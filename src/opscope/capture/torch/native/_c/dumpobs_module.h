@@ -35,7 +35,7 @@ PyObject* py_uninstall(PyObject*, PyObject*) {
     clear_step();
     reset_arena(true);  // its buffer given back
     pool_clear();
-    chosen.clear(), params.clear(), op_keeps.clear();
+    chosen.clear(), params.clear(), learned.clear(), op_keeps.clear();
     g_tensor_ops = false;
     for (auto& [s, _] : path_ids) Py_DECREF(s);
     path_ids.clear();
