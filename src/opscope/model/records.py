@@ -68,6 +68,7 @@ ABSENT_NOTE = "absent: not in the graph that ran (Grappler removed or rewrote it
 UNINITIALIZED_NOTE = "uninitialized memory (empty): not measured"
 UNREAD_NOTE = "overwritten without being read: not measured"
 SUBCLASS_NOTE = "tensor subclass dispatched to Python: not measured"  # (its data is not where it says)
+WRAPPED_NOTE = "wrapped by torch.func (vmap, grad): not measured"  # a batched tensor has no storage
 # an output of a collective (torch.distributed): what it holds arrives when the collective
 # completes, on another thread or stream, after the op returned; its next read measures it
 COLLECTIVE_NOTE = "filled by a collective when it completes: measured at its next read"

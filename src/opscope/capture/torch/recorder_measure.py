@@ -11,13 +11,28 @@ from opscope.capture.torch.modules import PLAIN_TENSORS
 from opscope.capture.torch.stats import cpu_stats, device_stats
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.worker import NativeStats, tensor_buffer
-from opscope.model.records import COL, STATS, SUBCLASS_NOTE
+from opscope.model.records import COL, STATS, SUBCLASS_NOTE, WRAPPED_NOTE
 from opscope.storage.writer import DumpWriter
 
 _ID, _DATA, _KEY, _NOTE, _STEP = COL["id"], COL["data"], COL["key"], COL["note"], COL["step"]
 _STRIDED = torch.strided
 _dispatch_keys = torch._C._dispatch_keys
 _PYTHON_KEY = torch._C.DispatchKey.Python
+_FUNCTORCH_KEYS = tuple(getattr(torch._C.DispatchKey, k) for k in (
+    "FuncTorchBatched", "FuncTorchGradWrapper", "Functionalize"))
+_level = torch._C._functorch.maybe_current_level  # None outside torch.func's transforms
+
+
+def unreadable(t: torch.Tensor) -> str | None:
+    """Why ``t``'s elements cannot be read here, if they cannot: a subclass dispatched to Python
+    (FSDP's DTensor parameters, FakeTensor) may say "cpu" while it holds no data of its own, and
+    torch.vmap's batched tensors and torch.func.grad's wrappers hold no storage (as natively)."""
+    if t.__class__ not in PLAIN_TENSORS:
+        return SUBCLASS_NOTE if _dispatch_keys(t).has(_PYTHON_KEY) else None
+    if _level() is None:
+        return None
+    keys = _dispatch_keys(t)
+    return WRAPPED_NOTE if any(keys.has(k) for k in _FUNCTORCH_KEYS) else None
 
 
 class Measuring:
@@ -35,10 +50,9 @@ class Measuring:
     def _measure(self, row: list[Any], t: torch.Tensor, data: bool) -> None:
         if self.probing:
             return  # a size probe: shapes and dtypes are all it needs
-        if t.__class__ not in PLAIN_TENSORS and _dispatch_keys(t).has(_PYTHON_KEY):
-            # a subclass dispatched to Python (FSDP's DTensor parameters, FakeTensor) may say
-            # "cpu" while it holds no data of its own: its elements are never read (as natively)
-            row[_NOTE] = SUBCLASS_NOTE
+        why = unreadable(t)
+        if why is not None:
+            row[_NOTE] = why
             return
         if self.worker is not None and t.is_cpu and t.layout is _STRIDED:
             self.worker.submit(row, t, data)

@@ -134,8 +134,9 @@ void measure(size_t index, const at::Tensor& t, bool data) {
     ++g_meta;
     return;
   }
-  if (python_tensor(t)) {  // FakeTensor or another subclass: its data is not where it says
-    r.note = intern("tensor subclass dispatched to Python: not measured");
+  if (wrapper_tensor(t)) {  // FakeTensor, another subclass, vmap's batched: its data is not where it says
+    r.note = intern(t.key_set().has_any(FUNCTORCH) ? "wrapped by torch.func (vmap, grad): not measured"
+                                                   : "tensor subclass dispatched to Python: not measured");
     return;
   }
   if (t.layout() != at::kStrided || t.is_quantized()) {

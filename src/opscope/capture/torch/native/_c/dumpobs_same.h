@@ -22,7 +22,7 @@ bool g_share = false, g_copies = false;  // (under mu) set within a before_op or
 
 bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in memory
   return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
-         !python_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
+         !wrapper_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
 }
 
 void hold_input(std::vector<Held>& held, int64_t row, const at::Tensor& t, bool first) {

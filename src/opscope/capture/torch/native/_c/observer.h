@@ -346,7 +346,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (T.opaque == 0 && !k.composite && g_on && !tracing()) {
     auto in = fn.inputs();
     T.args.assign(in.begin(), in.end());
-    if (python_args(T.args)) {  // looked through: the ops its __torch_dispatch__ runs are recorded
+    if (wrapper_args(T.args)) {  // looked through: the ops its __torch_dispatch__ runs are recorded
       T.args.clear();
       T.open.push_back({&k, 0, T.inner, 0});
       return nullptr;

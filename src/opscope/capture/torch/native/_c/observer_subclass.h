@@ -12,33 +12,40 @@ bool tracing() {
          TorchDispatchModeTLS::get_mode(TorchDispatchModeKey::FUNCTIONAL).has_value();
 }
 
-// A tensor subclass dispatched to Python (FakeTensor, FunctionalTensor, a wrapper subclass)
-// may say "cpu" while it holds no data: its elements must never be read.
-bool python_tensor(const at::Tensor& t) {
-  return t.key_set().has(c10::DispatchKey::Python);
+// A tensor that wraps others, whose elements must never be read (it may say "cpu" while it
+// holds no storage): a subclass dispatched to Python (FakeTensor, FunctionalTensor, DTensor),
+// functorch's wrappers (torch.vmap's BatchedTensor, torch.func.grad's TensorWrapper: before
+// session 27 the first op on one stopped the dump), a functional tensor.
+constexpr c10::DispatchKeySet FUNCTORCH({c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper,
+                                         c10::DispatchKey::Functionalize, c10::DispatchKey::BatchedNestedTensor});
+constexpr c10::DispatchKeySet WRAPPERS = FUNCTORCH | c10::DispatchKeySet(c10::DispatchKey::Python);
+
+bool wrapper_tensor(const at::Tensor& t) {
+  return t.key_set().has_any(WRAPPERS);
 }
 
 bool measurable(const at::Tensor& t) {
-  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && !python_tensor(t) && t.numel() > 0 &&
+  return t.defined() && at::isFloatingType(t.scalar_type()) && !t.is_meta() && !wrapper_tensor(t) && t.numel() > 0 &&
          t.layout() == at::kStrided;
 }
 
-// Does an op get a tensor subclass that Python dispatches (DTensor, AsyncCollectiveTensor)?
-// Such an op is looked through, as a composite one is: its __torch_dispatch__ runs the same op
-// (or a redistribution's collectives first) on the plain tensors it holds, and those ops are
-// the ones recorded, with data and statistics (tensor parallelism's shards, FSDP2's optimizer
-// on its parameters' local shards). Recorded itself, it would be a row with no data whose
-// inner ops nothing records.
-bool python_args(const std::vector<c10::IValue>& args) {
+// Does an op get a tensor that wraps others (wrapper_tensor: DTensor, AsyncCollectiveTensor,
+// torch.vmap's batched tensors)? Such an op is looked through, as a composite one is: its
+// __torch_dispatch__ (a batching rule) runs the same op (or a redistribution's collectives
+// first) on the plain tensors it holds, and those ops are the ones recorded, with data and
+// statistics (tensor parallelism's shards, FSDP2's optimizer on its parameters' local shards,
+// a vmapped function's ops on the whole batch). Recorded itself, it would be a row with no data
+// whose inner ops nothing records.
+bool wrapper_args(const std::vector<c10::IValue>& args) {
   for (const c10::IValue& a : args) {
     if (a.isTensor()) {
-      if (python_tensor(a.toTensor())) return true;
+      if (wrapper_tensor(a.toTensor())) return true;
     } else if (a.isTensorList()) {
       for (const at::Tensor& t : a.toTensorList())
-        if (python_tensor(t)) return true;
+        if (wrapper_tensor(t)) return true;
     } else if (a.isList()) {  // Tensor?[] (index's indices)
       for (const c10::IValue& e : a.toListRef())
-        if (e.isTensor() && python_tensor(e.toTensor())) return true;
+        if (e.isTensor() && wrapper_tensor(e.toTensor())) return true;
     }
   }
   return false;
