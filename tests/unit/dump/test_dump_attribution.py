@@ -106,3 +106,46 @@ def test_gradient_clipping_before_the_optimizer_step_is_backward(tmp_path, monke
     assert head == ["forward", "forward"]
     # and the optimizer's own rows stay optimizer
     assert {r["phase"] for r in rows if r["op"] == "SGD.step"} == {"optimizer"}
+
+
+SHARED = nn.Tanh()  # one module object that two layers call
+
+
+class Mixer(nn.Module):
+    """Makes its activation at each call (as transformers' Mamba reference kernels do with
+    ACT2FN[...]): a module of no model, another object each time, often at a freed one's id."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return SHARED(nn.SiLU()(self.proj(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Mixer(), Mixer()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x.sum()
+
+
+@pytest.mark.parametrize(("backend", "level"), [("native", "aten"), ("python", "aten"), ("native", "module")])
+def test_a_module_of_no_model_is_named_after_its_caller_at_every_call(tmp_path, monkeypatch, backend, level):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    torch.manual_seed(0)
+    model, x = Stack(), torch.randn(3, 8)
+    with opscope.dump(tmp_path / "d", level=level, phases=["forward"]) as d:
+        for _ in range(3):
+            model(x).backward()
+            d.step()
+    rows = opscope.load(tmp_path / "d").records().to_pandas()
+    for op, name in (("silu", "SiLU"), ("tanh", "Tanh")):
+        found = rows[(rows.op.str.contains(op, case=False) | (rows.op == name)) & (rows.io == "output")]
+        for step in range(3):
+            paths = found[found.step == step].module.tolist()
+            assert paths == [f"layers.0.{name}", f"layers.1.{name}"], (step, paths)

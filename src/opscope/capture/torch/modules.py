@@ -209,8 +209,12 @@ class ModuleTracker:
             inner = unwrap(module)  # an OptimizedModule made after indexing: its module's name
             name = self.names.get(id(inner)) if inner is not module else None
             if name is None:
+                # no module of the model: named after its caller at each call, never kept. A
+                # module made inside a forward (transformers' ACT2FN[...] in Mamba's reference
+                # kernels) is another object at each call, and a later one may take a freed
+                # one's id; one shared by several modules has as many callers.
                 parent = self.path
-                name = f"{parent}.{type(inner).__name__}" if parent else type(inner).__name__
+                return f"{parent}.{type(inner).__name__}" if parent else type(inner).__name__
             self.names[id(module)] = name
         return name
 
