@@ -6,6 +6,8 @@ memory through a tensor whose version counter is another."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -136,3 +138,37 @@ def test_a_base_written_through_a_view_has_that_write_for_its_producer(tmp_path,
     result = opscope.compare(tmp_path / "bad", tmp_path / "ref")
     assert [(f.kind, f.op) for f in result.culprits] == [("culprit", "aten.mul.Tensor")]
     assert result.first_divergence.seq < read.iloc[0]["seq"], "the scale, not the read of the buffer"
+
+
+def _fill_by_halves(path, garbage: float, data: str) -> None:
+    """DeepSeek-V3's query: an empty filled a half at a time through views (`q[..., :n] = a`,
+    then `q[..., n:] = b`); the memory it reuses held ``garbage`` before."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    w, x = torch.randn(8, 8, requires_grad=True), torch.randn(4, 8)
+    with opscope.dump(path, data=data) as d:
+        for _ in range(2):
+            junk = np.full((4, 16), garbage, dtype=np.float32)  # (numpy: no op of the dump)
+            del junk
+            h = x @ w
+            q = h.new_empty(4, 16)
+            q[:, :8] = h
+            q[:, 8:] = h * 2
+            q.sum().backward()
+            d.step()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+@pytest.mark.parametrize("data", ["statistics", "tensor"])
+def test_an_empty_viewed_while_half_written_is_not_measured(tmp_path, monkeypatch, backend, data):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    _fill_by_halves(tmp_path / "a", 1.0, data)
+    _fill_by_halves(tmp_path / "b", 7.0, data)
+    rows = opscope.load(tmp_path / "a").records(step=0).to_pandas()
+    slices = rows[(rows.op == "aten.slice.Tensor") & (rows.io == "input")]
+    assert list(slices.note) == ["uninitialized memory (empty): not measured"] * 2, "the second: half written"
+    whole = rows[(rows.op == "aten.sum.default") & (rows.io == "input")].iloc[0]
+    assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
+    result = opscope.compare(tmp_path / "a", tmp_path / "b")
+    assert result.verdict == "identical", result.counts  # before: the unwritten half's bytes differed

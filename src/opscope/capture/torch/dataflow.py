@@ -112,6 +112,12 @@ class DataFlow:
             entry = self.entries.get(geometry(t))
         return entry
 
+    def stale(self, t: torch.Tensor) -> list[Any] | None:
+        """The row this very tensor last had, changed since or not (None: none, or another
+        tensor's at a reused id)."""
+        entry = self.entries.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else None
+
     def register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
                  view: bool = False) -> None:
         self.entries[id(t)] = [weakref.ref(t), row, version, pname, False, self.writes_to(t)]

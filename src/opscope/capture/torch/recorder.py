@@ -243,7 +243,12 @@ class Recorder(Measuring):
         pname = self.param_names.get(id(t))
         # (made in part by an in-place write through a view of it: that write is its producer)
         row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
-        self._measure(row, t, data)
+        made = self.flow.stale(t) if view_op else None
+        if made is not None and self.unfilled.holds_none(made):
+            # an empty written since only in part, through views (dumpobs_inputs.h made_empty)
+            self.unfilled.empty(row)
+        else:
+            self._measure(row, t, data)
         self.flow.register(t, row, version_of(t), pname)
         if view_op and not pname:
             self.unfilled.view_read(row)
