@@ -54,10 +54,12 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     grads = _gradient_makers(sides, "target", t_rows), _gradient_makers(sides, "reference", r_rows)
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
-        by_grad = _pair_by_gradient(tc, rc, *grads)
-        for ta, rb in by_grad:
+        by_name = _pair_by_gradient(tc, rc, *grads)
+        by_name += _pair_by_reads([c for c in tc if all(c is not a for a, _ in by_name)],
+                                  [c for c in rc if all(c is not b for _, b in by_name)])
+        for ta, rb in by_name:
             pairs.extend(pair_rows(ta, rb, "aligned", partner))
-        if by_grad:
+        if by_name:
             tc = [c for c in tc if not any(r["id"] in partner["target"] for r in c.rows)]
             rc = [c for c in rc if not any(r["id"] in partner["reference"] for r in c.rows)]
         same = len(tc) == len(rc) and _same_ops(tc, rc)  # once a group: each call is O(len)
@@ -200,6 +202,27 @@ def _pair_by_gradient(tc: list[OpCall], rc: list[OpCall], t_grads: dict[int, str
         return []
     t_by, r_by = by_param(tc, t_grads), by_param(rc, r_grads)
     return [(t_by[name], r_by[name]) for name in t_by.keys() & r_by.keys() if _matchable(t_by[name], r_by[name])]
+
+
+def _pair_by_reads(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall, OpCall]]:
+    """Calls that read parameters, paired by the names they read where the two sides read them
+    in another order (else by position, as before).
+
+    ModernBERT's rotary module is called once per attention type; compiled, it makes the
+    global one's frequencies first, uncompiled the local one's: by position, each read of one
+    buffer paired with a read of the other, a "root" at the start of step 0."""
+    def by_names(calls: list[OpCall]) -> dict[frozenset[str], OpCall]:
+        found: dict[frozenset[str], list[OpCall]] = defaultdict(list)
+        for call in calls:
+            names = frozenset(r["param"] for r in call.rows if r.get("io") == "param" and r.get("param"))
+            if names:
+                found[names].append(call)
+        return {names: cs[0] for names, cs in found.items() if len(cs) == 1}
+    t_by, r_by = by_names(tc), by_names(rc)
+    both = t_by.keys() & r_by.keys()
+    if len(both) < 2 or [k for k in t_by if k in both] == [k for k in r_by if k in both]:
+        return []  # (dicts keep the calls' order)
+    return [(t_by[k], r_by[k]) for k in both if _matchable(t_by[k], r_by[k])]
 
 
 def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:

@@ -168,3 +168,26 @@ def test_an_op_pairs_with_its_in_place_form():
     t = Rows().op("aten.mm.default", 1.0).op("aten.add_.Tensor", 2.0)
     r = Rows().op("aten.mm.default", 1.0).op("aten.sub.Tensor", 2.0)
     assert _pairs_by_seq(align_partition(t.rows, r.rows)) == {(0, 0)}, "another op is no in-place form"
+
+
+def _reads(side, order):
+    """Calls of one module each reading one buffer (ModernBERT's rotary module, once per
+    attention type), in ``order``."""
+    rows = []
+    for seq, name in enumerate(order):
+        common = dict(rank=0, step=0, seq=seq, phase="forward", module="rotary", op="aten.mul.Tensor", call=seq)
+        rows.append(dict(id=3 * seq, io="input", slot=0, producer=None, numel=4, shape=[4], norm=1.0, **common))
+        rows.append(dict(id=3 * seq + 1, io="param", slot=1, param=f"rotary.{name}_inv_freq", producer=None,
+                         numel=4, shape=[4], norm=2.0, **common))
+        rows.append(dict(id=3 * seq + 2, io="output", slot=0, producer=None, numel=4, shape=[4], norm=3.0, **common))
+    return rows
+
+
+def test_calls_reading_parameters_in_another_order_pair_by_the_names_they_read():
+    pairs = align_partition(_reads("target", ["full", "sliding"]), _reads("reference", ["sliding", "full"]))
+    params = [(p.t["param"], p.r["param"]) for p in pairs if p.t is not None and p.r is not None
+              and p.t["io"] == "param"]
+    assert sorted(params) == [("rotary.full_inv_freq", "rotary.full_inv_freq"),
+                              ("rotary.sliding_inv_freq", "rotary.sliding_inv_freq")]
+    same = align_partition(_reads("target", ["full", "sliding"]), _reads("reference", ["full", "sliding"]))
+    assert {p.kind for p in same} == {"exact"}, "the same order pairs by position, as before"
