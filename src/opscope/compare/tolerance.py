@@ -109,11 +109,16 @@ def eps_units(error: float, dtype: str) -> float:
 
 
 def dtype_extremes(t: dict[str, Any], r: dict[str, Any]) -> bool:
-    """Do two records of different float dtypes each reach their own dtype's largest or lowest
-    finite value (``torch.finfo(dtype).min``, an attention mask's fill: −65504 in float16,
-    −3.4e38 in float32)? Then they differ by their dtypes, not by what was computed."""
+    """Do two float records each reach their own fill of a mask: their dtype's largest or
+    lowest finite value (``torch.finfo(dtype).min``: −65504 in float16, −3.4e38 in float32) or
+    an infinity, and not the same one? Then they differ by how a mask was encoded (by their
+    dtypes; Falcon's sdpa path fills with −inf where its eager path takes finfo.min), not by
+    what was computed."""
     a, b = _base(t.get("dtype")), _base(r.get("dtype"))
-    if a == b or a not in FINITE_MAX or b not in FINITE_MAX:
+    if a not in FINITE_MAX or b not in FINITE_MAX:
         return False
-    return (t.get("min") == -FINITE_MAX[a] and r.get("min") == -FINITE_MAX[b]) or \
-        (t.get("max") == FINITE_MAX[a] and r.get("max") == FINITE_MAX[b])
+    for key, sign in (("min", -1.0), ("max", 1.0)):
+        vt, vr = t.get(key), r.get(key)
+        if vt != vr and vt in (sign * FINITE_MAX[a], sign * math.inf) and vr in (sign * FINITE_MAX[b], sign * math.inf):
+            return True
+    return False

@@ -28,3 +28,14 @@ def test_masks_of_one_encoding_are_compared():
         pair = Pair(_row(dtype, 3.2, 1), _row(dtype, 3.3, 2), "exact")
         plan([pair], NoiseModel())
         assert pair.mode == "statistics" and ENCODINGS_DIFFER not in (pair.note or "")
+
+
+def test_a_mask_filled_with_minus_inf_against_one_filled_with_the_lowest_float_is_one_mask():
+    from opscope.compare.tolerance import dtype_extremes
+
+    lowest = -3.4028234663852886e38
+    inf_fill, min_fill = dict(dtype="float32", min=-float("inf"), max=0.0), dict(dtype="float32", min=lowest, max=0.0)
+    assert dtype_extremes(inf_fill, min_fill) and dtype_extremes(min_fill, inf_fill)  # Falcon: sdpa's, eager's
+    assert dtype_extremes(dict(dtype="float16", min=-65504.0, max=0.0), min_fill), "each dtype's own lowest"
+    assert not dtype_extremes(min_fill, dict(min_fill)), "the same fill is no other encoding"
+    assert not dtype_extremes(inf_fill, dict(dtype="float32", min=-1e30, max=0.0)), "a finite value is computed"
