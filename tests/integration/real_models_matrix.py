@@ -43,9 +43,19 @@ HEADER = (f"{'family':<8} {'pair':<14} {'mode':<10} {'verdict':<16} {'cul':>4}  
           f"{'run':>7} {'compare':>7}  first divergence (module | op | phase | step)")
 
 
+# Benign changes that are not benign: torch 2.13's inductor (CPU) makes Falcon's gradients
+# wrong by 0.3-1.6% (against float64: eager 3e-7, aot_eager 3e-7, inductor 1.6e-2 for layer 0's
+# query_key_value weight); the culprit is the compiled backward graph of step 0.
+REAL_DIFFERENCES = {("falcon", "inductor"): ("backward", 0)}
+
+
 def expected(family: str, pair: str, verdict: str, first: object) -> bool:
     """What test_real_models asserts, in one place for the table."""
     fault = pair.split("+")[-1]  # a compound pair (fp16_amp+act) is a fault under a benign change
+    if (family, pair) in REAL_DIFFERENCES:
+        phase, step = REAL_DIFFERENCES[family, pair]
+        return verdict == "diverged" and str(getattr(first, "op", "")).startswith("compiled_graph_") and \
+            (getattr(first, "phase", None), getattr(first, "step", None)) == (phase, step)
     if fault not in rm.FAULTS:
         return verdict in ("identical", "within_tolerance") and first is None
     parts = set(pair.split("+"))

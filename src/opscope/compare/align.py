@@ -321,14 +321,21 @@ def _match(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[int, int]]:
 
 
 def _similarity(a: OpCall, b: OpCall) -> float:
-    """3 for a match (same op, same output shapes: see _matchable), +1 as output norms get closer."""
-    oa, ob = a.outputs(), b.outputs()
-    score = 3.0
-    if oa and ob:
-        na, nb = oa[0].get("norm"), ob[0].get("norm")
-        if na is not None and nb is not None and math.isfinite(na) and math.isfinite(nb):
-            score += 1.0 - min(1.0, abs(na - nb) / max(abs(na), abs(nb), 1e-30))
-    return score
+    """3 for a match (same op, same output shapes: see _matchable), +1 as output norms get
+    closer, +0.5 as the first inputs' do (CLIP's loss `(a + b) / 2`, then the training loop's
+    `loss / accumulate`: against a compiled graph that made the loss, the second `div` reads
+    what the graph returned, the first twice as much)."""
+    return 3.0 + _closeness(a.outputs(), b.outputs()) + 0.5 * _closeness(a.inputs(), b.inputs())
+
+
+def _closeness(ra: list[dict[str, Any]], rb: list[dict[str, Any]]) -> float:
+    """1 for equal norms of the first rows, down to 0 as they differ."""
+    if not ra or not rb:
+        return 0.0
+    na, nb = ra[0].get("norm"), rb[0].get("norm")
+    if na is None or nb is None or not (math.isfinite(na) and math.isfinite(nb)):
+        return 0.0
+    return 1.0 - min(1.0, abs(na - nb) / max(abs(na), abs(nb), 1e-30))
 
 
 def _identity_pairs(one_sided: list[OpCall], sides: Sides, partner: dict) -> list[Pair]:

@@ -191,3 +191,24 @@ def test_calls_reading_parameters_in_another_order_pair_by_the_names_they_read()
                               ("rotary.sliding_inv_freq", "rotary.sliding_inv_freq")]
     same = align_partition(_reads("target", ["full", "sliding"]), _reads("reference", ["full", "sliding"]))
     assert {p.kind for p in same} == {"exact"}, "the same order pairs by position, as before"
+
+
+def _chain(ops):
+    """One op after another, each reading the last one's output: (op, input norm, output norm)."""
+    rows = []
+    for seq, (op, norm_in, norm_out) in enumerate(ops):
+        common = dict(rank=0, step=0, seq=seq, phase="forward", module="", op=op, call=seq, numel=1, shape=[])
+        rows.append(dict(id=2 * seq, io="input", slot=0, producer=2 * seq - 1 if seq else None, norm=norm_in,
+                         **common))
+        rows.append(dict(id=2 * seq + 1, io="output", slot=0, producer=None, norm=norm_out, **common))
+    return rows
+
+
+def test_a_tie_of_outputs_is_broken_by_the_inputs():
+    # CLIP's loss (a + b) / 2, then the loop's loss / 1, against a compiled graph that made the loss
+    t = _chain([("compiled_graph_0", 1.0, 2.0), ("aten.div.Tensor", 2.0, 2.0)])
+    r = _chain([("aten.add.Tensor", 1.0, 4.0), ("aten.div.Tensor", 4.0, 2.0), ("aten.div.Tensor", 2.0, 2.0)])
+    pairs = align_partition(t, r)
+    divs = [(p.t["seq"], p.r["seq"]) for p in pairs if p.t is not None and p.r is not None
+            and p.t["op"] == "aten.div.Tensor" and p.t["io"] == "output"]
+    assert divs == [(1, 2)], "the loop's division, which reads what the graph returned"
