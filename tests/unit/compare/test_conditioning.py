@@ -189,3 +189,30 @@ def test_a_selection_may_hold_more_than_its_share_of_the_error() -> None:
     api = condition([row("Tensor.__getitem__", "input", 0, cache)], row("Tensor.__getitem__", "output", 0, out),
                     float(np.linalg.norm(out)))
     assert api == factor
+
+
+def test_log_softmax_backward_bounds_what_its_saved_output_carries() -> None:
+    # a language model's loss: log-probabilities of 64 tokens over a vocabulary of 64, the
+    # cross-entropy gradient -1/N at each row's label
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 1.5, (64, 64))
+    y = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    g = np.zeros_like(y)
+    g[np.arange(64), rng.integers(0, 64, 64)] = -1 / 64
+
+    def backward(g_: np.ndarray, y_: np.ndarray) -> np.ndarray:
+        return g_ - np.exp(y_) * g_.sum(1, keepdims=True)
+
+    out = backward(g, y)
+    rows = [dict(row("_log_softmax_backward_data", "input", 0, g), min=float(g.min()), max=float(g.max())),
+            dict(row("_log_softmax_backward_data", "input", 1, y), min=float(y.min()), max=float(y.max()))]
+    out_row = row("aten._log_softmax_backward_data.default", "output", 0, out)
+    factor = condition(rows, out_row, float(np.linalg.norm(out)))
+    e = 1e-6
+    # the log-probabilities' error where the model is surest (bf16 logits moved its top token)
+    top = np.unravel_index(y.argmax(), y.shape)
+    d = np.zeros_like(y)
+    d[top] = e * np.linalg.norm(y)
+    seen = max(rel(backward(g, y + d), out), worst(lambda y_: backward(g, y_), [y], e, rng)) / e
+    assert factor * 1.001 >= seen > 1.5, (factor, seen)  # before: 1; (to first order: the bound is reached)
+    assert factor < 20 * seen
