@@ -55,8 +55,8 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
     for key in sorted(set(t_calls) | set(r_calls), key=lambda k: (PHASE_ORDER.get(k[0], 9), k)):
         tc, rc = t_calls.get(key, []), r_calls.get(key, [])
         by_name = _pair_by_gradient(tc, rc, *grads)
-        by_name += _pair_by_reads([c for c in tc if all(c is not a for a, _ in by_name)],
-                                  [c for c in rc if all(c is not b for _, b in by_name)])
+        taken = {id(c) for pair in by_name for c in pair}
+        by_name += _pair_by_reads([c for c in tc if id(c) not in taken], [c for c in rc if id(c) not in taken])
         for ta, rb in by_name:
             pairs.extend(pair_rows(ta, rb, "aligned", partner))
         if by_name:

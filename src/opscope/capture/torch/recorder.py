@@ -244,7 +244,7 @@ class Recorder(Measuring):
         # (made in part by an in-place write through a view of it: that write is its producer)
         row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
         made = self.flow.stale(t) if view_op else None
-        if made is not None and self.unfilled.holds_none(made):
+        if made is not None and self.unfilled.holds_none(made) and self.flow.result_of(t) is None:
             # an empty written since only in part, through views (dumpobs_inputs.h made_empty)
             self.unfilled.empty(row)
         else:

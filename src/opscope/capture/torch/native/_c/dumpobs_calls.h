@@ -160,7 +160,9 @@ bool own_params(PyObject* d, std::vector<std::pair<PyObject*, PyObject*>>& out) 
 // Python path). Without a name it read as a tensor no op made, the enclosing module's own code.
 void learn_param(const char* module, PyObject* name, const at::Tensor& t) {
   auto key = reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl());
-  if (params.count(key)) return;
+  // (at most 2^16 learnt: a model that makes a new parameter object at every call keeps them
+  // unnamed rather than holding ~200 bytes a call)
+  if (params.count(key) || learned.size() >= (1u << 16)) return;
   std::string full = *module ? std::string(module) + "." + PyUnicode_AsUTF8(name) : PyUnicode_AsUTF8(name);
   params.emplace(key, intern(full));
   learned.emplace_back(t.getIntrusivePtr());

@@ -36,11 +36,13 @@ void unread_row(const Head& h, int slot, int arg, const at::Tensor& t) {
 }
 
 int64_t written_by(const at::Tensor& t);  // dumpobs_same.h
+bool holds_collective(const at::Tensor& t);  // dumpobs_same.h
 
 // `t` is the very tensor an empty-like op made this step, written since only through views of
 // it (its row is stale): DeepSeek-V3 fills `q = k.new_empty(...)` a half at a time, `q[..., :n]
 // = a`, then takes `q[..., n:]` to write the other half. An op that only views it then finds
 // one half still unwritten (before session 27 measured: other bytes each run, a difference).
+// (A collective's result, which fills it whole, is data: FSDP's all-gather buffer.)
 bool made_empty(const at::Tensor& t) {
   auto it = flow.find(reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl()));
   return it != flow.end() && it->second.ref && !it->second.ref->expired() && (rows[it->second.row].marks & NODATA);
@@ -76,7 +78,7 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   int param = param_of(t);
   // (made in part by an in-place write through a view of it: that write is its producer)
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
-  if (g_view_op && made_empty(t)) {  // written only in part since (not read here): its next read measures it
+  if (g_view_op && made_empty(t) && !holds_collective(t)) {  // written in part since: its next read measures it
     rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
     record_flow(t, i, version_of(t), param, false);
     return static_cast<int64_t>(i);

@@ -64,6 +64,12 @@ int64_t written_by(const at::Tensor& t) {
   return rows[w->row].id;
 }
 
+// Does `t` hold a collective's result (holds_result)?
+bool holds_collective(const at::Tensor& t) {
+  const WrittenBase* w = written_entry(t);
+  return w && w->collective;
+}
+
 // `t` holds the result of the collective whose output row is `row`: its next read (and its
 // base's) has that row for its producer, however often the result's arrival writes it.
 void holds_result(const at::Tensor& t, size_t row) {
