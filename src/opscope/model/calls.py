@@ -36,6 +36,34 @@ def draws(op: str) -> bool:
     return any(d in name for d in DRAWS)
 
 
+EMPTIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+
+
+@functools.cache
+def makes_empty(op: str) -> bool:
+    """Does API call ``op`` (``torch.empty_like``, ``Tensor.new_empty``) return memory that holds
+    no data yet? Its output is recorded unmeasured, as the aten level's empties are (before
+    session 27 the API level measured what the memory held: DeepSeek-V3's `new_empty` named in
+    the same run twice)."""
+    return op.rsplit(".", 1)[-1] in EMPTIES
+
+
+# API calls that rearrange their first argument's elements (a view, or a copy of some of them):
+# where it holds no data yet, neither does what they return (DeepSeek-V3's `q[..., :n]` of an
+# empty, to be written, measured its old bytes at the API level before session 27).
+REARRANGING = frozenset("""
+__getitem__ view view_as reshape reshape_as transpose permute narrow select split chunk unbind t T mT
+expand expand_as unsqueeze squeeze flatten unflatten movedim swapaxes as_strided diagonal unfold
+""".split())
+
+
+@functools.cache
+def rearranges(op: str) -> bool:
+    """Does API call ``op`` (``Tensor.__getitem__``, ``torch.transpose``) only rearrange its
+    first argument's elements?"""
+    return op.rsplit(".", 1)[-1] in REARRANGING
+
+
 @functools.cache  # asked once per recorded call (capture's Python paths): a name is looked up once
 def overwrites_first(op: str) -> bool:
     """Does op ``op`` (``aten.copy_.default``, ``Tensor.fill_``, ``fill_``) write its first

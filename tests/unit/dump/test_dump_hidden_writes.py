@@ -140,21 +140,21 @@ def test_a_base_written_through_a_view_has_that_write_for_its_producer(tmp_path,
     assert result.first_divergence.seq < read.iloc[0]["seq"], "the scale, not the read of the buffer"
 
 
-def _fill_by_halves(path, garbage: float, data: str) -> None:
+def _fill_by_halves(path, garbage: float, data: str, level: str = "aten") -> None:
     """DeepSeek-V3's query: an empty filled a half at a time through views (`q[..., :n] = a`,
     then `q[..., n:] = b`); the memory it reuses held ``garbage`` before."""
     import numpy as np
 
     torch.manual_seed(0)
     w, x = torch.randn(8, 8, requires_grad=True), torch.randn(4, 8)
-    with opscope.dump(path, data=data) as d:
+    with opscope.dump(path, data=data, level=level) as d:
         for _ in range(2):
             junk = np.full((4, 16), garbage, dtype=np.float32)  # (numpy: no op of the dump)
             del junk
             h = x @ w
             q = h.new_empty(4, 16)
             q[:, :8] = h
-            q[:, 8:] = h * 2
+            q[:, 8:].copy_(h * 2)  # (at the API level: Tensor.__getitem__, then copy_)
             q.sum().backward()
             d.step()
 
@@ -172,3 +172,24 @@ def test_an_empty_viewed_while_half_written_is_not_measured(tmp_path, monkeypatc
     assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
     result = opscope.compare(tmp_path / "a", tmp_path / "b")
     assert result.verdict == "identical", result.counts  # before: the unwritten half's bytes differed
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_at_the_api_level_an_empty_and_its_parts_written_are_not_measured(tmp_path, monkeypatch, backend):
+    # Tensor.new_empty's output, Tensor.__setitem__ writing half of it, and the other half taken
+    # by Tensor.__getitem__: before, each measured the memory's old bytes (DeepSeek-V3's
+    # new_empty named in the same run twice)
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    _fill_by_halves(tmp_path / "a", 1.0, "statistics", "api")
+    _fill_by_halves(tmp_path / "b", 7.0, "statistics", "api")
+    rows = opscope.load(tmp_path / "a").records(step=0).to_pandas()
+    empty = "uninitialized memory (empty): not measured"
+    assert list(rows[(rows.op == "Tensor.new_empty") & (rows.io == "output")].note) == [empty]
+    setitem = rows[rows.op == "Tensor.__setitem__"]
+    assert list(setitem[(setitem.slot == 0) & (setitem.io == "input")].note) == [empty], "what it finds"
+    getitem = rows[rows.op == "Tensor.__getitem__"]
+    assert list(getitem.note) == [empty, empty], "a part of memory that holds no data yet"
+    whole = rows[(rows.op == "Tensor.sum") & (rows.io == "input") & (rows.phase == "forward")].iloc[0]
+    assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
+    result = opscope.compare(tmp_path / "a", tmp_path / "b")
+    assert result.verdict == "identical", result.counts

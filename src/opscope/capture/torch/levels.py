@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
-from opscope.model.calls import in_place
+from opscope.model.calls import in_place, makes_empty, overwrites_first, rearranges
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -256,26 +256,31 @@ class _ApiMode(ApiCalls):
     def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         s = self.session
         call = None
+        # a call writing part of an empty (`q[:, :8] = h`), or viewing one: what it reads and
+        # leaves is no data yet
+        empty = (writes_first(name) or rearranges(name)) and not overwrites_first(name) and bool(args) and \
+            s.recorder.holds_no_data(args[0])
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
             call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
-                                            source=s.source() if s.cfg.source else None)
+                                            source=s.source() if s.cfg.source else None, empty_first=empty)
         if writes_first(name) or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 s.recorder.before_write(t)
-        return None if call is None else (call, name, module)
+        return None if call is None else (call, name, module, args[0] if empty else None)
 
     def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
         for _, _, t in items:
             self.session.recorder.before_write(t)
 
     def end(self, token: Any, out: Any) -> None:
-        call, name, module = token
+        call, name, module, empty = token  # (empty: the first argument, written in part, where it held no data)
         s = self.session
-        outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
+        outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))] or (
+            [(0, None, empty)] if empty is not None else [])  # (Tensor.__setitem__ returns nothing)
         # torch moved the version of what the call wrote before it returned: the next use
         # of the tensor links to this row
         s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else (),
-                                  bumped=True)
+                                  bumped=True, uninitialized=empty is not None or makes_empty(name))
         if "backward" in s.cfg.phases:
             _hook_backward(s, name, module, out)
 

@@ -132,14 +132,15 @@ class Recorder(Measuring):
                       *, args: Any = None, views: bool = False, fwd_op: str | None = None, node: str | None = None,
                       source: str | None = None, input_io: str = "input", call: int | None = None,
                       param: str | None = None, unread: frozenset[str] = frozenset(),
-                      view_op: bool = False) -> tuple[Any, ...]:
+                      view_op: bool = False, empty_first: bool = False) -> tuple[Any, ...]:
         """The first half of :meth:`record`, taken before the op runs (an in-place op changes
         its inputs): the input rows. ``call`` reuses the index of an earlier record of the
         same call (module entry and exit); ``param`` names the parameter the inputs belong
         to (a gradient's parameter); ``unread``: the arguments the op fills without reading
         them (an out= argument, a collective's destination), recorded unmeasured as the
         first argument of ``copy_`` is; ``view_op``: an aten op that only views its inputs
-        (reads no element). Returns what :meth:`record_outputs` needs."""
+        (reads no element); ``empty_first``: the first argument, which the call writes in part,
+        holds no data yet (:meth:`holds_no_data`). Returns what :meth:`record_outputs` needs."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
@@ -150,14 +151,15 @@ class Recorder(Measuring):
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
         if self.want_inputs or views:
-            unread_first = overwrites_first(op)
+            unread_first = overwrites_first(op) or empty_first
             for slot, arg, t in inputs:
                 if (unread_first and slot == 0) or arg in unread:  # what is there before the op fills it is not data
                     if self.unfilled.view_reads:
                         self._unmeasure(t)
                     if self.want_inputs:
                         pname = self.param_names.get(id(t))
-                        self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = UNREAD_NOTE
+                        note = UNINITIALIZED_NOTE if empty_first and slot == 0 else UNREAD_NOTE
+                        self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = note
                     continue
                 row = self._input_row(head, slot, arg, t, data, input_io, view_op)
                 if first_input_row is None:
@@ -241,6 +243,8 @@ class Recorder(Measuring):
         if not self.want_inputs:
             return None
         pname = self.param_names.get(id(t))
+        if pname is None and t._base is not None and self.param_names:  # a view of a parameter (`weight.T`)
+            pname = self.param_names.get(id(t._base))
         # (made in part by an in-place write through a view of it: that write is its producer)
         row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
         made = self.flow.stale(t) if view_op else None
@@ -253,6 +257,11 @@ class Recorder(Measuring):
         if view_op and not pname:
             self.unfilled.view_read(row)
         return row
+
+    def holds_no_data(self, t: Any) -> bool:
+        """Is ``t`` memory that holds no data yet (an empty's, written since only in part)?"""
+        entry = self.flow.find(t) if isinstance(t, torch.Tensor) else None
+        return entry is not None and self.unfilled.holds_none(entry[1])
 
     def _unmeasure(self, t: torch.Tensor) -> None:
         """``t`` is overwritten unread: a view read of it is taken back (unfilled.py)."""

@@ -26,7 +26,7 @@ from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
-from opscope.model.calls import overwrites_first
+from opscope.model.calls import makes_empty, overwrites_first, rearranges
 
 if TYPE_CHECKING:
     import torch
@@ -76,9 +76,11 @@ class _NativeApiMode(ApiCalls):
         if not self.session.recorder.selected(module, name, phase):
             return None
         try:
+            writes = writes_first(name)
             token: int = self.native.api_begin(name, module, PHASE_CODES[phase], call_inputs(args, kwargs),
-                                               args_text(args, kwargs), overwrites_first(name))
-            return token, name
+                                               args_text(args, kwargs), overwrites_first(name),
+                                               writes or rearranges(name))
+            return token, name, args[0] if writes and args else None  # (api_end takes a tensor only)
         except Exception as exc:
             self._failed(exc)
             return None
@@ -86,7 +88,7 @@ class _NativeApiMode(ApiCalls):
     def end(self, token: Any, out: Any) -> None:
         try:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            self.native.api_end(token[0], outputs, writes_first(token[1]), self.grads)
+            self.native.api_end(token[0], outputs, writes_first(token[1]), self.grads, makes_empty(token[1]), token[2])
         except Exception as exc:
             self._failed(exc)
 

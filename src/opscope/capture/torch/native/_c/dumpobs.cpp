@@ -325,6 +325,15 @@ int param_of(const at::Tensor& t) {
   return it == params.end() ? -1 : it->second;
 }
 
+// The parameter a tensor read anew is, or is a view of: at the API level a weight is often read
+// through a view no recorded call made (Falcon's `x @ self.weight.T`: Tensor.T is a property).
+// Unnamed, the transposed weight, which the last update changed, was a root at step 1.
+int param_or_base_of(const at::Tensor& t) {
+  int param = param_of(t);
+  if (param >= 0 || params.empty() || !t.is_view()) return param;
+  return param_of(at::Tensor(t._base()));
+}
+
 int64_t writes_to(const at::Tensor& t) {
   if (g_writes.empty()) return 0;
   auto it = g_writes.find(storage_of(t));

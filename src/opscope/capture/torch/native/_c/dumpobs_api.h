@@ -11,6 +11,7 @@
 namespace {
 
 std::vector<Head> api_calls;  // calls begun and not ended (a stack: the token is the depth)
+std::vector<bool> api_empty;  // per begun call: it writes part of memory that holds no data yet
 int64_t g_api_step = -2;        // the step api_calls belong to
 // autograd nodes already hooked (levels.py marks node.metadata): a weak reference tells a node
 // still alive from a new one at a reused address
@@ -21,6 +22,7 @@ bool g_api_told = false;  // Python was told that backward ran since the last fo
 void api_new_step() {
   g_api_step = g_step;
   api_calls.clear();
+  api_empty.clear();
   for (auto it = api_nodes.begin(); it != api_nodes.end();) it = it->second.expired() ? api_nodes.erase(it) : ++it;
 }
 
@@ -76,14 +78,24 @@ void api_hook_node(const Head& h, const at::Tensor& t) {
   node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name())));
 }
 
-// api_begin(op, module, phase, inputs, args, unread) -> token: the call's head and its input rows.
-// inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or None;
-// unread: the call fills its first argument without reading it (model/calls.py overwrites_first).
+// Does `t` hold no data yet (an empty's memory, written since only in part)?
+bool holds_no_data(const at::Tensor& t) {
+  const Flow* f = find_flow(t);
+  return f && (rows[f->row].marks & NODATA);
+}
+
+// api_begin(op, module, phase, inputs, args, unread, writes) -> token: the call's head and its
+// input rows. inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or
+// None; unread: the call fills its first argument without reading it (model/calls.py
+// overwrites_first); writes: it writes its first argument in place, maybe only in part
+// (`q[:, :8] = h`, Tensor.__setitem__), or only rearranges its elements (model/calls.py
+// rearranges: `q[..., :n]`): where that holds no data yet, the call reads none and leaves none
+// (its outputs are an empty's, api_end).
 PyObject* py_api_begin(PyObject*, PyObject* a) {
   const char *op, *module;
-  int phase, unread;
+  int phase, unread, writes = 0;
   PyObject *ins, *args;
-  if (!PyArg_ParseTuple(a, "ssiOOp", &op, &module, &phase, &ins, &args, &unread)) return nullptr;
+  if (!PyArg_ParseTuple(a, "ssiOOp|p", &op, &module, &phase, &ins, &args, &unread, &writes)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   if (g_api_step != g_step) api_new_step();
   if (phase == FORWARD) g_api_told = false;
@@ -97,30 +109,47 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
     if (!s) return nullptr;
     h.args = args_doc(s, static_cast<size_t>(n));
   }
-  if (g_inputs && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
-        if (slot == 0 && unread) unread_row(h, 0, arg, t);
-        else input_row(h, slot, arg, t);
+  bool empty = false;
+  if ((g_inputs || writes) && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
+        if (slot == 0 && !unread && writes && holds_no_data(t)) {
+          empty = true;
+          if (g_inputs) rows[new_row(h, IO_INPUT, 0, arg, t)].note = N_UNINITIALIZED;
+        } else if (!g_inputs) {
+        } else if (slot == 0 && unread) {
+          unread_row(h, 0, arg, t);
+        } else {
+          input_row(h, slot, arg, t);
+        }
       }))
     return nullptr;
   api_calls.push_back(h);
+  api_empty.push_back(empty);
   return PyLong_FromSsize_t(static_cast<Py_ssize_t>(api_calls.size()) - 1);
 }
 
-// api_end(token, outputs, mutated, grads): the call's output rows (mutated: written in place);
-// grads: hook the autograd node of each output that requires grad, for its backward row.
+// api_end(token, outputs, mutated, grads, empty, first): the call's output rows (mutated: written
+// in place; empty: memory that holds no data yet, torch.empty_like's); grads: hook the autograd
+// node of each output that requires grad, for its backward row; first: the argument a call that
+// returns nothing wrote (Tensor.__setitem__), recorded as its output where it holds no data yet.
 PyObject* py_api_end(PyObject*, PyObject* a) {
   Py_ssize_t token;
-  PyObject* outs;
-  int mutated, grads;
-  if (!PyArg_ParseTuple(a, "nOpp", &token, &outs, &mutated, &grads)) return nullptr;
+  PyObject *outs, *first = Py_None;
+  int mutated, grads, empty = 0;
+  if (!PyArg_ParseTuple(a, "nOpp|pO", &token, &outs, &mutated, &grads, &empty, &first)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);
   if (g_api_step != g_step || token < 0 || static_cast<size_t>(token) >= api_calls.size())
     Py_RETURN_NONE;  // begun in an earlier step
   const Head h = api_calls[token];
+  empty = empty || api_empty[token];
   api_calls.resize(token);  // and any call above it that raised before its end
+  api_empty.resize(token);
+  bool none = true;
   bool ok = each_call_item(outs, [&](int slot, int, const at::Tensor& t) {
+    none = false;
     if (mutated) ++g_writes[storage_of(t)];  // before its row: the row holds what the write left
-    if (g_outputs) {
+    if (g_outputs && empty) {
+      empty_row(h, slot, t);
+    } else if (g_outputs) {
       // an in-place output is registered at the version it has now (at the API level torch
       // moved it before the call returned): the next use of the tensor links to this row
       output_row(h, slot, t, -1, mutated, nullptr);
@@ -128,6 +157,7 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
     if (grads) api_hook_node(h, t);
   });
   if (!ok) return nullptr;
+  if (none && empty && g_outputs && THPVariable_Check(first)) empty_row(h, 0, THPVariable_Unpack(first));
   Py_RETURN_NONE;
 }
 

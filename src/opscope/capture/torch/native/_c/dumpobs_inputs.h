@@ -75,7 +75,7 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
     return static_cast<int64_t>(i);
   }
   if (!g_inputs) return -1;
-  int param = param_of(t);
+  int param = param_or_base_of(t);
   // (made in part by an in-place write through a view of it: that write is its producer)
   size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
   if (g_view_op && made_empty(t) && !holds_collective(t)) {  // written in part since: its next read measures it

@@ -177,11 +177,7 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
     if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1)) {
-      size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
-      // registered for the ops that view it; its memory may be filled without any op (a custom
-      // kernel writing empty_like's), so whatever reads it next measures what is there
-      rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
-      record_flow(t, i, version_of(t), param_of(t), false);
+      empty_row(h, slot, t);
     } else if (k.collective) {
       collective_row(h, slot, t);
     } else {

@@ -90,6 +90,15 @@ void collective_row(const Head& h, int slot, const at::Tensor& t) {
 }
 
 // `base`: the op's first input, when output `t` is a view of it (src >= 0)
+// An output that holds no data yet (an empty-like op's): registered for the ops that view it;
+// its memory may be filled without any op (a custom kernel writing empty_like's), so whatever
+// reads it next measures what is there.
+void empty_row(const Head& h, int slot, const at::Tensor& t) {
+  size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
+  rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
+  record_flow(t, i, version_of(t), param_of(t), false);
+}
+
 void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool mutated, const Base* base) {
   size_t i = new_row(h, IO_OUTPUT, slot, -1, t);
   int64_t version = version_of(t);  // at the op's end the in-place bump has happened already
