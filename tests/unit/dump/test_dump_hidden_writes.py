@@ -141,20 +141,21 @@ def test_a_base_written_through_a_view_has_that_write_for_its_producer(tmp_path,
 
 
 def _fill_by_halves(path, garbage: float, data: str, level: str = "aten") -> None:
-    """DeepSeek-V3's query: an empty filled a half at a time through views (`q[..., :n] = a`,
-    then `q[..., n:] = b`); the memory it reuses held ``garbage`` before."""
+    """DeepSeek-V3's query: an empty filled a part at a time through views (`q[..., :n] = a`,
+    then `q[..., n:].copy_(b)`); the memory it reuses held ``garbage`` before."""
     import numpy as np
 
     torch.manual_seed(0)
     w, x = torch.randn(8, 8, requires_grad=True), torch.randn(4, 8)
     with opscope.dump(path, data=data, level=level) as d:
         for _ in range(2):
-            junk = np.full((4, 16), garbage, dtype=np.float32)  # (numpy: no op of the dump)
+            junk = np.full((4, 24), garbage, dtype=np.float32)  # (numpy: no op of the dump)
             del junk
             h = x @ w
-            q = h.new_empty(4, 16)
+            q = h.new_empty(4, 24)
             q[:, :8] = h
-            q[:, 8:].copy_(h * 2)  # (at the API level: Tensor.__getitem__, then copy_)
+            q[:, 8:16].copy_(h * 2)  # (at the API level: Tensor.__getitem__, then copy_)
+            q[:, 16:].copy_(h * 3)
             q.sum().backward()
             d.step()
 
@@ -167,7 +168,7 @@ def test_an_empty_viewed_while_half_written_is_not_measured(tmp_path, monkeypatc
     _fill_by_halves(tmp_path / "b", 7.0, data)
     rows = opscope.load(tmp_path / "a").records(step=0).to_pandas()
     slices = rows[(rows.op == "aten.slice.Tensor") & (rows.io == "input")]
-    assert list(slices.note) == ["uninitialized memory (empty): not measured"] * 2, "the second: half written"
+    assert list(slices.note) == ["uninitialized memory (empty): not measured"] * 3, "then: written in part"
     whole = rows[(rows.op == "aten.sum.default") & (rows.io == "input")].iloc[0]
     assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
     result = opscope.compare(tmp_path / "a", tmp_path / "b")
@@ -188,7 +189,7 @@ def test_at_the_api_level_an_empty_and_its_parts_written_are_not_measured(tmp_pa
     setitem = rows[rows.op == "Tensor.__setitem__"]
     assert list(setitem[(setitem.slot == 0) & (setitem.io == "input")].note) == [empty], "what it finds"
     getitem = rows[rows.op == "Tensor.__getitem__"]
-    assert list(getitem.note) == [empty, empty], "a part of memory that holds no data yet"
+    assert list(getitem.note) == [empty] * 4, "parts of memory that holds no data yet, written in part"
     whole = rows[(rows.op == "Tensor.sum") & (rows.io == "input") & (rows.phase == "forward")].iloc[0]
     assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
     result = opscope.compare(tmp_path / "a", tmp_path / "b")

@@ -260,8 +260,13 @@ class Recorder(Measuring):
 
     def holds_no_data(self, t: Any) -> bool:
         """Is ``t`` memory that holds no data yet (an empty's, written since only in part)?"""
-        entry = self.flow.find(t) if isinstance(t, torch.Tensor) else None
-        return entry is not None and self.unfilled.holds_none(entry[1])
+        if not isinstance(t, torch.Tensor):
+            return False
+        entry = self.flow.find(t)
+        if entry is not None:
+            return self.unfilled.holds_none(entry[1])
+        made = self.flow.stale(t)  # written since, through views of it, maybe only in part
+        return made is not None and self.unfilled.holds_none(made) and self.flow.result_of(t) is None
 
     def _unmeasure(self, t: torch.Tensor) -> None:
         """``t`` is overwritten unread: a view read of it is taken back (unfilled.py)."""

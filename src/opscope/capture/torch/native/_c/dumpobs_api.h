@@ -78,10 +78,10 @@ void api_hook_node(const Head& h, const at::Tensor& t) {
   node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name())));
 }
 
-// Does `t` hold no data yet (an empty's memory, written since only in part)?
+// Does `t` hold no data yet (an empty's memory, or one written since only in part)?
 bool holds_no_data(const at::Tensor& t) {
   const Flow* f = find_flow(t);
-  return f && (rows[f->row].marks & NODATA);
+  return f ? (rows[f->row].marks & NODATA) != 0 : made_empty(t) && !holds_collective(t);
 }
 
 // api_begin(op, module, phase, inputs, args, unread, writes) -> token: the call's head and its
