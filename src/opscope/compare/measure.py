@@ -99,9 +99,11 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
                    floor, noise.element_tolerance(lower), nbytes, same_dtype,
                    (float(t.get("scale") or 1.0), float(r.get("scale") or 1.0)))
     pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
-    if trust_hashes and same_dtype and t.get("hash") is not None and r.get("hash") is not None:
+    if trust_hashes and same_dtype and t.get("hash") is not None and r.get("hash") is not None and \
+            (t.get("scale") or 1.0) == (r.get("scale") or 1.0):
         # (equal hashes returned above) the contents differ, whatever the statistics show: a
-        # permutation of labels or indices has the same ones
+        # permutation of labels or indices has the same ones. (Not where a loss scale divided
+        # one side's statistics: its bytes are the scaled values, whose hash is another.)
         pair.metrics["hash_differs"] = True
     return None
 

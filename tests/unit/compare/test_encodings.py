@@ -39,3 +39,16 @@ def test_a_mask_filled_with_minus_inf_against_one_filled_with_the_lowest_float_i
     assert dtype_extremes(dict(dtype="float16", min=-65504.0, max=0.0), min_fill), "each dtype's own lowest"
     assert not dtype_extremes(min_fill, dict(min_fill)), "the same fill is no other encoding"
     assert not dtype_extremes(inf_fill, dict(dtype="float32", min=-1e30, max=0.0)), "a finite value is computed"
+
+
+def test_a_side_divided_by_a_loss_scale_is_not_judged_by_its_hash():
+    # a GradScaler's scaled gradient: its statistics divided by the scale match the other side's,
+    # its bytes (and hash) are the scaled values'
+    t, r = _row("float32", 3.2, 1), _row("float32", 3.2, 2)
+    t["scale"] = 65536.0
+    pair = Pair(t, r, "exact")
+    plan([pair], NoiseModel())
+    assert pair.mode == "statistics" and not pair.metrics.get("hash_differs")
+    same_scale = Pair(_row("float32", 3.2, 1), _row("float32", 3.2, 2), "exact")
+    plan([same_scale], NoiseModel())
+    assert same_scale.metrics.get("hash_differs"), "unscaled: equal statistics, other bytes"
