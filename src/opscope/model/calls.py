@@ -36,7 +36,10 @@ def draws(op: str) -> bool:
     return any(d in name for d in DRAWS)
 
 
-EMPTIES = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+def empty_base(base: str) -> bool:
+    """Is ``base`` (an op's base name: ``empty_like``, ``new_empty_strided``) an op whose output
+    holds no data yet? The aten level's rule (capture/torch/dispatch.py), the API level's too."""
+    return base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
 
 
 @functools.cache
@@ -45,7 +48,7 @@ def makes_empty(op: str) -> bool:
     no data yet? Its output is recorded unmeasured, as the aten level's empties are (before
     session 27 the API level measured what the memory held: DeepSeek-V3's `new_empty` named in
     the same run twice)."""
-    return op.rsplit(".", 1)[-1] in EMPTIES
+    return empty_base(op.rsplit(".", 1)[-1])
 
 
 # API calls that rearrange their first argument's elements (a view, or a copy of some of them):

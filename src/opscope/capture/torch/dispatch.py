@@ -10,6 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opscope.errors import OpscopeError
+from opscope.model.calls import empty_base
 
 if TYPE_CHECKING:
     from opscope.capture.torch.host import CaptureHost
@@ -83,7 +84,7 @@ class OpInfo:
         base = self.name.split(".")[1] if self.name.count(".") >= 1 else self.name
         self.unmarked = UNMARKED_WRITES.get(base, ())
         # empty, empty_like, new_empty, empty_strided...: their outputs are not data yet
-        self.uninitialized = base.startswith(("empty", "new_empty")) or base.endswith("empty_like")
+        self.uninitialized = empty_base(base)
         self.random = torch.Tag.nondeterministic_seeded in func.tags  # replay needs its generator state
         self.unfilled = UNFILLED_OUTPUTS.get(self.name, ())
 

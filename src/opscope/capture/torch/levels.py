@@ -256,11 +256,12 @@ class _ApiMode(ApiCalls):
     def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         s = self.session
         call = None
-        # a call writing part of an empty (`q[:, :8] = h`), or viewing one: what it reads and
-        # leaves is no data yet
-        empty = (writes_first(name) or rearranges(name)) and not overwrites_first(name) and bool(args) and \
-            s.recorder.holds_no_data(args[0])
+        empty = False
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
+            # a call writing part of an empty (`q[:, :8] = h`), or viewing one: what it reads and
+            # leaves is no data yet
+            empty = (writes_first(name) or rearranges(name)) and not overwrites_first(name) and bool(args) and \
+                s.recorder.holds_no_data(args[0])
             call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
                                             source=s.source() if s.cfg.source else None, empty_first=empty)
         if writes_first(name) or "out" in kwargs:
