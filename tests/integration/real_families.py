@@ -291,6 +291,3 @@ WIDER_FAMILIES: dict[str, Family] = {
         "text_model.encoder.layers.1.layer_norm1", "text_model.encoder.layers.1.self_attn",
         "vision_model.encoder.layers.0.mlp.fc1.weight", scale="scale"),
 }
-ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **MORE_FAMILIES, **WIDER_FAMILIES}
-
-

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from real_families import ALL_FAMILIES, FAMILIES, MORE_FAMILIES, VOCAB, WIDER_FAMILIES  # noqa: F401 (the tests read them here)
+from real_families import FAMILIES, MORE_FAMILIES, VOCAB, WIDER_FAMILIES, Family  # noqa: F401 (the tests read them here)
+from real_families_further import FURTHER_FAMILIES
 from torch import nn
 
+ALL_FAMILIES: dict[str, Family] = {**FAMILIES, **MORE_FAMILIES, **WIDER_FAMILIES, **FURTHER_FAMILIES}
 FAULTS = ("act", "norm_eps", "attn_scale", "weight_row")
 # target-run kwargs of each benign pair; every run starts from REFERENCE
 BENIGN: dict[str, dict[str, Any]] = {
