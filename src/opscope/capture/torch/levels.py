@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from opscope.capture.torch.api_writes import unmarked_writes, writes_first, written_args
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
-from opscope.model.calls import in_place, makes_empty, overwrites_first, rearranges
+from opscope.model.calls import makes_empty, overwrites_first, rearranges
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -166,35 +167,6 @@ def api_name(func: Any) -> str | None:
 _is_compiling = torch.compiler.is_compiling
 
 
-_WRITES_FIRST: dict[str, bool] = {}
-
-
-def writes_first(name: str) -> bool:
-    """An in-place API call, which writes the tensor it reads first: ``Tensor.add_``,
-    ``Tensor.__iadd__``, ``Tensor.__setitem__``; not ``Tensor.__add__`` or ``__getitem__``."""
-    hit = _WRITES_FIRST.get(name)
-    if hit is None:
-        hit = _WRITES_FIRST[name] = in_place(name.rpartition(".")[2])
-    return hit
-
-
-# API calls that write inputs in place without torch moving their version counters (batch
-# norm's running statistics in training; dispatch.UNMARKED_WRITES at the aten level): name ->
-# (position, keyword) of each. Their writes are counted as an in-place call's are.
-API_UNMARKED_WRITES = {
-    "torch.nn.functional.batch_norm": ((1, "running_mean"), (2, "running_var")),
-    "torch.nn.functional.instance_norm": ((1, "running_mean"), (2, "running_var")),
-    "torch.batch_norm": ((3, "running_mean"), (4, "running_var")),
-    "torch.instance_norm": ((3, "running_mean"), (4, "running_var")),
-}
-
-
-def unmarked_writes(name: str, args: tuple, kwargs: dict[str, Any]) -> list[tuple[int, None, torch.Tensor]]:
-    """The tensors API call ``name`` writes without a version bump, as call items."""
-    found = [args[i] if i < len(args) else kwargs.get(key) for i, key in API_UNMARKED_WRITES[name]]
-    return [(i, None, t) for i, t in enumerate(t for t in found if isinstance(t, torch.Tensor))]
-
-
 class ApiCalls(TorchFunctionMode):
     """What both API modes (this Python one and the native one, ``native/api.py``) do with a
     torch-function call: pass it through untouched while dynamo traces it (its trace must not
@@ -219,8 +191,9 @@ class ApiCalls(TorchFunctionMode):
         if name is None or not s.capturing:
             return func(*args, **kwargs)
         token = self.begin(name, s.modules.path, s.phase, args, kwargs)
-        if name in API_UNMARKED_WRITES:  # (after begin took their input rows)
-            self.write_unmarked(unmarked_writes(name, args, kwargs))
+        written = written_args(name)
+        if written:  # (after begin took their input rows)
+            self.write_unmarked(unmarked_writes(written, args, kwargs))
         out = func(*args, **kwargs)
         if token is not None:
             self.end(token, out)
@@ -236,7 +209,7 @@ class ApiCalls(TorchFunctionMode):
 
     def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
         """The call about to run writes these tensors without moving their version counters
-        (API_UNMARKED_WRITES): the write is counted as an in-place call's."""
+        (api_writes.unmarked_writes): the write is counted as an in-place call's."""
         raise NotImplementedError
 
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from opscope.capture.torch.api_writes import writes_first
 from opscope.capture.torch.dispatch import args_of
-from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs, writes_first
+from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs
 from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES

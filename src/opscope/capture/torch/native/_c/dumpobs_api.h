@@ -162,7 +162,7 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
 }
 
 // api_write(tensors): an API call is about to write them in place without moving their version
-// counters (F.batch_norm's running statistics: levels.API_UNMARKED_WRITES): counted as an
+// counters (F.batch_norm's running statistics, the AMP unscale: api_writes.py): counted as an
 // in-place call's write (g_writes), their views forgotten.
 PyObject* py_api_write(PyObject*, PyObject* a) {
   std::lock_guard<std::recursive_mutex> lock(mu);
