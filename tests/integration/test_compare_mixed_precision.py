@@ -90,11 +90,13 @@ def test_faults_are_still_found_under_the_scale(tmp_path):
         _where(swapped)
 
 
-@pytest.mark.parametrize("level", ["aten", "module"])
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
 def test_a_step_the_scaler_skipped_is_explained_not_blamed(tmp_path, level):
     """At a loss scale of 2^40 the float16 gradients overflow: the scaler skips the update and
     halves the scale, as dynamic loss scaling does in a real run's first steps. The overflows
-    are no culprits, and the next step's weights (an update behind) no roots."""
+    are no culprits, and the next step's weights (an update behind) no roots. At the api level
+    the unscale call has no ``found_inf`` output and no node of the backward reads the scale:
+    before, the skip went unseen and a gradient that overflowed was named."""
     reference = _train(tmp_path / "f32", amp=False, level=level)
     result = opscope.compare(_train(tmp_path / "over", amp=True, init_scale=2.0**40, level=level), reference,
                              workers=1)

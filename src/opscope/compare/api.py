@@ -127,7 +127,8 @@ def _align(t_dump: Any, r_dump: Any, rank: int, step: int, names: Mapping, probl
         link_same_bytes(rows)
         _inherit_data(rows)
         phases = (dump.manifest.get("config") or {}).get("phases") or ["optimizer"]
-        (scales or loss_scale.LossScales()).read(side, rank, step, rows, optimizer_seen="optimizer" in phases)
+        (scales or loss_scale.LossScales()).read(side, rank, step, rows, optimizer_seen="optimizer" in phases,
+                                                 api=dump_level(dump) == "api")
     rename_target(t_rows, names)
     if not (records_modules(t_dump) and records_modules(r_dump)):  # msprobe at L1: pair by API and order
         for rows in (t_rows, r_rows):

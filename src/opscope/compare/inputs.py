@@ -16,7 +16,7 @@ from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.carried import made_before
 from opscope.compare.graphs import has_graphs, made_floor
 from opscope.compare.internal import backward_known, module_gradient_error
-from opscope.compare.loss_scale import explained_by_skip
+from opscope.compare.loss_scale import explained_by_skip, overflowed
 from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
 from opscope.compare.tolerance import epsilon
 
@@ -70,8 +70,10 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
                 error: float, tol: float) -> bool:
     t, r = own.rows
     name = row.get("param")
-    skip = explained_by_skip(t, r) if name else None
-    if skip:  # no root: the runs part here by design, and what reads the weights carries it
+    # no root: the runs part here by design (a skipped update), or a gradient no record made
+    # overflowed under the loss scale of a step the scaler skipped; what reads it carries it
+    skip = explained_by_skip(t, r) if name else overflowed(t, r)
+    if skip:
         own.note = join(own.note, skip)
         return True
     explained = not info["first"] and (

@@ -38,7 +38,7 @@ from opscope.compare.tolerance import is_float
 
 Row = dict[str, Any]
 
-UNSCALE = "_amp_foreach_non_finite_check_and_unscale_"
+UNSCALE, UPDATE = "_amp_foreach_non_finite_check_and_unscale_", "_amp_update_scale_"
 # a module-level dump's records of the scaler's two steps (opscope.capture.torch.grad_scaler)
 SCALE_RECORD, UNSCALE_RECORD = "GradScaler.scale", "GradScaler.unscale_"
 _PRODUCTS = frozenset({"mul", "mul_", "mm", "bmm", "matmul", "mv", "dot", "outer", "vdot"})
@@ -63,14 +63,15 @@ class LossScales:
         self.skipped: set[tuple[str, int, int]] = set()  # (side, rank, step)
         self.first_skip: dict[tuple[str, int], int] = {}  # (side, rank) -> its first skipped step
 
-    def read(self, side: str, rank: int, step: int, rows: list[Row], *, optimizer_seen: bool = True) -> None:
+    def read(self, side: str, rank: int, step: int, rows: list[Row], *, optimizer_seen: bool = True,
+             api: bool = False) -> None:
         """Divide the values of this side's (rank, step) that carry its loss scale
-        (``optimizer_seen``: the dump records the optimizer phase)."""
+        (``optimizer_seen``: the dump records the optimizer phase; ``api``: an api-level dump)."""
         skip = self.first_skip.get((side, rank))
         if skip is not None and step > skip:
             for row in rows:
                 row["after_skip"] = skip
-        scale, skipped = unscale(rows, optimizer_seen)
+        scale, skipped = unscale(rows, optimizer_seen, api)
         if scale is None:
             return
         self.found.setdefault((side, scale), set()).add(step)
@@ -96,7 +97,7 @@ class LossScales:
         return out
 
 
-def unscale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, bool]:
+def unscale(rows: list[Row], optimizer_seen: bool = True, api: bool = False) -> tuple[float | None, bool]:
     """Divide the values of one side's (rank, step) that carry its loss scale; returns the
     scale (None where the step shows none) and whether the scaler skipped the step. Rows
     that carry it get ``scale`` (and ``overflowed`` where the step was skipped and they hold
@@ -104,7 +105,7 @@ def unscale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None,
     scale, skipped = _scale(rows, optimizer_seen)
     if scale is None:
         return None, False
-    carried = _carried(rows, scale)
+    carried = _carried(rows, scale, api)
     for row in rows:
         factor = carried.get(_value(row), 1.0)
         if factor != 1.0:
@@ -174,20 +175,42 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
                 slot = 0 if record else (row.get("slot") or 0) - 1
                 found = [r for r in rows if r["seq"] == row["seq"] and r.get("io") == "output"
                          and r.get("slot") == slot and r.get("numel") == 1]
-                return 1.0 / inverse, bool(found and (_number(found[0]) or 0.0) > 0)
+                if found:
+                    return 1.0 / inverse, (_number(found[0]) or 0.0) > 0
+                return 1.0 / inverse, _skipped(rows, optimizer_seen)  # (the api level: a call has no outputs)
     for row in rows:  # the api level records no unscale op: GradScaler's scale.double().reciprocal()
         if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS and row.get("numel") == 1:
             value = _number(row)
             if value and value > 1.0 and _power_of_two(value):
-                return value, optimizer_seen and not any(r.get("phase") == "optimizer" for r in rows)
+                return value, _skipped(rows, optimizer_seen)
     return None, False
 
 
-def _carried(rows: list[Row], scale: float) -> dict[int, float]:
-    """Value (producing row id, or the row's own for a value from before the step) -> factor."""
+def _skipped(rows: list[Row], optimizer_seen: bool) -> bool:
+    """Whether the scaler skipped a step whose unscale op shows no ``found_inf`` output (the
+    api level): no optimizer record where the dump records that phase, or ``found_inf`` read
+    non-zero by ``_amp_update_scale_`` (its third input; dumps before session 28 carried the
+    0 from before the check there, so the optimizer's absence also counts)."""
+    if optimizer_seen and not any(r.get("phase") == "optimizer" for r in rows):
+        return True
+    return any(base_op(r.get("op")) == UPDATE and r.get("io") in _INPUTS and r.get("slot") == 2
+               and r.get("numel") == 1 and (_number(r) or 0.0) > 0 for r in rows)
+
+
+def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, float]:
+    """Value (producing row id, or the row's own for a value from before the step) -> factor.
+
+    ``api``: at the api level a backward row is an autograd node's gradient, and one that no
+    recorded node made (a cast's backward, which no API call records, or the scaled loss's
+    seed) carries S: the scale's ``mul`` records only its forward, so no one-element S is
+    read in the backward."""
     carried: dict[int, float] = {}
     for call in _calls(rows):
         inputs = [r for r in call if r.get("io") in _INPUTS]
+        if api and call[0].get("phase") == "backward":
+            for row in inputs:
+                if row.get("producer") is None and _is_float(row):
+                    carried.setdefault(_value(row), scale)
         op = "mul" if call[0].get("op") == SCALE_RECORD else base_op(call[0].get("op"))
         if op in _PRODUCTS and inputs and all(r.get("numel") == 1 for r in inputs):
             for row in inputs:  # loss * S, and its backward's grad * S
