@@ -227,9 +227,15 @@ def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
     """The row's norm; where its sum of squares overflowed (an infinite norm with no NaN or
     Inf element: a mask filled with the dtype's lowest value, in dumps before sums of such
     blocks were taken in float64), the most it can be, absmax·√n, so that an error over it
-    stays a lower bound; 0 where nothing is known."""
+    stays a lower bound. Where it holds Inf elements (scores masked with -inf, read whole:
+    Longformer's sliding-window chunks), its largest finite extreme: only the extremes'
+    shifts bound the error then (the sums are infinite), and they are element differences,
+    so an element's scale is what they are relative to. 0 where nothing is known."""
     if math.isfinite(norm):
         return norm
+    if row.get("inf") and not row.get("nan"):
+        finite = [abs(x) for x in (_num(row.get("min")), _num(row.get("max"))) if math.isfinite(x)]
+        return max(finite, default=0.0)
     absmax = _num(row.get("absmax"))
     if row.get("nan") or row.get("inf") or not math.isfinite(absmax):
         return 0.0

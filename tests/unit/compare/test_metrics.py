@@ -112,3 +112,19 @@ def test_mask_of_the_dtype_lowest_value_is_judged_on_its_magnitude(shape, overfl
     # -1e38 against -3.4e38 (0.7 apart): the norms show it; older dumps' extremes alone still
     # put it far beyond a rounding
     assert moved["rel_l2"] > (4 * 2.0**-7 if overflowed else 0.5)
+
+
+def test_scores_masked_with_minus_inf_are_judged_on_their_finite_extremes():
+    """Longformer fills its sliding-window scores with -inf and reads the chunked tensor whole:
+    both sides hold the same Infs, so norm, mean and std are infinite or NaN on both and only
+    the finite maximum's shift is known. It was measured against a norm of 0 (an infinite
+    error): a bf16 model against its float32 run named the read a root. Now the shift is
+    relative to the largest finite extreme: one bf16 rounding passes, a changed score does not."""
+    torch = pytest.importorskip("torch")
+    scores = torch.randn(4, 16, 2, 5, generator=torch.Generator().manual_seed(0)) * 0.03
+    scores[:, :3, :, :2] = -math.inf
+    rounded = M.finish(M.from_statistics(_row(scores.bfloat16()), _row(scores)))
+    assert math.isfinite(rounded["rel_l2"]) and rounded["rel_l2"] <= 2.0**-8
+    changed = scores.clone()
+    changed[changed == changed.max()] *= 1.5
+    assert M.finish(M.from_statistics(_row(changed), _row(scores)))["rel_l2"] >= 0.3
