@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -70,6 +71,8 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
         f.note = out.note
     elif out.side:  # a recomputation judged against the other side's forward (align._replay_pairs)
         f.note = recompute_note(home, out.side)
+    elif draws(str(home.get("op") or "")):
+        f.note = draw_note(out) or f.note
     if node.graph is not None:  # read from compiled graphs that nothing compared
         side, first = node.graph
         f.module, f.op = first.get("module") or "", first.get("op") or ""
@@ -106,6 +109,27 @@ def recompute_note(row: dict[str, Any], side: str) -> str:
     return (f"recomputed by activation checkpointing on the {side}: its output differs from the {other}'s "
             f"forward of this op while its inputs agree, so the {side}'s backward reads values its forward "
             f"did not make ({why})")
+
+
+def draw_note(pair: Pair) -> str | None:
+    """Why a random draw is a culprit, from the generator state each side recorded before it
+    (the capture keeps it for replay); None where a side recorded none."""
+    states = [_rng_state(row) for row in pair.rows]
+    if None in states:
+        return None
+    if states[0] != states[1]:
+        return ("a random draw from another generator state: the generator was seeded otherwise before it "
+                "(another torch.manual_seed; a torch.seed(), as Reformer's attention calls in each forward unless "
+                "its config sets hash_seed; or random draws one run made before it and the other did not)")
+    return ("a random draw from the same generator state that differs: a nondeterministic kernel, or another "
+            "device or library")
+
+
+def _rng_state(row: dict[str, Any] | None) -> Any:
+    try:
+        return json.loads((row or {}).get("args") or "{}").get("rng")
+    except (ValueError, AttributeError):
+        return None
 
 
 def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Finding:

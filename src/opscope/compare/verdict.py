@@ -77,6 +77,7 @@ from opscope.compare.state import (
     statistics_spread,
 )
 from opscope.compare.tolerance import NoiseModel, dtype_extremes, is_float
+from opscope.compare.unfilled import judge_unfilled, left_by
 from opscope.model.calls import OVERWRITES_FIRST
 from opscope.model.records import ABSENT_NOTE
 
@@ -235,8 +236,11 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
+        left = left_by(state, node, row) if own is not None and own.metrics and made is None else None
         if made is not None and own is not None and not own.status:  # what a collective brought from the other ranks
             tainted = judge_collective(state, node, own, made)
+        elif left is not None and own is not None and not own.status:  # memory an op left holding no data
+            tainted = judge_unfilled(state, node, own, left) or tainted
         elif own is not None and is_leaf(state, node, row):
             span = owner_of(state, node.side, node.rank, node.step, row)
             if span is not None:

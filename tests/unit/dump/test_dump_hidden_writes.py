@@ -194,3 +194,43 @@ def test_at_the_api_level_an_empty_and_its_parts_written_are_not_measured(tmp_pa
     assert math.isfinite(whole["norm"]), "read whole once both halves are written: measured"
     result = opscope.compare(tmp_path / "a", tmp_path / "b")
     assert result.verdict == "identical", result.counts
+
+
+def _inverse_permutation(path, garbage: float, level: str) -> None:
+    # Reformer's LSH attention and MoE routers: the inverse of a sort's permutation, scattered
+    # into memory that Tensor.new(*size) (aten.empty) left uninitialized
+    import numpy as np
+
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    with opscope.dump(path, level=level) as d:
+        for _ in range(2):
+            junk = np.full((4, 16), garbage, dtype=np.float64).view(np.int64)  # (numpy: no op of the dump)
+            del junk
+            order = x.detach().argsort(dim=-1)
+            undo = order.new(*order.size())
+            undo.scatter_(-1, order, torch.arange(16).expand(4, 16))
+            x.gather(-1, order).gather(-1, undo).sum().backward()
+            d.step()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+@pytest.mark.parametrize("level", ["aten", "api"])
+def test_an_empty_written_in_place_is_not_measured_where_it_is_read(tmp_path, monkeypatch, backend, level):
+    """scatter_ reads its first argument (what it leaves unwritten stays): in an empty that is
+    memory's old bytes. Before, both levels measured them there, and two runs of Reformer named
+    that read a root. What it leaves may still hold some (another write may fill the rest): it
+    is measured at its next read, as the API level's ``__setitem__`` into an empty is."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    _inverse_permutation(tmp_path / "a", 1.0, level)
+    _inverse_permutation(tmp_path / "b", 7.0, level)
+    rows = opscope.load(tmp_path / "a").records(step=0).to_pandas()
+    scatter = rows[rows.op.str.contains("scatter_")]
+    first = scatter[(scatter.io == "input") & (scatter.slot == 0)].iloc[0]
+    assert first["note"] == "uninitialized memory (empty): not measured" and math.isnan(first["norm"])
+    left = scatter[scatter.io == "output"].iloc[0]
+    assert left["note"] == "uninitialized memory (empty): not measured"
+    gather = rows[rows.op.str.contains("gather") & (rows.io == "input") & (rows.phase == "forward")]
+    read = gather[gather.dtype == "int64"].iloc[-1]  # the next read: gather's index
+    assert (read["min"], read["max"]) == (0, 15), "measured where it is read"
+    result = opscope.compare(tmp_path / "a", tmp_path / "b")
+    assert result.verdict == "identical", result.counts

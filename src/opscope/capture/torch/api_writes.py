@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from opscope.model.calls import in_place
+from opscope.model.calls import in_place, makes_empty
 
 _WRITES_FIRST: dict[str, bool] = {}
 
@@ -92,3 +92,16 @@ def unmarked_writes(written: Written, args: tuple, kwargs: dict[str, Any]) -> li
         elif listed and isinstance(value, (list, tuple)):
             found += [t for t in value if isinstance(t, torch.Tensor)]
     return [(i, None, t) for i, t in enumerate(found)]
+
+
+def makes_empty_call(name: str, args: tuple) -> bool:
+    """Does this call return memory that holds no data yet? ``makes_empty(name)``, or the legacy
+    constructor ``Tensor.new`` given sizes (``x.new(4, 16)``, ``x.new(torch.Size)``: aten.empty;
+    Reformer's inverse permutation is scattered into one). Given data (``x.new([1, 2])``) it
+    copies them."""
+    if name != "Tensor.new":
+        return makes_empty(name)
+    sizes = args[1:]
+    if len(sizes) == 1 and isinstance(sizes[0], torch.Size):
+        return True
+    return bool(sizes) and all(isinstance(n, (int, torch.SymInt)) and not isinstance(n, bool) for n in sizes)

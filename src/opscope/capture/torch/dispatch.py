@@ -63,7 +63,7 @@ class OpInfo:
     """What the schema of one aten overload says, computed once per overload."""
 
     __slots__ = ("name", "arg_names", "written", "unmarked", "view_outputs", "written_outputs", "uninitialized",
-                 "random", "unread", "collective", "unfilled")
+                 "random", "unread", "collective", "unfilled", "written_names")
 
     def __init__(self, func: Any) -> None:
         self.name = str(func)
@@ -87,6 +87,8 @@ class OpInfo:
         self.uninitialized = empty_base(base)
         self.random = torch.Tag.nondeterministic_seeded in func.tags  # replay needs its generator state
         self.unfilled = UNFILLED_OUTPUTS.get(self.name, ())
+        self.written_names = frozenset(self.arg_names[i] for i in (*self.written, *self.unmarked)
+                                       if i < len(self.arg_names))
 
 
 _INFO: dict[Any, OpInfo] = {}
@@ -235,7 +237,7 @@ class DumpDispatchMode(TorchDispatchMode):
         return s.recorder.record_inputs(info.name, module, phase, flat_inputs(info, args, kwargs), args=call_args,
                                         views=bool(info.view_outputs), fwd_op=fwd_op, node=node_name,
                                         source=s.source() if s.cfg.source else None, unread=info.unread,
-                                        view_op=bool(info.view_outputs))
+                                        view_op=bool(info.view_outputs), written=info.written_names)
 
     def _record_outputs(self, info: OpInfo, call: Any, out: Any, written: Any, unmarked: list[torch.Tensor]) -> None:
         outputs = flat_outputs(out)

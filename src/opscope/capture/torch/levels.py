@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from opscope.capture.torch.api_writes import unmarked_writes, writes_first, written_args
+from opscope.capture.torch.api_writes import makes_empty_call, unmarked_writes, writes_first, written_args
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
-from opscope.model.calls import makes_empty, overwrites_first, rearranges
+from opscope.model.calls import overwrites_first, rearranges
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -240,21 +240,23 @@ class _ApiMode(ApiCalls):
         if writes_first(name) or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 s.recorder.before_write(t)
-        return None if call is None else (call, name, module, args[0] if empty else None)
+        return None if call is None else (call, name, module, args[0] if empty else None, makes_empty_call(name, args))
 
     def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
         for _, _, t in items:
             self.session.recorder.before_write(t)
 
     def end(self, token: Any, out: Any) -> None:
-        call, name, module, empty = token  # (empty: the first argument, written in part, where it held no data)
+        # (empty: the first argument, written in part, where it held no data; made: a call
+        # that returns an empty)
+        call, name, module, empty, made = token
         s = self.session
         outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))] or (
             [(0, None, empty)] if empty is not None else [])  # (Tensor.__setitem__ returns nothing)
         # torch moved the version of what the call wrote before it returned: the next use
         # of the tensor links to this row
         s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else (),
-                                  bumped=True, uninitialized=empty is not None or makes_empty(name))
+                                  bumped=True, uninitialized=empty is not None or made)
         if "backward" in s.cfg.phases:
             _hook_backward(s, name, module, out)
 

@@ -132,7 +132,8 @@ class Recorder(Measuring):
                       *, args: Any = None, views: bool = False, fwd_op: str | None = None, node: str | None = None,
                       source: str | None = None, input_io: str = "input", call: int | None = None,
                       param: str | None = None, unread: frozenset[str] = frozenset(),
-                      view_op: bool = False, empty_first: bool = False) -> tuple[Any, ...]:
+                      view_op: bool = False, empty_first: bool = False,
+                      written: frozenset[str] = frozenset()) -> tuple[Any, ...]:
         """The first half of :meth:`record`, taken before the op runs (an in-place op changes
         its inputs): the input rows. ``call`` reuses the index of an earlier record of the
         same call (module entry and exit); ``param`` names the parameter the inputs belong
@@ -140,7 +141,9 @@ class Recorder(Measuring):
         them (an out= argument, a collective's destination), recorded unmeasured as the
         first argument of ``copy_`` is; ``view_op``: an aten op that only views its inputs
         (reads no element); ``empty_first``: the first argument, which the call writes in part,
-        holds no data yet (:meth:`holds_no_data`). Returns what :meth:`record_outputs` needs."""
+        holds no data yet (:meth:`holds_no_data`); ``written``: the arguments an aten op writes in
+        place (one that holds no data yet is recorded unmeasured). Returns what
+        :meth:`record_outputs` needs."""
         if call is None:
             key = (module, phase, op)
             call = self.calls.get(key, 0)
@@ -150,6 +153,7 @@ class Recorder(Measuring):
         data = not self.probing and self.wants_data(op, module, phase, call)
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
+        wrote_empty = False  # an argument it writes in place holds no data: so do its written outputs
         if self.want_inputs or views:
             unread_first = overwrites_first(op) or empty_first
             for slot, arg, t in inputs:
@@ -161,7 +165,10 @@ class Recorder(Measuring):
                         note = UNINITIALIZED_NOTE if empty_first and slot == 0 else UNREAD_NOTE
                         self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = note
                     continue
-                row = self._input_row(head, slot, arg, t, data, input_io, view_op)
+                if arg in written and not view_op and not wrote_empty:  # (as _input_row finds it)
+                    entry = self.flow.find(t)
+                    wrote_empty = entry is not None and self.unfilled.holds_none(entry[1])
+                row = self._input_row(head, slot, arg, t, data, input_io, view_op, arg in written)
                 if first_input_row is None:
                     first_input_row, first_input = row, t
                 if param is not None and row is not None:
@@ -172,7 +179,7 @@ class Recorder(Measuring):
                 if entry is not None and not entry[4] and entry[0]() is t:
                     entry[4] = True
                     annotate(t, entry[1])
-        return head, data, first_input_row, first_input
+        return head, data, first_input_row, first_input, wrote_empty
 
     def record_outputs(self, call: tuple[Any, ...], outputs: Sequence[TensorItem], *,
                        views: tuple[int, ...] = (), mutated: tuple[int, ...] = (), uninitialized: bool = False,
@@ -184,13 +191,15 @@ class Recorder(Measuring):
         read, which has the output's row for its producer."""
         if not self.want_outputs:
             return
-        head, data, first_input_row, first_input = call
+        head, data, first_input_row, first_input, wrote_empty = call
         for slot, arg, t in outputs:
             src = first_input_row if slot in views else None
-            if uninitialized or slot in unfilled:
+            if uninitialized or slot in unfilled or (wrote_empty and slot in mutated):
                 row = self._new_row(head, "output", slot, arg, t)
                 self.unfilled.empty(row)
-                self.flow.register(t, row, version_of(t), None)
+                version = version_of(t)  # (an in-place write's: torch bumps it after the op returns)
+                self.flow.register(t, row, version + 1 if slot in mutated and not bumped and version >= 0 else version,
+                                   None)
             elif collective:
                 row = self._new_row(head, "output", slot, arg, t)
                 row[_NOTE] = COLLECTIVE_NOTE
@@ -226,9 +235,17 @@ class Recorder(Measuring):
         return row
 
     def _input_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
-                   input_io: str, view_op: bool = False) -> list[Any] | None:
+                   input_io: str, view_op: bool = False, written: bool = False) -> list[Any] | None:
         entry = self.flow.find(t)
+        left = None  # the row of the op that left it holding no data (dumpobs_inputs.h input_row)
         if entry is not None and not view_op and not self.unfilled.read(entry[1]):
+            if written:  # an op writing it in place reads no data there (dumpobs_inputs.h input_row)
+                if not self.want_inputs:
+                    return None
+                row = self._new_row(head, input_io, slot, arg, t)
+                self.unfilled.empty(row)
+                return row
+            left = entry[1][0]
             entry = None  # memory that held no data: whatever filled it since without an op is measured
         if entry is not None:
             if not self.want_inputs:
@@ -246,7 +263,8 @@ class Recorder(Measuring):
         if pname is None and t._base is not None and self.param_names:  # a view of a parameter (`weight.T`)
             pname = self.param_names.get(id(t._base))
         # (made in part by an in-place write through a view of it: that write is its producer)
-        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, self.flow.written_by(t))
+        made = self.flow.written_by(t)
+        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, left if made is None else made)
         made = self.flow.stale(t) if view_op else None
         if made is not None and self.unfilled.holds_none(made) and self.flow.result_of(t) is None:
             # an empty written since only in part, through views (dumpobs_inputs.h made_empty)

@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from opscope.capture.torch.api_writes import writes_first
+from opscope.capture.torch.api_writes import makes_empty_call, writes_first
 from opscope.capture.torch.dispatch import args_of
 from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs
 from opscope.capture.torch.modules import tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
-from opscope.model.calls import makes_empty, overwrites_first, rearranges
+from opscope.model.calls import overwrites_first, rearranges
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,8 @@ class _NativeApiMode(ApiCalls):
             token: int = self.native.api_begin(name, module, PHASE_CODES[phase], call_inputs(args, kwargs),
                                                args_text(args, kwargs), overwrites_first(name),
                                                writes or rearranges(name))
-            return token, name, args[0] if writes and args else None  # (api_end takes a tensor only)
+            # (api_end takes a tensor only)
+            return token, name, args[0] if writes and args else None, makes_empty_call(name, args)
         except Exception as exc:
             self._failed(exc)
             return None
@@ -89,7 +90,7 @@ class _NativeApiMode(ApiCalls):
     def end(self, token: Any, out: Any) -> None:
         try:
             outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))]
-            self.native.api_end(token[0], outputs, writes_first(token[1]), self.grads, makes_empty(token[1]), token[2])
+            self.native.api_end(token[0], outputs, writes_first(token[1]), self.grads, token[3], token[2])
         except Exception as exc:
             self._failed(exc)
 

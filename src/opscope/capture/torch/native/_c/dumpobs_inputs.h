@@ -51,14 +51,30 @@ bool made_empty(const at::Tensor& t) {
 // The op being recorded only makes views of its inputs (set by before_op): it reads no element,
 // so memory that holds no data yet (an empty's) is linked to, not measured.
 bool g_view_op = false;
+// An argument the op writes in place held no data (set by input_row, under mu): its written
+// outputs hold none either, measured at their next read (another in-place write of the rest,
+// MoE's `out[idx0] = y0; out[idx1] = y1`, then fills it).
+bool g_wrote_empty = false;
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
+  int64_t left = -1;  // the row of the op that left it holding no data: the producer of a read measured anew
   // A tensor made by an empty-like op: whatever wrote it since without an op (a custom
   // kernel filling empty_like's memory) is measured at a read. An op that only views it (DDP's
   // bucket views, FSDP's unsharded parameters, before an out= argument fills them) is linked.
   if (f && rows[f->row].marks && !g_view_op) {
     if (rows[f->row].marks & NODATA) {
+      // an op that writes it in place (scatter_ into new_empty's memory: Reformer's and MoE
+      // routers' inverse permutations) reads no data there: recorded unmeasured, as the API
+      // level's first argument of such a call is; what it leaves is measured at its next read
+      if (g_measure_here) {
+        g_wrote_empty = true;
+        if (!g_inputs) return -1;
+        size_t i = new_row(h, io, slot, arg, t, -1);
+        rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
+        return static_cast<int64_t>(i);
+      }
+      left = rows[f->row].id;
       f = nullptr;
     } else if (int64_t src = unread_view_read(f->row); src >= 0) {  // its data is read: it was data
       rows[src].marks &= ~VIEW_READ;
@@ -76,8 +92,10 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
   }
   if (!g_inputs) return -1;
   int param = param_or_base_of(t);
-  // (made in part by an in-place write through a view of it: that write is its producer)
-  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, written_by(t));
+  // (made in part by an in-place write through a view of it: that write is its producer; else
+  // the op that left it holding no data, whose memory it is: compare/unfilled.py)
+  int64_t made = written_by(t);
+  size_t i = new_row(h, param >= 0 ? IO_PARAM : io, slot, arg, t, param, made >= 0 ? made : left);
   if (g_view_op && made_empty(t) && !holds_collective(t)) {  // written in part since: its next read measures it
     rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;
     record_flow(t, i, version_of(t), param, false);

@@ -41,6 +41,7 @@ struct Pending {  // the recorded op running on this thread, between its start a
   Head h;
   int64_t first = -1;
   Base base;  // of the first input: where its views lie in its data
+  bool wrote_empty = false;  // an argument it writes in place held no data (g_wrote_empty)
 };
 thread_local Pending t_pending;
 
@@ -84,6 +85,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   held.clear();
   g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
   g_view_op = k.view_outputs != 0;
+  g_wrote_empty = false;
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t, unread] : ins) {
       if (unread) {  // filled without being read (copy_'s destination, out=): what is there is not data
@@ -101,7 +103,8 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
     }
   g_share = g_view_op = false;
   ins.clear();  // its tensors are not held past the op's start
-  pending = Pending{true, h, first, base};
+  pending = Pending{true, h, first, base, g_wrote_empty};
+  g_wrote_empty = false;
 }
 
 // The op wrote its written arguments: counted per storage (g_writes), before their output rows, so
@@ -176,12 +179,13 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   g_share = !held.empty(), g_copies = k.copies;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
-    if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1)) {
+    bool written = slot < 64 && (mutated >> slot) & 1;
+    if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1) || (pending.wrote_empty && written)) {
       empty_row(h, slot, t);
     } else if (k.collective) {
       collective_row(h, slot, t);
     } else {
-      output_row(h, slot, t, is_view ? first : -1, slot < 64 && (mutated >> slot) & 1, &pending.base);
+      output_row(h, slot, t, is_view ? first : -1, written, &pending.base);
     }
   }
   g_share = g_copies = false;

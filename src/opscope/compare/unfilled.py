@@ -1,0 +1,59 @@
+"""Reads of memory that an op left holding no data: an empty (``torch.empty_like``,
+``Tensor.new(*size)``), or one an in-place op wrote only in part (``scatter_`` into an empty).
+
+The capture records such an output unmeasured (model/records.py ``UNINITIALIZED_NOTE``) and
+measures the memory at its next read, with that output's row for its producer (since session
+28; before, the read had no producer and a difference there was named a root). Judged here, a
+read that differs carries the divergence of the op that left it where that op's inputs carry
+one (Reformer's inverse permutation, scattered from a sort of randomly rotated buckets); where
+they agree, that op is the culprit: it left bytes no op wrote (a part of an empty never written,
+which differs from run to run) or that code no op records filled (a custom kernel writing an
+empty_like's memory).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from opscope.compare.align import INPUT_IO, Pair
+from opscope.compare.blame import finding_of
+from opscope.compare.state import Node, VerdictState, join, raw_error
+from opscope.model.records import UNINITIALIZED_NOTE
+
+
+def left_by(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, Any] | None:
+    """The output row, holding no data, of the op whose memory input ``row`` reads (measured at
+    this, its next read), or None."""
+    producer = row.get("producer")
+    if producer is None:
+        return None
+    made = state.rows.get((node.side, node.rank, node.step, producer))
+    return made if made is not None and made.get("note") == UNINITIALIZED_NOTE else None
+
+
+def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, Any]) -> bool:
+    """Judge a read of memory that ``made``'s op left holding no data; True when it carries a
+    divergence (inherited from that op's inputs, or that op named a culprit)."""
+    t, r = own.rows
+    own.error = raw_error(own)
+    own.tolerance = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
+    if own.metrics.get("bit_exact") or not own.error > own.tolerance:
+        return False
+    op = made.get("op")
+    own.status, own.verdict = "failed", "inherits"
+    state.tainted.add(id(own))
+    inputs = [state.entry.get((node.side, node.rank, node.step, x["id"]))
+              for x in state.calls.get((node.side, node.rank, node.step, made["cseq"]), [])
+              if x.get("io") in INPUT_IO]
+    if any(p is not None and id(p) in state.tainted for p in inputs):
+        own.note = join(own.note, f"left by {op}, whose inputs carry a divergence")
+        return True
+    own.note = join(own.note, f"memory {op} left holding no data (uninitialized), read here")
+    score = own.error / own.tolerance if math.isfinite(own.error) and own.tolerance > 0 else math.inf
+    found = finding_of("culprit", made, own, score)
+    found.note = (f"{op} left memory that holds no data (an empty, or one it wrote only in part), and what "
+                  f"is read from it at {node.rows[0].get('op')} differs while {op}'s inputs agree: bytes no op "
+                  "wrote (they differ from run to run), or code that no op records filled it (a custom kernel)")
+    state.findings.append(found)
+    return True
