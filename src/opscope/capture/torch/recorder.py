@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
-from opscope.capture.torch.modules import PLAIN_TENSORS, local
 from opscope.capture.torch.recorder_measure import Measuring
+from opscope.capture.torch.recorder_writes import Writes
 from opscope.capture.torch.stats import dtype_name, materialize
 from opscope.capture.torch.suspects import TensorPlan
 from opscope.capture.torch.unfilled import Unfilled
@@ -53,7 +53,7 @@ def dtype_name_cached(dtype: torch.dtype) -> str:
     return name
 
 
-class Recorder(Measuring):
+class Recorder(Measuring, Writes):
     """Collects the rows of one rank, step by step, and hands them to the writer.
 
     Args:
@@ -262,9 +262,11 @@ class Recorder(Measuring):
         pname = self.param_names.get(id(t))
         if pname is None and t._base is not None and self.param_names:  # a view of a parameter (`weight.T`)
             pname = self.param_names.get(id(t._base))
-        # (made in part by an in-place write through a view of it: that write is its producer)
-        made = self.flow.written_by(t)
-        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, left if made is None else made)
+        # (made in part by an in-place write through a view of it: that write is its producer;
+        # else the op that left it holding no data: compare/unfilled.py)
+        writer = self.flow.written_by(t)
+        producer = left if writer is None else writer
+        row = self._new_row(head, "param" if pname else input_io, slot, arg, t, pname, producer)
         made = self.flow.stale(t) if view_op else None
         if made is not None and self.unfilled.holds_none(made) and self.flow.result_of(t) is None:
             # an empty written since only in part, through views (dumpobs_inputs.h made_empty)
@@ -275,22 +277,6 @@ class Recorder(Measuring):
         if view_op and not pname:
             self.unfilled.view_read(row)
         return row
-
-    def holds_no_data(self, t: Any) -> bool:
-        """Is ``t`` memory that holds no data yet (an empty's, written since only in part)?"""
-        if not isinstance(t, torch.Tensor):
-            return False
-        entry = self.flow.find(t)
-        if entry is not None:
-            return self.unfilled.holds_none(entry[1])
-        made = self.flow.stale(t)  # written since, through views of it, maybe only in part
-        return made is not None and self.unfilled.holds_none(made) and self.flow.result_of(t) is None
-
-    def _unmeasure(self, t: torch.Tensor) -> None:
-        """``t`` is overwritten unread: a view read of it is taken back (unfilled.py)."""
-        entry = self.flow.find(t)  # (statistics still pending are dropped at the step's end)
-        if entry is not None:
-            self.unfilled.overwritten(entry[1])
 
     def _output_row(self, head: tuple[Any, ...], slot: int, arg: str | None, t: torch.Tensor, data: bool,
                     src: list[Any] | None, mutated: bool, base: torch.Tensor | None = None,
@@ -329,27 +315,6 @@ class Recorder(Measuring):
         self.flow.register(t, row, version, pname, view=src is not None and note == "view")
         if mutated:  # (a view's base: its next read has this row for its producer)
             self.flow.wrote_through(t, row, version)
-
-    def foreign_write(self, read: list[torch.Tensor], written: list[torch.Tensor]) -> None:
-        """An op of a thread doing a collective's work read ``read`` and wrote ``written``: the
-        writes are counted, and where it read a collective's result (a communication hook's
-        decompression into DDP's bucket), what it wrote holds that result."""
-        source = next((r for r in map(self.flow.result_of, read) if r is not None), None)
-        for t in written:
-            self.before_write(t)
-            if source is not None:
-                self.flow.holds_result(t, source)
-
-    def before_write(self, t: torch.Tensor) -> None:
-        """``t`` is about to be written in place: the statistics still to be taken of its storage
-        are taken, views registered on it forgotten, and the write counted, so that no row made
-        before it is taken for a tensor of that storage again, also one whose version counter
-        does not move (``p`` after ``p.data.add_()``, batch norm's running statistics)."""
-        if type(t) not in PLAIN_TENSORS:
-            t = local(t)  # a DTensor writes the shard it holds, out of this dispatch mode's sight
-        self.flow.before_write(t)
-        if self.worker is not None:
-            self.worker.before_write(t)
 
     # -- steps -----------------------------------------------------------------------
     def begin_step(self, step: int, probe: bool = False) -> None:
