@@ -199,13 +199,16 @@ def train_in_subprocesses(specs: list[dict[str, Any]], *, timeout: float = 900) 
     failures: dict[str, str] = {}
     todo = list(specs)
     while todo:
-        done = subprocess.run([sys.executable, __file__, "train", json.dumps(todo, default=str)],
-                              capture_output=True, text=True, timeout=timeout)
+        try:
+            done = subprocess.run([sys.executable, __file__, "train", json.dumps(todo, default=str)],
+                                  capture_output=True, text=True, timeout=timeout)
+            what, stderr = (f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}",
+                            done.stderr)
+        except subprocess.TimeoutExpired as exc:  # (Funnel under inductor: its compile runs for hours)
+            what, stderr = f"timed out after {timeout:.0f} s", str(exc.stderr or "")
         todo = [s for s in todo if not Path(f"{s['path']}.run.json").exists()]
         if todo:
-            code = done.returncode
-            what = f"signal {-code}" if code < 0 else f"exit {code}"
-            failures[str(todo[0]["path"])] = f"crash ({what}): {done.stderr[-2000:]}"
+            failures[str(todo[0]["path"])] = f"crash ({what}): {stderr[-2000:]}"
             todo = todo[1:]
     return failures
 

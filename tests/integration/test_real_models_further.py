@@ -1,0 +1,65 @@
+"""Families of real_families_further.FURTHER_FAMILIES (the matrix script runs them whole,
+session 28): the cases where they found wrong verdicts or capture bugs, each fixed.
+
+- Longformer reads its chunked attention scores whole, masked with -inf: infinite norms on both
+  sides were judged against a norm of 0, and a bf16 model named the read a root.
+- Reformer draws its LSH rotations after ``torch.seed()`` unless its config sets ``hash_seed``:
+  two identical runs differ. The first difference named was the old bytes of
+  ``Tensor.new(*size)``'s memory that ``scatter_`` read (a root), not the draw.
+- CLIP under float16 AMP overflows at the scaler's first scales: at the api level the skipped
+  steps went unseen and an overflowed ``Tensor.mul`` backward was named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parent))
+import real_models as rm  # noqa: E402
+from real_families import SEQ, VOCAB, _model  # noqa: E402
+from test_real_models import Runs, _culprits  # noqa: E402
+
+import opscope  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("real_models_further"))
+
+
+def test_scores_masked_with_minus_inf_are_no_root_under_bf16(runs: Runs) -> None:
+    result = runs.compare("longformer", "bf16_model", "statistics")
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+
+
+def test_float16_amp_at_the_api_level_sees_the_skipped_steps(runs: Runs) -> None:
+    result = runs.compare("clip", "fp16_amp", "statistics", level="api")
+    assert not result.culprits, _culprits(result)
+    assert any("skipped the optimizer step" in n for n in result.notes), result.notes
+
+
+def test_two_runs_of_an_unseeded_reformer_name_the_draw(tmp_path: Path) -> None:
+    seeded = rm.ALL_FAMILIES["reformer"]
+    config = {"vocab_size": VOCAB, "hidden_size": 32, "attention_head_size": 16, "num_attention_heads": 2,
+              "feed_forward_size": 64, "attn_layers": ["local", "lsh"], "axial_pos_shape": [4, 4],
+              "axial_pos_embds_dim": [16, 16], "max_position_embeddings": SEQ, "is_decoder": True,
+              "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4, "num_buckets": 2, "num_hashes": 1,
+              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "pad_token_id": 0,
+              "eos_token_id": 2, "local_attention_probs_dropout_prob": 0.0, "lsh_attention_probs_dropout_prob": 0.0}
+    rm.ALL_FAMILIES["reformer_unseeded"] = dataclasses.replace(
+        seeded, build=_model("ReformerModelWithLMHead", "ReformerConfig", **config))  # no hash_seed
+    try:
+        first = rm.train("reformer_unseeded", tmp_path / "a", steps=1, **rm.REFERENCE)
+        second = rm.train("reformer_unseeded", tmp_path / "b", steps=1, **rm.REFERENCE)
+    finally:
+        del rm.ALL_FAMILIES["reformer_unseeded"]
+    result = opscope.compare(first, second)
+    found = result.first_divergence
+    assert found is not None and (found.kind, found.op) == ("culprit", "aten.randn.default"), _culprits(result)
+    assert found.module == seeded.attention and "another generator state" in found.note
