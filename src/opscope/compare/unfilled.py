@@ -5,9 +5,11 @@ The capture records such an output unmeasured (model/records.py ``UNINITIALIZED_
 measures the memory at its next read, with that output's row for its producer (since session
 28; before, the read had no producer and a difference there was named a root). Judged here, a
 read that differs carries the divergence of the op that left it where that op's inputs carry
-one (Reformer's inverse permutation, scattered from a sort of randomly rotated buckets); where
-they agree, that op is the culprit: it left bytes no op wrote (a part of an empty never written,
-which differs from run to run) or that code no op records filled (a custom kernel writing an
+one (Reformer's inverse permutation, scattered from a sort of randomly rotated buckets), and
+passes where it is in proportion to what that op read (an index a near tie of a router chose
+otherwise: Jamba's experts write their outputs into an empty by ``index_put_``); where they agree,
+that op is the culprit: it left bytes no op wrote (a part of an empty never written, which
+differs from run to run) or that code no op records filled (a custom kernel writing an
 empty_like's memory).
 """
 
@@ -18,7 +20,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.blame import finding_of
-from opscope.compare.state import Node, VerdictState, join, raw_error
+from opscope.compare.state import Node, VerdictState, frees_reader, join, raw_error
 from opscope.model.records import UNINITIALIZED_NOTE
 
 
@@ -38,17 +40,27 @@ def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, A
     t, r = own.rows
     own.error = raw_error(own)
     own.tolerance = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
-    if own.metrics.get("bit_exact") or not own.error > own.tolerance:
+    if own.metrics.get("bit_exact"):
         return False
     op = made.get("op")
+    rows = [x for x in state.calls.get((node.side, node.rank, node.step, made["cseq"]), []) if x.get("io") in INPUT_IO]
+    inputs = [state.entry.get((node.side, node.rank, node.step, x["id"])) for x in rows]
+    if any(p is not None and id(p) in state.tainted for p in inputs):
+        own.status, own.verdict = "failed", "inherits"
+        own.note = join(own.note, f"left by {op}, whose inputs carry a divergence")
+        state.tainted.add(id(own))
+        return True
+    if not own.error > own.tolerance:
+        return False
+    in_error = max((_error(row, p) for row, p in zip(rows, inputs)), default=0.0)
+    if not own.error > max(own.tolerance, state.noise.ratio * in_error):
+        # in proportion to what the op read (an index a near tie of the router chose otherwise:
+        # Jamba's experts write their outputs into an empty by index_put_)
+        own.status = "passed"
+        own.note = join(own.note, f"left by {op}, in proportion to the error of its inputs")
+        return False
     own.status, own.verdict = "failed", "inherits"
     state.tainted.add(id(own))
-    inputs = [state.entry.get((node.side, node.rank, node.step, x["id"]))
-              for x in state.calls.get((node.side, node.rank, node.step, made["cseq"]), [])
-              if x.get("io") in INPUT_IO]
-    if any(p is not None and id(p) in state.tainted for p in inputs):
-        own.note = join(own.note, f"left by {op}, whose inputs carry a divergence")
-        return True
     own.note = join(own.note, f"memory {op} left holding no data (uninitialized), read here")
     score = own.error / own.tolerance if math.isfinite(own.error) and own.tolerance > 0 else math.inf
     found = finding_of("culprit", made, own, score)
@@ -57,3 +69,12 @@ def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, A
                   "wrote (they differ from run to run), or code that no op records filled it (a custom kernel)")
     state.findings.append(found)
     return True
+
+
+def _error(row: dict[str, Any], pair: Pair | None) -> float:
+    """What an input of the op that left the memory carries: its error; an index or mask that
+    differs frees what the op writes (state.frees_reader), and an input unpaired is unknown."""
+    if pair is None or not pair.metrics:
+        return 0.0 if row.get("note") else math.inf  # (an argument not measured: the empty itself)
+    error = raw_error(pair)
+    return math.inf if frees_reader(row, pair, error) else error
