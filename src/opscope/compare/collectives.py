@@ -20,7 +20,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.blame import execution_order, finding_of
-from opscope.compare.state import Node, VerdictState, join, raw_error
+from opscope.compare.state import Node, VerdictState, join, made_with_note, raw_error
 from opscope.model.records import COLLECTIVE_NOTE
 
 COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "_c10d_functional_autograd.")
@@ -32,11 +32,7 @@ def is_collective(op: Any) -> bool:
 
 def made_by(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, Any] | None:
     """The collective output row that made input ``row`` (measured at this, its next read), or None."""
-    producer = row.get("producer")
-    if producer is None:
-        return None
-    made = state.rows.get((node.side, node.rank, node.step, producer))
-    return made if made is not None and made.get("note") == COLLECTIVE_NOTE else None
+    return made_with_note(state, node, row, COLLECTIVE_NOTE)
 
 
 def judge_collective(state: VerdictState, node: Node, own: Pair, made: dict[str, Any]) -> bool:

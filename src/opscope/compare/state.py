@@ -115,6 +115,16 @@ def producer_entry(state: VerdictState, side: str, rank: int, step: int, produce
     return first
 
 
+def made_with_note(state: VerdictState, node: Node, row: dict[str, Any], note: str) -> dict[str, Any] | None:
+    """The row that made input ``row`` (its producer in this step), where that row carries
+    ``note`` (an output measured at its next read: a collective's, an empty's), or None."""
+    producer = row.get("producer")
+    if producer is None:
+        return None
+    made = state.rows.get((node.side, node.rank, node.step, producer))
+    return made if made is not None and made.get("note") == note else None
+
+
 def frees_reader(row: dict[str, Any], measured: Pair, error: float) -> bool:
     """Does this read free what reads it? Indices, masks and counts that differ (integers,
     booleans): one changed element changes which data is read, not by how much (a token

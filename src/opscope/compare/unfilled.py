@@ -20,18 +20,14 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.blame import finding_of
-from opscope.compare.state import Node, VerdictState, frees_reader, join, raw_error
+from opscope.compare.state import Node, VerdictState, frees_reader, join, made_with_note, raw_error
 from opscope.model.records import UNINITIALIZED_NOTE
 
 
 def left_by(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, Any] | None:
     """The output row, holding no data, of the op whose memory input ``row`` reads (measured at
     this, its next read), or None."""
-    producer = row.get("producer")
-    if producer is None:
-        return None
-    made = state.rows.get((node.side, node.rank, node.step, producer))
-    return made if made is not None and made.get("note") == UNINITIALIZED_NOTE else None
+    return made_with_note(state, node, row, UNINITIALIZED_NOTE)
 
 
 def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, Any]) -> bool:
