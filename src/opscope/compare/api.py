@@ -13,6 +13,7 @@ from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
 from opscope.compare.crossframework.levels import level_mismatch
+from opscope.compare.graphs import explain_random_graphs
 from opscope.compare.mapping import Mapping, load_mapping
 from opscope.compare.modules import flatten_modules, records_modules
 from opscope.compare.partitioned import WINDOW_PAIRS, PartitionedRun
@@ -198,6 +199,7 @@ def _verdict(counts: dict[str, int], culprits: int) -> str:
 
 def _result(t_dump: Any, r_dump: Any, run: PartitionedRun, findings: list[Any], problems: list[str],
             noise: NoiseModel, names: Mapping, workers: int, elapsed: float) -> CompareResult:
+    explain_random_graphs(findings, (t_dump.manifest, r_dump.manifest))
     firsts: dict[int, Any] = {}
     for f in findings:  # in execution order: each rank's first
         firsts.setdefault(f.rank, f)

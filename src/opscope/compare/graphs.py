@@ -167,3 +167,37 @@ def _unpaired_graph_output(state: VerdictState, side: str, node: Node,
         return None
     entry = state.entry.get((side, node.rank, node.step, made["id"]))
     return None if entry is not None and entry.kind in PAIRED else made
+
+
+def explain_random_graphs(findings: list[Any], manifests: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """Say why a compiled graph named a culprit may differ by design: compiled graphs of one side
+    draw random numbers (``randn``, ``dropout``) in kernels their backend generated, from that
+    backend's own generator (inductor, unless ``torch._inductor.config.fallback_random``), where
+    the other side draws from torch's. The graph named may be an earlier one of the chain whose
+    outputs only graphs read. Reformer's LSH rotations under inductor: 33% apart, eager's within
+    1 ulp with the fallback (session 28). ``manifests``: the target's and the reference's."""
+    graphs = [{g.get("graph"): g for g in (m.get("compiled") or {}).get("graphs") or []} for m in manifests]
+    drawing = [{name: g for name, g in side.items() if _own_generator(g)} for side in graphs]
+    for mine, other in ((0, 1), (1, 0)):  # (the same graph drawing alike on both sides: the same draws)
+        drawing[mine] = {n: g for n, g in drawing[mine].items() if not _alike(g, graphs[other].get(n))}
+    if not (drawing[0] or drawing[1]):
+        return
+    side, found = ("target", drawing[0]) if drawing[0] else ("reference", drawing[1])
+    listed = ", ".join(f"{n}: {', '.join(g['draws'])}" for n, g in list(found.items())[:4])
+    backend = next(iter(found.values()))["backend"]
+    why = (f"the {side}'s compiled graphs draw random numbers in kernels {backend} generated ({listed}), from "
+           f"{backend}'s own generator, not torch's: they differ from the other side's draws by design - set "
+           "torch._inductor.config.fallback_random = True to draw as eager PyTorch does")
+    for f in findings:
+        if str(f.op).startswith(GRAPH_PREFIX):
+            f.note = f"{f.note}; {why}" if f.note else why
+
+
+def _own_generator(info: dict[str, Any] | None) -> bool:
+    return bool(info and info.get("draws") and info.get("inner_ops") == "not recorded"
+                and not info.get("fallback_random"))
+
+
+def _alike(info: dict[str, Any], other: dict[str, Any] | None) -> bool:
+    return other is not None and _own_generator(other) and other.get("draws") == info.get("draws") \
+        and other.get("backend") == info.get("backend")

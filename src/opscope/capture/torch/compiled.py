@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.compiled_frames import Scope, frames, module_of, source_of
+from opscope.capture.torch.compiled_frames import Scope, frames, module_of, random_draws, source_of
 from opscope.capture.torch.modules import tensors_of
 
 if TYPE_CHECKING:
@@ -173,7 +173,10 @@ class CompileWatch:
         info = {"graph": f"compiled_graph_{len(self.graphs)}", "backend": backend, "inner_ops": inner,
                 "compile_id": str(getattr(graph, "dynamo_compile_id", "") or ""),
                 "inputs": sum(1 for n in gm.graph.nodes if n.op == "placeholder"), "modules": modules,
-                "module_paths": "kept" if runs_graph else "the calling module's"}
+                "module_paths": "kept" if runs_graph else "the calling module's", "draws": random_draws(gm)}
+        if backend == "inductor" and info["draws"]:  # its own generator, unless told to fall back
+            config = sys.modules.get("torch._inductor.config")
+            info["fallback_random"] = bool(getattr(config, "fallback_random", False))
         self.graphs.append(info)
         self._warn(info)
         reason = getattr(graph, "compile_subgraph_reason", None)

@@ -4,11 +4,14 @@ from the Python frames that call it (used by :mod:`~opscope.capture.torch.compil
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
 from types import FrameType
 from typing import Any
+
+import torch
 
 from opscope.capture.torch.modules import strip_wrapped, unwrap
 
@@ -105,3 +108,34 @@ def frames(tracker: Any, roots: frozenset[str]) -> tuple[str | None, str | None,
                 frame = name
         f = f.f_back
     return frame, called, found
+
+
+@functools.cache
+def _seeded(name: str) -> bool:
+    """Is ``name`` (``randn``, ``dropout``, ``uniform_``) an aten op that draws random numbers?"""
+    packet = getattr(torch.ops.aten, name, None) if name and not name.startswith("_") else None
+    try:
+        return packet is not None and any(torch.Tag.nondeterministic_seeded in getattr(packet, o).tags
+                                          for o in packet.overloads())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def random_draws(gm: Any) -> list[str]:
+    """The random ops of dynamo's graph ``gm`` (``randn``, ``dropout`` with p > 0 in training),
+    by name: a backend that generates its own kernels (inductor) draws them from its own
+    generator, unlike eager PyTorch."""
+    found: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if not _seeded(name):
+            continue
+        if "dropout" in name:  # F.dropout(x, p, training): no draw at p = 0 or in evaluation
+            p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+            training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
+            if p == 0 or training is False:
+                continue
+        found.add(name)
+    return sorted(found)
