@@ -1,5 +1,7 @@
 """Reads of memory that an op left holding no data: an empty (``torch.empty_like``,
-``Tensor.new(*size)``), or one an in-place op wrote only in part (``scatter_`` into an empty).
+``Tensor.new(*size)``), or one an in-place op wrote only in part (``scatter_`` into an empty);
+and, at the api level, of a tensor a call wrote in place and did not return
+(``Tensor.__setitem__``: model/records.py ``WRITTEN_NOTE``), judged alike.
 
 The capture records such an output unmeasured (model/records.py ``UNINITIALIZED_NOTE``) and
 measures the memory at its next read, with that output's row for its producer (since session
@@ -21,13 +23,13 @@ from typing import Any
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.blame import finding_of
 from opscope.compare.state import Node, VerdictState, frees_reader, join, made_with_note, raw_error
-from opscope.model.records import UNINITIALIZED_NOTE
+from opscope.model.records import UNINITIALIZED_NOTE, WRITTEN_NOTE
 
 
 def left_by(state: VerdictState, node: Node, row: dict[str, Any]) -> dict[str, Any] | None:
     """The output row, holding no data, of the op whose memory input ``row`` reads (measured at
     this, its next read), or None."""
-    return made_with_note(state, node, row, UNINITIALIZED_NOTE)
+    return made_with_note(state, node, row, UNINITIALIZED_NOTE) or made_with_note(state, node, row, WRITTEN_NOTE)
 
 
 def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, Any]) -> bool:
@@ -57,14 +59,25 @@ def judge_unfilled(state: VerdictState, node: Node, own: Pair, made: dict[str, A
         return False
     own.status, own.verdict = "failed", "inherits"
     state.tainted.add(id(own))
-    own.note = join(own.note, f"memory {op} left holding no data (uninitialized), read here")
+    state.findings.append(_culprit(node, own, made))
+    return True
+
+
+def _culprit(node: Node, own: Pair, made: dict[str, Any]) -> Any:
+    """The op that left the memory, named for the read ``own`` that differs while it read agrees."""
+    op, reader = made.get("op"), node.rows[0].get("op")
     score = own.error / own.tolerance if math.isfinite(own.error) and own.tolerance > 0 else math.inf
     found = finding_of("culprit", made, own, score)
-    found.note = (f"{op} left memory that holds no data (an empty, or one it wrote only in part), and what "
-                  f"is read from it at {node.rows[0].get('op')} differs while {op}'s inputs agree: bytes no op "
-                  "wrote (they differ from run to run), or code that no op records filled it (a custom kernel)")
-    state.findings.append(found)
-    return True
+    if made.get("note") == WRITTEN_NOTE:
+        own.note = join(own.note, f"written in place by {op}, read here")
+        found.note = (f"{op} wrote this tensor in place and returned nothing; what {reader} reads from it next "
+                      f"differs while what {op} read agrees")
+    else:
+        own.note = join(own.note, f"memory {op} left holding no data (uninitialized), read here")
+        found.note = (f"{op} left memory that holds no data (an empty, or one it wrote only in part), and what "
+                      f"is read from it at {reader} differs while {op}'s inputs agree: bytes no op wrote (they "
+                      "differ from run to run), or code that no op records filled it (a custom kernel)")
+    return found
 
 
 def _error(row: dict[str, Any], pair: Pair | None) -> float:

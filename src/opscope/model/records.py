@@ -72,7 +72,11 @@ WRAPPED_NOTE = "wrapped by torch.func (vmap, grad): not measured"  # a batched t
 # an output of a collective (torch.distributed): what it holds arrives when the collective
 # completes, on another thread or stream, after the op returned; its next read measures it
 COLLECTIVE_NOTE = "filled by a collective when it completes: measured at its next read"
-NOT_DATA_NOTES = frozenset({UNINITIALIZED_NOTE, UNREAD_NOTE, COLLECTIVE_NOTE})
+# the first argument of an API call that writes it in place and returns nothing
+# (`Tensor.__setitem__`: RWKV's CPU kernel fills its output a position at a time): measured at
+# its next read, which has this row for its producer (since session 28; before, it had none)
+WRITTEN_NOTE = "written in place by a call that returns nothing: measured at its next read"
+NOT_DATA_NOTES = frozenset({UNINITIALIZED_NOTE, UNREAD_NOTE, COLLECTIVE_NOTE, WRITTEN_NOTE})
 
 
 def new_row(**values: Any) -> list[Any]:

@@ -56,3 +56,38 @@ def test_a_draw_from_another_seed_is_named_before_what_it_feeds(tmp_path, monkey
     pairs = result.pairs
     read = pairs[(pairs.op == "aten.mm.default") & (pairs.io == "input") & (pairs.slot == 0)].iloc[0]
     assert read.verdict == "inherits" and "whose inputs carry a divergence" in read.note
+
+
+def _fill_by_position(path, eps: float) -> None:
+    # RWKV's CPU kernel: an output made by zeros_like, written a position at a time
+    # (Tensor.__setitem__ returns nothing), then read whole
+    torch.manual_seed(0)
+    norm, fc = torch.nn.LayerNorm(8, eps=eps), torch.nn.Linear(8, 8)
+    x = torch.randn(4, 6, 8) * 1e-2  # small: the norm's eps shows
+    with opscope.dump(path, level="api") as d:
+        h = norm(x)
+        out = torch.zeros_like(h)
+        for i in range(h.shape[1]):
+            out[:, i] = h[:, i] * 2
+        fc(out).sum().backward()
+        d.step()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_tensor_written_in_place_by_a_call_that_returns_nothing_has_that_call_for_producer(
+        tmp_path, monkeypatch, backend):
+    """At the api level ``out[:, i] = v`` returns nothing: the next read of ``out`` measured it
+    with no producer, and compare named it a root, ahead of the norm whose eps changed."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    _fill_by_position(tmp_path / "a", 1e-1)
+    _fill_by_position(tmp_path / "b", 1e-5)
+    rows = opscope.load(tmp_path / "a").records().to_pandas()
+    written = rows[(rows.op == "Tensor.__setitem__") & (rows.io == "output")]
+    assert len(written) == 6 and written.note.str.startswith("written in place").all()
+    read = rows[(rows.op == "torch.nn.functional.linear") & (rows.io == "input") & (rows.slot == 0)].iloc[0]
+    assert read["producer"] == written.iloc[-1]["id"]
+    result = opscope.compare(tmp_path / "a", tmp_path / "b")
+    first = result.first_divergence
+    assert first is not None and (first.kind, first.op) == ("culprit", "torch.nn.functional.layer_norm"), \
+        result.culprits
+    assert not [c for c in result.culprits if c.kind == "root"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -73,7 +74,8 @@ def test_a_tensor_written_through_data_is_measured_anew(tmp_path, monkeypatch, b
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_api_operators_are_in_place_only_when_they_write(tmp_path, monkeypatch, backend):
     """``Tensor.__getitem__`` ends in ``_`` but writes nothing: its output links to its next
-    use; ``Tensor.__setitem__`` writes the tensor, whose next use is measured anew."""
+    use; ``Tensor.__setitem__`` writes the tensor, whose next use is measured anew, with the
+    write's (unmeasured) output row for its producer."""
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
     x = torch.ones(4)
     with opscope.dump(tmp_path / "d", level="api") as d:
@@ -87,7 +89,9 @@ def test_api_operators_are_in_place_only_when_they_write(tmp_path, monkeypatch, 
     sliced = df[(df.op == "Tensor.__getitem__") & (df.io == "output")].iloc[0]
     reads = df[(df.op == "Tensor.mul") & (df.io == "input") & (df.slot == 0)].sort_values("seq")
     assert reads["producer"].iloc[0] == sliced["id"] and reads["mean"].iloc[0] == 2.0
-    assert reads["mean"].iloc[1] == 2.75 and reads["producer"].isna().iloc[1]
+    written = df[(df.op == "Tensor.__setitem__") & (df.io == "output")].iloc[0]
+    assert reads["mean"].iloc[1] == 2.75 and reads["producer"].iloc[1] == written["id"]
+    assert written["note"].startswith("written in place") and pd.isna(written["mean"])
 
 
 class _FillsABuffer(torch.nn.Module):

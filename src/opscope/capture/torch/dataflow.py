@@ -133,6 +133,13 @@ class DataFlow:
         if base is not None:
             self.written[id(base)] = (weakref.ref(base), row, version, False)
 
+    def wrote_in_place(self, t: torch.Tensor, row: list[Any]) -> None:
+        """``t`` was written in place by the call whose output row is ``row`` (not returned:
+        ``Tensor.__setitem__``): its next read, and its base's, has that row for its producer."""
+        base = t._base if t._is_view() else None
+        for x in (t,) if base is None else (t, base):
+            self.written[id(x)] = (weakref.ref(x), row, version_of(x), False)
+
     def holds_result(self, t: torch.Tensor, row: list[Any]) -> None:
         """``t`` holds the result of the collective whose output row is ``row`` (filled after its
         op returned): its next read, and its base's, is measured with that row for its producer."""

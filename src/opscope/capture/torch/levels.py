@@ -240,7 +240,9 @@ class _ApiMode(ApiCalls):
         if writes_first(name) or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 s.recorder.before_write(t)
-        return None if call is None else (call, name, module, args[0] if empty else None, makes_empty_call(name, args))
+        first = args[0] if args and writes_first(name) else None
+        return None if call is None else (call, name, module, args[0] if empty else None, makes_empty_call(name, args),
+                                          first)
 
     def write_unmarked(self, items: list[tuple[int, None, torch.Tensor]]) -> None:
         for _, _, t in items:
@@ -249,10 +251,12 @@ class _ApiMode(ApiCalls):
     def end(self, token: Any, out: Any) -> None:
         # (empty: the first argument, written in part, where it held no data; made: a call
         # that returns an empty)
-        call, name, module, empty, made = token
+        call, name, module, empty, made, first = token
         s = self.session
         outputs = [(i, None, t) for i, t in enumerate(tensors_of(out))] or (
             [(0, None, empty)] if empty is not None else [])  # (Tensor.__setitem__ returns nothing)
+        if not outputs and isinstance(first, torch.Tensor):  # written in place, not returned
+            s.recorder.record_written(call, first)
         # torch moved the version of what the call wrote before it returned: the next use
         # of the tensor links to this row
         s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else (),

@@ -9,11 +9,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opscope.capture.torch.modules import PLAIN_TENSORS, local
+from opscope.model.records import COL, WRITTEN_NOTE
 
 if TYPE_CHECKING:
     from opscope.capture.torch.dataflow import DataFlow
     from opscope.capture.torch.unfilled import Unfilled
     from opscope.capture.torch.worker import NativeStats
+
+
+_NOTE = COL["note"]
 
 
 class Writes:
@@ -22,6 +26,18 @@ class Writes:
     flow: DataFlow
     unfilled: Unfilled
     worker: NativeStats | None
+    want_outputs: bool
+
+    def record_written(self, call: tuple[Any, ...], t: torch.Tensor) -> None:
+        """An API call (``call``, :meth:`record_inputs`'s) wrote ``t``, its first argument, in
+        place and returned nothing (``Tensor.__setitem__``): an output row, not measured, that
+        ``t``'s next read (and its base's) has for its producer; that read measures it
+        (dumpobs_api.h api_end, natively)."""
+        if not self.want_outputs:
+            return
+        row = self._new_row(call[0], "output", 0, None, t)  # type: ignore[attr-defined]
+        row[_NOTE] = WRITTEN_NOTE
+        self.flow.wrote_in_place(t, row)
 
     def holds_no_data(self, t: Any) -> bool:
         """Is ``t`` memory that holds no data yet (an empty's, written since only in part)?"""

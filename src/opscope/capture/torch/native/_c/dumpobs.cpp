@@ -191,7 +191,7 @@ struct Stop {
 };
 Stop g_stop;
 std::vector<std::string> views_json;  // this step's view geometries
-int N_VIEW = -1, N_ALIAS = -1, N_UNINITIALIZED = -1, N_UNREAD = -1, N_COLLECTIVE = -1;                // interned notes (set at install)
+int N_VIEW = -1, N_ALIAS = -1, N_UNINITIALIZED = -1, N_UNREAD = -1, N_COLLECTIVE = -1, N_WRITTEN = -1;  // interned notes (set at install)
 
 int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 

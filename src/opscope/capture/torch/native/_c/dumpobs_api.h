@@ -157,7 +157,20 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
     if (grads) api_hook_node(h, t);
   });
   if (!ok) return nullptr;
-  if (none && empty && g_outputs && THPVariable_Check(first)) empty_row(h, 0, THPVariable_Unpack(first));
+  if (none && g_outputs && THPVariable_Check(first)) {
+    const at::Tensor& t = THPVariable_Unpack(first);
+    if (empty) {
+      empty_row(h, 0, t);
+    } else if (mutated) {  // written in place, not returned (Tensor.__setitem__): measured at its next read
+      size_t i = new_row(h, IO_OUTPUT, 0, -1, t, -1);
+      rows[i].note = N_WRITTEN;
+      record_written_base(t, i);
+      if (t.is_view()) {
+        at::TensorBase base = t._base();
+        record_written_base(at::Tensor(std::move(base)), i);
+      }
+    }
+  }
   Py_RETURN_NONE;
 }
 

@@ -27,6 +27,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
   N_UNINITIALIZED = intern("uninitialized memory (empty): not measured");  // model/records.py
   N_UNREAD = intern("overwritten without being read: not measured");
   N_COLLECTIVE = intern("filled by a collective when it completes: measured at its next read");
+  N_WRITTEN = intern("written in place by a call that returns nothing: measured at its next read");
   Py_RETURN_NONE;
 }
 
