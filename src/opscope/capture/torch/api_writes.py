@@ -46,7 +46,7 @@ API_UNMARKED_WRITES: dict[str, Written] = {
     "torch.batch_norm": ((3, "running_mean", False), (4, "running_var", False)),
     "torch.instance_norm": ((3, "running_mean", False), (4, "running_var", False)),
 }
-_WRITTEN: dict[str, Written] = dict(API_UNMARKED_WRITES)
+WRITTEN: dict[str, Written] = dict(API_UNMARKED_WRITES)  # name -> its written arguments, looked up once
 _TENSORS = frozenset(("Tensor", "Optional[Tensor]", "List[Tensor]", "List[Optional[Tensor]]"))
 
 
@@ -54,9 +54,9 @@ def written_args(name: str) -> Written:
     """(position, keyword, a list) of each argument API call ``name`` writes besides an in-place first
     tensor: ``API_UNMARKED_WRITES``, else what the aten schemas of the name say (looked up once
     a name; ``out=`` arguments are left out: writing them moves their version)."""
-    hit = _WRITTEN.get(name)
+    hit = WRITTEN.get(name)
     if hit is None:
-        hit = _WRITTEN[name] = _schema_writes(name)
+        hit = WRITTEN[name] = _schema_writes(name)
     return hit
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from opscope.capture.torch.api_writes import WRITTEN as _WRITTEN
 from opscope.capture.torch.api_writes import makes_empty_call, unmarked_writes, writes_first, written_args
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
@@ -191,7 +192,9 @@ class ApiCalls(TorchFunctionMode):
         if name is None or not s.capturing:
             return func(*args, **kwargs)
         token = self.begin(name, s.modules.path, s.phase, args, kwargs)
-        written = written_args(name)
+        written = _WRITTEN.get(name)  # (one look-up a call: the hot path)
+        if written is None:
+            written = written_args(name)
         if written:  # (after begin took their input rows)
             self.write_unmarked(unmarked_writes(written, args, kwargs))
         out = func(*args, **kwargs)
