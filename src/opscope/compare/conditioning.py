@@ -212,8 +212,11 @@ _POWERS = {"rsqrt": -0.5, "reciprocal": -1.0, "sqrt": 0.5}
 
 # output slot -> the input slots of its two operands
 _OPERANDS: dict[str, dict[int, tuple[int, int]]] = {
+    # (einsum of two operands, as the API level records it: a sum over products of one element of
+    # each, each pair taken once, so ||C|| <= ||A||·||B|| as for a matmul; Funnel's and XLNet's
+    # relative attention)
     **dict.fromkeys(("mm", "bmm", "matmul", "__matmul__", "linear", "convolution", "_convolution",
-                     "conv1d", "conv2d", "conv3d", "Linear", "Conv1d", "Conv2d", "Conv3d"), {0: (0, 1)}),
+                     "conv1d", "conv2d", "conv3d", "Linear", "Conv1d", "Conv2d", "Conv3d", "einsum"), {0: (0, 1)}),
     **dict.fromkeys(("addmm", "baddbmm", "addbmm"), {0: (1, 2)}),
     # (grad_output, input, weight) -> grad_input from grad_output and weight, grad_weight from
     # grad_output and input (grad_bias, slot 2, is a sum: the reduction rule's)
