@@ -191,6 +191,8 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     tgt_norm = _num(t.get("norm"))
     s.sum_sq_reference = _norm_or_bound(r, ref_norm, n) ** 2
     s.sum_sq_target = _norm_or_bound(t, tgt_norm, n) ** 2
+    if (r.get("inf") and not math.isfinite(ref_norm)) or (t.get("inf") and not math.isfinite(tgt_norm)):
+        s.extra["extremes_only"] = 1.0  # relative to an element's scale, not the norm: state.input_error
     s.nan_mismatch = abs(int(t.get("nan") or 0) - int(r.get("nan") or 0))
     s.inf_mismatch = abs(int(t.get("inf") or 0) - int(r.get("inf") or 0))
     root_n = math.sqrt(max(n, 1))

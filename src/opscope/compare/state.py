@@ -148,6 +148,11 @@ def input_error(state: VerdictState, measured: Pair, *, elementwise: bool = Fals
     most it may be (statistics, which cannot see elements).
     """
     error = raw_error(measured)
+    if measured.metrics.get("extremes_only") and error > 0 and not measured.metrics.get("bit_exact"):
+        # Infs on both sides (scores masked with -inf): only the finite extremes' shift is
+        # known, relative to an element's scale, which says nothing of how much the input
+        # carries into an output (beam search's scores plus a -inf mask at T5's step 2)
+        return math.inf
     if elementwise and measured.mode != "statistics":
         error = max(error, measured.metrics.get("elem_rel_rms") or 0.0)
     if measured.mode != "statistics" or measured.metrics.get("bit_exact") or math.isnan(error):

@@ -254,7 +254,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             in_error = max(in_error, finite_or_inf(error))
         if measured.mode == "statistics" and not measured.metrics.get("bit_exact"):
             node.spread_n = max(node.spread_n, int(row.get("numel") or 0))
-        ref_norm = measured.metrics.get("ref_norm", 0.0)
+        # (no floor from a tensor holding Infs: its "norm" is an element's scale, metrics._norm_or_bound)
+        ref_norm = 0.0 if measured.metrics.get("extremes_only") else measured.metrics.get("ref_norm", 0.0)
         if (row.get("numel") or 0) > 1 and is_float(row.get("dtype")) and ref_norm > 0:
             floor = min(floor, ref_norm)
         taint = taint or tainted
