@@ -37,7 +37,6 @@ def writes_first(name: str) -> bool:
 
 
 # Calls whose schemas do not mark what they write (dispatch.UNMARKED_WRITES at the aten level):
-# name -> (position, keyword) of each written argument.
 # name -> (position, keyword, a list of tensors) of each written argument.
 Written = tuple[tuple[int, str, bool], ...]
 API_UNMARKED_WRITES: dict[str, Written] = {

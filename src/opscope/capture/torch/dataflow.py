@@ -133,19 +133,17 @@ class DataFlow:
         if base is not None:
             self.written[id(base)] = (weakref.ref(base), row, version, False)
 
-    def wrote_in_place(self, t: torch.Tensor, row: list[Any]) -> None:
-        """``t`` was written in place by the call whose output row is ``row`` (not returned:
-        ``Tensor.__setitem__``): its next read, and its base's, has that row for its producer."""
+    def written_here(self, t: torch.Tensor, row: list[Any], collective: bool = False) -> None:
+        """The next read of ``t``, and of its base, is measured with output row ``row`` for its
+        producer: a tensor an API call wrote in place and did not return (``Tensor.__setitem__``),
+        or (``collective``) the result of a collective, filled after its op returned."""
         base = t._base if t._is_view() else None
         for x in (t,) if base is None else (t, base):
-            self.written[id(x)] = (weakref.ref(x), row, version_of(x), False)
+            self.written[id(x)] = (weakref.ref(x), row, version_of(x), collective)
 
     def holds_result(self, t: torch.Tensor, row: list[Any]) -> None:
-        """``t`` holds the result of the collective whose output row is ``row`` (filled after its
-        op returned): its next read, and its base's, is measured with that row for its producer."""
-        base = t._base if t._is_view() else None
-        for x in (t,) if base is None else (t, base):
-            self.written[id(x)] = (weakref.ref(x), row, version_of(x), True)
+        """``t`` holds the result of the collective whose output row is ``row``."""
+        self.written_here(t, row, collective=True)
 
     def result_of(self, t: torch.Tensor) -> list[Any] | None:
         """The output row of the collective whose result ``t`` holds, or None."""

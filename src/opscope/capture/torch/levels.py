@@ -233,17 +233,18 @@ class _ApiMode(ApiCalls):
         s = self.session
         call = None
         empty = False
+        writes = writes_first(name)
         if s.recorder.selected(module, name, phase):  # inputs before the op: an in-place op changes them
             # a call writing part of an empty (`q[:, :8] = h`), or viewing one: what it reads and
             # leaves is no data yet
-            empty = (writes_first(name) or rearranges(name)) and not overwrites_first(name) and bool(args) and \
+            empty = (writes or rearranges(name)) and not overwrites_first(name) and bool(args) and \
                 s.recorder.holds_no_data(args[0])
             call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
                                             source=s.source() if s.cfg.source else None, empty_first=empty)
-        if writes_first(name) or "out" in kwargs:
+        if writes or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 s.recorder.before_write(t)
-        first = args[0] if args and writes_first(name) else None
+        first = args[0] if args and writes else None
         return None if call is None else (call, name, module, args[0] if empty else None, makes_empty_call(name, args),
                                           first)
 

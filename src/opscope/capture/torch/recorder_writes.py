@@ -37,7 +37,7 @@ class Writes:
             return
         row = self._new_row(call[0], "output", 0, None, t)  # type: ignore[attr-defined]
         row[_NOTE] = WRITTEN_NOTE
-        self.flow.wrote_in_place(t, row)
+        self.flow.written_here(t, row)
 
     def holds_no_data(self, t: Any) -> bool:
         """Is ``t`` memory that holds no data yet (an empty's, written since only in part)?"""

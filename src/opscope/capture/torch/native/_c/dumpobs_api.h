@@ -164,11 +164,7 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
     } else if (mutated) {  // written in place, not returned (Tensor.__setitem__): measured at its next read
       size_t i = new_row(h, IO_OUTPUT, 0, -1, t, -1);
       rows[i].note = N_WRITTEN;
-      record_written_base(t, i);
-      if (t.is_view()) {
-        at::TensorBase base = t._base();
-        record_written_base(at::Tensor(std::move(base)), i);
-      }
+      written_here(t, i, false);
     }
   }
   Py_RETURN_NONE;

@@ -70,15 +70,19 @@ bool holds_collective(const at::Tensor& t) {
   return w && w->collective;
 }
 
-// `t` holds the result of the collective whose output row is `row`: its next read (and its
-// base's) has that row for its producer, however often the result's arrival writes it.
-void holds_result(const at::Tensor& t, size_t row) {
-  record_written_base(t, row, true);
+// `t` and, if it is a view, its base have output row `row` for the producer of their next read
+// (measured there): a collective's result (`collective`: however often its arrival writes it),
+// or a tensor an API call wrote in place and did not return (api_end).
+void written_here(const at::Tensor& t, size_t row, bool collective) {
+  record_written_base(t, row, collective);
   if (t.is_view()) {
     at::TensorBase base = t._base();
-    record_written_base(at::Tensor(std::move(base)), row, true);
+    record_written_base(at::Tensor(std::move(base)), row, collective);
   }
 }
+
+// `t` holds the result of the collective whose output row is `row`.
+void holds_result(const at::Tensor& t, size_t row) { written_here(t, row, true); }
 
 // An output of a collective (capture/torch/dispatch.py COLLECTIVES): what it holds arrives when
 // the collective completes, after its op returned (gloo's worker thread, NCCL's stream). Not
