@@ -7,7 +7,7 @@ group, are printed in microseconds; the other threads (the statistics worker, th
 are printed as a whole. A group's share of a torch kernel's time that grows under the dump
 (its data pushed out of the caches by the dump's own reads) shows as "torch kernels".
 
-    python benchmarks/profile_dump.py [--steps 30] [--level aten] [--tiny]
+    python benchmarks/profile_dump.py [--steps 30] [--level aten] [--tiny | --task mlp]
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ import contextlib, os, sys, time, signal, subprocess, warnings, torch
 import opscope
 from opscope.demo.models import mlp_task, train_step, transformer_task
 torch.set_num_threads(1); warnings.filterwarnings("ignore")
-mode, n, level, tiny, out, root = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1", *sys.argv[5:7]
-model, opt, batch = (lambda: mlp_task(batch=16, d_in=32, hidden=32, depth=2))() if tiny else transformer_task()
+mode, n, level, task, out, root = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], *sys.argv[5:7]
+model, opt, batch = {"tiny": lambda: mlp_task(batch=16, d_in=32, hidden=32, depth=2),
+                     "mlp": lambda: mlp_task(batch=256, d_in=512, hidden=512, depth=3),
+                     "transformer": transformer_task}[task]()
 def loop(k, d=None):
     for i in range(k):
         train_step(model, opt, *batch(i))
@@ -84,7 +86,7 @@ def _samples(path: str, tid: int | None) -> collections.Counter:
 
 def _run(mode: str, args: argparse.Namespace, tmp: str) -> tuple[str, int]:
     out = os.path.join(tmp, f"{mode}.data")
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps), args.level, "1" if args.tiny else "0",
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps), args.level, "tiny" if args.tiny else args.task,
                            out, os.path.join(tmp, "dump")], capture_output=True, text=True, check=True)
     return out, int(proc.stdout.split()[-1])
 
@@ -94,6 +96,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--level", default="aten")
     parser.add_argument("--tiny", action="store_true", help="the tiny MLP step (~0.5 ms) instead of the transformer")
+    parser.add_argument("--task", choices=("transformer", "mlp"), default="transformer",
+                        help="bench_dump.py's transformer or MLP step")
     args = parser.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("perf is not installed (apt-get install linux-perf, or linux-tools-$(uname -r))")

@@ -294,6 +294,11 @@ def test_non_contiguous_inputs_are_measured_as_their_contiguous_copy(tmp_path, m
     strided = [base.transpose(0, 2), base[:, ::3, 1:], base.permute(1, 2, 0)[2:], base[0, :1].expand(5, 4),
                base.float().transpose(0, 1), base.half()[::2, :, ::2], base.bfloat16().mT, (base > 0).transpose(1, 2),
                (base * 100).to(torch.int64)[:, :, ::2], (base * 50).to(torch.int8).transpose(0, 1)]
+    # transposed planes, read in tiles (native/_c/gather.h): every element size, sizes that no
+    # tile or block divides, planes under outer dimensions, a broadcast column (stride 0)
+    big = torch.randn(3, 133, 70)
+    strided += [big.mT, big.double()[1].t(), big.half().mT[::2], (big * 50).to(torch.int8).mT,
+                torch.randn(300, 260).t(), torch.randn(133)[:, None].expand(133, 9), torch.randn(2, 5, 8).mT[:, 1:]]
     assert not any(t.is_contiguous() for t in strided)
     copies = [t.contiguous().clone() for t in strided]
     with opscope.dump(tmp_path / "d") as d:

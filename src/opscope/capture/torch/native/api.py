@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from opscope.capture.torch.api_writes import makes_empty_call, writes_first
+from opscope.capture.torch.api_writes import makes_empty_call, writes_first, written_args
 from opscope.capture.torch.dispatch import args_of
-from opscope.capture.torch.levels import ApiCalls, _ModeLevel, call_inputs
-from opscope.capture.torch.modules import tensors_of
+from opscope.capture.torch.levels import _NAMES, ApiCalls, _is_compiling, _ModeLevel, api_name, call_inputs
+from opscope.capture.torch.modules import SKIPPED, run_eagerly, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
-from opscope.model.calls import overwrites_first, rearranges
+from opscope.model.calls import makes_empty, overwrites_first, rearranges
 
 if TYPE_CHECKING:
     import torch
@@ -52,6 +52,7 @@ def args_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 
 _TEXTS: dict[tuple[Any, ...], str] = {}
+_UNSEEN = object()
 
 
 def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | None:
@@ -66,11 +67,67 @@ def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | 
     return (len(pairs), *key)
 
 
+# api_call's flags (native/_c/dumpobs_apicall.h); SLOW: the call takes begin, end and write_unmarked
+UNREAD, WRITES, MUTATED, GRADS, MADE, SLOW = 1, 2, 4, 8, 16, 32
+_PLANS: dict[Any, tuple[str, int] | None] = {}  # func -> (name, flags), or None: not recorded
+
+
+def _plan(func: Any) -> tuple[str, int] | None:
+    """What a call of ``func`` takes, found once a function: its name and api_call's flags."""
+    name = _NAMES.get(func, "")
+    if name == "":
+        name = api_name(func)
+    plan = None
+    if name is not None:
+        first = writes_first(name)
+        flags = (UNREAD * overwrites_first(name) | WRITES * (first or rearranges(name)) | MUTATED * first
+                 | MADE * makes_empty(name))
+        if written_args(name) or name == "Tensor.new":  # (unmarked writes; an empty by its arguments)
+            flags |= SLOW
+        plan = (name, flags)
+    _PLANS[func] = plan
+    return plan
+
+
 class _NativeApiMode(ApiCalls):
     def __init__(self, session: CaptureHost, native: Any) -> None:
         super().__init__(session)
         self.native = native
         self.grads = "backward" in session.cfg.phases
+        self.fallback = native.api_setup(tensors_of, args_text)
+        self.failed = self._failed
+        self.grads_flag = GRADS * self.grads
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """The call recorded and run in one native call (``api_call``), as ApiCalls'
+        begin, call and end would; those run where the call's arguments hold what only
+        Python walks, or its name writes more than its first argument."""
+        if kwargs is None:
+            kwargs = {}
+        if _is_compiling():
+            return func(*args, **kwargs)
+        s = self.session
+        try:  # (the user's call runs outside: its errors are its own)
+            plan = _PLANS.get(func, _UNSEEN)
+            if plan is _UNSEEN:
+                plan = _plan(func)
+            record = plan is not None and s.capturing
+            if record:
+                name, flags = plan
+                module, phase = s.modules.path, s.phase
+                record = bool(flags & SLOW) or s.recorder.selected(module, name, phase)
+        except Exception as exc:  # opscope's own failure: the call runs unrecorded
+            self._failed(exc)
+            record = False
+        if not record:
+            return func(*args, **kwargs)
+        if flags & SLOW:
+            return ApiCalls.__torch_function__(self, func, types, args, kwargs)
+        out = self.native.api_call(func, args, kwargs, name, module, PHASE_CODES[phase], flags | self.grads_flag,
+                                   self.failed)
+        if out is self.fallback:
+            return ApiCalls.__torch_function__(self, func, types, args, kwargs)
+        return out
 
     # opscope's failure in these stops capture, never the user's call
     def begin(self, name: str, module: str, phase: str, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -100,10 +157,13 @@ class _NativeApiMode(ApiCalls):
         except Exception as exc:
             self._failed(exc)
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: BaseException) -> None:
         if isinstance(exc, OpscopeError):
             raise exc
         self.session.internal_error(exc)
+
+
+run_eagerly(_NativeApiMode.__torch_function__)
 
 
 class NativeApiLevel(_ModeLevel, NativeAtenLevel):
@@ -111,6 +171,7 @@ class NativeApiLevel(_ModeLevel, NativeAtenLevel):
 
     def __init__(self, session: CaptureHost, backend: Any) -> None:
         NativeAtenLevel.__init__(self, session, backend)
+        backend.set_leaves(SKIPPED)  # what api_call's walk skips, as tensors_of does (shared)
         session.modules.on_change = None  # the mode passes the module path with each call
         self.mode = _NativeApiMode(session, backend)
 

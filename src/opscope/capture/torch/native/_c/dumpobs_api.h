@@ -91,73 +91,88 @@ bool holds_no_data(const at::Tensor& t) {
 // (`q[:, :8] = h`, Tensor.__setitem__), or only rearranges its elements (model/calls.py
 // rearranges: `q[..., :n]`): where that holds no data yet, the call reads none and leaves none
 // (its outputs are an empty's, api_end).
+// A call's tensor, borrowed: (slot, interned keyword or -1, tensor).
+struct CallItem {
+  int slot, arg;
+  PyObject* t;
+};
+
+// Python's (slot, keyword or None, tensor) items as CallItems (borrowed from `items`, which the
+// caller holds); false with a Python error set where they are not such items.
+bool call_items(PyObject* items, std::vector<CallItem>& out) {
+  return each_call_item_obj(items, [&](int slot, int arg, PyObject* t) { out.push_back(CallItem{slot, arg, t}); });
+}
+
+// The begin of api_begin and api_call: the token (the call's depth in api_calls).
+Py_ssize_t api_begin_items(int op_name, int mod, int phase, const std::vector<CallItem>& ins, const char* text,
+                           Py_ssize_t text_n, bool unread, bool writes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (g_api_step != g_step) api_new_step();
+  if (phase == FORWARD) g_api_told = false;
+  int64_t call = calls[std::make_tuple(mod, phase, op_name)]++;
+  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
+  set_data(h);
+  if (text) h.args = args_doc(text, static_cast<size_t>(text_n));
+  bool empty = false;
+  if (g_inputs || writes)
+    for (const CallItem& it : ins) {
+      const at::Tensor& t = THPVariable_Unpack(it.t);
+      if (it.slot == 0 && !unread && writes && holds_no_data(t)) {
+        empty = true;
+        if (g_inputs) rows[new_row(h, IO_INPUT, 0, it.arg, t)].note = N_UNINITIALIZED;
+      } else if (!g_inputs) {
+      } else if (it.slot == 0 && unread) {
+        unread_row(h, 0, it.arg, t);
+      } else {
+        input_row(h, it.slot, it.arg, t);
+      }
+    }
+  api_calls.push_back(h);
+  api_empty.push_back(empty);
+  return static_cast<Py_ssize_t>(api_calls.size()) - 1;
+}
+
 PyObject* py_api_begin(PyObject*, PyObject* a) {
   const char *op, *module;
   int phase, unread, writes = 0;
   PyObject *ins, *args;
   if (!PyArg_ParseTuple(a, "ssiOOp|p", &op, &module, &phase, &ins, &args, &unread, &writes)) return nullptr;
-  std::lock_guard<std::recursive_mutex> lock(mu);
-  if (g_api_step != g_step) api_new_step();
-  if (phase == FORWARD) g_api_told = false;
-  int op_name = intern(op), mod = *module ? intern(module) : -1;
-  int64_t call = calls[std::make_tuple(mod, phase, op_name)]++;
-  Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
-  set_data(h);
-  if (PyUnicode_Check(args)) {
-    Py_ssize_t n;
-    const char* s = PyUnicode_AsUTF8AndSize(args, &n);
-    if (!s) return nullptr;
-    h.args = args_doc(s, static_cast<size_t>(n));
-  }
-  bool empty = false;
-  if ((g_inputs || writes) && !each_call_item(ins, [&](int slot, int arg, const at::Tensor& t) {
-        if (slot == 0 && !unread && writes && holds_no_data(t)) {
-          empty = true;
-          if (g_inputs) rows[new_row(h, IO_INPUT, 0, arg, t)].note = N_UNINITIALIZED;
-        } else if (!g_inputs) {
-        } else if (slot == 0 && unread) {
-          unread_row(h, 0, arg, t);
-        } else {
-          input_row(h, slot, arg, t);
-        }
-      }))
-    return nullptr;
-  api_calls.push_back(h);
-  api_empty.push_back(empty);
-  return PyLong_FromSsize_t(static_cast<Py_ssize_t>(api_calls.size()) - 1);
+  std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
+  std::vector<CallItem> items;
+  if (!call_items(ins, items)) return nullptr;
+  const char* text = nullptr;
+  Py_ssize_t n = 0;
+  if (PyUnicode_Check(args) && !(text = PyUnicode_AsUTF8AndSize(args, &n))) return nullptr;
+  return PyLong_FromSsize_t(api_begin_items(intern(op), *module ? intern(module) : -1, phase, items, text, n, unread,
+                                            writes));
 }
 
 // api_end(token, outputs, mutated, grads, empty, first): the call's output rows (mutated: written
 // in place; empty: memory that holds no data yet, torch.empty_like's); grads: hook the autograd
 // node of each output that requires grad, for its backward row; first: the argument a call that
 // returns nothing wrote (Tensor.__setitem__), recorded as its output where it holds no data yet.
-PyObject* py_api_end(PyObject*, PyObject* a) {
-  Py_ssize_t token;
-  PyObject *outs, *first = Py_None;
-  int mutated, grads, empty = 0;
-  if (!PyArg_ParseTuple(a, "nOpp|pO", &token, &outs, &mutated, &grads, &empty, &first)) return nullptr;
+void api_end_items(Py_ssize_t token, const std::vector<CallItem>& outs, bool mutated, bool grads, bool empty,
+                   PyObject* first) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   if (g_api_step != g_step || token < 0 || static_cast<size_t>(token) >= api_calls.size())
-    Py_RETURN_NONE;  // begun in an earlier step
+    return;  // begun in an earlier step
   const Head h = api_calls[token];
   empty = empty || api_empty[token];
   api_calls.resize(token);  // and any call above it that raised before its end
   api_empty.resize(token);
-  bool none = true;
-  bool ok = each_call_item(outs, [&](int slot, int, const at::Tensor& t) {
-    none = false;
+  for (const CallItem& it : outs) {
+    const at::Tensor& t = THPVariable_Unpack(it.t);
     if (mutated) ++g_writes[storage_of(t)];  // before its row: the row holds what the write left
     if (g_outputs && empty) {
-      empty_row(h, slot, t);
+      empty_row(h, it.slot, t);
     } else if (g_outputs) {
       // an in-place output is registered at the version it has now (at the API level torch
       // moved it before the call returned): the next use of the tensor links to this row
-      output_row(h, slot, t, -1, mutated, nullptr);
+      output_row(h, it.slot, t, -1, mutated, nullptr);
     }
     if (grads) api_hook_node(h, t);
-  });
-  if (!ok) return nullptr;
-  if (none && g_outputs && THPVariable_Check(first)) {
+  }
+  if (outs.empty() && g_outputs && first && THPVariable_Check(first)) {
     const at::Tensor& t = THPVariable_Unpack(first);
     if (empty) {
       empty_row(h, 0, t);
@@ -167,6 +182,17 @@ PyObject* py_api_end(PyObject*, PyObject* a) {
       written_here(t, i, false);
     }
   }
+}
+
+PyObject* py_api_end(PyObject*, PyObject* a) {
+  Py_ssize_t token;
+  PyObject *outs, *first = Py_None;
+  int mutated, grads, empty = 0;
+  if (!PyArg_ParseTuple(a, "nOpp|pO", &token, &outs, &mutated, &grads, &empty, &first)) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
+  std::vector<CallItem> items;
+  if (!call_items(outs, items)) return nullptr;
+  api_end_items(token, items, mutated, grads, empty, first);
   Py_RETURN_NONE;
 }
 

@@ -8,7 +8,7 @@ namespace {
 // Calls fn(slot, arg name index or -1, tensor) for each (slot, arg or None, tensor) item;
 // false (a Python error set) when an item is malformed.
 template <typename F>
-bool each_call_item(PyObject* items, F fn) {
+bool each_call_item_obj(PyObject* items, F fn) {
   PyObject* fast = PySequence_Fast(items, "a sequence of (slot, arg, tensor) is expected");
   if (!fast) return false;
   for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); ++k) {
@@ -20,10 +20,16 @@ bool each_call_item(PyObject* items, F fn) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "(slot, arg name or None, tensor) expected");
       return false;
     }
-    fn(slot, arg == Py_None ? -1 : intern(PyUnicode_AsUTF8(arg)), THPVariable_Unpack(t));
+    fn(slot, arg == Py_None ? -1 : intern(PyUnicode_AsUTF8(arg)), t);
   }
   Py_DECREF(fast);
   return true;
+}
+
+// The same, each tensor unpacked.
+template <typename F>
+bool each_call_item(PyObject* items, F fn) {
+  return each_call_item_obj(items, [&](int slot, int arg, PyObject* t) { fn(slot, arg, THPVariable_Unpack(t)); });
 }
 
 // The gradient at module output `slot`, in backward: one row, as the Python path's tensor

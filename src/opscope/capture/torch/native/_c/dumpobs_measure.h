@@ -77,6 +77,8 @@ void store_copy(size_t index, const at::Tensor& x) {
 
 void slow(size_t row, const at::Tensor& t);
 
+#include "gather.h"
+
 template <typename T>
 void gather_row(unsigned char* out, const unsigned char* src, int64_t n, int64_t stride) {
   T* o = reinterpret_cast<T*>(out);
@@ -101,6 +103,14 @@ const void* gather(const at::Tensor& x) {
   const auto* base = static_cast<const unsigned char*>(x.const_data_ptr());
   c10::SmallVector<int64_t, 6> idx(static_cast<size_t>(std::max<int64_t>(d, 1)), 0);
   unsigned char* out = buf.data();
+  bool tiled = false;
+  switch (es) {
+    case 1: tiled = gather_transposed(reinterpret_cast<uint8_t*>(out), x); break;
+    case 2: tiled = gather_transposed(reinterpret_cast<uint16_t*>(out), x); break;
+    case 4: tiled = gather_transposed(reinterpret_cast<uint32_t*>(out), x); break;
+    default: tiled = gather_transposed(reinterpret_cast<uint64_t*>(out), x); break;
+  }
+  if (tiled) return out;
   int64_t offset = 0;  // elements from the first
   for (int64_t done = 0; done < n; done += inner, out += inner * es) {
     const unsigned char* src = base + offset * static_cast<int64_t>(es);

@@ -4,6 +4,7 @@
 namespace {
 
 int64_t g_installs = 0;  // install() calls so far (see dumpobs_calls.h)
+void api_forget();        // (dumpobs_apicall.h)
 
 PyObject* py_install(PyObject*, PyObject* a) {
   PyObject *classify, *hooks, *no_stats;
@@ -40,6 +41,7 @@ PyObject* py_uninstall(PyObject*, PyObject*) {
     g_tensor_ops = false;
     for (auto& [s, _] : path_ids) Py_DECREF(s);
     path_ids.clear();
+    api_forget();
   });
   Py_CLEAR(g_hooks);
   Py_CLEAR(g_no_stats);
@@ -215,6 +217,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
 
 #include "dumpobs_calls.h"
 #include "dumpobs_api.h"
+#include "dumpobs_apicall.h"
 
 namespace {
 
@@ -249,6 +252,10 @@ PyMethodDef methods[] = {
     {"set_leaves", py_set_leaves, METH_O, "set_leaves(types): the types record_module's walk skips"},
     {"api_begin", py_api_begin, METH_VARARGS, "api_begin(op, module, phase, inputs, args, unread) -> token: an API call starts"},
     {"api_end", py_api_end, METH_VARARGS, "api_end(token, outputs, mutated, grads): an API call ended"},
+    {"api_call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(py_api_call)), METH_FASTCALL,
+     "api_call(func, args, kwargs, op, module, phase, flags, failed): an API call, recorded and run"},
+    {"api_setup", py_api_setup, METH_VARARGS,
+     "api_setup(tensors_of, args_text) -> the object api_call returns for Python's walk"},
     {"api_write", py_api_write, METH_O, "api_write(items): tensors an API call writes without a version bump"},
     {"meta_skipped", py_meta_skipped, METH_NOARGS, "meta tensors seen (not measured)"},
     {"idle", py_idle, METH_NOARGS, "idle(): no step captured until begin_step: the chunk pool returns its memory"},
