@@ -8,6 +8,11 @@ session 28): the cases where they found wrong verdicts or capture bugs, each fix
   ``Tensor.new(*size)``'s memory that ``scatter_`` read (a root), not the draw.
 - CLIP under float16 AMP overflows at the scaler's first scales: at the api level the skipped
   steps went unseen and an overflowed ``Tensor.mul`` backward was named.
+- Reformer's reversible layers rebuild each layer's input from its outputs inside a custom
+  autograd Function's backward and call their feed-forward again. At the module level those
+  calls were ``forward`` rows, their rebuilt input (made by code no module brackets) a root
+  under bf16 autocast at 2.2x a float32 tolerance (session 29: ``recompute`` rows, judged as
+  values the backward made out of sight).
 """
 
 from __future__ import annotations
@@ -63,3 +68,14 @@ def test_two_runs_of_an_unseeded_reformer_name_the_draw(tmp_path: Path) -> None:
     found = result.first_divergence
     assert found is not None and (found.kind, found.op) == ("culprit", "aten.randn.default"), _culprits(result)
     assert found.module == seeded.attention and "another generator state" in found.note
+
+
+def test_module_calls_inside_a_custom_backward_are_recomputations(runs: Runs) -> None:
+    result = runs.compare("reformer", "bf16_autocast", "statistics", level="module")
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+    rows = opscope.load(runs.dump("reformer", "bf16_autocast", "statistics", "module")).records().to_pandas()
+    feed_forward = rows[rows.module == "reformer.encoder.layers.0.feed_forward"]
+    assert set(feed_forward.phase) >= {"forward", "recompute"}, set(feed_forward.phase)
+    # a changed weight is still named where it is read
+    weight = runs.compare("reformer", "weight_row", "statistics", level="module")
+    assert weight.first_divergence is not None and weight.first_divergence.kind == "root", _culprits(weight)

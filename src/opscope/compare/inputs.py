@@ -101,10 +101,13 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = join(own.note, "no captured producer, in a step that had already diverged")
         state.tainted.add(id(own))
         return True
-    if row.get("producer") is None and (row.get("io") == "grad" or (row.get("phase") == "backward" and not name)):
+    if row.get("producer") is None and (row.get("io") == "grad" or (row.get("phase") in ("backward", "recompute")
+                                                                     and not name)):
         # a gradient the backward pass made out of sight (module / api level, or a data-flow
-        # link the capture missed): in proportion to the gradients recorded in that backward
-        # pass, it is their noise
+        # link the capture missed), or a value it remade there by code no record brackets
+        # (module level: Reformer's reversible layers rebuild each layer's input from its
+        # outputs): in proportion to the gradients recorded in that backward pass, it is their
+        # noise
         known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
         # what made it also read the forward's tensors (a softmax's output), with the step's
         # rounding so far

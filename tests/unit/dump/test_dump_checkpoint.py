@@ -12,6 +12,7 @@ recomputation that drew other dropout masks made a LayerNorm's backward the root
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,67 @@ def test_show_checks_each_recomputation_against_its_forward(tmp_path: Path, leve
     assert f"{DRAWN_BY[level]} in module blocks.1.drop" in line, line
     run(tmp_path / "plain", p=0.1, level=level)
     assert not any(x.startswith("recompute") for x in _show(tmp_path / "plain").splitlines())
+
+
+class _Reversible(torch.autograd.Function):
+    """y = x + f(x), whose backward rebuilds x from y and calls ``f`` again (Reformer's
+    reversible layers: no activation is kept, and no checkpoint is involved)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, f: nn.Module) -> torch.Tensor:
+        ctx.f = f
+        with torch.no_grad():
+            y = x + f(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (y,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = (y - ctx.f(y)).detach().requires_grad_()  # (rebuilt by code no module brackets)
+            out = x + ctx.f(x)
+            torch.autograd.backward(out, grad)
+        return x.grad, None
+
+
+class _ReversibleNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.f, self.head = nn.Linear(8, 8), nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_Reversible.apply(x, self.f))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_module_calls_inside_a_custom_backward_are_recomputations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """A module call the autograd engine makes in its backward, outside a checkpoint, is phase
+    ``recompute`` at the module level (it was ``forward``: more forward calls of the layer,
+    whose rebuilt input compare named a root under bf16)."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+
+    def train(path: Path | None) -> list[float]:
+        torch.manual_seed(0)
+        net = _ReversibleNet()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        x = torch.randn(4, 8, requires_grad=True)
+        losses = []
+        with opscope.dump(path, level="module") if path else contextlib.nullcontext() as d:
+            for _ in range(2):
+                loss = net(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(float(loss))
+                if d is not None:
+                    d.step()
+        return losses
+
+    assert train(tmp_path / "d") == train(None)
+    got = opscope.load(tmp_path / "d").records(columns=["step", "phase", "module", "call", "io"]).to_pylist()
+    f = [r for r in got if r["module"] == "f" and r["io"] == "output" and r["phase"] != "optimizer"]
+    # per step: its call in the Function's forward, then its two in the backward
+    assert [(r["step"], r["phase"], r["call"]) for r in f] == [
+        (step, phase, call) for step in (0, 1) for phase, call in (("forward", 0), ("recompute", 0), ("recompute", 1))]

@@ -69,6 +69,57 @@ def test_native_api_level_writes_the_rows_of_the_python_path(tmp_path, monkeypat
     assert native_rows[native_rows.phase == "backward"]["node"].notna().all()
 
 
+def _walked_in_python():
+    """A step whose calls api_call does not walk itself: a namedtuple argument (the two-call
+    path), results that are torch's structseqs (topk, max: walked by tensors_of) and a batch
+    norm, whose running statistics it writes unmarked (the two-call path with write_unmarked)."""
+    import collections
+
+    Pair = collections.namedtuple("Pair", "a b")
+    torch.manual_seed(0)
+    w = torch.randn(6, 8, requires_grad=True)
+    mean, var = torch.zeros(8), torch.ones(8)
+    opt = torch.optim.SGD([w], lr=0.1)
+    xs = [torch.randn(5, 6) for _ in range(2)]
+
+    def step(i):
+        h = xs[i] @ w
+        stacked = torch.stack(Pair(h, h * 2.0))
+        top = torch.topk(stacked.sum(0), 3, dim=1)
+        peak = torch.max(h, dim=0)
+        normed = torch.nn.functional.batch_norm(h, mean, var, training=True)
+        loss = top.values.sum() + peak.values.sum() + normed.square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+    return step
+
+
+def test_calls_walked_in_python_write_the_rows_of_the_python_path(tmp_path, monkeypatch):
+    rows, losses = {}, {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        step = _walked_in_python()
+        with opscope.dump(tmp_path / name, level="api") as d:
+            losses[name] = []
+            for i in range(2):
+                losses[name].append(step(i))
+                d.step()
+        dump = opscope.load(tmp_path / name)
+        assert (dump.manifest["stats_backend"] == "native") == (name == "native")
+        rows[name] = dump.records().to_pandas(integer_object_nulls=True).sort_values(["step", "id"])
+    step = _walked_in_python()
+    assert losses["native"] == losses["python"] == [step(i) for i in range(2)]
+    native, python = rows["native"], rows["python"]
+    assert {"torch.stack", "torch.topk", "torch.max", "torch.nn.functional.batch_norm"} <= set(native.op)
+    assert len(native) == len(python)
+    for column in _SAME:
+        assert [_cell(v) for v in native[column]] == [_cell(v) for v in python[column]], column
+    topk = native[(native.op == "torch.topk") & (native.io == "output") & (native.phase == "forward")]
+    assert len(topk) == 4  # values and indices, each step
+
+
 def test_an_in_place_call_keeps_the_input_it_received(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
     h = torch.full((4,), 3.0)

@@ -294,7 +294,20 @@ def _backward_recorder(s: CaptureHost, name: str, module: str, node_name: str) -
     return hook
 
 
-def hooks_gradients(s: CaptureHost) -> bool:
+_graph_task = torch._C._current_graph_task_id  # -1 outside the autograd engine's backward
+
+
+def module_phase(s: CaptureHost) -> str:
+    """The phase of a module call made now (both paths of the module level). A call the autograd
+    engine makes inside its backward, outside activation checkpointing (a custom autograd
+    Function's backward: Reformer's reversible layers remake their inputs from their outputs and
+    run their feed-forward again), is a recomputation, as checkpointing's are: its inputs, made
+    by code no module brackets, are judged as recomputed values (they were ``forward`` rows, and
+    under bf16 such an input was named a root of the first step)."""
+    return "recompute" if _graph_task() >= 0 else s.phase
+
+
+def hooks_gradients(s: CaptureHost, phase: str | None = None) -> bool:
     """Do the outputs of the module call ending now get gradient hooks (both paths)? Not in a
     recomputation (activation checkpointing): the non-reentrant variant runs no backward over
     its outputs, and the reentrant one's nested backward gives a tensor the block returns only
@@ -302,7 +315,7 @@ def hooks_gradients(s: CaptureHost) -> bool:
     Not where the module ran without grad: what requires grad there passed through it from
     outside (a reentrant checkpoint's forward), and its gradient is not the module's. An
     output of the reentrant variant's Function is left out per tensor, for the same reason."""
-    return s.phase != "recompute" and torch.is_grad_enabled()
+    return (phase or s.phase) != "recompute" and torch.is_grad_enabled()
 
 
 class ApiLevel(_ModeLevel):
@@ -323,12 +336,13 @@ class ModuleLevel(Level):
     def _enter(self, module: torch.nn.Module, path: str, args: Any) -> None:
         s = self.session
         op = type(module).__name__
-        if not (self.on and s.capturing and s.recorder.selected(path, op, s.phase)):
+        phase = module_phase(s)
+        if not (self.on and s.capturing and s.recorder.selected(path, op, phase)):
             self._calls.append(-1)
             return
         s.modules.learn(module, path)
         inputs = module_inputs(module, args, call_kwargs())
-        self._calls.append(s.recorder.record(op, path, s.phase, inputs, []))
+        self._calls.append(s.recorder.record(op, path, phase, inputs, []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:
         s = self.session
@@ -337,8 +351,9 @@ class ModuleLevel(Level):
         if call < 0 or output is None or not (self.on and s.capturing):
             return
         outs = tensors_of(output)
-        s.recorder.record(op, path, s.phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
-        if "backward" in s.cfg.phases and hooks_gradients(s):
+        phase = module_phase(s)
+        s.recorder.record(op, path, phase, [], [(i, None, t) for i, t in enumerate(outs)], call=call)
+        if "backward" in s.cfg.phases and hooks_gradients(s, phase):
             for i, t in enumerate(outs):
                 if t.requires_grad and type(t.grad_fn).__name__ != "CheckpointFunctionBackward":
                     t.register_hook(self._grad_hook(op, path, i))

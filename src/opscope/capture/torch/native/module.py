@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from opscope.capture.torch.levels import hooks_gradients, module_inputs
+from opscope.capture.torch.levels import hooks_gradients, module_inputs, module_phase
 from opscope.capture.torch.modules import SKIPPED, call_kwargs, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
@@ -69,8 +69,9 @@ class NativeModuleLevel(NativeAtenLevel):
         op = type(module).__name__
         call = -1
         try:
-            if self.on and s.capturing and s.recorder.selected(path, op, s.phase):
-                phase = PHASE_CODES[s.phase]
+            name = module_phase(s)
+            if self.on and s.capturing and s.recorder.selected(path, op, name):
+                phase = PHASE_CODES[name]
                 # one native call walks the arguments, own parameters and keyword arguments
                 # (None: something only Python walks, or named_parameters overridden)
                 kwargs = call_kwargs()
@@ -93,8 +94,9 @@ class NativeModuleLevel(NativeAtenLevel):
         op = type(module).__name__
         try:
             # outputs that require grad get a C++ hook: their gradient's row in backward
-            grads = self._grads and hooks_gradients(s) and s.recorder.selected(path, op, "backward")
-            phase = PHASE_CODES[s.phase]
+            name = module_phase(s)
+            grads = self._grads and hooks_gradients(s, name) and s.recorder.selected(path, op, "backward")
+            phase = PHASE_CODES[name]
             if self.native.record_module(op, path, phase, output, None, call, grads) is None:
                 outs = [(i, None, t) for i, t in enumerate(tensors_of(output))]
                 self.native.record_call(op, path, phase, (), outs, call, grads)
