@@ -86,8 +86,9 @@ def _samples(path: str, tid: int | None) -> collections.Counter:
 
 def _run(mode: str, args: argparse.Namespace, tmp: str) -> tuple[str, int]:
     out = os.path.join(tmp, f"{mode}.data")
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps), args.level, "tiny" if args.tiny else args.task,
-                           out, os.path.join(tmp, "dump")], capture_output=True, text=True, check=True)
+    task = "tiny" if args.tiny else args.task
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps), args.level, task, out,
+                           os.path.join(tmp, "dump")], capture_output=True, text=True, check=True)
     return out, int(proc.stdout.split()[-1])
 
 

@@ -52,7 +52,7 @@ def args_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
 
 
 _TEXTS: dict[tuple[Any, ...], str] = {}
-_UNSEEN = object()
+_UNSEEN: Any = object()
 
 
 def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -235,6 +235,7 @@ void hook_failed(const char* hook) {
                                  text && PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : "");
   Py_XDECREF(text), Py_XDECREF(type), Py_XDECREF(value), Py_XDECREF(tb);
   PyErr_Clear();
+  std::lock_guard<std::recursive_mutex> lock(mu);  // (held already, but for api_backward_ran's call)
   g_on = false;
   on_error(message.c_str());
 }

@@ -16,7 +16,7 @@ int64_t g_api_step = -2;        // the step api_calls belong to
 // autograd nodes already hooked (levels.py marks node.metadata): a weak reference tells a node
 // still alive from a new one at a reused address
 std::unordered_map<const torch::autograd::Node*, c10::weak_intrusive_ptr<torch::autograd::Node>> api_nodes;
-bool g_api_told = false;  // Python was told that backward ran since the last forward call
+std::atomic<bool> g_api_told{false};  // Python was told that backward ran since the last forward call
 
 // A new step: calls begun before it are not ended into it; nodes freed since are forgotten.
 void api_new_step() {
@@ -26,13 +26,16 @@ void api_new_step() {
   for (auto it = api_nodes.begin(); it != api_nodes.end();) it = it->second.expired() ? api_nodes.erase(it) : ++it;
 }
 
-void api_backward_ran() {  // the session's phase turns to backward (DumpSession.backward_ran)
-  if (g_api_told) return;
-  g_api_told = true;
+// The session's phase turns to backward (DumpSession.backward_ran). It takes the GIL: never
+// called under mu, which a thread holding the GIL takes (api_call, api_begin).
+void api_backward_ran() {
+  if (g_api_told.exchange(true)) return;
   PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* r = PyObject_CallMethod(g_hooks, "backward_ran", nullptr);
-  if (!r) hook_failed("backward_ran");
-  Py_XDECREF(r);
+  if (g_hooks) {  // (uninstall clears it with the GIL held)
+    PyObject* r = PyObject_CallMethod(g_hooks, "backward_ran", nullptr);
+    if (!r) hook_failed("backward_ran");
+    Py_XDECREF(r);
+  }
   PyGILState_Release(gil);
 }
 
@@ -43,10 +46,21 @@ struct ApiGradHook : torch::autograd::FunctionPostHook {
   ApiGradHook(int64_t i, int o, int m, int n) : install(i), op(o), mod(m), node(n) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override {
+    {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      if (install != g_installs || !g_hooks) return grad_inputs;
+    }
+    try {
+      api_backward_ran();
+    } catch (const std::exception& e) {
+      std::lock_guard<std::recursive_mutex> lock(mu);
+      g_on = false;
+      on_error(e.what());
+      return grad_inputs;
+    }
     std::lock_guard<std::recursive_mutex> lock(mu);
     if (install != g_installs || !g_hooks) return grad_inputs;
     try {
-      api_backward_ran();
       if (!g_on || !selected(mod, op, BACKWARD)) return grad_inputs;
       static const int a_out = intern("grad_output"), a_in = intern("grad_input");
       Head h{g_seq++, calls[std::make_tuple(mod, static_cast<int>(BACKWARD), op)]++, BACKWARD, mod, op, op, node, -1};

@@ -25,15 +25,11 @@ bool api_failed(PyObject* failed) {
 }
 
 // The call's inputs as levels.call_inputs gives them: the tensors of the positional
-// arguments, then each keyword's, named by it; false where a value holds what only Python walks.
-bool api_inputs(PyObject* args, PyObject* kwargs, std::vector<CallItem>& out) {
-  std::vector<PyObject*> found;
-  std::vector<std::pair<PyObject*, PyObject*>> keywords;
-  if (!walk_tensors(args, found) || !keyword_tensors(kwargs, keywords)) return false;
-  int slot = 0;
-  for (PyObject* t : found) out.push_back(CallItem{slot++, -1, t});
-  for (auto& [key, t] : keywords) out.push_back(CallItem{slot++, intern(PyUnicode_AsUTF8(key)), t});
-  return true;
+// arguments, then each keyword's (with its keyword); false where a value holds what only Python
+// walks. No Python code runs here, and no lock is taken.
+bool api_inputs(PyObject* args, PyObject* kwargs, std::vector<PyObject*>& found,
+                std::vector<std::pair<PyObject*, PyObject*>>& keywords) {
+  return walk_tensors(args, found) && keyword_tensors(kwargs, keywords);
 }
 
 // The tensors of what the call returned, as tensors_of gives them (a new reference to what
@@ -155,20 +151,27 @@ PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   const long phase = PyLong_AsLong(a[5]), flags = PyLong_AsLong(a[6]);
   if (PyErr_Occurred()) return nullptr;
   Py_ssize_t token = -1;
+  std::vector<PyObject*> found;
+  std::vector<std::pair<PyObject*, PyObject*>> keywords;
+  if (!api_inputs(args, kwargs, found, keywords)) return Py_NewRef(g_api_fallback);
+  // (args_text is Python, which may hand the GIL to a thread that waits for mu: called unlocked)
+  const char *op = PyUnicode_AsUTF8(a[3]), *module = PyUnicode_AsUTF8(a[4]), *t = nullptr;
+  Py_ssize_t tn = 0;
+  PyObject* keep = nullptr;
   try {
-    std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
-    std::vector<CallItem> ins;
-    if (!api_inputs(args, kwargs, ins)) return Py_NewRef(g_api_fallback);
-    const char *op = PyUnicode_AsUTF8(a[3]), *module = PyUnicode_AsUTF8(a[4]), *t = nullptr;
-    Py_ssize_t tn = 0;
-    PyObject* keep = nullptr;
-    if (op && module && api_args_text(args, kwargs, t, tn, keep))
+    if (op && module && api_args_text(args, kwargs, t, tn, keep)) {
+      std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
+      std::vector<CallItem> ins;
+      int slot = 0;
+      for (PyObject* x : found) ins.push_back(CallItem{slot++, -1, x});
+      for (auto& [key, x] : keywords) ins.push_back(CallItem{slot++, intern(PyUnicode_AsUTF8(key)), x});
       token = api_begin_items(intern(op), *module ? intern(module) : -1, static_cast<int>(phase), ins, t, tn,
                               flags & AC_UNREAD, flags & AC_WRITES);
-    Py_XDECREF(keep);
+    }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
+  Py_XDECREF(keep);
   if (PyErr_Occurred() && !api_failed(failed)) return nullptr;
   PyObject* out = PyObject_Call(func, args, kwargs);
   if (!out || token < 0) return out;
