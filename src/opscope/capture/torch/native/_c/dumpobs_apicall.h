@@ -137,29 +137,16 @@ bool api_args_text(PyObject* args, PyObject* kwargs, const char*& text, Py_ssize
   return true;
 }
 
-// api_call(func, args, kwargs, op, module, phase, flags, failed) -> what
-// func(*args, **kwargs) returns; api_setup's fallback, with func not called, where the arguments
-// hold what only Python walks. flags: AC_UNREAD (api_begin's unread), AC_WRITES (its writes),
-// AC_MUTATED (api_end's mutated; the first argument is its `first`), AC_GRADS, AC_MADE (api_end's
-// empty: the call returns an empty). opscope's own failures go to failed(exc), and the call
-// runs all the same.
-PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
-  if (!g_api_fallback) return PyErr_Format(PyExc_RuntimeError, "api_setup was not called");
-  if (n != 8 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
-    return PyErr_Format(PyExc_TypeError, "api_call(func, args: tuple, kwargs: dict, op, module, phase, flags, failed)");
-  PyObject *func = a[0], *args = a[1], *kwargs = a[2], *failed = a[7];
-  const long phase = PyLong_AsLong(a[5]), flags = PyLong_AsLong(a[6]);
-  if (PyErr_Occurred()) return nullptr;
-  Py_ssize_t token = -1;
-  std::vector<PyObject*> found;
-  std::vector<std::pair<PyObject*, PyObject*>> keywords;
-  if (!api_inputs(args, kwargs, found, keywords)) return Py_NewRef(g_api_fallback);
-  // (args_text is Python, which may hand the GIL to a thread that waits for mu: called unlocked)
+// A call's input rows (api_begin's): its token, or -1 (a Python error set where that failed).
+// args_text is Python, which may hand the GIL to a thread that waits for mu: asked unlocked.
+Py_ssize_t api_call_begin(PyObject* const* a, long flags, const std::vector<PyObject*>& found,
+                          const std::vector<std::pair<PyObject*, PyObject*>>& keywords) {
+  const long phase = PyLong_AsLong(a[5]);
   const char *op = PyUnicode_AsUTF8(a[3]), *module = PyUnicode_AsUTF8(a[4]), *t = nullptr;
-  Py_ssize_t tn = 0;
+  Py_ssize_t tn = 0, token = -1;
   PyObject* keep = nullptr;
   try {
-    if (op && module && api_args_text(args, kwargs, t, tn, keep)) {
+    if (!PyErr_Occurred() && op && module && api_args_text(a[1], a[2], t, tn, keep)) {
       std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
       std::vector<CallItem> ins;
       int slot = 0;
@@ -172,21 +159,45 @@ PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   }
   Py_XDECREF(keep);
+  return token;
+}
+
+// A call's output rows (api_end's) from what it returned; false with a Python error set.
+bool api_call_end(Py_ssize_t token, PyObject* args, PyObject* out, long flags) {
+  std::vector<CallItem> items;
+  PyObject* held = api_outputs(out, items);
+  if (!held) return false;
+  try {
+    PyObject* first = (flags & AC_MUTATED) && PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : nullptr;
+    api_end_items(token, items, flags & AC_MUTATED, flags & AC_GRADS, flags & AC_MADE, first);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  Py_DECREF(held);
+  return !PyErr_Occurred();
+}
+
+// api_call(func, args, kwargs, op, module, phase, flags, failed) -> what
+// func(*args, **kwargs) returns; api_setup's fallback, with func not called, where the arguments
+// hold what only Python walks. flags: AC_UNREAD (api_begin's unread), AC_WRITES (its writes),
+// AC_MUTATED (api_end's mutated; the first argument is its `first`), AC_GRADS, AC_MADE (api_end's
+// empty: the call returns an empty). opscope's own failures go to failed(exc), and the call
+// runs all the same.
+PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
+  if (!g_api_fallback) return PyErr_Format(PyExc_RuntimeError, "api_setup was not called");
+  if (n != 8 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
+    return PyErr_Format(PyExc_TypeError, "api_call(func, args: tuple, kwargs: dict, op, module, phase, flags, failed)");
+  PyObject *func = a[0], *args = a[1], *kwargs = a[2], *failed = a[7];
+  const long flags = PyLong_AsLong(a[6]);
+  if (PyErr_Occurred()) return nullptr;
+  std::vector<PyObject*> found;
+  std::vector<std::pair<PyObject*, PyObject*>> keywords;
+  if (!api_inputs(args, kwargs, found, keywords)) return Py_NewRef(g_api_fallback);
+  Py_ssize_t token = api_call_begin(a, flags, found, keywords);
   if (PyErr_Occurred() && !api_failed(failed)) return nullptr;
   PyObject* out = PyObject_Call(func, args, kwargs);
   if (!out || token < 0) return out;
-  std::vector<CallItem> items;
-  PyObject* held = api_outputs(out, items);
-  if (held) {
-    try {
-      PyObject* first = (flags & AC_MUTATED) && PyTuple_GET_SIZE(args) ? PyTuple_GET_ITEM(args, 0) : nullptr;
-      api_end_items(token, items, flags & AC_MUTATED, flags & AC_GRADS, flags & AC_MADE, first);
-    } catch (const std::exception& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    }
-    Py_DECREF(held);
-  }
-  if (PyErr_Occurred() && !api_failed(failed)) {
+  if (!api_call_end(token, args, out, flags) && !api_failed(failed)) {
     Py_DECREF(out);
     return nullptr;
   }
