@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from opscope.capture.torch.api_writes import makes_empty_call, writes_first, written_args
 from opscope.capture.torch.dispatch import args_of
-from opscope.capture.torch.levels import _NAMES, ApiCalls, _is_compiling, _ModeLevel, api_name, call_inputs
+from opscope.capture.torch.levels import ApiCalls, _is_compiling, _ModeLevel, api_name, call_inputs
 from opscope.capture.torch.modules import SKIPPED, run_eagerly, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
@@ -74,9 +74,7 @@ _PLANS: dict[Any, tuple[str, int] | None] = {}  # func -> (name, flags), or None
 
 def _plan(func: Any) -> tuple[str, int] | None:
     """What a call of ``func`` takes, found once a function: its name and api_call's flags."""
-    name = _NAMES.get(func, "")
-    if name == "":
-        name = api_name(func)
+    name = api_name(func)
     plan = None
     if name is not None:
         first = writes_first(name)
