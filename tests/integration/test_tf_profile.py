@@ -293,8 +293,13 @@ def test_slow_custom_gradient_is_backward_and_named_in_the_ops_table(runs) -> No
     fwd_slow = median([r["forward_ns"] for r in steady(root / "slowbwd")])
     assert fwd_slow < fwd_base + 0.5 * (slow - base), "the slowdown lands in backward, not forward"
     ops = [o for o in pq.read_table(root / "slowbwd" / "rank0" / "ops.parquet").to_pylist() if o["phase"] == "backward"]
-    top = max(ops, key=lambda o: o["self_us"])
-    assert "MatMul" in top["name"], top  # the custom gradient's matmuls
+    # the custom gradient's 12 matmuls (outside the tape's own gradient ops) are named in every
+    # step the task trace covers, and their summed self time holds most of the slowdown (a sum, not the top
+    # row: one small op preempted on a loaded machine can outlast a single 0.5 ms matmul)
+    steps = {o["step"] for o in ops}
+    custom = {s: [o for o in ops if o["step"] == s and o["name"].split(":")[0].startswith("MatMul")] for s in steps}
+    assert steps and all(len(rows) == 12 for rows in custom.values()), {s: len(r) for s, r in custom.items()}
+    assert median([sum(o["self_us"] for o in rows) for rows in custom.values()]) * 1e3 > 0.5 * (slow - base)
     assert not [o for o in ops if o["name"].startswith("Iterator::")]  # tf.data's prefetch is not backward
 
 
