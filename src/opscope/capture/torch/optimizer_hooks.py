@@ -15,6 +15,7 @@ import torch
 
 from opscope.capture.torch.host import CaptureHost
 from opscope.capture.torch.modules import PLAIN_TENSORS, local
+from opscope.capture.torch.optimizer_args import texts_by_param
 from opscope.capture.torch.optimizers import phased_closure, with_closure
 from opscope.errors import OpscopeError
 
@@ -99,19 +100,24 @@ class OptimizerHooks:
             self.session.internal_error(exc)
 
     def _record_params(self, optimizer: torch.optim.Optimizer, before: bool) -> None:
-        """The optimizer step's parameters (and gradients) before it, its parameters after."""
+        """The optimizer step's parameters (and gradients) before it, with its settings as their
+        ``args``; its parameters after."""
         recorder = self.session.recorder
         found = self._in_step
         if before or found is None or found[0] != id(optimizer) or found[1] is not recorder:
             found = (id(optimizer), recorder, self._selected(optimizer, recorder))
         self._in_step = found if before else None
         op, params, plain = found[2]
+        texts = None
+        if before:  # the settings the update runs with, on each parameter's rows
+            by_param = texts_by_param(optimizer)
+            texts = [by_param[i] for i, _, _, _ in params]
         native = getattr(recorder, "record_selected", None) if plain else None
         if native is not None:  # one native call, which reads each parameter's gradient itself
-            native(op, params, before)
+            native(op, params, before, texts)
         else:
             recorder.record_params(op, [(i, module, local(p), local(p.grad), name) for i, module, p, name in params],
-                                   before)
+                                   before, texts)
 
     def _selected(self, optimizer: torch.optim.Optimizer, recorder: Any) -> tuple[str, list[Param], bool]:
         """The op name, the parameters of ``optimizer`` that the filters select and whether all

@@ -209,17 +209,20 @@ class Recorder(Measuring, Writes):
                                  first_input if src is not None else None, bumped)
 
     def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
-                      before: bool) -> None:
+                      before: bool, args: list[str] | None = None) -> None:
         """The optimizer step's parameters: ``items`` are ``(call, module, param, grad, name)``.
         Before the step each parameter and its gradient (rows linked to the parameter by
-        name), after it each parameter again, as an output."""
-        for call, module, p, grad, name in items:
+        name), with ``args`` (the settings of each item's group, JSON), after it each
+        parameter again, as an output."""
+        for k, (call, module, p, grad, name) in enumerate(items):
             if not before:
                 self.record(op, module, "optimizer", [], [(0, "param", p)], call=call)
                 continue
-            self.record(op, module, "optimizer", [(0, "param", p)], [], call=call)
+            text = args[k] if args is not None else None
+            self.record(op, module, "optimizer", [(0, "param", p)], [], call=call, args=text)
             if grad is not None:
-                self.record(op, module, "optimizer", [(1, "grad", grad)], [], input_io="grad", call=call, param=name)
+                self.record(op, module, "optimizer", [(1, "grad", grad)], [], input_io="grad", call=call, param=name,
+                            args=text)
 
     def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
                  param: str | None = None, producer: int | None = None) -> list[Any]:

@@ -75,12 +75,13 @@ class NativeRecorder(Recorder):
         self._told: Any = False  # the plan whose tensor_ops the native side knows
 
     def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
-                      before: bool) -> None:
-        self.native.record_params(op, items, before)
+                      before: bool, args: list[str] | None = None) -> None:
+        self.native.record_params(op, items, before, args)
 
-    def record_selected(self, op: str, params: list[tuple[int, str, torch.Tensor, str | None]], before: bool) -> None:
+    def record_selected(self, op: str, params: list[tuple[int, str, torch.Tensor, str | None]], before: bool,
+                        args: list[str] | None = None) -> None:
         """:meth:`record_params` of plain tensors ``(call, module, param, name)``, each gradient read natively."""
-        self.native.record_params(op, params, before)
+        self.native.record_params(op, params, before, args)
 
     def begin_step(self, step: int, probe: bool = False) -> None:
         super().begin_step(step, probe)

@@ -164,17 +164,37 @@ PyObject* py_route_slow(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
-// record_params(op, [(call, module, param, grad or None, name or None)], before): the
-// optimizer step's parameters (and gradients) before it, its parameters after, as
-// Recorder.record_params records them, one call per parameter. An entry of four,
-// (call, module, param, name), has its gradient read here (`param.grad`; plain tensors only).
+// The args record of entry k's JSON text in `texts` (None, or a list beside the entries; -1:
+// none). Entries of one parameter group share one text object: its record is made once a call.
+int entry_args(PyObject* texts, Py_ssize_t k, PyObject*& last, int& last_at) {
+  if (texts == Py_None || k >= PySequence_Fast_GET_SIZE(texts)) return -1;
+  PyObject* t = PySequence_Fast_GET_ITEM(texts, k);
+  if (t == last) return last_at;
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_Check(t) ? PyUnicode_AsUTF8AndSize(t, &n) : nullptr;
+  last = t;
+  last_at = s ? args_doc(s, static_cast<size_t>(n)) : -1;
+  return last_at;
+}
+
+// record_params(op, [(call, module, param, grad or None, name or None)], before, texts=None):
+// the optimizer step's parameters (and gradients) before it, with texts[k] (JSON: entry k's
+// settings) as their args, its parameters after, as Recorder.record_params records them, one
+// call per parameter. An entry of four, (call, module, param, name), has its gradient read
+// here (`param.grad`; plain tensors only).
 PyObject* py_record_params(PyObject*, PyObject* a) {
   const char* op;
-  PyObject* items;
+  PyObject *items, *texts = Py_None;
   int before;
-  if (!PyArg_ParseTuple(a, "sOp", &op, &items, &before)) return nullptr;
+  if (!PyArg_ParseTuple(a, "sOp|O", &op, &items, &before, &texts)) return nullptr;
   PyObject* fast = PySequence_Fast(items, "a sequence of parameter entries is expected");
   if (!fast) return nullptr;
+  if (texts != Py_None && !(texts = PySequence_Fast(texts, "a sequence of JSON texts is expected"))) {
+    Py_DECREF(fast);
+    return nullptr;
+  }
+  PyObject* last_text = nullptr;
+  int last_at = -1;
   std::lock_guard<std::recursive_mutex> lock(mu);
   int op_name = intern(op), a_param = intern("param"), a_grad = intern("grad");
   for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); ++k) {
@@ -186,6 +206,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
                : PyArg_ParseTuple(entry, "LsOOO", &call, &module, &p, &g, &name)) ||
         !THPVariable_Check(p) || (four && !THPVariable_CheckExact(p))) {
       Py_DECREF(fast);
+      if (texts != Py_None) Py_DECREF(texts);
       if (!PyErr_Occurred())
         PyErr_SetString(PyExc_TypeError, "(call, module, param, grad, name) or (call, module, plain tensor, name) expected");
       return nullptr;
@@ -199,6 +220,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
       rows.back().arg = a_param;
       continue;
     }
+    h.args = entry_args(texts, k, last_text, last_at);
     input_row(h, 0, a_param, param);
     const at::Tensor* grad = four ? (param.grad().defined() ? &param.grad() : nullptr)
                                   : (g != Py_None && THPVariable_Check(g) ? &THPVariable_Unpack(g) : nullptr);
@@ -210,6 +232,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
     }
   }
   Py_DECREF(fast);
+  if (texts != Py_None) Py_DECREF(texts);
   Py_RETURN_NONE;
 }
 
@@ -245,7 +268,7 @@ PyMethodDef methods[] = {
     {"set_tensor_ops", py_set_tensor_ops, METH_O, "set_tensor_ops(on): full tensors only for tensor_op(name) ops"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"args_json", py_args_json, METH_VARARGS, "args_json(n, records, at, names): take_columns' arguments as JSON"},
-    {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before): the optimizer's parameters"},
+    {"record_params", py_record_params, METH_VARARGS, "record_params(op, entries, before, texts=None): the optimizer's parameters"},
     {"record_call", py_record_call, METH_VARARGS, "record_call(op, module, phase, inputs, outputs, call): a module call"},
     {"record_module", py_record_module, METH_VARARGS,
      "record_module(op, module, phase, value, params, call, grads, kwargs) -> call or None: a module call, walked natively"},
