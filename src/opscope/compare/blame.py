@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
+from opscope.compare.param_moves import settings_note
 from opscope.compare.result import SUMMARY_METRICS, Finding
 from opscope.compare.state import PAIRED, Node, VerdictState, raw_error
 from opscope.compare.tolerance import is_float
@@ -73,6 +74,8 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
         f.note = recompute_note(home, out.side)
     elif draws(str(home.get("op") or "")):
         f.note = draw_note(out) or f.note
+    elif home.get("phase") == "optimizer":  # the learning rate (or other setting) of one run differs
+        f.note = settings_note(state, node) or f.note
     if node.graph is not None:  # read from compiled graphs that nothing compared
         side, first = node.graph
         f.module, f.op = first.get("module") or "", first.get("op") or ""

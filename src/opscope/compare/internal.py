@@ -20,6 +20,7 @@ from typing import Any
 from opscope.compare.conditioning import reduction
 from opscope.compare.loss_scale import excuse
 from opscope.compare.pair import INPUT_IO
+from opscope.compare.param_moves import pair_bound
 from opscope.compare.state import Node, VerdictState, frees_reader, input_error, join, raw_error
 from opscope.compare.tolerance import is_float
 
@@ -274,7 +275,7 @@ def available(state: VerdictState, node: Node, span: dict[str, Any], seq: int) -
         pair = state.entry.get((node.side, node.rank, node.step, row["id"]))
         if pair is None or not pair.metrics:
             continue
-        error = input_error(state, pair)
+        error = max(input_error(state, pair), pair_bound(state, node, row, pair, pair))  # (param_moves)
         if frees_reader(row, pair, error):  # the indices it routes by (MixtralExperts' top_k_index)
             error = math.inf
         if math.isfinite(error) or error == math.inf:

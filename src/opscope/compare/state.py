@@ -35,6 +35,7 @@ class Node:
     spread_n: int = 0  # elements of the largest input judged from statistics that differs
     graph: tuple[str, dict[str, Any]] | None = None  # (side, first row) of the compiled graph blamed instead
     precision: str | None = None  # the lowest dtype a compiled graph of this call computed in
+    moved: int = 0  # 1: its inputs that differ carry bounds from earlier updates; -1: not all (param_moves)
 
     @property
     def head(self) -> dict[str, Any]:

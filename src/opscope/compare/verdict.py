@@ -61,6 +61,7 @@ from opscope.compare.internal import (
 from opscope.compare.loss_scale import excuse
 from opscope.compare.measure import ENCODINGS_DIFFER
 from opscope.compare.nesting import demote_enclosing
+from opscope.compare.param_moves import Moves, carry_on, note_update, read_bound
 from opscope.compare.recompute import repeats_its_forward
 from opscope.compare.state import (
     PAIRED,
@@ -140,6 +141,8 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"], info["noise"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
+        if node.rows[0].get("phase") == "optimizer" and str(node.rows[0].get("op")).endswith(".step"):
+            note_update(state, node, info)  # how far the update can move each parameter
         if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight:
             # the step's rounding so far, or (as a compiled backward graph) its divergence
             in_error = math.inf if info["tainted"] else max(in_error, info["noise"])
@@ -168,6 +171,7 @@ def judge(state: VerdictState) -> None:
             param = out.home.get("param")
             if param:
                 info["param_error"][param] = max(info["param_error"].get(param, 0.0), finite(raw_error(out)))
+        carry_on(node)
     if state.extra_nodes:  # tensors made by a module's own code (module level)
         state.nodes.extend(state.extra_nodes)
         state.nodes.sort(key=lambda n: (n.rank, n.step, n.order))
@@ -191,7 +195,8 @@ def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
     """Per-rank memory across steps: was anything tainted before, and parameter errors."""
     info = {"step": node.step, "tainted": False, "param_error": {}, "seen": {}, "noise": 0.0,
             "first": last is None, "tainted_before": False, "prev_param_error": {}, "prev_noise": 0.0,
-            "made": {}, "prev_made": {}, "decisions": {"first": None, "more": 0}}
+            "made": {}, "prev_made": {}, "decisions": {"first": None, "more": 0},
+            "moves": Moves() if last is None else last["moves"].next_step()}
     if last is not None:
         info["prev_made"], info["decisions"] = last["made"], last["decisions"]
         info["tainted_before"] = last["tainted"] or last["tainted_before"]
@@ -248,6 +253,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             else:
                 tainted = judge_leaf(state, node, row, own, info) or tainted
         error = input_error(state, measured, elementwise=node.rows[0].get("phase") == "optimizer")
+        error = max(error, read_bound(state, node, row, own, measured, producers))  # moved by earlier updates
         if frees_reader(row, measured, error):  # indices, masks, counts that differ
             error = math.inf
         if is_float(row.get("dtype")) or error > 0:
