@@ -111,7 +111,7 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         known, _ = backward_known(state, node.side, node.rank, node.step, row["seq"], own)
         # what made it also read the forward's tensors (a softmax's output), with the step's
         # rounding so far
-        known = max(known, module_gradient_error(state, node, row, own), info["noise"])
+        known = max(known, module_gradient_error(state, node, row, own), info["noise"], info["moves"].in_step)
         error = _floored(state, node, own, error)
         if not error > max(tol, state.noise.ratio * known):
             own.status = "passed"

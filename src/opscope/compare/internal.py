@@ -183,7 +183,7 @@ def backward_known(state: VerdictState, side: str, rank: int, step: int, seq: in
             continue
         earlier = state.entry.get((side, rank, step, other["id"]))
         if earlier is not None and earlier.metrics and earlier is not exclude:
-            error = input_error(state, earlier)
+            error = max(input_error(state, earlier), earlier.metrics.get("moved") or 0.0)  # (param_moves)
             known = max(known, 0.0 if math.isnan(error) else error)
             tainted = tainted or id(earlier) in state.tainted
     return known, tainted
@@ -201,7 +201,7 @@ def module_gradient_error(state: VerdictState, node: Node, grad_row: Row, own: A
         record = state.entry.get((node.side, node.rank, node.step, row["id"]))
         if record is None or not record.metrics:
             continue
-        error = input_error(state, record)
+        error = max(input_error(state, record), record.metrics.get("moved") or 0.0)
         factor = reduction([row], grad_row, own.metrics.get("ref_norm") or 0.0)
         return 0.0 if math.isnan(error) else error * factor
     return 0.0

@@ -84,6 +84,9 @@ class Moves:
     first: dict[str, Any] | None = None
     largest: tuple[float, str, int] = (0.0, "", -1)
     used: bool = False
+    # the largest bound an output of this step carries: what a gradient made out of sight
+    # (module level) may carry as well, as it may carry the step's rounding
+    in_step: float = 0.0
 
     def next_step(self) -> Moves:
         return Moves(dict(self.after), self.after, self.first, self.largest, self.used)
@@ -118,7 +121,7 @@ def note_update(state: VerdictState, node: Node, info: dict[str, Any]) -> None:
             moves.after[name] = math.inf
             continue
         size = max(float(t.get("absmax") or 0.0), float(r.get("absmax") or 0.0)) + max(bounds)
-        moves.after[name] = delta + sum(bounds) + 2 * epsilon(t.get("dtype")) * size  # each side rounds once
+        moves.after[name] = delta + sum(bounds) + epsilon(t.get("dtype")) * size  # each side rounds by half an ulp
         moves.largest = max(moves.largest, (moves.after[name], name, node.step))
         grown.append(settings[0])
     if grown and moves.first is None:
@@ -222,12 +225,14 @@ def _as_step_began(state: VerdictState, side: str, node: Node, row: dict[str, An
     return False
 
 
-def carry_on(node: Node) -> None:
-    """The outputs of a call whose inputs that differ all carry a bound: theirs, as judged."""
+def carry_on(node: Node, moves: Moves) -> None:
+    """The outputs of a call whose inputs that differ all carry a bound: theirs, as judged
+    (and the step's largest so far, ``moves.in_step``)."""
     if node.moved == 1:
         for out in node.outputs:
             if out.metrics and out.metrics.get("input_error"):
                 out.metrics["moved"] = out.metrics["input_error"]
+                moves.in_step = max(moves.in_step, out.metrics["moved"])
 
 
 def settings_note(state: VerdictState, node: Node) -> str | None:

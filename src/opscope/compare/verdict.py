@@ -171,7 +171,7 @@ def judge(state: VerdictState) -> None:
             param = out.home.get("param")
             if param:
                 info["param_error"][param] = max(info["param_error"].get(param, 0.0), finite(raw_error(out)))
-        carry_on(node)
+        carry_on(node, info["moves"])
     if state.extra_nodes:  # tensors made by a module's own code (module level)
         state.nodes.extend(state.extra_nodes)
         state.nodes.sort(key=lambda n: (n.rank, n.step, n.order))
