@@ -107,7 +107,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32", dropout: float = 0.0, clip: float | None = None,
-          accumulate: int = 1, checkpointing: bool | str = False) -> Path:
+          accumulate: int = 1, checkpointing: bool | str = False, fault_at: int = 0) -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
@@ -122,6 +122,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     every layer (``activation_checkpointing_enable``: the layers' forward runs again inside the
     backward), non-reentrant as transformers' default; "reentrant" for ``use_reentrant=True``;
     "no_rng" without the forward's generator state (``preserve_rng_state=False``).
+    ``fault_at``: the step before which ``fault`` goes in (0: into the model as built).
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -135,7 +136,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = dropout
-    if fault:
+    if fault and not fault_at:
         inject(model, family, fault)
     if checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": checkpointing == "reentrant",
@@ -155,7 +156,9 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     try:
         with opscope.dump(path, steps=list(range(steps)), level=level, data=data,
                           overwrite=True) as d:
-            for _ in range(steps):
+            for step in range(steps):
+                if fault and fault_at and step == fault_at:  # a fault that begins mid-run
+                    inject(model, family, fault)
                 opt.zero_grad()
                 for part in _micro_batches(batch, accumulate):
                     with torch.autocast("cpu", dtype=torch.float16 if half else torch.bfloat16,

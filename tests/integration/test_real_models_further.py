@@ -101,3 +101,17 @@ def test_reads_after_an_adam_step_are_judged_against_its_bound(runs: Runs, famil
     found = weight.first_divergence
     assert found is not None and (found.kind, found.step) == ("root", 0), _culprits(weight)
     assert not any("AdamW updated" in n for n in runs.compare(family, "same_twice", "statistics", level=level).notes)
+
+
+@pytest.mark.parametrize("benign, fault, module", [
+    ({"threads": 1}, "act", "transformer.h.1.mlp.act"), ({"autocast": True}, "norm_eps", "transformer.h.1.ln_1")])
+def test_a_fault_that_begins_after_an_adam_step_is_still_named(
+        runs: Runs, tmp_path: Path, benign: dict, fault: str, module: str) -> None:
+    """The update's bound weakens what statistics can tell from step 1 on, not so far that a
+    fault beginning there goes unseen: GPT-2 with its activation swapped (or its norm's eps
+    changed) before step 1, in a run apart from the reference by a thread count (bf16 autocast)."""
+    target = rm.train("gpt2", tmp_path / "late", **{**rm.REFERENCE, **benign}, fault=fault, fault_at=1)
+    result = opscope.compare(target, runs.dump("gpt2", "reference", "statistics"))
+    found = result.first_divergence
+    assert found is not None and (found.kind, found.module, found.step) == ("culprit", module, 1), _culprits(result)
+    assert any("AdamW updated" in n for n in result.notes), result.notes

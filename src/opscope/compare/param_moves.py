@@ -7,18 +7,32 @@ moves by ``lr`` one way in one run and the other way in the other. Two runs that
 then differ by up to ``2·lr`` in such elements, while the parameter's norm, mean and extremes
 barely change (RWKV's time-mix vectors under bf16 autocast: 3.7e-11 relative in their
 statistics, 2e-3 in what reads them). From statistics, a parameter's error is a lower bound;
-after such an update, its readers need an upper one.
+after such an update, its readers need an estimate from above.
 
-One exists, from the optimizer's own settings (recorded as the ``args`` of its parameter
-rows): by Cauchy-Schwarz over the gradients so far, ``|m_t| / sqrt(v_t) <= (1-b1) sqrt(S_t) /
-sqrt(1-b2)`` with ``S_t = sum_{j<t} (b1^2/b2)^j``, so Adam (and AdamW, amsgrad or not) moves an
-element at most ``lr · sqrt(1-b2^t) / (1-b1^t) · (1-b1) sqrt(S_t) / sqrt(1-b2)`` in its ``t``-th
-step: exactly ``lr`` in the first, 1.04 lr in the tenth, at most 7.3 lr for the default
-betas. Weight decay only shrinks a difference. :func:`note_update` adds both runs' bounds to
-a parameter's once the update's inputs differ; :func:`moved_error` turns it into a relative
-error for a read of the parameter in a later step, and :func:`read_bound` carries it on
-through ops of parameters alone (``1 - time_mix``, a weight's cast under autocast), whose
-outputs' statistics hide it as well (docs/compare.md, "Parameters after an update").
+How far one element can move has a bound, from the optimizer's own settings (recorded as the
+``args`` of its parameter rows): by Cauchy-Schwarz over the gradients so far, ``|m_t| /
+sqrt(v_t) <= (1-b1) sqrt(S_t) / sqrt(1-b2)`` with ``S_t = sum_{j<t} (b1^2/b2)^j``, so Adam (and
+AdamW, amsgrad or not) moves an element at most ``lr · sqrt(1-b2^t) / (1-b1^t) · (1-b1)
+sqrt(S_t) / sqrt(1-b2)`` in its ``t``-th step: exactly ``lr`` in the first, 1.04 lr in the
+tenth, at most 7.3 lr for the default betas (:func:`step_bound`). Weight decay only shrinks a
+difference. How many elements move apart, statistics cannot tell: those whose gradient is
+within the two runs' difference of zero. :func:`note_update` takes their share as
+``min(1, FLIPS · r)``, ``r`` the gradient's relative error, and grows the parameter's
+root-mean-square bound by both runs' step bounds times the square root of that share: two
+runs apart by a thread count (``r`` ~1e-7) keep nearly every element, a bf16 run against its
+float32 one (``r`` ~1e-3) may have moved most of them apart. ``FLIPS`` = 100 is what RWKV's
+time-mix vectors needed (40% of their elements moved apart under a gradient 4e-3 off in its
+statistics, 1.3e-2 element by element): gradients pile up near zero far more than a normal
+distribution does.
+
+:func:`moved_error` turns the bound into a relative error for a read of the parameter in a
+later step (a bias's against its reader's output: what is added moves that output by as
+much, a far smaller share of it than of a bias near zero), and :func:`read_bound` carries it
+on through ops of parameters alone (``1 - time_mix``, a weight's cast under autocast), whose
+outputs' statistics hide it as well. What the forward makes of moved parameters differs by
+more than its statistics show too: the verdict takes the step's rounding so far (its largest
+passed error) as a floor of every input's error in such steps (docs/compare.md, "Parameters
+after an update").
 """
 
 from __future__ import annotations
@@ -30,10 +44,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opscope.compare.pair import Pair
-from opscope.compare.state import Node, VerdictState
-from opscope.compare.tolerance import epsilon, is_float
+from opscope.compare.state import Node, VerdictState, raw_error
+from opscope.compare.tolerance import epsilon
 
 ADAPTIVE = frozenset({"Adam", "AdamW"})
+FLIPS = 100.0
 
 
 @functools.lru_cache(maxsize=256)
@@ -91,12 +106,18 @@ class Moves:
     def next_step(self) -> Moves:
         return Moves(dict(self.after), self.after, self.first, self.largest, self.used)
 
+    @property
+    def moved_before(self) -> bool:
+        """Did an update before this step move a parameter by a bound statistics cannot see?"""
+        return any(0 < v < math.inf for v in self.before.values())
+
 
 def note_update(state: VerdictState, node: Node, info: dict[str, Any]) -> None:
     """An optimizer step's call (``X.step``): each parameter's bound after it. Unchanged while
-    both runs' parameters and gradients are equal; grown by both runs' step bounds (and a
-    rounding of the parameter's dtype) once either differs; infinite (not known: statistics
-    stay a lower bound) for an optimizer that does not bound its steps."""
+    both runs' parameters and gradients are equal; once either differs, grown by both runs'
+    step bounds times the square root of the share of elements that may have moved apart
+    (and by a rounding of the parameter's dtype); infinite (not known: statistics stay a
+    lower bound) for an optimizer that does not bound its steps."""
     moves: Moves = info["moves"]
     grads = {r.get("param"): r for r in node.rows if r.get("io") == "grad"}
     grown = []
@@ -121,7 +142,9 @@ def note_update(state: VerdictState, node: Node, info: dict[str, Any]) -> None:
             moves.after[name] = math.inf
             continue
         size = max(float(t.get("absmax") or 0.0), float(r.get("absmax") or 0.0)) + max(bounds)
-        moves.after[name] = delta + sum(bounds) + epsilon(t.get("dtype")) * size  # each side rounds by half an ulp
+        moved_apart = min(1.0, FLIPS * _finite_or_one(raw_error(gpair) if gpair is not None else 1.0))
+        rounding = epsilon(t.get("dtype")) * size  # each side rounds by half an ulp
+        moves.after[name] = delta + math.sqrt(moved_apart) * sum(bounds) + rounding
         moves.largest = max(moves.largest, (moves.after[name], name, node.step))
         grown.append(settings[0])
     if grown and moves.first is None:
@@ -130,14 +153,19 @@ def note_update(state: VerdictState, node: Node, info: dict[str, Any]) -> None:
         moves.first["count"] += len(grown)
 
 
+def _finite_or_one(x: float) -> float:
+    return x if math.isfinite(x) else 1.0
+
+
 def _equal(pair: Pair | None) -> bool:
     return pair is not None and bool(pair.metrics.get("bit_exact"))
 
 
-def moved_error(moves: Moves | None, name: str | None, measured: Pair | None) -> float:
+def moved_error(moves: Moves | None, name: str | None, measured: Pair | None, out: Pair | None = None) -> float:
     """The relative error a later step's read of parameter ``name`` may carry from the
     updates before it: ``delta·sqrt(n) / ||reference||``, at most ``(||t|| + ||r||) / ||r||``
-    (0 where nothing bounds it: the statistics' own error stands)."""
+    (0 where nothing bounds it: the statistics' own error stands). A bias read by a call with
+    output ``out``: at most ``delta·sqrt(n_out) / ||out||``."""
     delta = moves.before.get(name) if moves is not None and name else None
     if not delta or not math.isfinite(delta) or measured is None or measured.mode != "statistics":
         return 0.0
@@ -149,7 +177,13 @@ def moved_error(moves: Moves | None, name: str | None, measured: Pair | None) ->
         return math.inf
     t_norm = float(t.get("norm") or 0.0)
     cap = (t_norm + ref_norm) / ref_norm if math.isfinite(t_norm) else math.inf  # ||t - r|| <= ||t|| + ||r||
-    return min(delta * math.sqrt(int(r.get("numel") or 0)) / ref_norm, cap)
+    error = min(delta * math.sqrt(int(r.get("numel") or 0)) / ref_norm, cap)
+    if out is not None and name is not None and name.rpartition(".")[2] == "bias" and out.metrics.get("ref_norm"):
+        # a bias is added: what it moves, its reader's output moves by as much, element by
+        # element, which is a far smaller share of that output than of a bias near zero
+        home = out.r or out.t or {}
+        error = min(error, delta * math.sqrt(int(home.get("numel") or 0)) / float(out.metrics["ref_norm"]))
+    return error
 
 
 def notes(previous: dict[int, dict[str, Any]]) -> list[str]:
@@ -168,9 +202,9 @@ def notes(previous: dict[int, dict[str, Any]]) -> list[str]:
             f"its learning rate ({lr:g}) whatever the gradient's size, so an element whose gradient is "
             f"rounding noise may move one way in one run and the other way in the other; statistics "
             f"cannot see how far each element moved. From step {first['step'] + 1} on, what reads "
-            f"those parameters is judged against that bound (the largest: {name}, up to "
-            f"{delta:.3g} an element after step {step}), so a smaller fault there can hide; dump "
-            f"with data=\"tensor\" to judge those steps element by element")
+            f"those parameters is judged against how far they may have moved (the most: {name}, "
+            f"{delta:.3g} an element, root mean square, after step {step}), so a smaller fault there "
+            f"can hide; dump with data=\"tensor\" to judge those steps element by element")
     return out
 
 
@@ -185,8 +219,7 @@ def read_bound(state: VerdictState, node: Node, row: dict[str, Any], own: Pair |
     bound = max([bound, *(float(p.metrics.get("moved") or 0.0) for p in producers)])
     if bound > 0:
         node.moved = node.moved or 1
-    elif is_float(row.get("dtype")) and (row.get("numel") or 0) > 1 and not (
-            measured is not None and measured.metrics.get("bit_exact")):
+    elif (row.get("numel") or 0) > 1:  # data besides the parameters (indices, activations)
         node.moved = -1
     return bound
 
@@ -197,7 +230,8 @@ def pair_bound(state: VerdictState, node: Node, row: dict[str, Any], own: Pair |
     could read: :func:`opscope.compare.internal.available`)."""
     name = _param_read(state, node, row, own)
     if name:
-        return moved_error((state.previous.get(node.rank) or {}).get("moves"), name, measured)
+        out = node.outputs[0] if node.outputs else None
+        return moved_error((state.previous.get(node.rank) or {}).get("moves"), name, measured, out)
     return float(measured.metrics.get("moved") or 0.0) if measured is not None else 0.0
 
 

@@ -141,6 +141,8 @@ def judge(state: VerdictState) -> None:
             info["tainted"] = judge_gradient(state, node, info["tainted"], info["noise"]) or info["tainted"]
             continue
         in_error, in_taint, floor = _judge_inputs(state, node, info)
+        if info["moves"].moved_before:  # parameters moved where statistics cannot see: so did what they made
+            in_error = max(in_error, info["noise"])
         if node.rows[0].get("phase") == "optimizer" and str(node.rows[0].get("op")).endswith(".step"):
             note_update(state, node, info)  # how far the update can move each parameter
         if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight:
