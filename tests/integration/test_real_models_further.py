@@ -115,3 +115,18 @@ def test_a_fault_that_begins_after_an_adam_step_is_still_named(
     found = result.first_divergence
     assert found is not None and (found.kind, found.module, found.step) == ("culprit", module, 1), _culprits(result)
     assert any("AdamW updated" in n for n in result.notes), result.notes
+
+
+def test_a_weight_edited_in_one_run_between_steps_is_named_where_it_was_written(runs: Runs, tmp_path: Path) -> None:
+    """GPT-2 with a row of one weight changed before step 1 (``weight[1] += 0.05`` under
+    no_grad, inside the dumped loop: select, add_, copy_ at the aten level), against a run
+    apart by a thread count. Those ops ran only in the target; the next read of the weight
+    passed "in proportion" to its own difference and the comparison came out within tolerance."""
+    target = rm.train("gpt2", tmp_path / "edit", **{**rm.REFERENCE, "threads": 1}, fault="weight_row", fault_at=1)
+    result = opscope.compare(target, runs.dump("gpt2", "reference", "statistics"))
+    found = result.first_divergence
+    assert found is not None and (found.kind, found.op, found.step) == ("root", "aten.copy_.default", 1), \
+        _culprits(result)
+    assert f"ran only in the target and wrote parameter {rm.ALL_FAMILIES['gpt2'].weight}" in found.note
+    # a cast one side makes of a weight is no edit: the bf16 autocast pair stays within tolerance
+    assert runs.compare("gpt2", "bf16_autocast", "statistics").verdict == "within_tolerance"

@@ -14,6 +14,7 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.carried import made_before
+from opscope.compare.flow import base_op
 from opscope.compare.graphs import has_graphs, made_floor
 from opscope.compare.internal import backward_known, module_gradient_error
 from opscope.compare.loss_scale import explained_by_skip, overflowed
@@ -121,6 +122,52 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
     info["tainted"] = True  # the step diverged here, also where what reads it stays within tolerance
+    return True
+
+
+def one_sided_writer(state: VerdictState, node: Node, own: Pair) -> tuple[str, dict[str, Any]] | None:
+    """(side, row) of an in-place op only that side ran (no partner) that wrote the parameter
+    this input reads, where the other side reads it as no op of the step made it (as the step
+    began): a mask, an edit or a copy into a weight that one run makes and the other does not.
+    (A cast or a copy of it one side makes is another tensor, judged as an identity.)"""
+    if own.t is None or own.r is None or own.metrics.get("bit_exact") or not own.t.get("param") \
+            or own.t.get("param") != own.r.get("param"):
+        return None
+    for side, row, other, other_side in (("target", own.t, own.r, "reference"), ("reference", own.r, own.t, "target")):
+        producer = row.get("producer")
+        made = state.rows.get((side, node.rank, node.step, producer)) if producer is not None else None
+        if made is None or made.get("io") != "output" or (other_side, node.rank, node.step,
+                                                            other.get("producer")) in state.rows:
+            continue
+        if not (base_op(made.get("op")).endswith("_") or "setitem" in str(made.get("op"))):
+            continue  # not written in place
+        pair = state.entry.get((side, node.rank, node.step, made["id"]))
+        if pair is None or pair.kind == "unpaired":
+            return side, made
+    return None
+
+
+def judge_one_sided(state: VerdictState, node: Node, own: Pair, writer: tuple[str, dict[str, Any]],
+                    info: dict[str, Any]) -> bool:
+    """A value one side's extra op wrote: fine within tolerance (a clone, a cast back), else that
+    op is where the runs part (a root at its row, said in the note)."""
+    error = raw_error(own)
+    t, r = own.rows
+    tol = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
+    own.error, own.tolerance = error, tol
+    if not error > tol:
+        return False
+    side, made = writer
+    other = "reference" if side == "target" else "target"
+    read = f"parameter {t['param']}" if t.get("param") else f"{t.get('io')} {t.get('slot')} of {t.get('op')}"
+    own.metrics["written_by"] = (
+        f"{made.get('op')} ({made.get('module') or 'top level'}, call {made.get('call')}) ran only in the "
+        f"{side} and wrote {read}, which the {other} reads as no op of step {node.step} made it "
+        f"(its value there); an edit, a mask or a copy one run makes and the other does not")
+    own.status, own.verdict = "failed", "root"
+    state.tainted.add(id(own))
+    state.roots.append((own, made, side))
+    info["tainted"] = True
     return True
 
 

@@ -64,7 +64,9 @@ def _first(f: Finding) -> Any:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")  # a long module path folds, never cut
-    what = "root (differs at the start of the step)" if f.kind == "root" else "culprit (inputs agree, output does not)"
+    what = ("root (written by an op only one side ran)" if f.kind == "root" and "ran only in the" in (f.note or "")
+            else "root (differs at the start of the step)" if f.kind == "root"
+            else "culprit (inputs agree, output does not)")
     grid.add_row("what", what)
     grid.add_row("module", f.module or "(top level)")
     grid.add_row("op", f.op + (f"  [parameter {f.param}]" if f.param else ""))
