@@ -147,10 +147,13 @@ def one_sided_writer(state: VerdictState, node: Node, own: Pair) -> tuple[str, d
     return None
 
 
-def judge_one_sided(state: VerdictState, node: Node, own: Pair, writer: tuple[str, dict[str, Any]],
-                    info: dict[str, Any]) -> bool:
-    """A value one side's extra op wrote: fine within tolerance (a clone, a cast back), else that
-    op is where the runs part (a root at its row, said in the note)."""
+def judge_one_sided(state: VerdictState, node: Node, own: Pair, info: dict[str, Any]) -> bool | None:
+    """A parameter one side's extra op wrote (:func:`one_sided_writer`; None where none did):
+    fine within tolerance, else that op is where the runs part (a root at its row, said in the
+    note); True when it carries a divergence."""
+    writer = one_sided_writer(state, node, own)
+    if writer is None:
+        return None
     error = raw_error(own)
     t, r = own.rows
     tol = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))

@@ -49,15 +49,7 @@ from opscope.compare.graphs import (
     is_graph_call,
 )
 from opscope.compare.healing import forgive_compensated
-from opscope.compare.inputs import (
-    is_leaf,
-    judge_leaf,
-    judge_one_sided,
-    one_sided_writer,
-    producer_entries,
-    set_input_status,
-    settle,
-)
+from opscope.compare.inputs import is_leaf, judge_leaf, judge_one_sided, producer_entries, set_input_status, settle
 from opscope.compare.internal import (
     available,
     build_spans,
@@ -256,8 +248,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             tainted = judge_collective(state, node, own, made)
         elif left is not None and own is not None and not own.status:  # memory an op left holding no data
             tainted = judge_unfilled(state, node, own, left) or tainted
-        elif own is not None and not own.status and (one := one_sided_writer(state, node, own)) is not None:
-            tainted = judge_one_sided(state, node, own, one, info) or tainted  # written by an op one side ran
+        elif own is not None and not own.status and (written := judge_one_sided(state, node, own, info)) is not None:
+            tainted = written or tainted  # a parameter an op only one side ran wrote
         elif own is not None and is_leaf(state, node, row):
             span = owner_of(state, node.side, node.rank, node.step, row)
             if span is not None:
