@@ -46,3 +46,14 @@ def test_the_parameter_rows_carry_their_groups_settings(tmp_path: Path, monkeypa
         assert doc["optimizer"] == "AdamW" and doc["step"] == row.step, (row.param, doc)
         assert (doc["lr"], doc["betas"]) == [(1e-3, [0.9, 0.999]), (0.01, [0.8, 0.99])][group], (row.param, doc)
     assert step_rows[step_rows.io == "output"].args.isna().all()  # the updated values: no settings
+
+
+def test_reading_the_settings_records_no_op_of_its_own(tmp_path: Path) -> None:
+    """The step count is read from the state's memory: an ``.item()`` (or ``.numpy()``) there
+    would be an op recorded in the user's optimizer phase, one more than AdamW's own (one
+    ``_local_scalar_dense`` a parameter a step)."""
+    _train(tmp_path / "d", "aten")
+    rows = opscope.load(tmp_path / "d").records().to_pandas()
+    mine = rows[(rows.phase == "optimizer") & (rows.io != "output")
+                & rows.op.isin(["aten._local_scalar_dense.default", "aten.detach.default"])]
+    assert mine.groupby("step").size().to_dict() == {0: 4, 1: 4, 2: 4}, mine[["step", "op", "arg"]]
