@@ -103,13 +103,13 @@ class Moves:
     # (module level) may carry as well, as it may carry the step's rounding
     in_step: float = 0.0
 
-    def next_step(self) -> Moves:
-        return Moves(dict(self.after), self.after, self.first, self.largest, self.used)
+    # did an update before this step move a parameter by a bound statistics cannot see (asked
+    # once a call: found once a step)
+    moved_before: bool = False
 
-    @property
-    def moved_before(self) -> bool:
-        """Did an update before this step move a parameter by a bound statistics cannot see?"""
-        return any(0 < v < math.inf for v in self.before.values())
+    def next_step(self) -> Moves:
+        return Moves(dict(self.after), self.after, self.first, self.largest, self.used,
+                     moved_before=any(0 < v < math.inf for v in self.after.values()))
 
 
 def note_update(state: VerdictState, node: Node, info: dict[str, Any]) -> None:
