@@ -162,10 +162,9 @@ def judge_one_sided(state: VerdictState, node: Node, own: Pair, info: dict[str, 
         return False
     side, made = writer
     other = "reference" if side == "target" else "target"
-    read = f"parameter {t['param']}" if t.get("param") else f"{t.get('io')} {t.get('slot')} of {t.get('op')}"
     own.metrics["written_by"] = (
         f"{made.get('op')} ({made.get('module') or 'top level'}, call {made.get('call')}) ran only in the "
-        f"{side} and wrote {read}, which the {other} reads as no op of step {node.step} made it "
+        f"{side} and wrote parameter {t['param']}, which the {other} reads as no op of step {node.step} made it "
         f"(its value there); an edit, a mask or a copy one run makes and the other does not")
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))

@@ -76,11 +76,20 @@ def step_bound(settings: dict[str, Any]) -> float | None:
     return None if factor is None else abs(lr) * factor
 
 
+def is_step(row: dict[str, Any]) -> bool:
+    """Is the row an optimizer step's own record (``<Optimizer>.step``, optimizer phase)?"""
+    return row.get("phase") == "optimizer" and str(row.get("op")).endswith(".step")
+
+
 def settings_of(row: dict[str, Any] | None) -> dict[str, Any]:
-    """The optimizer settings on a parameter row (``{}`` where none were recorded)."""
+    """The optimizer settings on a parameter row (``{}`` where none were recorded; not to be
+    changed: the rows of one group share one text, parsed once)."""
     text = row.get("args") if row is not None else None
-    if not text:
-        return {}
+    return _parsed(text) if text else {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
     except ValueError:
@@ -282,8 +291,7 @@ def settings_note(state: VerdictState, node: Node) -> str | None:
         index = state.indexes[key] = {
             p.t["param"]: (settings_of(p.t), settings_of(p.r)) for p in state.pairs
             if p.t is not None and p.r is not None and p.t.get("io") == "param" and p.t.get("param")
-            and p.t.get("rank") == node.rank and p.t.get("step") == node.step
-            and str(p.t.get("op")).endswith(".step")}
+            and p.t.get("rank") == node.rank and p.t.get("step") == node.step and is_step(p.t)}
     t, r = index.get(name, ({}, {}))
     differ = [k for k in sorted(set(t) | set(r)) if t.get(k) != r.get(k)]
     if not t or not r or not differ:

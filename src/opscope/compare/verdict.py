@@ -61,7 +61,7 @@ from opscope.compare.internal import (
 from opscope.compare.loss_scale import excuse
 from opscope.compare.measure import ENCODINGS_DIFFER
 from opscope.compare.nesting import demote_enclosing
-from opscope.compare.param_moves import Moves, carry_on, note_update, read_bound
+from opscope.compare.param_moves import Moves, carry_on, is_step, note_update, read_bound
 from opscope.compare.recompute import repeats_its_forward
 from opscope.compare.state import (
     PAIRED,
@@ -143,7 +143,7 @@ def judge(state: VerdictState) -> None:
         in_error, in_taint, floor = _judge_inputs(state, node, info)
         if info["moves"].moved_before:  # parameters moved where statistics cannot see: so did what they made
             in_error = max(in_error, info["noise"])
-        if node.rows[0].get("phase") == "optimizer" and str(node.rows[0].get("op")).endswith(".step"):
+        if is_step(node.rows[0]):
             note_update(state, node, info)  # how far the update can move each parameter
         if _reads_unseen(node):  # an API's backward reads its forward's saved tensors, out of sight:
             # the step's rounding so far, or (as a compiled backward graph) its divergence
