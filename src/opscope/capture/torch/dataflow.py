@@ -69,8 +69,9 @@ def geometry(t: torch.Tensor) -> tuple[Any, ...]:
 def annotate(t: torch.Tensor, producer: list[Any]) -> None:
     """Tag the autograd node that made ``t`` with the forward module and op, for backward
     attribution; a custom autograd Function's node with the Function (its forward ran in
-    the module that called ``apply``)."""
-    if t.requires_grad:
+    the module that called ``apply``). Not under no_grad, where the op made no node (and
+    ``.grad_fn`` of a view made there, once written in place, raises)."""
+    if t.requires_grad and torch.is_grad_enabled():
         node = t.grad_fn
         if node is not None:
             function = getattr(node, "_forward_cls", None)

@@ -274,6 +274,8 @@ def _keyword_tensors(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
 
 
 def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
+    if not torch.is_grad_enabled():  # no node made; and a no_grad view written in place raises on .grad_fn
+        return
     for t in tensors_of(out):
         node = t.grad_fn if t.requires_grad else None
         if node is None:

@@ -82,8 +82,10 @@ struct ApiGradHook : torch::autograd::FunctionPostHook {
   }
 };
 
+// Not under no_grad: the call made no node, and a view made there of a tensor that requires grad,
+// once written in place (`w[1] += d`), raises on any read of its grad_fn.
 void api_hook_node(const Head& h, const at::Tensor& t) {
-  if (!t.requires_grad()) return;
+  if (!at::GradMode::is_enabled() || !t.requires_grad()) return;
   const auto& node = t.grad_fn();
   if (!node) return;
   auto it = api_nodes.find(node.get());
