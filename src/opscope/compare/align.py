@@ -24,6 +24,7 @@ from typing import Any
 from opscope.compare.flow import Sides, base_op, flow_pairs, inserted, same_shape
 from opscope.compare.mapping import Mapping
 from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair, call_key
+from opscope.compare.param_reads import parameter_pairs
 from opscope.compare.row_pairs import pair_rows
 
 __all__ = ["INPUT_IO", "PHASE_ORDER", "OpCall", "Pair", "align_partition", "rename_target"]
@@ -72,7 +73,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
         t, r = pair.rows
         partner[pair.side][pair.home["id"]] = r if pair.side == "target" else t
     pairs.extend(flow_pairs(pairs, sides, partner))
-    pairs.extend(_parameter_pairs(t_rows, r_rows, partner))
+    pairs.extend(parameter_pairs(t_rows, r_rows, partner))
     one_sided.sort(key=lambda call: call.seq)
     pairs.extend(_identity_pairs(one_sided, sides, partner))
     pairs.extend(replays)  # after every other pair: the forward rows they reuse keep their own
@@ -138,36 +139,6 @@ def _with_interrupted(aligned: list[tuple[OpCall | None, OpCall | None]],
             gap, spare = [], []
             if a is not None and b is not None:
                 out.append((a, b))
-    return out
-
-
-def _parameter_pairs(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]],
-                     partner: dict[str, dict[int, dict[str, Any]]]) -> list[Pair]:
-    """A phase's first read of a parameter, where neither side's is paired yet, pairs by name.
-
-    A call with no partner (an inductor-compiled graph, whose inputs are the parameters it
-    reads, against the uncompiled run's ops) still reads the same weights: paired, a weight
-    that differs at the start of the step is found as a root."""
-    def first_reads(rows: list[dict[str, Any]]) -> dict[tuple[Any, str], dict[str, Any]]:
-        found: dict[tuple[Any, str], dict[str, Any]] = {}
-        for row in sorted(rows, key=lambda r: r["seq"]):
-            if row.get("io") == "param" and row.get("param"):
-                found.setdefault((row.get("phase"), row["param"]), row)
-        return found
-    t_first, r_first = first_reads(t_rows), first_reads(r_rows)
-    out = []
-    for key, t in t_first.items():
-        r = r_first.get(key)
-        if r is None or not same_shape(t, r) or partner["target"].get(t["id"]) is r:
-            continue
-        t_free, r_free = t["id"] not in partner["target"], r["id"] not in partner["reference"]
-        if t_free and r_free:
-            partner["target"][t["id"]], partner["reference"][r["id"]] = r, t
-            out.append(Pair(t, r, "flow"))
-        elif t_free or r_free:
-            # one side reads the weight through a cast (autocast) whose output pairs with the
-            # other side's read: the weights themselves still pair, or a changed one is no root
-            out.append(Pair(t, r, "flow"))
     return out
 
 

@@ -109,6 +109,14 @@ def graph_floor(node: Node) -> float:
     return _floor(rows)
 
 
+def partner_graph_floor(calls: Chain) -> float:
+    """:func:`graph_floor` of the other side's call (``calls[1:]``, :func:`call_rows`) where that
+    is a compiled graph and this call is an op: the eager run as the target, the compiled one
+    as the reference. A gradient that cancels to nearly zero (a key bias's) is judged against
+    what the graph summed it from, whichever side the graph ran on."""
+    return max((_floor(rows) for _, rows in calls[1:] if rows and _is_graph(rows[0])), default=0.0)
+
+
 def made_floor(state: VerdictState, side: str, rank: int, step: int, row: dict[str, Any]) -> float:
     """The floor (:func:`graph_floor`) of the compiled graph of this step whose output holds
     this leaf row's bytes, 0 where none does: a gradient the optimizer reads that a backward

@@ -14,11 +14,13 @@ from typing import Any
 
 from opscope.compare.align import INPUT_IO, Pair
 from opscope.compare.carried import made_before
-from opscope.compare.flow import base_op
+from opscope.compare.flow import CASTS, PASS_THROUGH, base_op
 from opscope.compare.graphs import has_graphs, made_floor
 from opscope.compare.internal import backward_known, module_gradient_error
 from opscope.compare.loss_scale import explained_by_skip, overflowed
-from opscope.compare.state import Node, VerdictState, join, producer_entry, raw_error
+from opscope.compare.param_moves import as_step_began
+from opscope.compare.param_reads import written_in_place
+from opscope.compare.state import Node, VerdictState, finite, join, producer_entry, raw_error
 from opscope.compare.tolerance import epsilon
 
 
@@ -38,10 +40,12 @@ def producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: 
     return out
 
 
-def is_leaf(state: VerdictState, node: Node, row: dict[str, Any]) -> bool:
-    """No record of this step made the row's tensor (a parameter, buffer or model input)."""
+def is_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair) -> bool:
+    """No record of this step made the row's tensor (a parameter, buffer or model input), and
+    the other side does not read another parameter in its place (:func:`reads_another_param`)."""
     producer = row.get("producer")
-    return producer is None or (node.side, node.rank, node.step, producer) not in state.rows
+    return (producer is None or (node.side, node.rank, node.step, producer) not in state.rows) \
+        and not reads_another_param(state, node, own)
 
 
 def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
@@ -49,9 +53,14 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     """A parameter, buffer or model input: a root, explained by earlier steps, or fine."""
     error = raw_error(own)
     t, r = own.rows
+    # what each side read, with the dtypes it was cast from here (one side may read a
+    # parameter through a cast the other does not make)
+    casts = [*cast_dtypes(state, "target", node, t), *cast_dtypes(state, "reference", node, r)]
     lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
+    for dtype in casts:
+        lower = state.noise.lower_dtype(lower, dtype)
     tol = state.noise.tolerance(lower)
-    if row.get("param") and info["first"] and t.get("dtype") != r.get("dtype") \
+    if row.get("param") and info["first"] and (t.get("dtype") != r.get("dtype") or casts) \
             and params_cast_alike(state, node, info):
         tol = min(tol, CAST_ROUNDING * epsilon(lower))
     own.error, own.tolerance = error, tol
@@ -65,6 +74,45 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         return id(own) in state.tainted or info["tainted_before"] or info["seen"][identity]
     info["seen"][identity] = tainted = _first_read(state, node, row, own, info, error, tol)
     return tainted
+
+
+def cast_dtypes(state: VerdictState, side: str, node: Node, row: dict[str, Any]) -> list[str]:
+    """The dtypes ``row``'s values were cast from in this step (:func:`_cast_chain`): a bf16
+    model's float32 copy of its bf16 buffer (Llama's rotary ``inv_freq.float()``), where the
+    float32 run reads its buffer itself. Empty for no cast."""
+    return _cast_chain(state, side, node, row)[1]
+
+
+def reads_another_param(state: VerdictState, node: Node, own: Pair) -> bool:
+    """Does the other side read, through views and casts, a parameter of another name than
+    this leaf? (Reformer keeps a float16 and a float32 mask value and reads the one of its
+    compute dtype.) Then the two are not one leaf: the difference is this input's error, as
+    it is with the sides the other way round, where no leaf is judged."""
+    row, other = (own.t, own.r) if node.side == "target" else (own.r, own.t)
+    if row is None or other is None or not row.get("param") or other.get("producer") is None:
+        return False
+    source = _cast_chain(state, "reference" if node.side == "target" else "target", node, other)[0]
+    return source is not other and bool(source.get("param")) and source.get("param") != row.get("param")
+
+
+def _cast_chain(state: VerdictState, side: str, node: Node,
+                row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Up from ``row`` through this step's views and casts to a value no such op made: that
+    value's row, and the dtypes the casts on the way read."""
+    found: list[str] = []
+    for _ in range(16):
+        producer = row.get("producer")
+        made = state.rows.get((side, node.rank, node.step, producer)) if producer is not None else None
+        if made is None or made.get("io") != "output" or base_op(made.get("op")) not in PASS_THROUGH:
+            break
+        inputs = [x for x in state.calls.get((side, node.rank, node.step, made["cseq"]), [])
+                  if x.get("io") in INPUT_IO and x.get("numel") == made.get("numel")]
+        if len(inputs) != 1:
+            break
+        row = inputs[0]
+        if base_op(made.get("op")) in CASTS and row.get("dtype"):
+            found.append(str(row["dtype"]))
+    return row, found
 
 
 def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair, info: dict[str, Any],
@@ -139,8 +187,8 @@ def one_sided_writer(state: VerdictState, node: Node, own: Pair) -> tuple[str, d
         if made is None or made.get("io") != "output" or (other_side, node.rank, node.step,
                                                             other.get("producer")) in state.rows:
             continue
-        if not (base_op(made.get("op")).endswith("_") or "setitem" in str(made.get("op"))):
-            continue  # not written in place
+        if not written_in_place(made):
+            continue
         pair = state.entry.get((side, node.rank, node.step, made["id"]))
         if pair is None or pair.kind == "unpaired":
             return side, made
@@ -151,12 +199,21 @@ def judge_one_sided(state: VerdictState, node: Node, own: Pair, info: dict[str, 
     """A parameter one side's extra op wrote (:func:`one_sided_writer`; None where none did):
     fine within tolerance, else that op is where the runs part (a root at its row, said in the
     note); True when it carries a divergence."""
-    writer = one_sided_writer(state, node, own)
+    read = _read_through_cast(state, node, own) or own
+    writer = one_sided_writer(state, node, read)
     if writer is None:
         return None
+    if read is not own:  # the cast of the written parameter carries its divergence, if any
+        if judge_one_sided(state, node, read, info):
+            own.status, own.verdict = "failed", "inherits"
+            state.tainted.add(id(own))
+            return True
+        return False
     error = raw_error(own)
     t, r = own.rows
     tol = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
+    # as far apart as the parameter already was before the write (bf16 autocast's updates)
+    tol = max(tol, state.noise.ratio * _began_apart(state, node).get(t["param"], 0.0))
     own.error, own.tolerance = error, tol
     if not error > tol:
         return False
@@ -171,6 +228,40 @@ def judge_one_sided(state: VerdictState, node: Node, own: Pair, info: dict[str, 
     state.roots.append((own, made, side))
     info["tainted"] = True
     return True
+
+
+def _read_through_cast(state: VerdictState, node: Node, own: Pair) -> Pair | None:
+    """Where one side reads a parameter only through views and casts of its own (autocast's
+    cast of a weight, which pairs with nothing) and the other reads it itself: the pair of
+    that parameter's read by name (:mod:`opscope.compare.param_reads`), if any."""
+    for side, row, other in (("target", own.t, own.r), ("reference", own.r, own.t)):
+        if row is None or other is None or row.get("param") or not other.get("param") \
+                or row.get("producer") is None:
+            continue
+        source = _cast_chain(state, side, node, row)[0]
+        if source is row or source.get("param") != other.get("param"):
+            continue
+        pair = state.entry.get((side, node.rank, node.step, source["id"]))
+        if pair is not None and pair is not own and pair.kind == "flow" and not pair.status and pair.metrics:
+            return pair
+    return None
+
+
+def _began_apart(state: VerdictState, node: Node) -> dict[str, float]:
+    """Per parameter, the largest error of a pair that reads it as the step began on both
+    sides (no op of the step wrote it), for this rank and step (built once)."""
+    key = ("began apart", node.rank, node.step)
+    found = state.indexes.get(key)
+    if found is None:
+        found = state.indexes[key] = {}
+        for pair in state.pairs:
+            t, r = pair.t, pair.r
+            if t is None or r is None or not pair.metrics or t.get("io") != "param" or r.get("io") != "param" \
+                    or t.get("param") != r.get("param") or (t.get("rank"), t.get("step")) != (node.rank, node.step):
+                continue
+            if as_step_began(state, "target", node, t) and as_step_began(state, "reference", node, r):
+                found[t["param"]] = max(found.get(t["param"], 0.0), finite(raw_error(pair)))
+    return found
 
 
 def _floored(state: VerdictState, node: Node, own: Pair, error: float) -> float:

@@ -249,12 +249,12 @@ def _param_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair 
     other_side = "reference" if node.side == "target" else "target"
     other = (own.r if node.side == "target" else own.t) if own is not None else None
     for side, r in ((node.side, row), (other_side, other)):
-        if r is not None and r.get("param") and _as_step_began(state, side, node, r):
+        if r is not None and r.get("param") and as_step_began(state, side, node, r):
             return str(r["param"])
     return None
 
 
-def _as_step_began(state: VerdictState, side: str, node: Node, row: dict[str, Any]) -> bool:
+def as_step_began(state: VerdictState, side: str, node: Node, row: dict[str, Any]) -> bool:
     """Does the row read the parameter as the step began (no op of this step wrote it)? A
     second read links to the first one's row: followed back to it."""
     for _ in range(8):

@@ -47,6 +47,7 @@ from opscope.compare.graphs import (
     graph_floor,
     has_graphs,
     is_graph_call,
+    partner_graph_floor,
 )
 from opscope.compare.healing import forgive_compensated
 from opscope.compare.inputs import is_leaf, judge_leaf, judge_one_sided, producer_entries, set_input_status, settle
@@ -246,11 +247,11 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         left = left_by(state, node, row) if own is not None and own.metrics and made is None else None
         if made is not None and own is not None and not own.status:  # what a collective brought from the other ranks
             tainted = judge_collective(state, node, own, made)
+        elif own is not None and not own.status and (written := judge_one_sided(state, node, own, info)) is not None:
+            tainted = written or tainted  # a parameter an op only one side ran wrote (in part, too)
         elif left is not None and own is not None and not own.status:  # memory an op left holding no data
             tainted = judge_unfilled(state, node, own, left) or tainted
-        elif own is not None and not own.status and (written := judge_one_sided(state, node, own, info)) is not None:
-            tainted = written or tainted  # a parameter an op only one side ran wrote
-        elif own is not None and is_leaf(state, node, row):
+        elif own is not None and is_leaf(state, node, row, own):
             span = owner_of(state, node.side, node.rank, node.step, row)
             if span is not None:
                 tainted = judge_internal(state, node, row, own, span) or tainted
@@ -297,7 +298,7 @@ def _graph_inputs(state: VerdictState, node: Node, in_error: float, in_taint: bo
     node.precision = graph_dtype([*calls, *chain, *saved])
     if carries_divergence(state, node, [*chain, *saved]):
         in_error, in_taint = math.inf, True  # a root they read, or a diverged forward: carried on
-    return in_error, in_taint, max(floor, graph_floor(node))
+    return in_error, in_taint, max(floor, graph_floor(node), partner_graph_floor(calls))
 
 
 def _judge_output(state: VerdictState, node: Node, out: Pair, in_error: float, in_taint: bool,
