@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,14 +51,19 @@ def _dumps(root: Path, family: str, pair: str) -> tuple[Path, Path]:
     return plain, changed
 
 
-def test_a_bf16_model_as_the_reference(root: Path) -> None:
-    plain, bf16 = _dumps(root, "llama", "bf16_model")
-    for target, reference in ((bf16, plain), (plain, bf16)):
+def _clean_both_ways(plain: Path, changed: Path) -> Any:
+    """Within tolerance with no culprit, the changed run as the target and as the reference; the
+    pairs of the latter (the plain run as the target), as a DataFrame."""
+    for target, reference in ((changed, plain), (plain, changed)):
         result = opscope.compare(target, reference)
         assert result.verdict == "within_tolerance" and not result.culprits, (target.name, _culprits(result))
+    return result.pairs_table.to_pandas()
+
+
+def test_a_bf16_model_as_the_reference(root: Path) -> None:
+    rows = _clean_both_ways(*_dumps(root, "llama", "bf16_model"))
     # the buffer is still held to a rounding: the float32 run's read of it passed within bf16's
     # half epsilon, not within an op's tolerance
-    rows = result.pairs_table.to_pandas()
     buffer = rows[(rows.param == "model.rotary_emb.inv_freq") & (rows.step == 0) & (rows.kind == "aligned")]
     assert len(buffer) == 1 and buffer.tolerance.iloc[0] < 0.01, buffer[["op", "kind", "tolerance"]]
 
@@ -68,11 +74,7 @@ def test_a_float16_amp_run_as_the_reference(root: Path) -> None:
     read of ``mask_value_float32`` (-1e9) was paired with the reference's cast of
     ``mask_value_float16`` (-1e4) and named a root; the other way round it is the masking op's
     input, which the softmax after it makes up for."""
-    plain, amp = _dumps(root, "reformer", "fp16_amp")
-    for target, reference in ((amp, plain), (plain, amp)):
-        result = opscope.compare(target, reference)
-        assert result.verdict == "within_tolerance" and not result.culprits, (target.name, _culprits(result))
-    rows = result.pairs_table.to_pandas()
+    rows = _clean_both_ways(*_dumps(root, "reformer", "fp16_amp"))
     mask = rows[rows.param.fillna("").str.endswith(".mask_value_float32") & (rows.step == 0)
                 & (rows.dtype_reference == "float16")]
     assert len(mask) and (mask.rel_l2 > 1).all() and (mask.status == "passed").all(), mask.T
@@ -80,11 +82,7 @@ def test_a_float16_amp_run_as_the_reference(root: Path) -> None:
 
 @pytest.mark.slow
 def test_an_inductor_run_as_the_reference(root: Path) -> None:
-    plain, compiled = _dumps(root, "bert", "inductor")
-    for target, reference in ((compiled, plain), (plain, compiled)):
-        result = opscope.compare(target, reference)
-        assert result.verdict == "within_tolerance" and not result.culprits, (target.name, _culprits(result))
-    rows = result.pairs_table.to_pandas()
+    rows = _clean_both_ways(*_dumps(root, "bert", "inductor"))
     key = "bert.encoder.layer.1.attention.self.key"
     bias = rows[(rows.module == key) & (rows.phase == "backward") & (rows.step == 0) & (rows.io == "output")
                 & (rows.op == "aten.view.default") & rows.kind.isin(["aligned", "flow"])]
