@@ -66,18 +66,28 @@ def geometry(t: torch.Tensor) -> tuple[Any, ...]:
         return (id(t),)
 
 
+def grad_fn_of(t: torch.Tensor) -> Any:
+    """The autograd node that made ``t``, or None: none, or a view that no_grad made of a tensor
+    that requires grad and that was written in place since (``w[1] += d`` under no_grad), whose
+    ``grad_fn`` raises (the user's code never reads it; opscope must not fail on it)."""
+    if not t.requires_grad:
+        return None
+    try:
+        return t.grad_fn
+    except RuntimeError:
+        return None
+
+
 def annotate(t: torch.Tensor, producer: list[Any]) -> None:
     """Tag the autograd node that made ``t`` with the forward module and op, for backward
     attribution; a custom autograd Function's node with the Function (its forward ran in
-    the module that called ``apply``). Not under no_grad, where the op made no node (and
-    ``.grad_fn`` of a view made there, once written in place, raises)."""
-    if t.requires_grad and torch.is_grad_enabled():
-        node = t.grad_fn
-        if node is not None:
-            function = getattr(node, "_forward_cls", None)
-            tag = (producer[_MODULE], function.__name__ if function else producer[_OP])
-            # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
-            node.metadata.setdefault("opscope", tag)  # type: ignore[attr-defined]
+    the module that called ``apply``)."""
+    node = grad_fn_of(t)
+    if node is not None:
+        function = getattr(node, "_forward_cls", None)
+        tag = (producer[_MODULE], function.__name__ if function else producer[_OP])
+        # torch's stub declares Node.metadata a method; autograd's C++ nodes make it a dict property
+        node.metadata.setdefault("opscope", tag)
 
 
 class DataFlow:

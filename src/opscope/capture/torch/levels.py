@@ -16,6 +16,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.api_writes import WRITTEN as _WRITTEN
 from opscope.capture.torch.api_writes import makes_empty_call, unmarked_writes, writes_first, written_args
+from opscope.capture.torch.dataflow import grad_fn_of
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
 from opscope.model.calls import overwrites_first, rearranges
@@ -274,13 +275,11 @@ def _keyword_tensors(kwargs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
 
 
 def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
-    if not torch.is_grad_enabled():  # no node made; and a no_grad view written in place raises on .grad_fn
-        return
     for t in tensors_of(out):
-        node = t.grad_fn if t.requires_grad else None
+        node = grad_fn_of(t)
         if node is None:
             continue
-        meta: dict[str, Any] = node.metadata  # type: ignore[assignment]  # a dict property (torch's stub: a method)
+        meta: dict[str, Any] = node.metadata  # a dict property (torch's stub: a method)
         if "opscope_api" not in meta:
             meta["opscope_api"] = True
             node.register_hook(_backward_recorder(s, name, module, node.name()))

@@ -82,11 +82,16 @@ struct ApiGradHook : torch::autograd::FunctionPostHook {
   }
 };
 
-// Not under no_grad: the call made no node, and a view made there of a tensor that requires grad,
-// once written in place (`w[1] += d`), raises on any read of its grad_fn.
+// A view that no_grad made of a tensor that requires grad, once written in place (`w[1] += d`),
+// raises on any read of its grad_fn: such an output has no node to hook.
 void api_hook_node(const Head& h, const at::Tensor& t) {
-  if (!at::GradMode::is_enabled() || !t.requires_grad()) return;
-  const auto& node = t.grad_fn();
+  if (!t.requires_grad()) return;
+  std::decay_t<decltype(t.grad_fn())> node;
+  try {
+    node = t.grad_fn();
+  } catch (const c10::Error&) {
+    return;
+  }
   if (!node) return;
   auto it = api_nodes.find(node.get());
   if (it != api_nodes.end() && !it->second.expired()) return;
