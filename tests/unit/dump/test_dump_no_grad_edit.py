@@ -4,7 +4,7 @@ pruning masks, weight clipping, hand edits), at every level and on both capture 
 A view that no_grad made of a tensor that requires grad, once written in place, raises on
 any read of its ``grad_fn``. The api level read it to hook the call's backward, and the
 Python path's aten level to tag the node that made it: capture stopped at that step with an
-internal error (session 31). Under no_grad a call makes no autograd node, so neither is read.
+internal error (session 31). Both now take that error as "no node".
 """
 
 from __future__ import annotations
