@@ -73,7 +73,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
         t, r = pair.rows
         partner[pair.side][pair.home["id"]] = r if pair.side == "target" else t
     pairs.extend(flow_pairs(pairs, sides, partner))
-    pairs.extend(parameter_pairs(t_rows, r_rows, partner))
+    pairs.extend(parameter_pairs(t_rows, r_rows, sides, partner))
     one_sided.sort(key=lambda call: call.seq)
     pairs.extend(_identity_pairs(one_sided, sides, partner))
     pairs.extend(replays)  # after every other pair: the forward rows they reuse keep their own

@@ -55,7 +55,7 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     t, r = own.rows
     # what each side read, with the dtypes it was cast from here (one side may read a
     # parameter through a cast the other does not make)
-    casts = [*cast_dtypes(state, "target", node, t), *cast_dtypes(state, "reference", node, r)]
+    casts = [*_cast_chain(state, "target", node, t)[1], *_cast_chain(state, "reference", node, r)[1]]
     lower = state.noise.lower_dtype(t.get("dtype"), r.get("dtype"))
     for dtype in casts:
         lower = state.noise.lower_dtype(lower, dtype)
@@ -76,13 +76,6 @@ def judge_leaf(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     return tainted
 
 
-def cast_dtypes(state: VerdictState, side: str, node: Node, row: dict[str, Any]) -> list[str]:
-    """The dtypes ``row``'s values were cast from in this step (:func:`_cast_chain`): a bf16
-    model's float32 copy of its bf16 buffer (Llama's rotary ``inv_freq.float()``), where the
-    float32 run reads its buffer itself. Empty for no cast."""
-    return _cast_chain(state, side, node, row)[1]
-
-
 def reads_another_param(state: VerdictState, node: Node, own: Pair) -> bool:
     """Does the other side read, through views and casts, a parameter of another name than
     this leaf? (Reformer keeps a float16 and a float32 mask value and reads the one of its
@@ -98,7 +91,9 @@ def reads_another_param(state: VerdictState, node: Node, own: Pair) -> bool:
 def _cast_chain(state: VerdictState, side: str, node: Node,
                 row: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Up from ``row`` through this step's views and casts to a value no such op made: that
-    value's row, and the dtypes the casts on the way read."""
+    value's row, and the dtypes the casts on the way read (a bf16 model's float32 copy of its
+    bf16 buffer, Llama's rotary ``inv_freq.float()``, where the float32 run reads its buffer
+    itself: bfloat16)."""
     found: list[str] = []
     for _ in range(16):
         producer = row.get("producer")
@@ -203,30 +198,34 @@ def judge_one_sided(state: VerdictState, node: Node, own: Pair, info: dict[str, 
     writer = one_sided_writer(state, node, read)
     if writer is None:
         return None
-    if read is not own:  # the cast of the written parameter carries its divergence, if any
-        if judge_one_sided(state, node, read, info):
-            own.status, own.verdict = "failed", "inherits"
-            state.tainted.add(id(own))
-            return True
+    if not _written_root(state, node, read, writer):
         return False
-    error = raw_error(own)
-    t, r = own.rows
+    if read is not own:  # the cast of the written parameter carries its divergence
+        own.status, own.verdict = "failed", "inherits"
+        state.tainted.add(id(own))
+    info["tainted"] = True
+    return True
+
+
+def _written_root(state: VerdictState, node: Node, read: Pair, writer: tuple[str, dict[str, Any]]) -> bool:
+    """Is the written parameter ``read`` beyond tolerance? Then a root at the writer's row."""
+    error = raw_error(read)
+    t, r = read.rows
     tol = state.noise.tolerance(state.noise.lower_dtype(t.get("dtype"), r.get("dtype")))
     # as far apart as the parameter already was before the write (bf16 autocast's updates)
     tol = max(tol, state.noise.ratio * _began_apart(state, node).get(t["param"], 0.0))
-    own.error, own.tolerance = error, tol
+    read.error, read.tolerance = error, tol
     if not error > tol:
         return False
     side, made = writer
     other = "reference" if side == "target" else "target"
-    own.metrics["written_by"] = (
+    read.metrics["written_by"] = (
         f"{made.get('op')} ({made.get('module') or 'top level'}, call {made.get('call')}) ran only in the "
         f"{side} and wrote parameter {t['param']}, which the {other} reads as no op of step {node.step} made it "
         f"(its value there); an edit, a mask or a copy one run makes and the other does not")
-    own.status, own.verdict = "failed", "root"
-    state.tainted.add(id(own))
-    state.roots.append((own, made, side))
-    info["tainted"] = True
+    read.status, read.verdict = "failed", "root"
+    state.tainted.add(id(read))
+    state.roots.append((read, made, side))
     return True
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opscope.compare.flow import base_op, same_shape
+from opscope.compare.flow import Sides, base_op, same_shape
 from opscope.compare.pair import Pair
 
 Row = dict[str, Any]
@@ -27,10 +27,11 @@ def written_in_place(row: Row | None) -> bool:
     return base_op(row.get("op")).endswith("_") or "setitem" in str(row.get("op"))
 
 
-def parameter_pairs(t_rows: list[Row], r_rows: list[Row], partner: dict[str, dict[int, Row]]) -> list[Pair]:
+def parameter_pairs(t_rows: list[Row], r_rows: list[Row], sides: Sides,
+                    partner: dict[str, dict[int, Row]]) -> list[Pair]:
     """The pairs of parameter reads by name (the module's docstring), for one partition."""
-    t_first, t_written = _reads(t_rows)
-    r_first, r_written = _reads(r_rows)
+    t_first, t_written = _reads(sides, "target", t_rows)
+    r_first, r_written = _reads(sides, "reference", r_rows)
     out = []
     for key, t in t_first.items():
         r = r_first.get(key)
@@ -56,9 +57,8 @@ def parameter_pairs(t_rows: list[Row], r_rows: list[Row], partner: dict[str, dic
     return out
 
 
-def _reads(rows: list[Row]) -> tuple[dict[Key, Row], dict[Key, list[Row]]]:
+def _reads(sides: Sides, side: str, rows: list[Row]) -> tuple[dict[Key, Row], dict[Key, list[Row]]]:
     """Per (phase, parameter): its first read, and the first read after each in-place write."""
-    by_id = {row["id"]: row for row in rows}
     first: dict[Key, Row] = {}
     written: dict[Key, list[Row]] = {}
     writers: set[Any] = set()
@@ -68,7 +68,7 @@ def _reads(rows: list[Row]) -> tuple[dict[Key, Row], dict[Key, list[Row]]]:
         key = (row.get("phase"), row["param"])
         first.setdefault(key, row)
         producer = row.get("producer")
-        if producer not in writers and written_in_place(by_id.get(producer)):
+        if producer not in writers and written_in_place(sides.producer(side, row)):
             writers.add(producer)
             written.setdefault(key, []).append(row)
     return first, written

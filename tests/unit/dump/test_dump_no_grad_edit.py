@@ -15,37 +15,28 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import opscope  # noqa: E402
+from dump_helpers import bare, small_mlp, train_with  # noqa: E402
 
 
-def _train(path: Path | None, level: str) -> list[float]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    dump = opscope.dump(path, level=level, steps="0-2") if path else None
-    with dump if dump else torch.enable_grad():
-        for i in range(3):
-            if i == 1:
-                with torch.no_grad():
-                    model[0].weight[1] += 0.05
-            loss = model(torch.randn(5, 4, generator=torch.Generator().manual_seed(i))).square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-            if dump:
-                dump.step()
-    return losses
+def edited_mlp():
+    """:func:`small_mlp` with a row of its first weight edited under no_grad before step 1
+    (when step 1's batch is taken, inside the dumped loop)."""
+    model, opt, batch = small_mlp()
+
+    def edit_then_batch(i: int):
+        if i == 1:
+            with torch.no_grad():
+                model.layers[0].weight[1] += 0.05
+        return batch(i)
+    return model, opt, edit_then_batch
 
 
 @pytest.mark.parametrize("level", ["aten", "api", "module"])
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_an_edit_under_no_grad_is_captured_and_capture_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                 level: str, backend: str) -> None:
-    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
-    assert _train(tmp_path / "d", level) == _train(None, level)  # the same losses, bit for bit
-    dump = opscope.load(tmp_path / "d")
+    losses, dump = train_with(backend, monkeypatch, tmp_path / "d", 3, edited_mlp, level=level, steps="0-2")
+    assert losses == bare(3, edited_mlp)  # the same losses, bit for bit
     assert dump.status == "complete", dump.status
     rows = dump.records().to_pandas()
     assert set(rows.step) == {0, 1, 2}
