@@ -8,7 +8,9 @@ that a comparison can divide S out and see a skipped step (:mod:`opscope.compare
 
 - ``GradScaler.scale``: inputs the loss and the scale, output the scaled loss;
 - ``GradScaler.unscale_``: input the inverse scale the gradients were multiplied by, output
-  ``found_inf`` (above 0: the scaler skips this step's update).
+  ``found_inf`` (above 0: the scaler skips this step's update). A fused optimizer
+  (``AdamW(fused=True)``) unscales the gradients itself: ``GradScaler.step`` then only checks
+  them, recorded the same way with 1 for the inverse scale.
 
 The two methods are wrapped on the class while the dump runs (every scaler of the process)
 and put back when it stops; a failure here stops capture, never the user's step.
@@ -40,6 +42,9 @@ class ScalerHooks:
         if cls is None or self._originals:
             return
         self._originals = {"scale": cls.scale, "unscale_": cls.unscale_}
+        check: Any = getattr(cls, "_check_inf_per_device", None)  # (torch 2.x; private)
+        if check is not None:
+            self._originals["_check_inf_per_device"] = check
         scale, unscale = self._originals["scale"], self._originals["unscale_"]
         hooks = self
 
@@ -52,12 +57,20 @@ class ScalerHooks:
             unscale(scaler, optimizer)
             hooks._guarded(hooks._record_unscale, scaler, optimizer)
 
+        def checked(scaler: Any, optimizer: Any) -> Any:
+            found = check(scaler, optimizer)
+            hooks._guarded(hooks._record_unscale, scaler, optimizer, True)
+            return found
+
         cls.scale, cls.unscale_ = scaled, unscaled
+        if check is not None:
+            cls._check_inf_per_device = checked
 
     def remove(self) -> None:
         cls = _scaler_class()
         if cls is not None and self._originals:
-            cls.scale, cls.unscale_ = self._originals["scale"], self._originals["unscale_"]
+            for name, original in self._originals.items():
+                setattr(cls, name, original)
         self._originals = {}
 
     def _guarded(self, fn: Any, *args: Any) -> None:
@@ -78,14 +91,16 @@ class ScalerHooks:
             return
         self._record(SCALE, [(0, None, outputs.detach()), (1, None, scale)], [(0, None, out.detach())])
 
-    def _record_unscale(self, scaler: Any, optimizer: Any) -> None:
+    def _record_unscale(self, scaler: Any, optimizer: Any, checked_only: bool = False) -> None:
+        """``checked_only``: the gradients were only checked (a fused optimizer's step)."""
         scale = getattr(scaler, "_scale", None)
         states = getattr(scaler, "_per_optimizer_states", {})
         found = states.get(id(optimizer), {}).get("found_inf_per_device")
         if scale is None or not found:
             return
         with torch.no_grad():
-            inverse = scale.double().reciprocal().float()  # what unscale_ multiplied the gradients by
+            # what unscale_ multiplied the gradients by
+            inverse = torch.ones((), dtype=torch.float32) if checked_only else scale.double().reciprocal().float()
             found_inf = sum(v.to("cpu", torch.float32) for v in found.values())
         self._record(UNSCALE, [(0, None, inverse)], [(0, None, found_inf)])
 

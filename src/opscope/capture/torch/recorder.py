@@ -94,6 +94,7 @@ class Recorder(Measuring, Writes):
         self.links: list[tuple[list[Any], list[Any]]] = []
         self.device_jobs: list[tuple[list[Any], Any]] = []
         self.flow = DataFlow()  # which row last measured each tensor (dataflow.py)
+        self._stepping: dict[int, tuple[int, int]] = {}  # parameter id -> (version, writes) as the update began
         self.unfilled = Unfilled()  # rows of memory that holds no data yet (unfilled.py)
         self.calls: dict[tuple[str, str, str], int] = {}
         self.seq = 0
@@ -214,15 +215,28 @@ class Recorder(Measuring, Writes):
         Before the step each parameter and its gradient (rows linked to the parameter by
         name), with ``args`` (the settings of each item's group, JSON), after it each
         parameter again, as an output."""
+        if before:
+            self._stepping = {}
         for k, (call, module, p, grad, name) in enumerate(items):
             if not before:
+                self._stepped(p)
                 self.record(op, module, "optimizer", [], [(0, "param", p)], call=call)
                 continue
+            self._stepping[id(p)] = (version_of(p), self.flow.writes_to(p))
             text = args[k] if args is not None else None
             self.record(op, module, "optimizer", [(0, "param", p)], [], call=call, args=text)
             if grad is not None:
                 self.record(op, module, "optimizer", [(1, "grad", grad)], [], input_io="grad", call=call, param=name,
                             args=text)
+
+    def _stepped(self, p: torch.Tensor) -> None:
+        """A parameter whose version and writes have not moved over the optimizer step was
+        written where no op or version counter shows it (``AdamW(fused=True)``'s kernel): that
+        write is counted, so that its row after the step is measured, not taken from before
+        (dumpobs_module.h, ``stepped``)."""
+        began = self._stepping.pop(id(p), None)
+        if began is not None and began == (version_of(p), self.flow.writes_to(p)):
+            self.flow.before_write(p)
 
     def _new_row(self, head: tuple[Any, ...], io: str, slot: int, arg: str | None, t: torch.Tensor,
                  param: str | None = None, producer: int | None = None) -> list[Any]:

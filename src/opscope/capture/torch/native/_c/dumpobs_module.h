@@ -177,6 +177,23 @@ int entry_args(PyObject* texts, Py_ssize_t k, PyObject*& last, int& last_at) {
   return last_at;
 }
 
+// The parameters of the optimizer step under way, as it began: (version, writes seen). One whose
+// version and writes have not moved when the step ends was written where no op or version
+// counter shows it (a fused optimizer's kernel: `AdamW(fused=True)` moves no version counter),
+// so that write is counted (g_writes) and its row after the step is measured, not taken from
+// a row made before the step.
+std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> g_stepping;  // (under mu)
+
+void stepped(const at::Tensor& param) {
+  auto it = g_stepping.find(param.unsafeGetTensorImpl());
+  if (it == g_stepping.end()) return;
+  if (it->second == std::make_pair(version_of(param), writes_to(param))) {
+    forget_views(param);
+    ++g_writes[storage_of(param)];
+  }
+  g_stepping.erase(it);
+}
+
 // record_params(op, [(call, module, param, grad or None, name or None)], before, texts=None):
 // the optimizer step's parameters (and gradients) before it, with texts[k] (JSON: entry k's
 // settings) as their args, its parameters after, as Recorder.record_params records them, one
@@ -197,6 +214,7 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
   int last_at = -1;
   std::lock_guard<std::recursive_mutex> lock(mu);
   int op_name = intern(op), a_param = intern("param"), a_grad = intern("grad");
+  if (before) g_stepping.clear();
   for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(fast); ++k) {
     long long call;
     const char* module;
@@ -215,12 +233,14 @@ PyObject* py_record_params(PyObject*, PyObject* a) {
     set_data(h);
     const at::Tensor& param = THPVariable_Unpack(p);
     if (!before) {
+      stepped(param);
       if (!g_outputs) continue;
       output_row(h, 0, param, -1, false, nullptr);
       rows.back().arg = a_param;
       continue;
     }
     h.args = entry_args(texts, k, last_text, last_at);
+    g_stepping[param.unsafeGetTensorImpl()] = {version_of(param), writes_to(param)};
     input_row(h, 0, a_param, param);
     const at::Tensor* grad = four ? (param.grad().defined() ? &param.grad() : nullptr)
                                   : (g != Py_None && THPVariable_Check(g) ? &THPVariable_Unpack(g) : nullptr);
