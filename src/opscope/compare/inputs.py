@@ -115,8 +115,9 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     t, r = own.rows
     name = row.get("param")
     # no root: the runs part here by design (a skipped update), or a gradient no record made
-    # overflowed under the loss scale of a step the scaler skipped; what reads it carries it
-    skip = explained_by_skip(t, r) if name else overflowed(t, r)
+    # overflowed under the loss scale of a step the scaler skipped (a fused optimizer reads it
+    # still, and leaves its parameter as it was); what reads it carries it
+    skip = (explained_by_skip(t, r) if name else None) or overflowed(t, r)
     if skip:
         own.note = join(own.note, skip)
         return True

@@ -166,24 +166,62 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
     its ``found_inf`` output (the slot before) says the step is skipped; where no unscale op
     is recorded (the api level), from the one-element power of two whose reciprocal
     GradScaler takes, the step skipped where no optimizer record shows (``optimizer_seen``:
-    the dump records that phase)."""
-    for row in rows:
-        record = row.get("op") == UNSCALE_RECORD
-        if (record or base_op(row.get("op")) == UNSCALE) and row.get("io") in _INPUTS and row.get("numel") == 1:
-            inverse = _number(row)
-            if inverse and inverse < 1.0 and _power_of_two(1.0 / inverse):
-                slot = 0 if record else (row.get("slot") or 0) - 1
-                found = [r for r in rows if r["seq"] == row["seq"] and r.get("io") == "output"
-                         and r.get("slot") == slot and r.get("numel") == 1]
-                if found:
-                    return 1.0 / inverse, (_number(found[0]) or 0.0) > 0
-                return 1.0 / inverse, _skipped(rows, optimizer_seen)  # (the api level: a call has no outputs)
+    the dump records that phase). An unscale whose ``inv_scale`` is 1 only checked the
+    gradients for a fused optimizer, which unscales them itself: S is then what the scaler
+    gave that optimizer (:func:`_handed_scale`)."""
+    for call in _calls([r for r in rows if r.get("op") == UNSCALE_RECORD or base_op(r.get("op")) == UNSCALE]):
+        record = call[0].get("op") == UNSCALE_RECORD
+        inputs = [r for r in call if r.get("io") in _INPUTS]
+        row = max(inputs, key=lambda r: r.get("slot") or 0, default=None)  # inv_scale: the last argument
+        if row is None or row.get("numel") != 1:
+            continue
+        inverse = _number(row)
+        if inverse == 1.0:
+            scale = _handed_scale(rows)
+        elif inverse and inverse < 1.0 and _power_of_two(1.0 / inverse):
+            scale = 1.0 / inverse
+        else:
+            continue
+        if scale is None:
+            continue
+        slot = 0 if record else (row.get("slot") or 0) - 1
+        found = [r for r in call if r.get("io") == "output" and r.get("slot") == slot and r.get("numel") == 1]
+        if found:
+            return scale, (_number(found[0]) or 0.0) > 0
+        return scale, _skipped(rows, optimizer_seen)  # (the api level: a call has no outputs)
     for row in rows:  # the api level records no unscale op: GradScaler's scale.double().reciprocal()
         if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS and row.get("numel") == 1:
             value = _number(row)
             if value and value > 1.0 and _power_of_two(value):
                 return value, _skipped(rows, optimizer_seen)
     return None, False
+
+
+def _handed_scale(rows: list[Row]) -> float | None:
+    """The loss scale GradScaler handed a fused optimizer (``_fused_adamw_``'s ``grad_scale``
+    input), or at the module level the one its ``scale`` multiplied the loss by."""
+    for row in rows:
+        op = row.get("op")
+        handed = base_op(op).startswith("_fused_") and row.get("arg") == "grad_scale"
+        if (handed or (op == SCALE_RECORD and row.get("slot") == 1)) and row.get("io") in _INPUTS \
+                and row.get("numel") == 1:
+            value = _number(row)
+            if value and value > 1.0 and _power_of_two(value):
+                return value
+    return None
+
+
+def _check_only(call: list[Row]) -> int | None:
+    """The ``found_inf`` slot of an unscale call that multiplied the gradients by 1 (a fused
+    optimizer's check: its outputs before that slot still carry the scale), else None."""
+    op = call[0].get("op")
+    if op != UNSCALE_RECORD and base_op(op) != UNSCALE:
+        return None
+    inputs = [r for r in call if r.get("io") in _INPUTS]
+    row = max(inputs, key=lambda r: r.get("slot") or 0, default=None)
+    if row is None or row.get("numel") != 1 or _number(row) != 1.0:
+        return None
+    return 0 if op == UNSCALE_RECORD else (row.get("slot") or 0) - 1
 
 
 def _skipped(rows: list[Row], optimizer_seen: bool) -> bool:
@@ -205,6 +243,7 @@ def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, floa
     seed) carries S: the scale's ``mul`` records only its forward, so no one-element S is
     read in the backward."""
     carried: dict[int, float] = {}
+    checked = False
     for call in _calls(rows):
         inputs = [r for r in call if r.get("io") in _INPUTS]
         if api and call[0].get("phase") == "backward":
@@ -216,10 +255,16 @@ def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, floa
             for row in inputs:  # loss * S, and its backward's grad * S
                 if _is_float(row) and _number(row) == scale:
                     carried.setdefault(_value(row), scale)
-        factor = _output_factor(op, [carried.get(_value(r), 1.0) for r in inputs if _is_float(r)])
+        check = _check_only(call)  # the gradients left as they were: their outputs carry what they read
+        factor = _output_factor("" if check is not None else op,
+                                [carried.get(_value(r), 1.0) for r in inputs if _is_float(r)])
+        if call[0].get("phase") == "optimizer":  # an update reads unscaled gradients, or unscales them (fused)
+            factor = 1.0
         for row in call:
-            if row.get("io") == "output" and _is_float(row) and factor != 1.0:
+            if row.get("io") == "output" and _is_float(row) and factor != 1.0 \
+                    and (check is None or (row.get("slot") or 0) < check):
                 carried[row["id"]] = factor
+        checked = checked or check is not None
     if any(r.get("op") == SCALE_RECORD for r in rows):
         # a module-level dump: no op links a module's gradient to the scaled loss, and every
         # gradient of the backward pass, up to the unscaling, carries the scale
@@ -227,11 +272,37 @@ def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, floa
         for row in rows:
             if row.get("phase") == "backward" and row["seq"] < end and _is_float(row):
                 carried.setdefault(_value(row), scale)
+    if checked:  # the scaler only checked the gradients: a fused optimizer reads them scaled
+        params = _fused_params(rows)
+        for row in rows:
+            if row.get("phase") == "optimizer" and _is_float(row) and (row.get("io") == "grad" or _handed(row, params)):
+                carried.setdefault(_value(row), scale)
     return carried
+
+
+def _fused_params(rows: list[Row]) -> dict[Any, int]:
+    """Call seq -> how many parameters a fused optimizer op updates there."""
+    params: dict[Any, int] = {}
+    for row in rows:
+        if row.get("io") == "param" and base_op(row.get("op")).startswith("_fused_"):
+            params[row["seq"]] = params.get(row["seq"], 0) + 1
+    return params
+
+
+def _handed(row: Row, params: dict[Any, int]) -> bool:
+    """Is ``row`` a gradient a fused optimizer op reads (``grads``, its second list: at the api
+    level, where positional tensors have no argument name, the slots after its parameters)?"""
+    if row.get("io") not in _INPUTS or row["seq"] not in params:
+        return False
+    if row.get("arg") is not None:
+        return row.get("arg") == "grads"
+    return params[row["seq"]] <= (row.get("slot") or 0) < 2 * params[row["seq"]]
 
 
 def _output_factor(op: str, factors: list[float]) -> float:
     if op == UNSCALE or op in _CREATORS or op.endswith("_like") or op.startswith("new_") or not factors:
+        return 1.0
+    if op.startswith("_fused_"):  # a fused optimizer divides by the grad_scale it is handed
         return 1.0
     if op in _PRODUCTS:
         return math.prod(factors)
