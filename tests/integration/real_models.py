@@ -20,6 +20,7 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,14 @@ RECOMPUTE_FAULTS: dict[str, dict[str, Any]] = {"checkpointing_no_rng": {"checkpo
 # Two threads pinned (not the machine's count) so that "threads 1 vs 2" means the same on
 # every machine and the other pairs differ from the reference in one thing only.
 REFERENCE: dict[str, Any] = {"attn": "eager", "threads": 2}
+# the optimizers a run can train with (train's ``optimizer``)
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
+    "adamw_foreach": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=True),
+    "adamw_fused": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
+    "sgd_fused": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True),
+}
 # ROW 1: ResNet's first bottleneck conv has only 2 output channels
 NORM_EPS, ATTN_SCALE, ROW_DELTA, ROW = 1e-1, 1.5, 0.05, 1
 
@@ -107,7 +116,8 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
           threads: int | None = None, compile: bool | str = False, level: str = "aten",
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32", dropout: float = 0.0, clip: float | None = None,
-          accumulate: int = 1, checkpointing: bool | str = False, fault_at: int = 0) -> Path:
+          accumulate: int = 1, checkpointing: bool | str = False, fault_at: int = 0,
+          optimizer: str = "adamw") -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
@@ -123,6 +133,9 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     backward), non-reentrant as transformers' default; "reentrant" for ``use_reentrant=True``;
     "no_rng" without the forward's generator state (``preserve_rng_state=False``).
     ``fault_at``: the step before which ``fault`` goes in (0: into the model as built).
+    ``optimizer``: a key of ``OPTIMIZERS`` (AdamW as CPUs run it by default, one parameter at a
+    time; ``adamw_foreach`` as GPUs do, ``_foreach_`` ops over every parameter; ``adamw_fused``
+    one op for the whole update; ``sgd``: momentum 0.9, ``sgd_fused`` the same fused).
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -144,7 +157,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     model.to(getattr(torch, dtype))
     batch = {k: v.to(getattr(torch, dtype)) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
              for k, v in fam.batch(torch.Generator().manual_seed(seed)).items()}
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    opt = OPTIMIZERS[optimizer](model.parameters())
     # compile=True: backend="eager" (every aten op recorded); a name: that backend
     runner = torch.compile(model, backend="eager" if compile is True else compile) if compile else model
     half = autocast == "float16"

@@ -1,0 +1,64 @@
+"""Real models trained with the optimizers GPU users run: AdamW over ``_foreach_`` ops (torch's
+default on CUDA) and fused AdamW (``fused=True``: one kernel updates every parameter), under
+float16 AMP with a GradScaler.
+
+The matrices trained with AdamW as CPUs run it by default, one parameter at a time. Session 32
+ran them with the other two (``real_models.py matrix --base '{"optimizer": ...}'``) and found,
+for the fused one:
+
+- GradScaler does not unscale the gradients for a fused optimizer: it only checks them
+  (``_amp_foreach_non_finite_check_and_unscale_`` by 1) and hands the scale to the optimizer's
+  kernel (``grad_scale``), which divides by it. The loss scale was not found (compare looked
+  for an unscale by 1/S), so the scaled loss was named at the api and module levels (every
+  family) and an overflowed gradient of a skipped step at the aten level (T5); with the
+  float16 run as the reference, the aten level named the optimizer's updated parameters.
+- The fused kernel moves no parameter's version counter: a module-level dump took the
+  parameters after the step for the very tensors measured before it, and recorded their old
+  values (tests/unit/dump/test_dump_fused_optimizer.py); the next step then named a parameter
+  as a root.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+sys.path.insert(0, str(Path(__file__).parent))
+from real_models_matrix import expected  # noqa: E402
+from test_real_models import Runs, _culprits  # noqa: E402
+
+import opscope  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("real_models_optimizers"))
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
+def test_fused_adamw_under_float16_amp_is_clean_and_a_fault_under_it_named(runs: Runs, level: str) -> None:
+    plain = runs.dump("t5", "reference", "statistics", level, recipe="fused")
+    amp = runs.dump("t5", "fp16_amp", "statistics", level, recipe="fused")
+    for target, reference, side in ((amp, plain, "target"), (plain, amp, "reference")):
+        result = opscope.compare(target, reference)
+        assert result.verdict == "within_tolerance" and not result.culprits, (side, _culprits(result))
+        notes = " ".join(result.notes)
+        # T5's float16 gradients overflow under the first scale: the scaler skipped that update
+        assert f"the {side}'s gradients carry a loss scale of 65536 in step 0" in notes, notes
+        assert f"the {side}'s GradScaler found Inf/NaN gradients in step" in notes, notes
+    result = runs.compare("t5", "fp16_amp+act", "statistics", level, recipe="fused")
+    assert expected("t5", "fp16_amp+act", result.verdict, result.first_divergence), _culprits(result)
+
+
+@pytest.mark.parametrize("recipe", ["foreach", "fused"])
+def test_the_gpu_optimizers_leave_a_thread_count_clean_and_name_a_changed_weight(runs: Runs, recipe: str) -> None:
+    """At the module level, where only the optimizer's own records show the update (the key
+    bias, zero in truth, moves by Adam's bound from rounding noise)."""
+    result = runs.compare("vit", "threads", "statistics", "module", recipe=recipe)
+    assert result.verdict in ("identical", "within_tolerance") and not result.culprits, _culprits(result)
+    result = runs.compare("vit", "weight_row", "statistics", "module", recipe=recipe)
+    assert expected("vit", "weight_row", result.verdict, result.first_divergence), _culprits(result)
