@@ -1,6 +1,8 @@
 """A fused optimizer (``AdamW(fused=True)``) writes the parameters in one kernel that moves no
 version counter: the rows of the updated parameters must hold what the step left, at every
-level and on both capture paths, not the values measured before the step."""
+level and on both capture paths, not the values measured before the step. A fused SGD with
+momentum writes them in its first step beside momentum buffers ``empty_like`` just made: the
+parameters hold data all the same."""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ torch = pytest.importorskip("torch")
 import opscope  # noqa: E402
 
 
-def _train(path: Path, level: str, fused: bool) -> dict[tuple[int, str], torch.Tensor]:
+OPTIMIZERS = {"AdamW": lambda params, fused: torch.optim.AdamW(params, lr=0.05, fused=fused),
+              "SGD": lambda params, fused: torch.optim.SGD(params, lr=0.05, momentum=0.9, fused=fused)}
+
+
+def _train(path: Path, level: str, fused: bool, optimizer: str = "AdamW") -> dict[tuple[int, str], torch.Tensor]:
     """Two steps; returns each parameter's value right after each step, by (step, name)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=0.05, fused=fused)
+    opt = OPTIMIZERS[optimizer](model.parameters(), fused)
     after = {}
     with opscope.dump(path, level=level, steps="0-1") as d:
         for i in range(2):
@@ -30,14 +36,15 @@ def _train(path: Path, level: str, fused: bool) -> dict[tuple[int, str], torch.T
     return after
 
 
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("level", ["aten", "api", "module"])
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_the_updated_parameters_rows_hold_what_a_fused_step_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 level: str, backend: str) -> None:
+                                                                 level: str, backend: str, optimizer: str) -> None:
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
-    after = _train(tmp_path / "d", level, fused=True)
+    after = _train(tmp_path / "d", level, True, optimizer)
     rows = opscope.load(tmp_path / "d").records().to_pandas()
-    updated = rows[(rows.op == "AdamW.step") & (rows.io == "output")]
+    updated = rows[(rows.op == f"{optimizer}.step") & (rows.io == "output")]
     assert len(updated) == 2 * 4, updated[["step", "param"]]
     for _, row in updated.iterrows():
         value = after[row.step, row.param].double()

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from opscope.capture.torch.dataflow import DataFlow, annotate, version_of, view_geometry
+from opscope.capture.torch.dataflow import DataFlow, annotate, storage_key, version_of, view_geometry
 from opscope.capture.torch.recorder_measure import Measuring
 from opscope.capture.torch.recorder_writes import Writes
 from opscope.capture.torch.stats import dtype_name, materialize
@@ -154,7 +154,9 @@ class Recorder(Measuring, Writes):
         data = not self.probing and self.wants_data(op, module, phase, call)
         head = (seq, phase, module, op, call, args, source, fwd_op, node)
         first_input_row = first_input = None
-        wrote_empty = False  # an argument it writes in place holds no data: so do its written outputs
+        # the storages of the arguments it writes in place that hold no data: so do those written
+        # outputs (only those: a fused SGD's first step writes parameters beside new empty buffers)
+        wrote_empty: set[int] = set()
         if self.want_inputs or views:
             unread_first = overwrites_first(op) or empty_first
             for slot, arg, t in inputs:
@@ -166,9 +168,10 @@ class Recorder(Measuring, Writes):
                         note = UNINITIALIZED_NOTE if empty_first and slot == 0 else UNREAD_NOTE
                         self._new_row(head, "param" if pname else input_io, slot, arg, t, pname)[_NOTE] = note
                     continue
-                if arg in written and not view_op and not wrote_empty:  # (as _input_row finds it)
+                if arg in written and not view_op:  # (as _input_row finds it)
                     entry = self.flow.find(t)
-                    wrote_empty = entry is not None and self.unfilled.holds_none(entry[1])
+                    if entry is not None and self.unfilled.holds_none(entry[1]):
+                        wrote_empty.add(storage_key(t))
                 row = self._input_row(head, slot, arg, t, data, input_io, view_op, arg in written)
                 if first_input_row is None:
                     first_input_row, first_input = row, t
@@ -195,7 +198,7 @@ class Recorder(Measuring, Writes):
         head, data, first_input_row, first_input, wrote_empty = call
         for slot, arg, t in outputs:
             src = first_input_row if slot in views else None
-            if uninitialized or slot in unfilled or (wrote_empty and slot in mutated):
+            if uninitialized or slot in unfilled or (slot in mutated and storage_key(t) in wrote_empty):
                 row = self._new_row(head, "output", slot, arg, t)
                 self.unfilled.empty(row)
                 version = version_of(t)  # (an in-place write's: torch bumps it after the op returns)

@@ -51,10 +51,12 @@ bool made_empty(const at::Tensor& t) {
 // The op being recorded only makes views of its inputs (set by before_op): it reads no element,
 // so memory that holds no data yet (an empty's) is linked to, not measured.
 bool g_view_op = false;
-// An argument the op writes in place held no data (set by input_row, under mu): its written
-// outputs hold none either, measured at their next read (another in-place write of the rest,
-// MoE's `out[idx0] = y0; out[idx1] = y1`, then fills it).
-bool g_wrote_empty = false;
+// The storages of the arguments the op writes in place that held no data (set by input_row,
+// under mu): those written outputs hold none either, measured at their next read (another
+// in-place write of the rest, MoE's `out[idx0] = y0; out[idx1] = y1`, then fills it). Only
+// those: a fused optimizer writes parameters that hold data beside momentum buffers
+// `empty_like` just made (SGD(fused=True)'s first step).
+std::vector<intptr_t> g_wrote_empty;
 
 int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t io = IO_INPUT) {
   const Flow* f = find_flow(t);
@@ -68,7 +70,7 @@ int64_t input_row(const Head& h, int slot, int arg, const at::Tensor& t, int8_t 
       // routers' inverse permutations) reads no data there: recorded unmeasured, as the API
       // level's first argument of such a call is; what it leaves is measured at its next read
       if (g_measure_here) {
-        g_wrote_empty = true;
+        g_wrote_empty.push_back(storage_of(t));
         if (!g_inputs) return -1;
         size_t i = new_row(h, io, slot, arg, t, -1);
         rows[i].note = N_UNINITIALIZED, rows[i].marks = NODATA;

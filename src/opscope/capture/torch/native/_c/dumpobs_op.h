@@ -41,8 +41,12 @@ struct Pending {  // the recorded op running on this thread, between its start a
   Head h;
   int64_t first = -1;
   Base base;  // of the first input: where its views lie in its data
-  bool wrote_empty = false;  // an argument it writes in place held no data (g_wrote_empty)
+  std::vector<intptr_t> wrote_empty;  // arguments it writes in place that held no data (g_wrote_empty)
 };
+
+bool held_no_data(const Pending& p, const at::Tensor& t) {
+  return !p.wrote_empty.empty() && std::find(p.wrote_empty.begin(), p.wrote_empty.end(), storage_of(t)) != p.wrote_empty.end();
+}
 thread_local Pending t_pending;
 
 void flatten_inputs(const Thread& T, const OpKind& k, std::vector<std::tuple<int, int, at::Tensor, bool>>& out);
@@ -85,7 +89,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   held.clear();
   g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
   g_view_op = k.view_outputs != 0;
-  g_wrote_empty = false;
+  g_wrote_empty.clear();
   if (g_inputs || k.view_outputs)
     for (auto& [slot, arg, t, unread] : ins) {
       if (unread) {  // filled without being read (copy_'s destination, out=): what is there is not data
@@ -103,8 +107,9 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
     }
   g_share = g_view_op = false;
   ins.clear();  // its tensors are not held past the op's start
-  pending = Pending{true, h, first, base, g_wrote_empty};
-  g_wrote_empty = false;
+  pending.valid = true, pending.h = h, pending.first = first, pending.base = base;
+  pending.wrote_empty.swap(g_wrote_empty);
+  g_wrote_empty.clear();
 }
 
 // The op wrote its written arguments: counted per storage (g_writes), before their output rows, so
@@ -180,7 +185,7 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
     bool written = slot < 64 && (mutated >> slot) & 1;
-    if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1) || (pending.wrote_empty && written)) {
+    if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1) || (written && held_no_data(pending, t))) {
       empty_row(h, slot, t);
     } else if (k.collective) {
       collective_row(h, slot, t);
