@@ -171,9 +171,8 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
     gave that optimizer (:func:`_handed_scale`)."""
     for call in _calls([r for r in rows if r.get("op") == UNSCALE_RECORD or base_op(r.get("op")) == UNSCALE]):
         record = call[0].get("op") == UNSCALE_RECORD
-        inputs = [r for r in call if r.get("io") in _INPUTS]
-        row = max(inputs, key=lambda r: r.get("slot") or 0, default=None)  # inv_scale: the last argument
-        if row is None or row.get("numel") != 1:
+        row = _inv_scale(call)
+        if row is None:
             continue
         inverse = _number(row)
         if inverse == 1.0:
@@ -211,15 +210,20 @@ def _handed_scale(rows: list[Row]) -> float | None:
     return None
 
 
+def _inv_scale(call: list[Row]) -> Row | None:
+    """An unscale call's one-element ``inv_scale`` input (its last argument), or None."""
+    row = max((r for r in call if r.get("io") in _INPUTS), key=lambda r: r.get("slot") or 0, default=None)
+    return row if row is not None and row.get("numel") == 1 else None
+
+
 def _check_only(call: list[Row]) -> int | None:
     """The ``found_inf`` slot of an unscale call that multiplied the gradients by 1 (a fused
     optimizer's check: its outputs before that slot still carry the scale), else None."""
     op = call[0].get("op")
     if op != UNSCALE_RECORD and base_op(op) != UNSCALE:
         return None
-    inputs = [r for r in call if r.get("io") in _INPUTS]
-    row = max(inputs, key=lambda r: r.get("slot") or 0, default=None)
-    if row is None or row.get("numel") != 1 or _number(row) != 1.0:
+    row = _inv_scale(call)
+    if row is None or _number(row) != 1.0:
         return None
     return 0 if op == UNSCALE_RECORD else (row.get("slot") or 0) - 1
 
@@ -272,21 +276,21 @@ def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, floa
         for row in rows:
             if row.get("phase") == "backward" and row["seq"] < end and _is_float(row):
                 carried.setdefault(_value(row), scale)
-    if checked:  # the scaler only checked the gradients: a fused optimizer reads them scaled
-        params = _fused_params(rows)
-        for row in rows:
-            if row.get("phase") == "optimizer" and _is_float(row) and (row.get("io") == "grad" or _handed(row, params)):
-                carried.setdefault(_value(row), scale)
+    if checked:
+        _handed_gradients(rows, scale, carried)
     return carried
 
 
-def _fused_params(rows: list[Row]) -> dict[Any, int]:
-    """Call seq -> how many parameters a fused optimizer op updates there."""
-    params: dict[Any, int] = {}
+def _handed_gradients(rows: list[Row], scale: float, carried: dict[int, float]) -> None:
+    """The scaler only checked the gradients: the optimizer's reads of them (its records'
+    ``grad`` rows, a fused op's ``grads``) carry the scale."""
+    params: dict[Any, int] = {}  # a fused op's call seq -> how many parameters it updates
     for row in rows:
         if row.get("io") == "param" and base_op(row.get("op")).startswith("_fused_"):
             params[row["seq"]] = params.get(row["seq"], 0) + 1
-    return params
+    for row in rows:
+        if row.get("phase") == "optimizer" and _is_float(row) and (row.get("io") == "grad" or _handed(row, params)):
+            carried.setdefault(_value(row), scale)
 
 
 def _handed(row: Row, params: dict[Any, int]) -> bool:
@@ -302,8 +306,8 @@ def _handed(row: Row, params: dict[Any, int]) -> bool:
 def _output_factor(op: str, factors: list[float]) -> float:
     if op == UNSCALE or op in _CREATORS or op.endswith("_like") or op.startswith("new_") or not factors:
         return 1.0
-    if op.startswith("_fused_"):  # a fused optimizer divides by the grad_scale it is handed
-        return 1.0
+    if op.startswith("_fused_"):  # a fused optimizer divides by the grad_scale it is handed (also
+        return 1.0  # where no optimizer hook marks its phase: a custom optimizer calling it)
     if op in _PRODUCTS:
         return math.prod(factors)
     if op in _QUOTIENTS and len(factors) >= 2:
