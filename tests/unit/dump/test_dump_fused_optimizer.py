@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 
 import opscope  # noqa: E402
 
-
 OPTIMIZERS = {"AdamW": lambda params, fused: torch.optim.AdamW(params, lr=0.05, fused=fused),
               "SGD": lambda params, fused: torch.optim.SGD(params, lr=0.05, momentum=0.9, fused=fused)}
 
