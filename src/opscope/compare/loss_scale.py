@@ -78,6 +78,9 @@ class LossScales:
         if skipped:
             self.skipped.add((side, rank, step))
             self.first_skip.setdefault((side, rank), step)
+            for row in rows:  # a fused optimizer's records of the update it did not make
+                if row.get("phase") == "optimizer":
+                    row.setdefault("after_skip", step)
 
     def notes(self) -> list[str]:
         """One sentence per side and scale, and per side's skipped steps."""
