@@ -173,7 +173,6 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
     gradients for a fused optimizer, which unscales them itself: S is then what the scaler
     gave that optimizer (:func:`_handed_scale`)."""
     for call in _calls([r for r in rows if r.get("op") == UNSCALE_RECORD or base_op(r.get("op")) == UNSCALE]):
-        record = call[0].get("op") == UNSCALE_RECORD
         row = _inv_scale(call)
         if row is None:
             continue
@@ -186,15 +185,15 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
             continue
         if scale is None:
             continue
-        slot = 0 if record else (row.get("slot") or 0) - 1
+        slot = _found_slot(call, row)
         found = [r for r in call if r.get("io") == "output" and r.get("slot") == slot and r.get("numel") == 1]
         if found:
             return scale, (_number(found[0]) or 0.0) > 0
         return scale, _skipped(rows, optimizer_seen)  # (the api level: a call has no outputs)
     for row in rows:  # the api level records no unscale op: GradScaler's scale.double().reciprocal()
-        if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS and row.get("numel") == 1:
-            value = _number(row)
-            if value and value > 1.0 and _power_of_two(value):
+        if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS:
+            value = _scale_value(row)
+            if value is not None:
                 return value, _skipped(rows, optimizer_seen)
     return None, False
 
@@ -205,12 +204,23 @@ def _handed_scale(rows: list[Row]) -> float | None:
     for row in rows:
         op = row.get("op")
         handed = base_op(op).startswith("_fused_") and row.get("arg") == "grad_scale"
-        if (handed or (op == SCALE_RECORD and row.get("slot") == 1)) and row.get("io") in _INPUTS \
-                and row.get("numel") == 1:
-            value = _number(row)
-            if value and value > 1.0 and _power_of_two(value):
+        if (handed or (op == SCALE_RECORD and row.get("slot") == 1)) and row.get("io") in _INPUTS:
+            value = _scale_value(row)
+            if value is not None:
                 return value
     return None
+
+
+def _scale_value(row: Row) -> float | None:
+    """A one-element row holding a loss scale (a power of two above 1), or None."""
+    value = _number(row) if row.get("numel") == 1 else None
+    return value if value and value > 1.0 and _power_of_two(value) else None
+
+
+def _found_slot(call: list[Row], inv_scale: Row) -> int:
+    """The slot of an unscale call's ``found_inf`` output: the argument before ``inv_scale``
+    (a module-level record's only output)."""
+    return 0 if call[0].get("op") == UNSCALE_RECORD else (inv_scale.get("slot") or 0) - 1
 
 
 def _inv_scale(call: list[Row]) -> Row | None:
@@ -228,7 +238,7 @@ def _check_only(call: list[Row]) -> int | None:
     row = _inv_scale(call)
     if row is None or _number(row) != 1.0:
         return None
-    return 0 if op == UNSCALE_RECORD else (row.get("slot") or 0) - 1
+    return _found_slot(call, row)
 
 
 def _skipped(rows: list[Row], optimizer_seen: bool) -> bool:
