@@ -64,3 +64,33 @@ def test_a_fused_step_is_recorded_as_the_same_update_as_the_loop(tmp_path: Path)
     lo = lo[(lo.op == "AdamW.step") & (lo.io == "output")][pick].set_index(["step", "param"]).sort_index()
     assert len(f) == len(lo) == 8
     assert (f - lo).abs().max().max() < 1e-5, (f - lo)
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_every_buffer_a_fused_first_step_fills_is_measured_at_its_next_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """A fused op writes every tensor of its lists: with 24 parameters, SGD's momentum buffers
+    are its written outputs 48 to 71. Those that held no data (``empty_like``'s) are recorded
+    unmeasured, and measured where the next step reads them; the native path marked the
+    outputs past the 64th as not written and measured 64 to 71 on the spot, unlike the rest.
+    Both paths number a list's tensors one after the other (the Python path's inputs went 0, 2,
+    4, ...: the buffers were inputs 48 to 94, and grads too were among 48 and up)."""
+    from opscope.model.records import UNINITIALIZED_NOTE
+
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", backend)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(12)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, fused=True)
+    with opscope.dump(tmp_path / "d", level="aten", steps="0-1") as d:
+        for i in range(2):
+            model(torch.randn(5, 3, generator=torch.Generator().manual_seed(i))).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            d.step()
+    rows = opscope.load(tmp_path / "d").records().to_pandas()
+    fused = rows[rows.op == "aten._fused_sgd_.default"]
+    made = fused[(fused.step == 0) & (fused.io == "output") & (fused.slot >= 48)]
+    assert sorted(made.slot) == list(range(48, 72))
+    assert (made.note == UNINITIALIZED_NOTE).all(), made[made.note != UNINITIALIZED_NOTE].slot.tolist()
+    read = fused[(fused.step == 1) & (fused.io != "output") & (fused.slot >= 48)]
+    assert len(read) == 24 and read["norm"].notna().all() and (read["norm"] > 0).all()

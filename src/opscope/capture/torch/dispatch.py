@@ -111,7 +111,8 @@ def flat_inputs(info: OpInfo, args: tuple[Any, ...],
         elif isinstance(a, (list, tuple)):
             name = names[i] if i < len(names) else None
             flat = [z for y in a for z in (y if isinstance(y, (list, tuple)) else (y,))]
-            out.extend((len(out) + j, name, x) for j, x in enumerate(y for y in flat if isinstance(y, torch.Tensor)))
+            base = len(out)  # (taken once: out grows while the list's tensors are added)
+            out.extend((base + j, name, x) for j, x in enumerate(y for y in flat if isinstance(y, torch.Tensor)))
     for k, v in kwargs.items():
         if isinstance(v, torch.Tensor):
             out.append((len(out), k, v))

@@ -173,18 +173,19 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
     }
   }
   uint64_t mutated = k.written_outputs;
+  bool all_written = false;  // (a fused optimizer writes hundreds: past the mask's 64 slots too)
   if (outs.empty() && !k.written.empty()) {  // _foreach_add_ and friends return nothing
     for (int pos : k.written) {
       if (pos >= static_cast<int>(T.args.size())) continue;
       each_tensor(T.args[pos], [&](const at::Tensor& t) { outs.emplace_back(static_cast<int>(outs.size()), t); });
     }
-    mutated = ~0ull;
+    all_written = true;
   }
   std::vector<Held>& held = kept(t_held);
   g_share = !held.empty(), g_copies = k.copies;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
-    bool written = slot < 64 && (mutated >> slot) & 1;
+    bool written = all_written || (slot < 64 && (mutated >> slot) & 1);
     if (k.uninitialized || (slot < 64 && (k.unfilled >> slot) & 1) || (written && held_no_data(pending, t))) {
       empty_row(h, slot, t);
     } else if (k.collective) {
