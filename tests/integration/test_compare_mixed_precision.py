@@ -12,20 +12,29 @@ from torch import nn  # noqa: E402
 
 import opscope  # noqa: E402
 
+OPTIMIZERS = {"adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+              "sgd_fused": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True)}
+
 
 def _train(path, *, amp: bool, init_scale: float = 2.0**16, bump: float = 0.0, act=nn.functional.gelu,
-           data: str = "statistics", level: str = "aten"):
+           data: str = "statistics", level: str = "aten", optimizer: str = "adamw", edit: float = 0.0,
+           steps: int = 2, backoff: float = 0.5):
+    """``edit``: added to a row of the first weight as step 1 begins (inside the dump).
+    ``backoff``: what a skipped step multiplies the scale by (GradScaler's ``backoff_factor``)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     model[1].forward = act
     with torch.no_grad():
         model[0].weight[0] += bump
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = torch.amp.GradScaler("cpu", enabled=amp, init_scale=init_scale)
+    opt = OPTIMIZERS[optimizer](model.parameters())
+    scaler = torch.amp.GradScaler("cpu", enabled=amp, init_scale=init_scale, backoff_factor=backoff)
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 4, (8,), generator=torch.Generator().manual_seed(2))
-    with opscope.dump(path, steps=[0, 1], level=level, data=data) as d:
-        for _ in range(2):
+    with opscope.dump(path, steps=list(range(steps)), level=level, data=data) as d:
+        for step in range(steps):
+            if edit and step == 1:
+                with torch.no_grad():
+                    model[0].weight[1] += edit
             with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
                 loss = nn.functional.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
@@ -108,3 +117,46 @@ def test_a_step_the_scaler_skipped_is_explained_not_blamed(tmp_path, level):
     assert len(overflowed) >= 1 and (overflowed.step == 0).all()
     behind = pairs[(pairs.step == 1) & pairs.note.fillna("").str.contains("an update behind")]
     assert len(behind) >= 1 and (behind.verdict == "inherits").all()
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
+def test_a_weight_changed_after_a_skip_is_still_found(tmp_path, level):
+    """A skip explains weights an update apart only where one run made that update and the
+    other did not. Both runs skipped step 0 here: a row of a weight changed at step 1 in one of
+    them is a root (at the module level, where no op records the edit, the scaler's ``scale``
+    was named instead). A weight one run sets to NaN after its skip is a root too: a skipped
+    update leaves no NaN (before, the float16 run with a NaN weight was within tolerance of the
+    float32 one, either way round)."""
+    over = {"amp": True, "init_scale": 2.0**40, "level": level}
+    skipped = _train(tmp_path / "skipped", **over)
+    edited = opscope.compare(_train(tmp_path / "edited", **over, edit=0.05), skipped, workers=1)
+    nan = _train(tmp_path / "nan", **over, edit=float("nan"))
+    f32 = _train(tmp_path / "f32", amp=False, level=level)
+    for result in (edited, opscope.compare(nan, f32, workers=1), opscope.compare(f32, nan, workers=1)):
+        first = result.first_divergence
+        assert result.verdict == "diverged" and first is not None, _where(result)
+        assert (first.kind, first.step) == ("root", 1), _where(result)
+        # the edit's own record (aten: its copy_, api: Tensor.__setitem__) or the weight it changed
+        assert first.param == "0.weight" or first.op in ("aten.copy_.default", "Tensor.__setitem__"), _where(result)
+
+
+@pytest.mark.parametrize("level", ["aten", "api", "module"])
+def test_fused_sgd_after_a_skipped_first_step_reads_memory_no_op_wrote(tmp_path, level):
+    """SGD(fused=True) makes its momentum buffers with empty_like and fills them in its first
+    update. GradScaler skipped that update (a scale of 2^40 overflows, then backs off to 2^10),
+    so the second update read uninitialized bytes and the weights took whatever they held (a
+    torch 2.13 bug). The aten level records the buffers and names their read; the api and
+    module levels record only the update and name the first value that goes out of bounds.
+    Before, every level compared within tolerance."""
+    kwargs = {"level": level, "optimizer": "sgd_fused", "steps": 3, "backoff": 2.0**-30}
+    f32 = _train(tmp_path / "f32", amp=False, **kwargs)
+    amp = _train(tmp_path / "amp", amp=True, init_scale=2.0**40, **kwargs)
+    for target, reference, side in ((amp, f32, "target"), (f32, amp, "reference")):
+        result = opscope.compare(target, reference, workers=1)
+        first = result.first_divergence
+        assert result.verdict == "diverged" and first is not None, (side, _where(result))
+        assert any("skipped the optimizer step" in n for n in result.notes), result.notes
+        if level == "aten":
+            assert (first.kind, first.op, first.step) == ("root", "aten._fused_sgd_.default", 1), _where(result)
+            assert f"is, in the {side}, memory no op wrote" in first.note, first.note
+            assert "update of step 0 began" in first.note, first.note

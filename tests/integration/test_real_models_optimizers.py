@@ -28,6 +28,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
+import real_models as rm  # noqa: E402
 from real_models_matrix import expected  # noqa: E402
 from test_real_models import Runs, _culprits  # noqa: E402
 
@@ -75,3 +76,24 @@ def test_a_fused_step_the_scaler_skipped_is_no_culprit_either_way_round(runs: Ru
         result = opscope.compare(target, reference)
         assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
         assert "GradScaler found Inf/NaN gradients in step 0" in " ".join(result.notes), result.notes
+
+
+def test_fused_sgd_reading_the_buffers_a_skipped_first_step_left_is_named(tmp_path: Path) -> None:
+    """T5 under float16 AMP with SGD(fused=True): GradScaler skips the first update (float16
+    overflows at 65536), the fused kernel then writes none of the momentum buffers it made with
+    empty_like, and the second update reads uninitialized bytes (torch 2.13): the loss is NaN a
+    step later. Before, the run compared within tolerance of its float32 run either way round."""
+    spec = {**rm.REFERENCE, "level": "aten", "steps": 3, "optimizer": "sgd_fused"}
+    plain = rm.train("t5", tmp_path / "plain", **spec)
+    amp = tmp_path / "amp"
+    try:
+        rm.train("t5", amp, **spec, autocast="float16")
+    except RuntimeError as e:  # what the bytes held decides whether the loss turns NaN
+        assert "non-finite loss" in str(e), e
+    for target, reference, side in ((amp, plain, "target"), (plain, amp, "reference")):
+        result = opscope.compare(target, reference)
+        first = result.first_divergence
+        assert first is not None and (first.kind, first.op, first.step) == ("root", "aten._fused_sgd_.default", 1), \
+            _culprits(result)
+        assert f"(momentum_buffer_list) of aten._fused_sgd_.default is, in the {side}, memory no op wrote" \
+            in first.note, first.note

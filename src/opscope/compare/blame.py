@@ -142,7 +142,8 @@ def _root(state: VerdictState, pair: Pair, row: dict[str, Any], side: str) -> Fi
     arg = _arg(row)
     what = (f"parameter {row['param']}" if row.get("param")
             else f"{row.get('io')} {row.get('slot')}{arg} of {row.get('op')}")
-    f.note = pair.metrics.get("written_by") or f"{what} already differs at the start of step {row['step']}"
+    f.note = pair.metrics.get("written_by") or (
+        f"{what} {pair.metrics.get('reads') or 'already differs at the start of step ' + str(row['step'])}")
     if not row.get("param") and not is_float(row.get("dtype")) and "." not in str(row.get("op") or ".") \
             and not _trains(state):
         f.note += (": where the step before chose it (the next token of a generation), the choice ran outside "

@@ -22,6 +22,7 @@ from opscope.compare.param_moves import as_step_began
 from opscope.compare.param_reads import written_in_place
 from opscope.compare.state import Node, VerdictState, finite, join, producer_entry, raw_error
 from opscope.compare.tolerance import epsilon
+from opscope.compare.unwritten import unwritten_read
 
 
 def producer_entries(state: VerdictState, node: Node, row: dict[str, Any], own: Pair | None) -> list[Pair]:
@@ -114,6 +115,11 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
                 error: float, tol: float) -> bool:
     t, r = own.rows
     name = row.get("param")
+    unwritten = unwritten_read(t, r)
+    if unwritten:  # optimizer state that a skipped update left as empty_like made it
+        own.note = join(own.note, unwritten)
+        own.metrics["reads"] = unwritten
+        return _root(state, node, row, own, info)
     # no root: the runs part here by design (a skipped update), or a gradient no record made
     # overflowed under the loss scale of a step the scaler skipped (a fused optimizer reads it
     # still, and leaves its parameter as it was); what reads it carries it
@@ -162,6 +168,10 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
             own.status = "passed"
             own.note = join(own.note, "in proportion to the error of the step's recorded gradients")
             return False
+    return _root(state, node, row, own, info)
+
+
+def _root(state: VerdictState, node: Node, row: dict[str, Any], own: Pair, info: dict[str, Any]) -> bool:
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))

@@ -35,6 +35,7 @@ from opscope.compare.pair import Pair, call_key
 from opscope.compare.result import spans
 from opscope.compare.state import join
 from opscope.compare.tolerance import is_float
+from opscope.compare.unwritten import Unwritten
 
 Row = dict[str, Any]
 
@@ -62,6 +63,7 @@ class LossScales:
         self.found: dict[tuple[str, float], set[int]] = {}  # (side, scale) -> steps
         self.skipped: set[tuple[str, int, int]] = set()  # (side, rank, step)
         self.first_skip: dict[tuple[str, int], int] = {}  # (side, rank) -> its first skipped step
+        self.unwritten = Unwritten()  # optimizer state a skipped step left holding no data
 
     def read(self, side: str, rank: int, step: int, rows: list[Row], *, optimizer_seen: bool = True,
              api: bool = False) -> None:
@@ -69,18 +71,24 @@ class LossScales:
         (``optimizer_seen``: the dump records the optimizer phase; ``api``: an api-level dump)."""
         skip = self.first_skip.get((side, rank))
         if skip is not None and step > skip:
+            skips = self._skips(side, rank, step)
             for row in rows:
-                row["after_skip"] = skip
+                row["after_skip"], row["skips"] = skip, skips
         scale, skipped = unscale(rows, optimizer_seen, api)
+        self.unwritten.read(side, rank, rows, step, skipped)
         if scale is None:
             return
         self.found.setdefault((side, scale), set()).add(step)
         if skipped:
             self.skipped.add((side, rank, step))
             self.first_skip.setdefault((side, rank), step)
+            skips = self._skips(side, rank, step + 1)
             for row in rows:  # a fused optimizer's records of the update it did not make
-                if row.get("phase") == "optimizer":
-                    row.setdefault("after_skip", step)
+                if row.get("phase") == "optimizer" and row.get("after_skip") is None:
+                    row["after_skip"], row["skips"] = step, skips
+
+    def _skips(self, side: str, rank: int, before: int) -> tuple[int, ...]:
+        return tuple(sorted(s for x, r, s in self.skipped if x == side and r == rank and s < before))
 
     def notes(self) -> list[str]:
         """One sentence per side and scale, and per side's skipped steps."""
@@ -145,12 +153,20 @@ def overflowed(t: Row, r: Row) -> str | None:
 
 def explained_by_skip(t: Row, r: Row) -> str | None:
     """Why a parameter that differs at a step's start is no root, or an op out of proportion
-    no culprit: a side skipped the update of an earlier step; None otherwise."""
-    for side, row in (("target", t), ("reference", r)):
-        if row.get("after_skip") is not None:
-            return (f"the {side}'s GradScaler skipped the update of step {row['after_skip']}: its "
-                    "weights are an update behind, and what reads them carries that difference")
-    return None
+    no culprit: a side skipped the update of an earlier step that the other made; None
+    otherwise. A value that is Inf or NaN on one side only is never explained so: the update a
+    skip leaves out is finite."""
+    if bool(t.get("inf") or t.get("nan")) != bool(r.get("inf") or r.get("nan")):
+        return None
+    ts, rs = set(t.get("skips") or ()), set(r.get("skips") or ())
+    if ts == rs:  # both skipped the same updates (or neither did)
+        return None
+    side, only = ("target", ts - rs) if ts - rs else ("reference", rs - ts)
+    steps = sorted(only)
+    which, behind = (f"step {steps[0]}", "an update") if len(steps) == 1 else (f"steps {spans(steps)}",
+                                                                             f"{len(steps)} updates")
+    return (f"the {side}'s GradScaler skipped the update of {which}, which the other run made: its "
+            f"weights are {behind} behind, and what reads them carries that difference")
 
 
 def show(scale: float) -> str:
