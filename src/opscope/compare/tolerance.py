@@ -37,6 +37,23 @@ FINITE_MAX: dict[str, float] = {
     "float8_e5m2fnuz": 57344.0,
 }
 
+# The spacing of each format's subnormals (torch.finfo(dtype).smallest_subnormal): below its
+# normal range a cast rounds to that absolute step, whatever the value's size (float16: values
+# under 6e-8 flush to zero).
+SUBNORMAL: dict[str, float] = {"float64": 2.0**-1074, "float32": 2.0**-149, "bfloat16": 2.0**-133,
+                               "float16": 2.0**-24, "float8_e4m3fn": 2.0**-9, "float8_e5m2": 2.0**-16}
+
+
+def subnormal(dtype: str | None) -> float:
+    """The subnormal step of a dtype name (0 for one not listed)."""
+    return SUBNORMAL.get(_base(dtype), 0.0)
+
+
+def cast_floor(dtype: str | None, numel: int) -> float:
+    """The most a cast to ``dtype`` moves ``numel`` elements below its normal range, norm-wise:
+    half a subnormal step each."""
+    return 0.5 * subnormal(dtype) * math.sqrt(max(numel, 0))
+
 
 @dataclass(frozen=True)
 class NoiseModel:
