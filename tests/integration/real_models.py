@@ -57,6 +57,8 @@ OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
     "adamw_fused": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True),
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9),
     "sgd_fused": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True),
+    "adafactor": lambda params: torch.optim.Adafactor(params, lr=1e-2),
+    "rmsprop": lambda params: torch.optim.RMSprop(params, lr=1e-3),
 }
 # ROW 1: ResNet's first bottleneck conv has only 2 output channels
 NORM_EPS, ATTN_SCALE, ROW_DELTA, ROW = 1e-1, 1.5, 0.05, 1

@@ -41,18 +41,20 @@ class Unwritten:
 
     def __init__(self) -> None:
         self.marks: dict[tuple[str, int], dict[Slot, int]] = {}  # -> {(op, call, slot): skipped step}
+        self.last: dict[tuple[str, int], int] = {}  # the step whose marks these are
 
     def read(self, side: str, rank: int, rows: list[Row], step: int, skipped: bool) -> None:
         """Mark the reads of ``rows`` (one side's (rank, step), in step order) that find memory a
-        skipped step left holding no data; ``skipped``: the scaler skipped this step too."""
-        marks = self.marks.get((side, rank), {})
+        skipped step left holding no data; ``skipped``: the scaler skipped this step too. Only
+        the next step's: a step the dump left out may have filled it."""
+        marks = self.marks.pop((side, rank), {}) if self.last.get((side, rank)) == step - 1 else {}
+        self.last[(side, rank)] = step
         inputs = _optimizer_inputs(rows)
         if not skipped:  # the update ran, on what it read, and has written it
             for row in inputs if marks else ():
                 made = marks.get(_slot(row))
                 if made is not None and row.get("producer") is None and row.get("note") != UNINITIALIZED_NOTE:
                     row["unwritten"] = made
-            self.marks.pop((side, rank), None)
             return
         for row in inputs:
             if row.get("note") == UNINITIALIZED_NOTE:
