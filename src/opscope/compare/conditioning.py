@@ -246,13 +246,13 @@ def recurrence(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     return float(frames["shape"][0]) if frames is not None else 1.0
 
 
-@register_condition("rsqrt", "reciprocal", "sqrt", "pow")
+@register_condition("rsqrt", "reciprocal", "sqrt", "pow", "rsqrt_", "reciprocal_", "sqrt_", "pow_")
 def power(inputs: list[Row], out_row: Row, out_norm: float) -> float:
     """y = x^p element by element: |Δy| ≈ |p|·|x|^(p-1)·|Δx|, so relative to ||y|| the input's
     relative error counts |p|·m^(p-1)·||x||/||y|| times, m the smallest |x| where p < 1 (an
     inverse RMS: the rows of smallest variance weigh most in the output, least in the input)
     and the largest where p > 1. An input that crosses zero has no bound: none is given."""
-    p = _POWERS.get(base_op(out_row.get("op"))) or _exponent(out_row)
+    p = _POWERS.get(base_op(out_row.get("op")).rstrip("_")) or _exponent(out_row)  # (in place: rsqrt_)
     x = next((r for r in inputs if r.get("slot") == 0), None)
     if p is None or x is None or out_norm <= 0:
         return 1.0

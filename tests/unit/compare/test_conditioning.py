@@ -235,3 +235,22 @@ def test_log_softmax_backward_bounds_what_its_saved_output_carries() -> None:
     seen = max(rel(backward(g, y + d), out), worst(lambda y_: backward(g, y_), [y], e, rng)) / e
     assert factor * 1.001 >= seen > 1.5, (factor, seen)  # before: 1; (to first order: the bound is reached)
     assert factor < 20 * seen
+
+
+def test_a_power_in_place_is_conditioned_as_the_op_itself() -> None:
+    """Adafactor's update is ``var_estimate.clamp_(min=eps1**2).rsqrt_()``: the smallest
+    variance estimates weigh most in the output. The in-place ``rsqrt_`` had no rule (factor 1),
+    and ResNet under bf16 autocast named it in the optimizer of step 0."""
+    rng = np.random.default_rng(2)
+    v = rng.random(256) ** 6 + 1e-4  # variance estimates, a few near the clamp
+    fn = lambda a: 1.0 / np.sqrt(a)  # noqa: E731
+    out = fn(v)
+    factors = []
+    for op in ("aten.rsqrt.default", "aten.rsqrt_.default", "aten.pow_.Scalar"):
+        x = {**row(op, "input", 0, v), "min": float(v.min()), "max": float(v.max())}
+        y = {**row(op, "output", 0, out), "args": '{"args": [[1, -0.5]], "kwargs": {}}'}
+        factors.append(condition([x], y, float(np.linalg.norm(out))))
+    assert factors[0] == factors[1] == factors[2] > 10, factors
+    e = 1e-6
+    seen = worst(fn, [v], e, rng)
+    assert 3 * e < seen <= factors[0] * e, (seen, factors[0])
