@@ -7,9 +7,10 @@ import math
 from typing import Any
 
 from opscope.compare.align import INPUT_IO, PHASE_ORDER, Pair
+from opscope.compare.call_args import args_note
 from opscope.compare.param_moves import settings_note
 from opscope.compare.result import SUMMARY_METRICS, Finding
-from opscope.compare.state import PAIRED, Node, VerdictState, raw_error
+from opscope.compare.state import PAIRED, Node, VerdictState, join, raw_error
 from opscope.compare.tolerance import is_float
 from opscope.model.calls import draws
 
@@ -76,6 +77,9 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
         f.note = draw_note(out) or f.note
     elif home.get("phase") == "optimizer":  # the learning rate (or other setting) of one run differs
         f.note = settings_note(state, node) or f.note
+    called = args_note(out.t, out.r) if out.t is not None and out.r is not None and out.kind in PAIRED else None
+    if called:  # a bound, an epsilon, a rate: what each run called it with
+        f.note = join(f.note, called)
     if node.graph is not None:  # read from compiled graphs that nothing compared
         side, first = node.graph
         f.module, f.op = first.get("module") or "", first.get("op") or ""
