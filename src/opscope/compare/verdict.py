@@ -241,6 +241,9 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
+            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")) \
+                    and info["decisions"]["first"] is not None:  # read from ops one side ran after a
+                in_error = math.inf  # choice came out otherwise (an expert given other tokens): unknown
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
