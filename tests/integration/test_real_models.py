@@ -69,11 +69,12 @@ class Runs:
 # What both runs of a pair do besides the plain loop: dropout on (every nn.Dropout at 0.1),
 # Hugging Face's Trainer defaults (gradients clipped to norm 1.0) with the batch split in
 # two micro-batches (gradient accumulation), or AdamW as GPUs run it (over _foreach_ ops, or
-# fused), or SGD with momentum (test_real_models_optimizers.py).
+# fused), SGD with momentum, Adafactor or RMSprop (test_real_models_optimizers.py).
 RECIPES: dict[str, dict[str, Any]] = {"": {}, "dropout": {"dropout": 0.1},
                                       "trainer": {"clip": 1.0, "accumulate": 2},
                                       "foreach": {"optimizer": "adamw_foreach"}, "fused": {"optimizer": "adamw_fused"},
-                                      "sgd": {"optimizer": "sgd"}}
+                                      "sgd": {"optimizer": "sgd"}, "adafactor": {"optimizer": "adafactor"},
+                                      "rmsprop": {"optimizer": "rmsprop"}}
 
 
 @pytest.fixture(scope="session")

@@ -115,3 +115,30 @@ def test_sgd_under_float16_amp_is_clean_with_either_run_as_the_reference(runs: R
     pairs = result.pairs
     below = pairs[(pairs.step == 1) & pairs.note.fillna("").str.contains("float16 cast's rounding of values below")]
     assert len(below) >= 2 and below.param.str.contains("bias").all(), below[["param", "error"]]
+
+
+def test_adafactor_in_bfloat16_is_told_apart_by_its_dtype_constant(runs: Runs) -> None:
+    """Adafactor clamps its variance estimates at ``eps1``, which defaults to the dtype's
+    epsilon: a bf16 model clamps at 0.0078 where the float32 run clamps at 1.2e-7, and the
+    updates part there by design. The clamp is the culprit, and the note says why: the two
+    runs called it with each dtype's constant. Under bf16 autocast the optimizer runs in
+    float32 on both sides: ResNet's ``rsqrt_`` of the variance estimates magnifies their
+    rounding where they are smallest, as ``rsqrt`` does (it was named: the in-place op had no
+    conditioning rule)."""
+    result = runs.compare("gpt2", "bf16_model", "statistics", "aten", recipe="adafactor")
+    first = result.first_divergence
+    assert first is not None and (first.op, first.phase, first.step) == ("aten.clamp_.default", "optimizer", 0), \
+        _culprits(result)
+    assert "(finfo(bfloat16).eps) in the target" in first.note and "(finfo(float32).eps) in the reference" \
+        in first.note, first.note
+    result = runs.compare("resnet", "bf16_autocast", "statistics", "aten", recipe="adafactor")
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+
+
+def test_an_expert_given_other_tokens_after_a_near_tie_is_no_culprit(runs: Runs) -> None:
+    """Mixtral under float16 AMP, trained with RMSprop: at step 1 the router's top-k meets a near
+    tie and sends other tokens to an expert. That expert's ops run on other rows on each side
+    (unpaired), and a ``split`` of its output paired by position was named a culprit though
+    what it read has no partner."""
+    result = runs.compare("mixtral", "fp16_amp", "statistics", "aten", recipe="rmsprop")
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
