@@ -77,8 +77,8 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
         f.note = draw_note(out) or f.note
     elif home.get("phase") == "optimizer":  # the learning rate (or other setting) of one run differs
         f.note = settings_note(state, node) or f.note
-    called = args_note(out.t, out.r) if out.t is not None and out.r is not None and out.kind in PAIRED else None
-    if called:  # a bound, an epsilon, a rate: what each run called it with
+    called = _called(state, node, out)
+    if called:  # a bound, an epsilon, a rate: what each run called it (or what made its input) with
         f.note = join(f.note, called)
     if node.graph is not None:  # read from compiled graphs that nothing compared
         side, first = node.graph
@@ -102,6 +102,25 @@ def _culprit(state: VerdictState, node: Node) -> Finding:
             f.note = f"{f.note}; {recompute_note(home, out.side)}"
         f.outputs = [_tensor(home, out)]
     return f
+
+
+def _called(state: VerdictState, node: Node, out: Pair) -> str | None:
+    """The numbers the two runs called the culprit with, where they differ; else those of an op
+    that made one of its inputs and passed within proportion (the float32 run as the target
+    measures Adafactor's clamp at a bf16 epsilon as 0.95 off, and names the div_ it feeds)."""
+    if out.t is not None and out.r is not None and out.kind in PAIRED:
+        said = args_note(out.t, out.r)
+        if said:
+            return said
+    for row in node.rows:
+        if row.get("io") not in INPUT_IO or row.get("producer") is None:
+            continue
+        made = state.entry.get((node.side, node.rank, node.step, row["producer"]))
+        if made is not None and made.t is not None and made.r is not None and made.kind in PAIRED:
+            said = args_note(made.t, made.r)
+            if said:
+                return f"its input {row.get('slot')} was made by {made.t.get('op')}, and {said}"
+    return None
 
 
 def recompute_note(row: dict[str, Any], side: str) -> str:
