@@ -145,7 +145,9 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
         own.note = join(own.note, skip)
         return True
     explained = not info["first"] and (
-        info["tainted_before"]
+        # (a step apart by a skipped update is no cause of a NaN: only a root, a culprit, or a
+        # NaN or Inf that failed before, is)
+        (info["tainted_before"] and (info["found"] or not _one_sided_nonfinite(t, r)))
         or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))
         # a buffer the forward updates (batch norm's running statistics) carries the noise of
         # the previous step that computed it
@@ -192,8 +194,12 @@ def _root(state: VerdictState, node: Node, row: dict[str, Any], own: Pair, info:
     own.status, own.verdict = "failed", "root"
     state.tainted.add(id(own))
     state.roots.append((own, row, node.side))
-    info["tainted"] = True  # the step diverged here, also where what reads it stays within tolerance
+    info["tainted"] = info["found"] = True  # the step diverged here, also where what reads it stays within tolerance
     return True
+
+
+def _one_sided_nonfinite(t: dict[str, Any], r: dict[str, Any]) -> bool:
+    return bool(t.get("inf") or t.get("nan")) != bool(r.get("inf") or r.get("nan"))
 
 
 def one_sided_writer(state: VerdictState, node: Node, own: Pair) -> tuple[str, dict[str, Any]] | None:

@@ -164,6 +164,8 @@ def judge(state: VerdictState) -> None:
             error = max(in_error, finite_or_inf(raw_error(through))) if through else in_error
             taint = in_taint or (through is not None and id(through) in state.tainted)
             _judge_output(state, node, out, error, taint, floor)
+            info["found"] = info["found"] or out.verdict == "culprit" or (out.status == "failed" and bool(
+                out.metrics.get("nan_mismatch") or out.metrics.get("inf_mismatch")))  # (a root: inputs._root)
             carried.remember(info, out)
             if not (info["tainted"] or info["tainted_before"]):  # after a divergence: its consequence
                 carried.count_decision(state, node, out, info["decisions"])
@@ -198,7 +200,7 @@ def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
     """Per-rank memory across steps: was anything tainted before, and parameter errors."""
     info = {"step": node.step, "tainted": False, "param_error": {}, "seen": {}, "noise": 0.0,
             "first": last is None, "tainted_before": False, "prev_param_error": {}, "prev_noise": 0.0,
-            "made": {}, "prev_made": {}, "decisions": {"first": None, "more": 0},
+            "made": {}, "prev_made": {}, "decisions": {"first": None, "more": 0}, "found": bool(last and last["found"]),
             "moves": Moves() if last is None else last["moves"].next_step()}
     if last is not None:
         info["prev_made"], info["decisions"] = last["made"], last["decisions"]
@@ -211,7 +213,7 @@ def _new_step(node: Node, last: dict[str, Any] | None) -> dict[str, Any]:
 
 def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tuple[float, bool, float]:
     """Largest input error, whether any input carries a divergence, smallest input norm."""
-    in_error, taint, floor = 0.0, False, math.inf
+    in_error, taint, floor, unknown, known = 0.0, False, math.inf, 0.0, False
     for row in node.rows:
         if row.get("io") not in INPUT_IO:
             continue
@@ -241,9 +243,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
-            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")) \
-                    and info["decisions"]["first"] is not None:  # read from ops one side ran after a
-                in_error = math.inf  # choice came out otherwise (an expert given other tokens): unknown
+            if (own is None or own.status == "unpaired") and is_float(row.get("dtype")):
+                unknown = max(unknown, state.noise.tolerance(row.get("dtype")))
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
@@ -265,7 +266,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if frees_reader(row, measured, error):  # indices, masks, counts that differ
             error = math.inf
         if is_float(row.get("dtype")) or error > 0:
-            in_error = max(in_error, finite_or_inf(error))
+            in_error, known = max(in_error, finite_or_inf(error)), known or is_float(row.get("dtype"))
         if measured.mode == "statistics" and not measured.metrics.get("bit_exact"):
             node.spread_n = max(node.spread_n, int(row.get("numel") or 0))
         # (no floor from a tensor holding Infs: its "norm" is an element's scale, metrics._norm_or_bound)
@@ -275,7 +276,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         taint = taint or tainted
         if own is not None and not own.status:
             set_input_status(state, own, tainted)
-    return in_error, taint, (floor if math.isfinite(floor) else 0.0)
+    # every float input from ops only one side ran (an expert given other tokens): each within tolerance
+    return (unknown if unknown and not known else in_error), taint, (floor if math.isfinite(floor) else 0.0)
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
