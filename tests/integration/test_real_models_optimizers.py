@@ -131,6 +131,13 @@ def test_adafactor_in_bfloat16_is_told_apart_by_its_dtype_constant(runs: Runs) -
         _culprits(result)
     assert "(finfo(bfloat16).eps) in the target" in first.note and "(finfo(float32).eps) in the reference" \
         in first.note, first.note
+    # the other way round the clamp is 0.95 off (against the bf16 value) and passes as in
+    # proportion: the div_ it feeds is named, with what made its input
+    result = opscope.compare(runs.dump("gpt2", "reference", "statistics", "aten", recipe="adafactor"),
+                             runs.dump("gpt2", "bf16_model", "statistics", "aten", recipe="adafactor"))
+    first = result.first_divergence
+    assert first is not None and (first.phase, first.step) == ("optimizer", 0), _culprits(result)
+    assert "(finfo(float32).eps) in the target" in first.note, first.note
     result = runs.compare("resnet", "bf16_autocast", "statistics", "aten", recipe="adafactor")
     assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
 
@@ -139,6 +146,30 @@ def test_an_expert_given_other_tokens_after_a_near_tie_is_no_culprit(runs: Runs)
     """Mixtral under float16 AMP, trained with RMSprop: at step 1 the router's top-k meets a near
     tie and sends other tokens to an expert. That expert's ops run on other rows on each side
     (unpaired), and a ``split`` of its output paired by position was named a culprit though
-    what it read has no partner."""
+    what it read has no partner. So was a ``view`` that read only what eager attention's
+    backward made, against SDPA's backward (RMSprop, ViT, the SDPA run as the reference)."""
     result = runs.compare("mixtral", "fp16_amp", "statistics", "aten", recipe="rmsprop")
     assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+    # likewise a view in the backward of ViT's eager attention, where the reference ran SDPA's
+    result = opscope.compare(runs.dump("vit", "reference", "statistics", "aten", recipe="rmsprop"),
+                             runs.dump("vit", "sdpa", "statistics", "aten", recipe="rmsprop"))
+    assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+
+
+def test_a_weight_turned_nan_after_a_skipped_step_is_a_root_at_the_module_level(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5 under float16 AMP with fused AdamW: GradScaler skips step 0, and a row of a weight is
+    set to NaN as step 1 begins (outside any module, so no record makes it). The skipped update
+    tainted step 0 (the runs are an update apart) and the NaN weight was read as inheriting
+    that: the NaN run compared within tolerance of the float32 one. A skip leaves no NaN."""
+    monkeypatch.setattr(rm, "ROW_DELTA", float("nan"))
+    spec = {**rm.REFERENCE, "level": "module", "steps": 2, "optimizer": "adamw_fused"}
+    plain = rm.train("t5", tmp_path / "plain", **spec)
+    nan = tmp_path / "nan"
+    with pytest.raises(RuntimeError, match="non-finite loss"):
+        rm.train("t5", nan, **spec, autocast="float16", fault="weight_row", fault_at=1)
+    for target, reference in ((nan, plain), (plain, nan)):
+        result = opscope.compare(target, reference)
+        first = result.first_divergence
+        assert first is not None and (first.kind, first.step, first.param) == (
+            "root", 1, rm.ALL_FAMILIES["t5"].weight), _culprits(result)
