@@ -244,7 +244,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
             if (own is None or own.status == "unpaired") and is_float(row.get("dtype")):
-                unknown = max(unknown, state.noise.tolerance(row.get("dtype")))
+                unknown = max(unknown, state.noise.tolerance(str(row.get("dtype"))))
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
