@@ -243,7 +243,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
-            if (own is None or own.status == "unpaired") and is_float(row.get("dtype")):
+            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")):
                 unknown = max(unknown, state.noise.tolerance(str(row.get("dtype"))))
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
@@ -277,7 +277,8 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if own is not None and not own.status:
             set_input_status(state, own, tainted)
     # every float input from ops only one side ran (an expert given other tokens): each within tolerance
-    return (unknown if unknown and not known else in_error), taint, (floor if math.isfinite(floor) else 0.0)
+    in_error = unknown if unknown and not known and not in_error else in_error
+    return in_error, taint, (floor if math.isfinite(floor) else 0.0)
 
 
 def _passed_through(state: VerdictState, node: Node, out: Pair) -> Pair | None:
