@@ -37,7 +37,11 @@ def _key(row: dict[str, Any] | None) -> Key | None:
 
 
 def remember(info: dict[str, Any], out: Pair) -> None:
-    """Keep a judged output that differs beyond its tolerance for the next step's leaves."""
+    """Keep a judged output that differs beyond its tolerance for the next step's leaves; and
+    whether the rank has a divergence that can explain a NaN a later step reads (``found``: a
+    culprit, or a NaN or Inf on one side that failed; a root: inputs._root)."""
+    info["found"] = info["found"] or out.verdict == "culprit" or (out.status == "failed" and bool(
+        out.metrics.get("nan_mismatch") or out.metrics.get("inf_mismatch")))
     if out.status == "failed" or not out.error > out.tolerance:
         return  # a divergence carries on anyway (tainted_before); within tolerance needs nothing
     kt, kr = _key(out.t), _key(out.r)

@@ -164,8 +164,6 @@ def judge(state: VerdictState) -> None:
             error = max(in_error, finite_or_inf(raw_error(through))) if through else in_error
             taint = in_taint or (through is not None and id(through) in state.tainted)
             _judge_output(state, node, out, error, taint, floor)
-            info["found"] = info["found"] or out.verdict == "culprit" or (out.status == "failed" and bool(
-                out.metrics.get("nan_mismatch") or out.metrics.get("inf_mismatch")))  # (a root: inputs._root)
             carried.remember(info, out)
             if not (info["tainted"] or info["tainted_before"]):  # after a divergence: its consequence
                 carried.count_decision(state, node, out, info["decisions"])
