@@ -241,8 +241,9 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
-            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")):
-                unknown = max(unknown, state.noise.tolerance(str(row.get("dtype"))))
+            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")):  # either run's dtype
+                unknown = max([unknown, *(state.noise.tolerance(str(x.get("dtype"))) for o in node.outputs
+                                          for x in (row, *o.rows) if x is not None)])
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
@@ -274,8 +275,7 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         taint = taint or tainted
         if own is not None and not own.status:
             set_input_status(state, own, tainted)
-    # every float input from ops only one side ran (an expert given other tokens): each within tolerance
-    in_error = unknown if unknown and not known and not in_error else in_error
+    in_error = unknown if unknown and not known and not in_error else in_error  # all from ops one side ran
     return in_error, taint, (floor if math.isfinite(floor) else 0.0)
 
 
