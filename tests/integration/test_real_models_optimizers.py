@@ -176,3 +176,15 @@ def test_a_weight_turned_nan_after_a_skipped_step_is_a_root_at_the_module_level(
         first = result.first_divergence
         assert first is not None and (first.kind, first.step, first.param) == (
             "root", 1, rm.ALL_FAMILIES["t5"].weight), _culprits(result)
+
+
+def test_a_swapped_activation_in_the_float16_reference_is_still_named(runs: Runs) -> None:
+    """With the faulty float16 run as the reference, the clean run's activation is ops the
+    reference does not run: its last op reads only those. Judged as if they were off by the
+    float16 tolerance (the lower dtype of the two runs), GPT-2's swapped activation passed;
+    by its own dtype's, it is named."""
+    result = opscope.compare(runs.dump("gpt2", "reference", "statistics", "aten", recipe="sgd"),
+                             runs.dump("gpt2", "fp16_amp+act", "statistics", "aten", recipe="sgd"))
+    first = result.first_divergence
+    assert first is not None and (first.kind, first.module) == ("culprit", rm.ALL_FAMILIES["gpt2"].act), \
+        _culprits(result)
