@@ -241,9 +241,9 @@ def _judge_inputs(state: VerdictState, node: Node, info: dict[str, Any]) -> tupl
         if measured is None:
             if info["tainted"] and is_float(row.get("dtype")):  # unknown, in a step already diverged
                 in_error, taint = math.inf, True
-            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")):  # unknown after a
-                unknown = max(unknown, math.inf if info["decisions"]["first"] is not None  # choice came out
-                              else state.noise.tolerance(str(row.get("dtype"))))  # otherwise, else within tolerance
+            elif (own is None or own.status == "unpaired") and is_float(row.get("dtype")) and not has_graphs(state):
+                unknown = max(unknown, math.inf if info["decisions"]["first"] is not None  # after a choice came
+                              else state.noise.tolerance(str(row.get("dtype"))))  # out otherwise (graphs: below)
             continue
         tainted = any(id(p) in state.tainted for p in [measured, *producers])
         made = made_by(state, node, row) if own is not None and own.metrics else None
