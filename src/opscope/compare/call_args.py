@@ -14,10 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from opscope.compare.tolerance import EPSILON
-
-# the smallest normal number of each format (torch.finfo(dtype).tiny)
-_TINY = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
+from opscope.compare.tolerance import epsilon, tiny
 
 
 def _scalars(row: dict[str, Any] | None) -> dict[str, float]:
@@ -44,11 +41,10 @@ def _number(value: Any) -> bool:
 
 def dtype_constant(value: float, dtype: str | None) -> str | None:
     """``finfo(bfloat16).eps`` (or its square, or ``.tiny``) where ``value`` is that of ``dtype``."""
-    name = str(dtype or "").replace("torch.", "")
-    eps, tiny = EPSILON.get(name), _TINY.get(name)
-    for constant, said in ((eps, "eps"), (eps * eps if eps else None, "eps²"), (tiny, "tiny")):
+    eps = epsilon(dtype)
+    for constant, said in ((eps, "eps"), (eps * eps, "eps²"), (tiny(dtype), "tiny")):
         if constant and value == constant:
-            return f"finfo({name}).{said}"
+            return f"finfo({str(dtype).replace('torch.', '')}).{said}"
     return None
 
 

@@ -17,7 +17,7 @@ from opscope.compare.carried import made_before
 from opscope.compare.flow import CASTS, PASS_THROUGH, base_op
 from opscope.compare.graphs import has_graphs, made_floor
 from opscope.compare.internal import backward_known, module_gradient_error
-from opscope.compare.loss_scale import explained_by_skip, overflowed
+from opscope.compare.loss_scale import explained_by_skip, one_sided_nonfinite, overflowed
 from opscope.compare.param_moves import as_step_began
 from opscope.compare.param_reads import written_in_place
 from opscope.compare.state import Node, VerdictState, finite, join, producer_entry, raw_error
@@ -147,7 +147,7 @@ def _first_read(state: VerdictState, node: Node, row: dict[str, Any], own: Pair,
     explained = not info["first"] and (
         # (a step apart by a skipped update is no cause of a NaN: only a root, a culprit, or a
         # NaN or Inf that failed before, is)
-        (info["tainted_before"] and (info["found"] or not _one_sided_nonfinite(t, r)))
+        (info["tainted_before"] and (info["found"] or not one_sided_nonfinite(t, r)))
         or (name and error <= max(tol, state.noise.ratio * info["prev_param_error"].get(name, -1.0)))
         # a buffer the forward updates (batch norm's running statistics) carries the noise of
         # the previous step that computed it
@@ -196,10 +196,6 @@ def _root(state: VerdictState, node: Node, row: dict[str, Any], own: Pair, info:
     state.roots.append((own, row, node.side))
     info["tainted"] = info["found"] = True  # the step diverged here, also where what reads it stays within tolerance
     return True
-
-
-def _one_sided_nonfinite(t: dict[str, Any], r: dict[str, Any]) -> bool:
-    return bool(t.get("inf") or t.get("nan")) != bool(r.get("inf") or r.get("nan"))
 
 
 def one_sided_writer(state: VerdictState, node: Node, own: Pair) -> tuple[str, dict[str, Any]] | None:

@@ -31,7 +31,7 @@ import math
 from typing import Any
 
 from opscope.compare.flow import base_op
-from opscope.compare.pair import Pair, call_key
+from opscope.compare.pair import INPUT_IO, Pair, call_key
 from opscope.compare.result import spans
 from opscope.compare.state import join
 from opscope.compare.tolerance import is_float
@@ -46,7 +46,6 @@ _PRODUCTS = frozenset({"mul", "mul_", "mm", "bmm", "matmul", "mv", "dot", "outer
 _QUOTIENTS = frozenset({"div", "div_"})
 _CREATORS = frozenset({"full", "zeros", "ones", "empty", "scalar_tensor", "arange", "empty_strided"})
 _STATS = ("mean", "std", "norm", "min", "max", "absmax")
-_INPUTS = ("input", "param", "grad")
 
 
 class LossScales:
@@ -55,25 +54,23 @@ class LossScales:
     A step whose unscale op found an Inf or NaN gradient was skipped by the scaler (no
     optimizer step, a smaller scale next): its values that overflowed under the scale are no
     culprits (``overflowed``). From the next step on, that side's weights are an update behind
-    the other's: every row of those steps gets ``after_skip``, a parameter that differs there
-    is no root (:func:`explained_by_skip`) and an op out of proportion inherits (no culprit can
-    be told from the skipped update)."""
+    the other's: every row of those steps gets ``skips`` (the side's skipped steps before it),
+    and where the other side did not skip the same ones a parameter that differs there is no
+    root (:func:`explained_by_skip`) and an op out of proportion inherits (no culprit can be
+    told from the skipped update)."""
 
     def __init__(self) -> None:
         self.found: dict[tuple[str, float], set[int]] = {}  # (side, scale) -> steps
         self.skipped: set[tuple[str, int, int]] = set()  # (side, rank, step)
-        self.first_skip: dict[tuple[str, int], int] = {}  # (side, rank) -> its first skipped step
         self.unwritten = Unwritten()  # optimizer state a skipped step left holding no data
 
     def read(self, side: str, rank: int, step: int, rows: list[Row], *, optimizer_seen: bool = True,
              api: bool = False) -> None:
         """Divide the values of this side's (rank, step) that carry its loss scale
         (``optimizer_seen``: the dump records the optimizer phase; ``api``: an api-level dump)."""
-        skip = self.first_skip.get((side, rank))
-        if skip is not None and step > skip:
-            skips = self._skips(side, rank, step)
-            for row in rows:
-                row["after_skip"], row["skips"] = skip, skips
+        skips = self._skips(side, rank, step)
+        for row in rows if skips else ():
+            row["skips"] = skips
         scale, skipped = unscale(rows, optimizer_seen, api)
         self.unwritten.read(side, rank, rows, step, skipped)
         if scale is None:
@@ -81,11 +78,9 @@ class LossScales:
         self.found.setdefault((side, scale), set()).add(step)
         if skipped:
             self.skipped.add((side, rank, step))
-            self.first_skip.setdefault((side, rank), step)
-            skips = self._skips(side, rank, step + 1)
             for row in rows:  # a fused optimizer's records of the update it did not make
-                if row.get("phase") == "optimizer" and row.get("after_skip") is None:
-                    row["after_skip"], row["skips"] = step, skips
+                if row.get("phase") == "optimizer" and "skips" not in row:
+                    row["skips"] = (step,)
 
     def _skips(self, side: str, rank: int, before: int) -> tuple[int, ...]:
         return tuple(sorted(s for x, r, s in self.skipped if x == side and r == rank and s < before))
@@ -156,7 +151,7 @@ def explained_by_skip(t: Row, r: Row) -> str | None:
     no culprit: a side skipped the update of an earlier step that the other made; None
     otherwise. A value that is Inf or NaN on one side only is never explained so: the update a
     skip leaves out is finite."""
-    if bool(t.get("inf") or t.get("nan")) != bool(r.get("inf") or r.get("nan")):
+    if one_sided_nonfinite(t, r):
         return None
     ts, rs = set(t.get("skips") or ()), set(r.get("skips") or ())
     if ts == rs:  # both skipped the same updates (or neither did)
@@ -167,6 +162,11 @@ def explained_by_skip(t: Row, r: Row) -> str | None:
                                                                              f"{len(steps)} updates")
     return (f"the {side}'s GradScaler skipped the update of {which}, which the other run made: its "
             f"weights are {behind} behind, and what reads them carries that difference")
+
+
+def one_sided_nonfinite(t: Row, r: Row) -> bool:
+    """Does one side hold an Inf or NaN where the other holds none?"""
+    return bool(t.get("inf") or t.get("nan")) != bool(r.get("inf") or r.get("nan"))
 
 
 def show(scale: float) -> str:
@@ -207,7 +207,7 @@ def _scale(rows: list[Row], optimizer_seen: bool = True) -> tuple[float | None, 
             return scale, (_number(found[0]) or 0.0) > 0
         return scale, _skipped(rows, optimizer_seen)  # (the api level: a call has no outputs)
     for row in rows:  # the api level records no unscale op: GradScaler's scale.double().reciprocal()
-        if base_op(row.get("op")) == "reciprocal" and row.get("io") in _INPUTS:
+        if base_op(row.get("op")) == "reciprocal" and row.get("io") in INPUT_IO:
             value = _scale_value(row)
             if value is not None:
                 return value, _skipped(rows, optimizer_seen)
@@ -220,7 +220,7 @@ def _handed_scale(rows: list[Row]) -> float | None:
     for row in rows:
         op = row.get("op")
         handed = base_op(op).startswith("_fused_") and row.get("arg") == "grad_scale"
-        if (handed or (op == SCALE_RECORD and row.get("slot") == 1)) and row.get("io") in _INPUTS:
+        if (handed or (op == SCALE_RECORD and row.get("slot") == 1)) and row.get("io") in INPUT_IO:
             value = _scale_value(row)
             if value is not None:
                 return value
@@ -241,7 +241,7 @@ def _found_slot(call: list[Row], inv_scale: Row) -> int:
 
 def _inv_scale(call: list[Row]) -> Row | None:
     """An unscale call's one-element ``inv_scale`` input (its last argument), or None."""
-    row = max((r for r in call if r.get("io") in _INPUTS), key=lambda r: r.get("slot") or 0, default=None)
+    row = max((r for r in call if r.get("io") in INPUT_IO), key=lambda r: r.get("slot") or 0, default=None)
     return row if row is not None and row.get("numel") == 1 else None
 
 
@@ -264,7 +264,7 @@ def _skipped(rows: list[Row], optimizer_seen: bool) -> bool:
     0 from before the check there, so the optimizer's absence also counts)."""
     if optimizer_seen and not any(r.get("phase") == "optimizer" for r in rows):
         return True
-    return any(base_op(r.get("op")) == UPDATE and r.get("io") in _INPUTS and r.get("slot") == 2
+    return any(base_op(r.get("op")) == UPDATE and r.get("io") in INPUT_IO and r.get("slot") == 2
                and r.get("numel") == 1 and (_number(r) or 0.0) > 0 for r in rows)
 
 
@@ -278,7 +278,7 @@ def _carried(rows: list[Row], scale: float, api: bool = False) -> dict[int, floa
     carried: dict[int, float] = {}
     checked = False
     for call in _calls(rows):
-        inputs = [r for r in call if r.get("io") in _INPUTS]
+        inputs = [r for r in call if r.get("io") in INPUT_IO]
         if api and call[0].get("phase") == "backward":
             for row in inputs:
                 if row.get("producer") is None and _is_float(row):
@@ -325,7 +325,7 @@ def _handed_gradients(rows: list[Row], scale: float, carried: dict[int, float]) 
 def _handed(row: Row, params: dict[Any, int]) -> bool:
     """Is ``row`` a gradient a fused optimizer op reads (``grads``, its second list: at the api
     level, where positional tensors have no argument name, the slots after its parameters)?"""
-    if row.get("io") not in _INPUTS or row["seq"] not in params:
+    if row.get("io") not in INPUT_IO or row["seq"] not in params:
         return False
     if row.get("arg") is not None:
         return row.get("arg") == "grads"
@@ -354,7 +354,7 @@ def _calls(rows: list[Row]) -> list[list[Row]]:
 
 
 def _value(row: Row) -> int:
-    producer = row.get("producer") if row.get("io") in _INPUTS else None
+    producer = row.get("producer") if row.get("io") in INPUT_IO else None
     return int(row["id"] if producer is None else producer)
 
 

@@ -44,6 +44,15 @@ SUBNORMAL: dict[str, float] = {"float64": 2.0**-1074, "float32": 2.0**-149, "bfl
                                "float16": 2.0**-24, "float8_e4m3fn": 2.0**-9, "float8_e5m2": 2.0**-16}
 
 
+# the smallest normal number of each format (torch.finfo(dtype).tiny)
+TINY: dict[str, float] = {"float64": 2.0**-1022, "float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
+
+
+def tiny(dtype: str | None) -> float:
+    """The smallest normal number of a dtype name (0 for one not listed)."""
+    return TINY.get(_base(dtype), 0.0)
+
+
 def subnormal(dtype: str | None) -> float:
     """The subnormal step of a dtype name (0 for one not listed)."""
     return SUBNORMAL.get(_base(dtype), 0.0)

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from opscope.compare.pair import INPUT_IO
 from opscope.model.records import UNINITIALIZED_NOTE
 
 Row = dict[str, Any]
 Slot = tuple[Any, Any, Any]  # (op, call, slot)
-_INPUTS = ("input", "param", "grad")
 
 
 def _slot(row: Row) -> Slot:
@@ -33,7 +33,7 @@ def _slot(row: Row) -> Slot:
 
 
 def _optimizer_inputs(rows: list[Row]) -> list[Row]:
-    return [r for r in rows if r.get("phase") == "optimizer" and r.get("io") in _INPUTS]
+    return [r for r in rows if r.get("phase") == "optimizer" and r.get("io") in INPUT_IO]
 
 
 class Unwritten:
