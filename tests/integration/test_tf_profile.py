@@ -236,6 +236,11 @@ def test_phase_marks_agree_with_tensorflows_own_op_trace(runs) -> None:
     share: dict[tuple[str, str], float] = {}
     for op in ops:
         name = op["name"]
+        if name.endswith(":ReadVariableOp"):
+            # a weight's read depends on nothing the forward_start mark orders: TensorFlow's
+            # executor may run it as the step begins, before the mark (up to 10% of this small
+            # model's forward time on a loaded machine, in no phase)
+            continue
         kind = (
             "backward"
             if name.startswith("gradient_tape/")
