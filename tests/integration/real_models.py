@@ -119,7 +119,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
           data: str = "statistics", fault: str | None = None, seed: int = 0,
           dtype: str = "float32", dropout: float = 0.0, clip: float | None = None,
           accumulate: int = 1, checkpointing: bool | str = False, fault_at: int = 0,
-          optimizer: str = "adamw") -> Path:
+          optimizer: str = "adamw", pad: str | None = None) -> Path:
     """Build ``family`` from seed, train ``steps`` AdamW steps under opscope.dump, return the dump.
 
     ``dtype`` other than float32 casts the model (after a fault went in) and the batch's
@@ -138,6 +138,8 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
     ``optimizer``: a key of ``OPTIMIZERS`` (AdamW as CPUs run it by default, one parameter at a
     time; ``adamw_foreach`` as GPUs do, ``_foreach_`` ops over every parameter; ``adamw_fused``
     one op for the whole update; ``sgd``: momentum 0.9, ``sgd_fused`` the same fused).
+    ``pad``: "right" or "left" pads the batch's texts as a tokenizer pads texts of unequal
+    length (``padded``); families that read no ``input_ids`` train as without it.
 
     The losses and the run's wall time go to ``PATH.run.json`` (``run_record``).
     """
@@ -158,7 +160,7 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
                                                "preserve_rng_state": checkpointing != "no_rng"})
     model.to(getattr(torch, dtype))
     batch = {k: v.to(getattr(torch, dtype)) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-             for k, v in fam.batch(torch.Generator().manual_seed(seed)).items()}
+             for k, v in padded(fam.batch(torch.Generator().manual_seed(seed)), pad).items()}
     opt = OPTIMIZERS[optimizer](model.parameters())
     # compile=True: backend="eager" (every aten op recorded); a name: that backend
     runner = torch.compile(model, backend="eager" if compile is True else compile) if compile else model
@@ -197,6 +199,23 @@ def train(family: str, path: Path, *, steps: int = 3, attn: str = "eager", autoc
         "family": family, "losses": [v.hex() for v in values], "seconds": round(seconds, 3)}))
     print(f"[real_models] {Path(path).name}: {seconds:.2f}s", file=sys.stderr)
     return Path(path)
+
+
+def padded(batch: dict[str, Any], side: str | None) -> dict[str, Any]:
+    """``batch`` as a tokenizer pads texts of unequal length on ``side``: row i keeps SEQ - 3i
+    tokens, the rest are the pad token (0), masked out by an ``attention_mask`` and, where the
+    labels follow the input, left out of the loss (-100). ``side`` None: the batch as it is."""
+    ids = batch.get("input_ids")
+    if side is None or ids is None:
+        return batch
+    rows, seq = ids.shape
+    keep = torch.tensor([seq - 3 * i for i in range(rows)])[:, None]
+    pos = torch.arange(seq)[None]
+    real = pos < keep if side == "right" else pos >= seq - keep
+    out = {**batch, "input_ids": ids.masked_fill(~real, 0), "attention_mask": real.long()}
+    if batch["labels"].shape == ids.shape:
+        out["labels"] = batch["labels"].masked_fill(~real, -100)
+    return out
 
 
 def _micro_batches(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor]]:

@@ -69,12 +69,14 @@ class Runs:
 # What both runs of a pair do besides the plain loop: dropout on (every nn.Dropout at 0.1),
 # Hugging Face's Trainer defaults (gradients clipped to norm 1.0) with the batch split in
 # two micro-batches (gradient accumulation), or AdamW as GPUs run it (over _foreach_ ops, or
-# fused), SGD with momentum, Adafactor or RMSprop (test_real_models_optimizers.py).
+# fused), SGD with momentum, Adafactor or RMSprop (test_real_models_optimizers.py), or texts
+# padded as a tokenizer pads them (test_real_models_padding.py).
 RECIPES: dict[str, dict[str, Any]] = {"": {}, "dropout": {"dropout": 0.1},
                                       "trainer": {"clip": 1.0, "accumulate": 2},
                                       "foreach": {"optimizer": "adamw_foreach"}, "fused": {"optimizer": "adamw_fused"},
                                       "sgd": {"optimizer": "sgd"}, "adafactor": {"optimizer": "adafactor"},
-                                      "rmsprop": {"optimizer": "rmsprop"}}
+                                      "rmsprop": {"optimizer": "rmsprop"},
+                                      "left_pad": {"pad": "left"}, "right_pad": {"pad": "right"}}
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opscope.compare import carried, crossframework, loss_scale, measure, param_moves
+from opscope.compare import carried, crossframework, loss_scale, masked_rows, measure, param_moves
 from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
@@ -96,6 +96,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     result.notes += carried.notes(run.previous, (t_dump, r_dump))
     result.notes += param_moves.notes(run.previous)
     result.notes += run.notes
+    masked_rows.explain(result.culprits, (t_dump, r_dump), noise.ratio)
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:
         finish(result, CompareInputs(t_dump, r_dump, noise))

@@ -282,7 +282,6 @@ class Dump:
         for shard in self._shards.values():
             shard.close()
         self._shards.clear()
-        self._shards.clear()
 
 
 def place_view(base: np.ndarray, geometry: dict[str, Any]) -> np.ndarray:
