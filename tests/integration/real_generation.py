@@ -30,16 +30,17 @@ SEARCHES: dict[str, dict[str, Any]] = {
     "penalty": {"repetition_penalty": 1.3, "no_repeat_ngram_size": 2}}
 
 
-def prompt(family: str) -> dict[str, torch.Tensor]:
-    """The family's training batch without its labels: the prompt (or the encoder input)."""
-    batch = rm.ALL_FAMILIES[family].batch(torch.Generator().manual_seed(0))
+def prompt(family: str, pad: str | None = None) -> dict[str, torch.Tensor]:
+    """The family's training batch without its labels: the prompt (or the encoder input),
+    padded on the ``pad`` side as real_models.padded pads it (batched generation pads left)."""
+    batch = rm.padded(rm.ALL_FAMILIES[family].batch(torch.Generator().manual_seed(0)), pad)
     batch.pop("labels", None)
     return batch
 
 
 def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str = "float32",
              attn: str = "eager", fault: str | None = None, data: str = "statistics",
-             search: str = "greedy") -> list[list[int]]:
+             search: str = "greedy", pad: str | None = None) -> list[list[int]]:
     """Build ``family`` (seed 0), generate NEW tokens (greedy unless ``search``), dumped to ``path``
     (None: no dump).
 
@@ -47,8 +48,8 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     times 1.5 in the decoding steps only). ``search``: a key of SEARCHES (beam search writes its
     running sequences a column at a time through views and reorders the cache by beam;
     sampling draws from the processed logits, seeded; the repetition penalty and the n-gram
-    ban process the logits in place). Returns the generated ids, also written to
-    ``PATH.run.json``."""
+    ban process the logits in place). ``pad``: the prompts padded on that side (``prompt``).
+    Returns the generated ids, also written to ``PATH.run.json``."""
     import opscope
 
     fam = rm.ALL_FAMILIES[family]
@@ -59,7 +60,7 @@ def generate(family: str, path: Path | None, *, level: str = "aten", dtype: str 
     elif fault:
         rm.inject(model, family, fault)
     model.to(getattr(torch, dtype))
-    batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in prompt(family).items()}
+    batch = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in prompt(family, pad).items()}
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -2,7 +2,7 @@
 should be (docs/compare.md, Real models, "Text generation").
 
 ``python tests/integration/real_generation_matrix.py OUT [--levels aten,api,module]
-[--families gpt2,llama] [--variants same,bf16]`` generates into OUT and prints a line per case
+[--families gpt2,llama] [--variants same,bf16] [--pad left]`` generates into OUT and prints a line per case
 (``OK`` / ``BAD``) and the tally; exit 1 if any case is not as expected. The 189 cases (six
 decoders and two encoder-decoders) take about 6 minutes on two cores.
 """
@@ -54,18 +54,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--levels", default="aten,api,module")
     parser.add_argument("--families", default=",".join((*rg.DECODERS, *rg.DECODER_ATTENTION)))
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--pad", default=None, help="pad the prompts on this side (left, right)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     tally = {"OK": 0, "BAD": 0}
     for level in args.levels.split(","):
         for family in args.families.split(","):
             ref = args.out / f"{family}-{level}-reference"
-            ref_ids = rg.generate(family, ref, level=level)
+            ref_ids = rg.generate(family, ref, level=level, pad=args.pad)
             for variant in args.variants.split(","):
                 if variant == "sdpa" and not rm.ALL_FAMILIES[family].sdpa:
                     continue
                 path = args.out / f"{family}-{level}-{variant}"
-                ids = rg.generate(family, path, level=level, **KWARGS.get(variant, {"fault": variant}))
+                ids = rg.generate(family, path, level=level, pad=args.pad, **KWARGS.get(variant, {"fault": variant}))
                 result = opscope.compare(path, ref)
                 apart = rg.first_step_apart(ids, ref_ids, family)
                 mark = "OK" if expected(result, family, variant, level, apart) else "BAD"

@@ -78,3 +78,16 @@ def test_padding_that_leaves_every_query_a_key_keeps_eager_and_sdpa_within_toler
     assert int((padded["attention_mask"] == 0).sum()) == PADS  # the batch is padded indeed
     result = runs.compare(family, "sdpa", "statistics", recipe=recipe)
     assert result.verdict == "within_tolerance" and not result.culprits, _culprits(result)
+
+
+def test_generation_from_left_padded_prompts_under_sdpa_and_eager_names_the_empty_rows(tmp_path: Path) -> None:
+    """Batched generation pads its prompts on the left. The tokens come out the same (no real
+    position reads a pad), but the prompt's step differs in the pads' rows: named, and said."""
+    import real_generation as rg
+
+    ids = {attn: rg.generate("gpt2", tmp_path / attn, attn=attn, data="tensor", pad="left")
+           for attn in ("eager", "sdpa")}
+    assert ids["eager"] == ids["sdpa"]
+    first = opscope.compare(tmp_path / "sdpa", tmp_path / "eager").first_divergence
+    assert first is not None and (first.module, first.step) == ("transformer.h.0.attn", 0), first
+    assert f"only the {PADS * HEADS['gpt2']} of" in first.note and "one attention implementation" in first.note

@@ -29,7 +29,8 @@ MASK_ARGS = frozenset({"attn_mask", "attention_mask"})
 SIDES = ("target", "reference")
 FILL = -1e4  # at or below this, an additive mask's entry hides its key (finfo.min, -inf, -10000)
 HIDES = ("What follows from these rows can hide a difference downstream: to judge the rest, compare "
-         "runs whose batches are padded on the right (a causal mask then leaves no query without a key)")
+         "runs that fill them alike (one attention implementation on both sides) or whose batches are "
+         "padded on the right (a causal mask then leaves no query without a key)")
 Rows = dict[tuple[str, int, int], list[dict[str, Any]]]
 
 
