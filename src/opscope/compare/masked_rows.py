@@ -31,6 +31,7 @@ FILL = -1e4  # at or below this, an additive mask's entry hides its key (finfo.m
 HIDES = ("What follows from these rows can hide a difference downstream: to judge the rest, compare "
          "runs that fill them alike (one attention implementation on both sides) or whose batches are "
          "padded on the right (a causal mask then leaves no query without a key)")
+LOOKED = 64  # attention culprits looked at, at most (each reads its step's records on both sides)
 Rows = dict[tuple[str, int, int], list[dict[str, Any]]]
 
 
@@ -38,11 +39,14 @@ def explain(culprits: list[Any], dumps: tuple[Any, Any], ratio: float) -> None:
     """Add to each culprit that read an attention mask the rows that mask leaves empty, where
     the culprit differs only there. ``ratio``: the noise model's input-to-output allowance."""
     cache: Rows = {}
-    for f in culprits:
-        if f.kind == "culprit" and f.outputs and _reads_attention(f):
-            said = _note(f, dict(zip(SIDES, dumps, strict=True)), cache, ratio)
-            if said:
-                f.note = join(f.note, said)
+    looked = sorted((f for f in culprits if f.kind == "culprit" and f.outputs and _reads_attention(f)),
+                    key=lambda f: (f.rank, f.step))
+    for f in looked[:LOOKED]:
+        if not any(key[1:] == (f.rank, f.step) for key in cache):
+            cache.clear()  # one partition's records held at a time
+        said = _note(f, dict(zip(SIDES, dumps, strict=True)), cache, ratio)
+        if said:
+            f.note = join(f.note, said)
 
 
 def _reads_attention(f: Any) -> bool:
