@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opscope.compare import carried, crossframework, loss_scale, masked_rows, measure, param_moves
+from opscope.compare import carried, crossframework, decisions, loss_scale, masked_rows, measure, param_moves
 from opscope.compare.align import Pair, align_partition, rename_target
 from opscope.compare.blame import execution_order
 from opscope.compare.crossframework import dump_level, is_cross, manifest_warnings
@@ -84,7 +84,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
             if sum(len(part) for _, _, part in window) >= WINDOW_PAIRS:
                 run.run_window(window)
         run.run_window(window)
-    findings = run.close()
+    findings, decided = decisions.settle(run.close(), (t_dump, r_dump))
     problems = _unique([*t_dump.problems, *r_dump.problems, *problems, *run.problems])
     counts = run.counts
     measured = counts["identical"] + counts["passed"] + counts["failed"]
@@ -95,7 +95,7 @@ def compare(target: str | os.PathLike | Any, reference: str | os.PathLike | Any,
     result.notes += scales.notes()
     result.notes += carried.notes(run.previous, (t_dump, r_dump))
     result.notes += param_moves.notes(run.previous)
-    result.notes += run.notes
+    result.notes += run.notes + decided
     masked_rows.explain(result.culprits, (t_dump, r_dump), noise.ratio)
     passes = [result_pass("replay", replay)] if replay else []
     for finish in [*passes, *then]:

@@ -1,0 +1,105 @@
+"""An activation's backward whose mask came out otherwise where the forward sat at its threshold.
+
+ReLU's backward (``threshold_backward``: the gradient where the forward's input is above the
+threshold, zero elsewhere) is exact, but what it keeps is a decision: an element of the
+forward that one run rounds to just above zero and the other to zero or below (a float16 run
+against a float32 one: T5's feed-forward under float16 AMP, 3.4e-5 in float32 and 0 in
+float16) keeps its whole gradient in one run and drops it in the other. One such element of
+2048 moved T5's output by 3.4% where the rest agreed within 6e-4, and the op was named a
+culprit. Statistics cannot tell that apart from a wrong op; the full tensors can.
+
+:func:`settle` looks again at each such culprit where both dumps hold its tensors. It is no
+culprit when, on each side, the output is exactly the gradient kept where that side's
+forward is above the threshold (the op did what it should), both sides were called with one
+threshold, the forward's values agreed within tolerance, and every element whose decision
+differs sits within four root-mean-square differences of the two runs' forward values from
+the threshold (one corrupted element is not such a difference). Such a
+finding leaves the culprits for a note that says so; the pairs table keeps its own verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from opscope.compare.flow import base_op
+
+GATES = frozenset({"threshold_backward"})  # out = grad_output where self > threshold, else 0
+SIDES = ("target", "reference")
+SPREAD = 4.0  # a decision flips within this many root-mean-square differences of the forward's values
+
+
+def settle(findings: list[Any], dumps: tuple[Any, Any]) -> tuple[list[Any], list[str]]:
+    """(the findings still culprits or roots, a note for each that was a decision instead)."""
+    kept, notes = [], []
+    for f in findings:
+        said = _decision(f, dict(zip(SIDES, dumps, strict=True))) if _gate(f) else None
+        if said:
+            notes.append(said)
+        else:
+            kept.append(f)
+    return kept, notes
+
+
+def _gate(f: Any) -> bool:
+    forward = [i for i in f.inputs if i.get("slot") == 1]  # the forward's values (self)
+    return (f.kind == "culprit" and f.side == "both" and base_op(f.op) in GATES and len(forward) == 1
+            and forward[0].get("status") in ("identical", "passed"))
+
+
+def _call(dump: Any, rank: int, step: int, seq: int | None) -> dict[tuple[str, int], dict[str, Any]]:
+    import pyarrow.compute as pc
+
+    if seq is None:
+        return {}
+    table = dump.records(rank=rank, step=step)
+    rows = table.filter(pc.equal(table["seq"], seq)).to_pylist()
+    return {(row["io"], row["slot"]): row for row in rows}
+
+
+def _threshold(row: dict[str, Any]) -> float | None:
+    try:
+        args = json.loads(row.get("args") or "{}")
+        given = dict((int(k), v) for k, v in args.get("args") or [])
+        value = given.get(2, (args.get("kwargs") or {}).get("threshold"))
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _decision(f: Any, dumps: dict[str, Any]) -> str | None:
+    arrays, thresholds = {}, set()
+    for side in SIDES:
+        call = _call(dumps[side], f.rank, f.step, (f.calls.get(side) or {}).get("seq"))
+        rows = [row for key in (("input", 0), ("input", 1), ("output", 0)) if (row := call.get(key)) is not None]
+        if len(rows) < 3 or not all(row.get("data") for row in rows):
+            return None
+        try:
+            arrays[side] = [np.asarray(dumps[side].row_tensor(row), np.float64) for row in rows]
+        except (OSError, KeyError, ValueError):
+            return None
+        thresholds.add(_threshold(rows[2]))
+    threshold = thresholds.pop() if len(thresholds) == 1 else None
+    return None if threshold is None else _flips(f, arrays, threshold)
+
+
+def _flips(f: Any, arrays: dict[str, list[np.ndarray]], threshold: float) -> str | None:
+    (g_t, x_t, out_t), (g_r, x_r, out_r) = arrays["target"], arrays["reference"]
+    if not x_t.shape == x_r.shape == out_t.shape == out_r.shape:
+        return None
+    for g, x, out in ((g_t, x_t, out_t), (g_r, x_r, out_r)):
+        if not np.array_equal(out, np.where(x > threshold, g, 0.0)):
+            return None  # the op did not keep exactly the gradient its own forward asks for
+    flipped = (x_t > threshold) != (x_r > threshold)
+    apart = np.abs(x_t - x_r)
+    within = SPREAD * float(np.sqrt(np.mean(apart**2)))  # the runs' typical difference, not one outlier's
+    if not flipped.any() or not np.all(np.abs(x_r - threshold)[flipped] <= within):
+        return None
+    return (f"rank {f.rank} step {f.step}: {f.op} in {f.module or '(top level)'} ({f.phase}) is no culprit: "
+            f"it kept the gradient otherwise at {int(flipped.sum())} of {flipped.size} elements, where the "
+            f"forward's values sit at the threshold {threshold:g} within the two runs' difference (at most "
+            f"{float(np.abs(x_r - threshold)[flipped].max()):.3g} from it, the runs {within / SPREAD:.3g} apart "
+            f"root mean square); each run's output is exactly its gradient where its own forward is above the "
+            f"threshold, so one run keeps a gradient there that the other drops, a decision of the rounding")
