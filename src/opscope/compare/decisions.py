@@ -28,14 +28,17 @@ from opscope.compare.flow import base_op
 
 GATES = frozenset({"threshold_backward"})  # out = grad_output where self > threshold, else 0
 SIDES = ("target", "reference")
+LOOKED = 64  # such culprits looked at, at most (each reads its call's records and tensors)
 SPREAD = 4.0  # a decision flips within this many root-mean-square differences of the forward's values
 
 
 def settle(findings: list[Any], dumps: tuple[Any, Any]) -> tuple[list[Any], list[str]]:
     """(the findings still culprits or roots, a note for each that was a decision instead)."""
-    kept, notes = [], []
+    kept, notes, looked = [], [], 0
     for f in findings:
-        said = _decision(f, dict(zip(SIDES, dumps, strict=True))) if _gate(f) else None
+        gate = _gate(f) and looked < LOOKED
+        looked += gate
+        said = _decision(f, dict(zip(SIDES, dumps, strict=True))) if gate else None
         if said:
             notes.append(said)
         else:
@@ -45,8 +48,8 @@ def settle(findings: list[Any], dumps: tuple[Any, Any]) -> tuple[list[Any], list
 
 def _gate(f: Any) -> bool:
     forward = [i for i in f.inputs if i.get("slot") == 1]  # the forward's values (self)
-    return (f.kind == "culprit" and f.side == "both" and base_op(f.op) in GATES and len(forward) == 1
-            and forward[0].get("status") in ("identical", "passed"))
+    return (f.kind == "culprit" and f.side == "both" and f.metrics.get("mode") == "tensor"
+            and base_op(f.op) in GATES and len(forward) == 1 and forward[0].get("status") in ("identical", "passed"))
 
 
 def _call(dump: Any, rank: int, step: int, seq: int | None) -> dict[tuple[str, int], dict[str, Any]]:
