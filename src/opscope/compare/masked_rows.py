@@ -90,7 +90,7 @@ def _mask_of(row: dict[str, Any], f: Any, side: str) -> bool:
 def _compared(rows: list[dict[str, Any]], f: Any, side: str) -> dict[str, Any] | None:
     """The record of one side that the culprit's worst tensor was measured from."""
     seq = (f.calls.get(side) or {}).get("seq")
-    out = f.outputs[0]
+    out = next((o for o in f.outputs if (o.get("io"), o.get("slot")) == (f.io, f.slot)), f.outputs[0])
     mine = [row for row in rows if row.get("seq") == seq and row.get("io") == out.get("io")]
     for row in mine:
         if row.get("slot") == out.get("slot"):
