@@ -22,10 +22,15 @@ VARIANTS = ("same", "bf16", "sdpa", *rm.FAULTS, "decode_scale")
 KWARGS: dict[str, dict[str, Any]] = {"same": {}, "bf16": {"dtype": "bfloat16"}, "sdpa": {"attn": "sdpa"}}
 
 
-def expected(result: Any, family: str, variant: str, level: str, apart: int | None) -> bool:
-    """Is this verdict the right one for the case?"""
+def expected(result: Any, family: str, variant: str, level: str, apart: int | None,
+             pad: str | None = None) -> bool:
+    """Is this verdict the right one for the case (``pad``: the prompts' padding)?"""
     first = result.first_divergence
     choices = [n for n in result.notes if "chose differently" in n]
+    if pad == "left" and variant == "sdpa" and first is not None and "without any key" in first.note:
+        # the left pads' rows, filled by each attention's convention (compare/masked_rows.py):
+        # the prompt's step, while the tokens agree
+        return apart is None and (first.kind, first.step) == ("culprit", 0)
     if variant == "same":
         return bool(result.verdict == "identical")
     if variant in ("bf16", "sdpa"):
@@ -69,7 +74,7 @@ def main(argv: list[str]) -> int:
                 ids = rg.generate(family, path, level=level, pad=args.pad, **KWARGS.get(variant, {"fault": variant}))
                 result = opscope.compare(path, ref)
                 apart = rg.first_step_apart(ids, ref_ids, family)
-                mark = "OK" if expected(result, family, variant, level, apart) else "BAD"
+                mark = "OK" if expected(result, family, variant, level, apart, args.pad) else "BAD"
                 tally[mark] += 1
                 first = result.first_divergence
                 found = first and (first.kind, first.step, first.module or "(top level)", first.op)

@@ -213,8 +213,9 @@ def padded(batch: dict[str, Any], side: str | None) -> dict[str, Any]:
     pos = torch.arange(seq)[None]
     real = pos < keep if side == "right" else pos >= seq - keep
     out = {**batch, "input_ids": ids.masked_fill(~real, 0), "attention_mask": real.long()}
-    if batch["labels"].shape == ids.shape:
-        out["labels"] = batch["labels"].masked_fill(~real, -100)
+    labels = batch.get("labels")
+    if labels is not None and labels.shape == ids.shape:
+        out["labels"] = labels.masked_fill(~real, -100)
     return out
 
 
