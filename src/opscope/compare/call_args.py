@@ -17,7 +17,7 @@ from typing import Any
 from opscope.compare.tolerance import epsilon, tiny
 
 
-def _scalars(row: dict[str, Any] | None) -> dict[str, float]:
+def scalars(row: dict[str, Any] | None) -> dict[str, float]:
     """The call's numeric arguments by position ("1") or keyword ("min")."""
     try:
         args = json.loads((row or {}).get("args") or "{}")
@@ -50,7 +50,7 @@ def dtype_constant(value: float, dtype: str | None) -> str | None:
 
 def args_note(t: dict[str, Any] | None, r: dict[str, Any] | None) -> str | None:
     """The arguments a call's two sides (rows ``t`` and ``r``) differ in, or None."""
-    ts, rs = _scalars(t), _scalars(r)
+    ts, rs = scalars(t), scalars(r)
     differ = [k for k in sorted(set(ts) & set(rs)) if ts[k] != rs[k]]
     if not differ:
         return None

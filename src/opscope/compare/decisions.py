@@ -19,15 +19,15 @@ finding leaves the culprits for a note that says so; the pairs table keeps its o
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
+from opscope.compare.call_args import scalars
 from opscope.compare.flow import base_op
+from opscope.compare.pair import SIDES
 
 GATES = frozenset({"threshold_backward"})  # out = grad_output where self > threshold, else 0
-SIDES = ("target", "reference")
 LOOKED = 64  # such culprits looked at, at most (each reads its call's records and tensors)
 SPREAD = 4.0  # a decision flips within this many root-mean-square differences of the forward's values
 
@@ -63,13 +63,9 @@ def _call(dump: Any, rank: int, step: int, seq: int | None) -> dict[tuple[str, i
 
 
 def _threshold(row: dict[str, Any]) -> float | None:
-    try:
-        args = json.loads(row.get("args") or "{}")
-        given = dict((int(k), v) for k, v in args.get("args") or [])
-        value = given.get(2, (args.get("kwargs") or {}).get("threshold"))
-    except (ValueError, TypeError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    """The threshold the call was given (argument 2, or the keyword)."""
+    given = scalars(row)
+    return given.get("2", given.get("threshold"))
 
 
 def _decision(f: Any, dumps: dict[str, Any]) -> str | None:

@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from opscope.compare.pair import SIDES
 from opscope.compare.state import join
 
 MASK_ARGS = frozenset({"attn_mask", "attention_mask"})
-SIDES = ("target", "reference")
 FILL = -1e4  # at or below this, an additive mask's entry hides its key (finfo.min, -inf, -10000)
 HIDES = ("What follows from these rows can hide a difference downstream: to judge the rest, compare "
          "runs that fill them alike (one attention implementation on both sides) or whose batches are "

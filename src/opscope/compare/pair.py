@@ -12,6 +12,7 @@ from opscope.config import PHASES
 # checkpointing) runs inside the backward, so its records order with the backward's by seq
 PHASE_ORDER = {phase: i for i, phase in enumerate(PHASES)} | {"recompute": PHASES.index("backward")}
 INPUT_IO = ("input", "param", "grad")
+SIDES = ("target", "reference")  # the two dumps of a comparison, in the order they are given
 
 
 @dataclass(slots=True)  # one per tensor pair: no __dict__ each (~100 bytes less a pair)
