@@ -10,6 +10,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from opscope.model.records import COL
 
@@ -64,6 +65,13 @@ def geometry(t: torch.Tensor) -> tuple[Any, ...]:
         return (t.data_ptr() - offset * t.element_size(), offset, tuple(t.shape), t.stride(), t.dtype)
     except (RuntimeError, NotImplementedError):
         return (id(t),)
+
+
+def _on_storage(ref: StorageWeakRef | None, t: torch.Tensor) -> bool:
+    """Is ``t``'s storage the one ``ref`` holds weakly? (The weak reference keeps that
+    storage's address from being taken by another while it is held.)"""
+    storage = storage_of(t)
+    return ref is not None and storage is not None and storage._cdata == ref.cdata
 
 
 def grad_fn_of(t: torch.Tensor) -> Any:
@@ -121,6 +129,8 @@ class DataFlow:
         entry = self.same(t, version_of(t))
         if entry is None and self.views:
             entry = self.entries.get(geometry(t))
+            if entry is not None and not _on_storage(entry[5], t):
+                return None  # another storage that took the recorded one's freed memory
         return entry
 
     def stale(self, t: torch.Tensor) -> list[Any] | None:
@@ -132,9 +142,10 @@ class DataFlow:
     def register(self, t: torch.Tensor, row: list[Any], version: int, pname: str | None,
                  view: bool = False) -> None:
         self.entries[id(t)] = [weakref.ref(t), row, version, pname, False, self.writes_to(t)]
-        if view:  # the storage reference keeps its memory from being reused within the step
+        if view:  # its storage held weakly: no other storage takes its address, its memory is freed as without us
             key = geometry(t)
-            self.entries[key] = [None, row, version, pname, False, storage_of(t)]
+            storage = storage_of(t)
+            self.entries[key] = [None, row, version, pname, False, None if storage is None else StorageWeakRef(storage)]
             self.views.setdefault(key[0], []).append(key)
 
     def wrote_through(self, view: torch.Tensor, row: list[Any], version: int) -> None:

@@ -60,8 +60,16 @@ struct Flow {
   size_t row;
   int64_t version;
   int param;
-  c10::Storage keep;  // views: keeps the memory from being reused within the step
+  // views (keyed by their data's address and geometry): their storage, held weakly, so that no
+  // other storage takes its address while the step runs and its memory is freed as without the dump
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storage;
   int64_t writes = 0;  // in-place calls seen writing its storage by then (g_writes)
+
+  // Is `t`'s storage the one this view was recorded on? (Its data's address alone may be a new
+  // storage's, once the recorded one freed its memory.)
+  bool on_storage_of(const at::Tensor& t) const {
+    return storage && storage->_unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+  }
 };
 
 // Where a tensor's elements are: a place (a storage's base, or a version counter), a start
@@ -344,7 +352,7 @@ int64_t writes_to(const at::Tensor& t) {
 void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bool view) {
   int64_t writes = writes_to(t);
   Flow f{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(t.getIntrusivePtr()), row, version,
-         param, c10::Storage(), writes};
+         param, std::nullopt, writes};
   flow[reinterpret_cast<intptr_t>(t.unsafeGetTensorImpl())] = f;
   if (auto k = shared_key(t)) {
     auto* target = reinterpret_cast<c10::intrusive_ptr_target*>(k->place);  // the version counter
@@ -355,7 +363,7 @@ void record_flow(const at::Tensor& t, size_t row, int64_t version, int param, bo
   if (view) {
     auto g = geometry(t);
     if (!g) return;
-    Flow v{std::nullopt, row, version, param, t.storage()};
+    Flow v{std::nullopt, row, version, param, t.storage().getWeakStorageImpl()};
     views[g->place].push_back(*g);
     geo[*g] = std::move(v);
   }
@@ -378,7 +386,7 @@ const Flow* find_flow(const at::Tensor& t) {
     if (si != shared.end() && !si->second.keep.expired() && si->second.version == version_of(t) &&
         si->second.writes == writes_to(t)) {
       static Flow found;  // (under mu)
-      found = Flow{std::nullopt, si->second.row, si->second.version, si->second.param, c10::Storage()};
+      found = Flow{std::nullopt, si->second.row, si->second.version, si->second.param, std::nullopt};
       return &found;
     }
   }
@@ -386,7 +394,7 @@ const Flow* find_flow(const at::Tensor& t) {
     auto g = geometry(t);
     if (g) {
       auto gi = geo.find(*g);
-      if (gi != geo.end()) return &gi->second;
+      if (gi != geo.end() && gi->second.on_storage_of(t)) return &gi->second;
     }
   }
   return nullptr;
