@@ -17,8 +17,10 @@ _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
 # Ops whose output holds their first input's values (_unsafe_view: its very memory, undeclared
 # as a view): where both lie contiguously in memory with the same dtype, the output's bytes are
 # the input's and the native dump takes its statistics from the input's row instead of reading
-# it again.
+# it again. Those that copy the elements in their logical order (_COPIES_ELEMENTS) do so for
+# any strides, where the input's row was measured on elements in that order.
 _COPIES = frozenset(("clone", "_to_copy", "_unsafe_view"))
+_COPIES_ELEMENTS = frozenset(("clone", "_to_copy"))
 
 
 def _arg_kind(type_name: str) -> int:
@@ -81,6 +83,7 @@ def classify_op(qualname: str) -> dict[str, Any] | None:
             "select": kind.select, "skip": kind.skip, "additive": base_name(kind.name) in ADDITIVE,
             "written": written, "view_outputs": view_outputs, "written_outputs": written_outputs,
             "uninitialized": info.uninitialized, "copies": base_name(kind.name) in _COPIES,
+            "copies_elements": base_name(kind.name) in _COPIES_ELEMENTS,
             "unread": tuple(i for i, a in enumerate(func._schema.arguments)
                             if a.name in info.unread or (i == 0 and overwrites_first(kind.name))),
             "collective": info.collective, "unfilled": info.unfilled,

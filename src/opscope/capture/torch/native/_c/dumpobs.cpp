@@ -51,6 +51,9 @@ struct Row {
   int64_t key = -1;           // id of the row whose tensor (key r<id>) holds its data
   int64_t same = -1;          // an earlier row holding the very same bytes: its statistics, nothing else
   uint8_t marks = 0;          // NODATA, VIEW_READ (carried along links)
+  // a view's row holding its base's statistics, whose elements may lie in another row-major
+  // order than the view's (a transpose's): its copies are read (own_order)
+  bool reordered = false;
   double st[6];
   unsigned long long cnt[4];  // nan, inf, zeros, hash
 };

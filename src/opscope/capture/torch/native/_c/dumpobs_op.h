@@ -88,6 +88,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
   std::vector<Held>& held = kept(t_held);
   held.clear();
   g_share = k.copies && !h.data && !g_probe && !g_route_slow && k.written.empty();
+  g_elements = k.copies_elements;
   g_view_op = k.view_outputs != 0;
   g_wrote_empty.clear();
   if (g_inputs || k.view_outputs)
@@ -102,7 +103,7 @@ void before_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
       hold_input(held, r, t, slot == 0);
       if (first < 0 && r >= 0) {
         first = r;
-        if (h.place && k.view_outputs) base = base_of(t);
+        if (k.view_outputs) base = base_of(t);  // (its order, for views' rows; with h.place, its geometry)
       }
     }
   g_share = g_view_op = false;
@@ -182,7 +183,7 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
     all_written = true;
   }
   std::vector<Held>& held = kept(t_held);
-  g_share = !held.empty(), g_copies = k.copies;
+  g_share = !held.empty(), g_copies = k.copies, g_elements = k.copies_elements;
   for (auto& [slot, t] : outs) {
     bool is_view = slot < 64 && (k.view_outputs >> slot) & 1;
     bool written = all_written || (slot < 64 && (mutated >> slot) & 1);
@@ -194,7 +195,7 @@ void on_op(Thread& T, const at::RecordFunction& fn, const OpKind& k) {
       output_row(h, slot, t, is_view ? first : -1, written, &pending.base);
     }
   }
-  g_share = g_copies = false;
+  g_share = g_copies = g_elements = false;
   held.clear();
   // what it wrote unmarked (batch norm's running statistics) follows its outputs, as on the Python
   // path: their next use links to these rows (their version did not move)

@@ -18,21 +18,47 @@ struct Held {
   bool first;  // the op's first tensor input (what a copying op copies)
 };
 thread_local std::vector<Held> t_held;
-bool g_share = false, g_copies = false;  // (under mu) set within a before_op or an on_op
+// (under mu) set within a before_op or an on_op; g_elements: the op copies its first input's
+// elements in their logical order (clone, _to_copy), whatever the strides of either
+bool g_share = false, g_copies = false, g_elements = false;
+
+bool kernel_reads(const at::Tensor& t) {  // measured by the kernel, its elements in row-major order
+  return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
+         !wrapper_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0;
+}
 
 bool plain_bytes(const at::Tensor& t) {  // read by the kernel as it lies in memory
-  return t.is_cpu() && t.layout() == at::kStrided && !t.is_complex() && !t.is_conj() && !t.is_neg() &&
-         !wrapper_tensor(t) && code_of(t.scalar_type()) >= 0 && t.numel() > 0 && t.is_contiguous();
+  return kernel_reads(t) && t.is_contiguous();
+}
+
+// Were row `i`'s statistics taken of its tensor's own elements in their row-major order (read
+// from it, from the very same tensor, or from a copy of its elements), not from the base of a
+// view (whose row-major order may be another: a transpose's)? Sums and hash follow that order.
+bool own_order(size_t i) {
+  for (;;) {
+    const Row& r = rows[i];
+    if (r.link >= 0) {
+      if (r.reordered) return false;
+      i = static_cast<size_t>(r.link);
+    } else if (r.same >= 0) {
+      i = static_cast<size_t>(r.same);
+    } else {
+      return r.stats == HAVE;
+    }
+  }
 }
 
 void hold_input(std::vector<Held>& held, int64_t row, const at::Tensor& t, bool first) {
-  if (g_share && first && row >= 0 && plain_bytes(t))
+  if (!g_share || !first || row < 0 || !own_order(static_cast<size_t>(row))) return;
+  // clone and _to_copy copy the elements of an input of any strides, _unsafe_view its memory
+  if (g_elements ? kernel_reads(t) : plain_bytes(t))
     held.push_back(Held{row, t.numel(), static_cast<int8_t>(t.scalar_type()), first});
 }
 
-// The row of the first input whose bytes output `t` of a copying op holds, or -1.
+// The row of the first input whose bytes (or elements, g_elements) output `t` of a copying op
+// holds, or -1.
 int64_t same_bytes(const at::Tensor& t) {
-  if (!g_share || !g_copies || t_held.empty() || !plain_bytes(t)) return -1;
+  if (!g_share || !g_copies || t_held.empty() || !(g_elements ? kernel_reads(t) : plain_bytes(t))) return -1;
   for (const Held& h : t_held)
     if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
       return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
@@ -124,6 +150,8 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
   if (link && view && h.data && geometry < 0) link = false;
   if (link) {
     rows[i].producer = rows[src].id, rows[i].note = note, rows[i].link = src, rows[i].view = geometry;
+    // a view over its whole contiguous input, lying contiguously itself, keeps its elements' order
+    rows[i].reordered = view && !(base && base->contiguous && t.is_contiguous() && address_of(t) == base->ptr);
     rows[i].marks = rows[src].marks;
     if (rows[src].param >= 0) param = rows[src].param;
   } else if (int64_t same = mutated || h.data ? -1 : same_bytes(t); same >= 0) {

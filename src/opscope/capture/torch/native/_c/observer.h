@@ -63,6 +63,7 @@ struct OpKind {
   bool wrapper = false;    // not a dispatcher op: a profiler range, a custom autograd Function's apply
   bool transparent = false, cast = false, select = false, skip = false, additive = false;  // watch
   bool uninitialized = false, random = false, copies = false, collective = false;            // dump
+  bool copies_elements = false;  // (dump) copies its first input's elements in their logical order, any strides
   uint64_t view_outputs = 0, written_outputs = 0;  // bit i: output i aliases an input / is written
   uint64_t unread = 0, unfilled = 0;  // bit i: argument i is filled unread / output i holds no data yet
   std::vector<int> written;                        // argument positions written in place
@@ -197,6 +198,7 @@ void parse_kind(PyObject* d, OpKind& k) {
   k.composite = flag_of(d, "composite"), k.transparent = flag_of(d, "transparent"), k.cast = flag_of(d, "cast");
   k.select = flag_of(d, "select"), k.skip = flag_of(d, "skip"), k.additive = flag_of(d, "additive");
   k.uninitialized = flag_of(d, "uninitialized"), k.random = flag_of(d, "random"), k.copies = flag_of(d, "copies");
+  k.copies_elements = flag_of(d, "copies_elements");
   k.collective = flag_of(d, "collective");
   for (int64_t i : ints_of(d, "unread")) k.unread |= i < 64 ? (1ull << i) : 0;
   for (int64_t i : ints_of(d, "unfilled")) k.unfilled |= i < 64 ? (1ull << i) : 0;
