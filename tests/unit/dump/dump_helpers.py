@@ -60,4 +60,20 @@ def calls(dump) -> dict:
     return out
 
 
-__all__ = ["bare", "calls", "small_mlp", "small_transformer", "torch", "train", "train_with", "transformer_task"]
+def dump_both(path, monkeypatch, backend, work) -> tuple[dict, dict]:
+    """``work()`` dumped at the aten level (forward), natively and on the Python path: the rows of
+    each (``path / name``) and the bytes the native statistics kernel was given while each ran."""
+    rows, read = {}, {}
+    for name in ("native", "python"):
+        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
+        with opscope.dump(path / name, level="aten", phases=["forward"]) as d:
+            before = backend.read_bytes()
+            work()
+            d.step()
+            read[name] = backend.read_bytes() - before
+        rows[name] = opscope.load(path / name).records().to_pandas(integer_object_nulls=True)
+    return rows, read
+
+
+__all__ = ["bare", "calls", "dump_both", "small_mlp", "small_transformer", "torch", "train", "train_with",
+           "transformer_task"]

@@ -11,6 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from dump_helpers import dump_both
 
 import opscope
 from opscope.capture.torch.native import build as native
@@ -239,15 +240,7 @@ def test_outputs_holding_their_inputs_bytes_take_their_statistics_unread(tmp_pat
         f = b.clone()  # b's new bytes
         return c, d, e, f
 
-    rows, read = {}, {}
-    for name in ("native", "python"):
-        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
-        with opscope.dump(tmp_path / name, level="aten", phases=["forward"]) as d:
-            before = backend.read_bytes()
-            work()
-            d.step()
-            read[name] = backend.read_bytes() - before
-        rows[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    rows, read = dump_both(tmp_path, monkeypatch, backend, work)
     columns = ["op", "call", "io", "slot", "numel", "producer", "note", "min", "max", "mean", "std", "norm", "nan",
                "zeros", "hash"]
     native_rows, python_rows = (rows[n].sort_values("id")[columns].astype(str).values.tolist() for n in rows)

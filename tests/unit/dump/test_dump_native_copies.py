@@ -13,7 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import opscope  # noqa: E402
+from dump_helpers import dump_both  # noqa: E402
+
 from opscope.capture.torch.native import build as native  # noqa: E402
 
 COLUMNS = ["op", "call", "io", "slot", "numel", "producer", "note", "min", "max", "mean", "std", "norm", "nan",
@@ -28,21 +29,12 @@ def backend():
 
 
 def _both(tmp_path, monkeypatch, backend, work):
-    """The rows of ``work()`` dumped natively and on the Python path, and the bytes the native
-    kernel read."""
-    rows, read = {}, 0
-    for name in ("native", "python"):
-        monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", name)
-        with opscope.dump(tmp_path / name, level="aten", phases=["forward"]) as d:
-            before = backend.read_bytes()
-            work()
-            d.step()
-            if name == "native":
-                read = backend.read_bytes() - before
-        rows[name] = opscope.load(tmp_path / name).records().to_pandas(integer_object_nulls=True)
+    """The native rows of ``work()``, checked equal to the Python path's, and the bytes the
+    native kernel read."""
+    rows, read = dump_both(tmp_path, monkeypatch, backend, work)
     native_rows, python_rows = (rows[n].sort_values("id")[COLUMNS].astype(str).values.tolist() for n in rows)
     assert native_rows == python_rows  # the Python path reads every copy: the same statistics
-    return rows["native"], read
+    return rows["native"], read["native"]
 
 
 def test_a_copy_of_a_non_contiguous_tensors_elements_is_not_read_again(tmp_path, monkeypatch, backend):
