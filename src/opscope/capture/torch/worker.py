@@ -23,6 +23,10 @@ from opscope.model.records import COL, STATS
 
 _DATA = COL["data"]
 _OWNER = threading.Lock()  # the native queue serves one capture at a time
+# Bytes of tensors the pending jobs keep alive, at most: past it their results are collected, and
+# the capture thread waits for the oldest where they are not done yet. Without it a step of
+# large tensors kept up to collect_every of them alive (256 activations of 16 MB: 4 GB).
+HELD_BYTES = 64 << 20
 
 
 class NativeStats:
@@ -42,7 +46,8 @@ class NativeStats:
         self._store = store
         self._publish = publish  # publish(row, bytes copied by the native thread) -> shard name
         self._every = collect_every
-        self._jobs: list[tuple[list[Any], Any, Any] | None] = []
+        self._jobs: list[tuple[list[Any], Any, Any, int] | None] = []  # row, storage, buffer, bytes
+        self._held = 0  # bytes of the storages the pending jobs hold
         self._collected = 0
         self._last: dict[int, list[int]] = {}  # storage -> jobs still reading it
 
@@ -64,7 +69,9 @@ class NativeStats:
         # Keep the memory alive through its storage, not the tensor: an extra reference to
         # the tensor would change what autograd does (AccumulateGrad steals a gradient
         # only when nothing else holds it) and so the ops of the run being observed.
-        self._jobs.append((row, tensor.untyped_storage(), buffer))
+        nbytes = numel * tensor.element_size()
+        self._jobs.append((row, tensor.untyped_storage(), buffer, nbytes))
+        self._held += nbytes
         # an eager tensor's offset is an int (torch's stub also allows a SymInt, for tracing)
         storage: int = ptr - tensor.storage_offset() * tensor.element_size()  # type: ignore[assignment]
         pending = self._last.get(storage)
@@ -72,8 +79,11 @@ class NativeStats:
             self._last[storage] = [job]
         else:
             pending.append(job)
-        if job - self._collected >= self._every:
+        if job - self._collected >= self._every or self._held >= HELD_BYTES:
             self.poll()
+            while self._held >= HELD_BYTES and self._collected <= job:  # the thread is behind: wait for it
+                self._kernel.wait(self._collected)
+                self.poll()
 
     def before_write(self, tensor: torch.Tensor) -> None:
         """Make sure no pending job will read the storage of ``tensor`` once it is written:
@@ -93,8 +103,9 @@ class NativeStats:
             for i, stats in enumerate(kernel.results(self._collected, done), self._collected):
                 job = self._jobs[i]
                 assert job is not None, "a job is collected once"
-                row, _, buffer = job
+                row, _, buffer, nbytes = job
                 self._jobs[i] = None
+                self._held -= nbytes
                 self._collected = i + 1  # even if publishing below raises, this job is done
                 row[STATS] = stats
                 if buffer is not None and publish is not None:  # a buffer is made for publish only
@@ -106,7 +117,7 @@ class NativeStats:
             self._kernel.wait(len(self._jobs) - 1)
             self.poll()
         self._kernel.reset()
-        self._jobs, self._collected, self._last = [], 0, {}
+        self._jobs, self._collected, self._last, self._held = [], 0, {}, 0
 
     def close(self) -> None:
         try:
