@@ -15,10 +15,10 @@ from opscope.model.calls import overwrites_first
 # schema argument types the native side turns into torch's spelling (str(value) in Python)
 _ARG_KINDS = {"ScalarType": 1, "Layout": 2, "MemoryFormat": 3}
 # Ops whose output holds their first input's values (_unsafe_view: its very memory, undeclared
-# as a view): where both lie contiguously in memory with the same dtype, the output's bytes are
-# the input's and the native dump takes its statistics from the input's row instead of reading
-# it again. Those that copy the elements in their logical order (_COPIES_ELEMENTS) do so for
-# any strides, where the input's row was measured on elements in that order.
+# as a view): with the same dtype, the native dump takes the output's statistics from the input's
+# row instead of reading it again, where that row was measured on the input's own elements in
+# row-major order. _unsafe_view needs both contiguous; those that copy the elements in that order
+# (_COPIES_ELEMENTS) any strides.
 _COPIES = frozenset(("clone", "_to_copy", "_unsafe_view"))
 _COPIES_ELEMENTS = frozenset(("clone", "_to_copy"))
 

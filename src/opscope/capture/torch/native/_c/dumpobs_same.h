@@ -3,9 +3,11 @@
 // written in place through a view of it has that write for its producer at its next read.
 
 // ---- statistics shared by tensors holding the same bytes --------------------------------------
-// The inputs of the recorded op running on this thread that a new output may hold byte for byte:
-// contiguous CPU tensors the kernel reads, with their rows. An output with the same bytes has
-// the same statistics (the kernel reads only the bytes, in order), so it is not read again.
+// The inputs of the recorded op running on this thread that a new output may hold element for
+// element: CPU tensors the kernel reads (contiguous ones for `_unsafe_view`), with their rows,
+// where a row holds statistics of the input's own elements in row-major order (own_order). An
+// output with the same elements in the same order has the same statistics (the kernel reads only
+// them, in that order), so it is not read again.
 // Only for the ops known to return their first input's values (OpKind::copies: `_unsafe_view`
 // returns its memory without declaring a view, `clone` and `_to_copy` copy it), not for any
 // output found in an input's memory: an op whose schema hides an in-place write could have
@@ -61,7 +63,7 @@ int64_t same_bytes(const at::Tensor& t) {
   if (!g_share || !g_copies || t_held.empty() || !(g_elements ? kernel_reads(t) : plain_bytes(t))) return -1;
   for (const Held& h : t_held)
     if (h.first && h.numel == t.numel() && h.dtype == static_cast<int8_t>(t.scalar_type()))
-      return rows[stats_source(static_cast<size_t>(h.row))].stats == HAVE ? h.row : -1;
+      return h.row;  // (held only where own_order found its statistics taken)
   return -1;
 }
 
