@@ -64,6 +64,23 @@ def backend_for(cfg: DumpConfig) -> Any:
     return native.load("_opscope_dump")
 
 
+def on_host(t: torch.Tensor) -> bool:
+    """Is ``t`` read by the C kernel (a CPU tensor), not reduced on its device? (Tests route CPU
+    tensors through the device's reductions by replacing it.)"""
+    return t.is_cpu
+
+
+class DeviceJob:
+    """Reductions of a tensor still on its device (``stats.device_stats``), read at the step's end
+    with the step's others. (A class of its own: the pending reductions are a tuple too, which
+    the statistics of a CPU tensor are.)"""
+
+    __slots__ = ("pending",)
+
+    def __init__(self, pending: tuple[torch.Tensor, torch.Tensor, int]) -> None:
+        self.pending = pending
+
+
 class NativeRecorder(Recorder):
     """A :class:`Recorder` whose rows (and full tensors) come from the native observer, the
     optimizer's parameters included (:meth:`record_params`)."""
@@ -71,7 +88,7 @@ class NativeRecorder(Recorder):
     def __init__(self, cfg: DumpConfig, writer: Any, rank: int, param_names: dict[int, str], backend: Any) -> None:
         super().__init__(cfg, writer, rank, param_names, "sync")
         self.native = backend
-        self.slow: dict[int, Any] = {}  # row index -> statistics (or a pending device job)
+        self.slow: dict[int, Any] = {}  # row index -> statistics, or a DeviceJob
         self._told: Any = False  # the plan whose tensor_ops the native side knows
 
     def record_params(self, op: str, items: list[tuple[int, str, torch.Tensor, Any, str | None]],
@@ -121,8 +138,8 @@ class NativeRecorder(Recorder):
         self._close_step()
 
     def _slow_stats(self, cols: Columns) -> None:
-        stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if isinstance(st, tuple)}
-        jobs = [(i, job) for i, job in self.slow.items() if not isinstance(job, tuple)]
+        stats: dict[int, tuple[Any, ...]] = {i: st for i, st in self.slow.items() if not isinstance(st, DeviceJob)}
+        jobs = [(i, job.pending) for i, job in self.slow.items() if isinstance(job, DeviceJob)]
         if jobs:
             stats.update(zip((i for i, _ in jobs), materialize([job for _, job in jobs]), strict=True))
         for i, src in cols.links:
@@ -134,7 +151,7 @@ class NativeRecorder(Recorder):
     # -- hooks the native observer calls (with the GIL) ------------------------------------
     def slow_stats(self, index: int, t: torch.Tensor) -> None:
         with torch._C._DisableTorchDispatch():
-            self.slow[index] = cpu_stats(t) if t.is_cpu else device_stats(t)
+            self.slow[index] = cpu_stats(t) if on_host(t) else DeviceJob(device_stats(t))
 
 
 class _Hooks:
