@@ -11,15 +11,26 @@
 // path (fastats_kernel.h), run by a worker thread while the step goes on (dumpobs_async.h; an
 // op that writes a storage in place first waits for the measurements reading it), or at the op
 // where no per-op observer sees such writes (module and api levels) and for full tensors.
-// Tensors the kernel cannot read (another device, an unusual dtype) go to Python (`slow`).
+// Tensors on another device (CUDA, NPU) are measured by torch reductions issued from C++ and read
+// back at the step's end (dumpobs_device.h); what neither reads (an unusual dtype) goes to Python (`slow`).
 // With data="tensor" each measured tensor's bytes are copied into the step's tensor shards at
 // the op too (dumpobs_measure.h, dumpobs_shards.h), and a view keeps its input's data.
 #include "observer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/bitwise_right_shift.h>
+#include <ATen/ops/bitwise_xor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/isinf.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/view_as_real.h>
+#include <ATen/ops/zeros.h>
+#include <map>
 #include <typeinfo>
 #include <sys/mman.h>
 

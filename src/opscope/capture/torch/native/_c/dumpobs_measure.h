@@ -37,6 +37,8 @@ void finish_row(Row& r, const acc_t& a, int64_t n) {
   r.cnt[0] = a.nan, r.cnt[1] = a.inf, r.cnt[2] = a.zeros;
 }
 
+#include "dumpobs_device.h"
+
 // ---- full tensors ---------------------------------------------------------------------------------
 // Count a tensor against tensor_limit_mb (TensorPlan.admit): past it, tensor capture stops for
 // the rest of the run, and where is kept for Python's message.
@@ -157,6 +159,10 @@ void measure(size_t index, const at::Tensor& t, bool data) {
   if (x.is_complex() && (x.is_cpu() || data)) {
     Internal guard;
     x = at::view_as_real(x.is_conj() ? x.resolve_conj() : x);
+  }
+  if ((!x.is_cpu() || device_stats::g_route) && !g_route_slow && device_stats::measure(index, x)) {
+    if (data) store_copy(index, x);  // (its row gets its statistics at the step's end)
+    return;
   }
   int code = code_of(x.scalar_type());
   if (!x.is_cpu() || code < 0 || x.is_conj() || x.is_neg() || g_route_slow) {

@@ -18,7 +18,8 @@ PyObject* py_install(PyObject*, PyObject* a) {
   g_hooks = hooks, g_no_stats = no_stats;
   g_rank = rank, g_inputs = inputs, g_outputs = outputs, g_next_id = 0, g_meta = 0, g_step = -1;
   ++g_installs;  // gradient hooks of an earlier dump go quiet
-  g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = g_route_slow = false, g_stop = Stop();
+  g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = false, g_stop = Stop();
+  // (route_slow and route_device stay as a test set them: it sets them before the dump starts)
   {  // the pool keeps what the writer may hold at once: its queue and a shard being filled
     std::lock_guard<std::mutex> plock(pool_mu);
     g_pool_size = static_cast<size_t>((std::max(queue_bytes, 0LL) + g_shard_bytes) / CHUNK + 2);
@@ -145,8 +146,6 @@ PyObject* py_tensor_counts(PyObject*, PyObject*) {
   return Py_BuildValue("LLN", static_cast<long long>(g_stored), static_cast<long long>(g_stored_n), stop);
 }
 
-// route_slow(on): every tensor takes the path of tensors on another device (Python statistics,
-// torch's copy to the host): lets tests run that path on a machine without one
 // set_tensor_ops(on): full tensors only for the ops hooks.tensor_op(name) names (tensor_ops)
 PyObject* py_set_tensor_ops(PyObject*, PyObject* a) {
   int on = PyObject_IsTrue(a);
@@ -157,10 +156,21 @@ PyObject* py_set_tensor_ops(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
+// route_slow(on): every tensor takes the path of tensors neither C++ path reads (Python's
+// statistics, torch's copy to the host): lets tests run that path
 PyObject* py_route_slow(PyObject*, PyObject* a) {
   int on = PyObject_IsTrue(a);
   if (on < 0) return nullptr;
   g_route_slow = on;
+  Py_RETURN_NONE;
+}
+
+// route_device(on): every tensor measured as one on another device is (torch reductions issued
+// from C++, read back at the step's end: dumpobs_device.h), on a machine without one
+PyObject* py_route_device(PyObject*, PyObject* a) {
+  int on = PyObject_IsTrue(a);
+  if (on < 0) return nullptr;
+  device_stats::g_route = on;
   Py_RETURN_NONE;
 }
 
@@ -284,7 +294,8 @@ PyMethodDef methods[] = {
     {"set_params", py_set_params, METH_O, "set_params([(tensor, name)]): names of parameters and buffers"},
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(step, tensors, probe, budget): start recording a step"},
     {"tensor_counts", py_tensor_counts, METH_NOARGS, "tensor_counts(): (bytes, tensors, stop) of the step"},
-    {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor as one on another device (tests)"},
+    {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor through Python's statistics (tests)"},
+    {"route_device", py_route_device, METH_O, "route_device(on): every tensor as one on another device (tests)"},
     {"set_tensor_ops", py_set_tensor_ops, METH_O, "set_tensor_ops(on): full tensors only for tensor_op(name) ops"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"args_json", py_args_json, METH_VARARGS, "args_json(n, records, at, names): take_columns' arguments as JSON"},

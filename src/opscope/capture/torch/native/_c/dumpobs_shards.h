@@ -133,9 +133,14 @@ void append(const char* src, size_t n) {
 }
 
 void async_finish();
+namespace device_stats {
+void finish();
+void drop();
+}  // namespace device_stats
 
 void drop_shard() {  // (a step cleared: its pending statistics are dropped too)
   async_finish();
+  device_stats::drop();
   for (char* p : g_shard.chunks) chunk_release(p);
   g_shard = OpenShard();
 }
@@ -174,6 +179,7 @@ PyObject* header_chunk() {
 void hook_failed(const char* hook);
 void flush_shard() {
   async_finish();  // the worker's statistics into their rows first (at the step's end, before its rows are taken)
+  device_stats::finish();  // and the device's
   if (!g_shard.count) return;
   size_t index = shard_names.size();
   shard_names.emplace_back(std::nullopt);
