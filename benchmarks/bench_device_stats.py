@@ -1,7 +1,8 @@
 """The statistics of tensors on an accelerator (CUDA, NPU) at the aten level: what a dumped
 step costs through the native device path (torch reductions issued from C++, read back once a
 step: native/_c/dumpobs_device.h) against the way before it (a Python call per tensor into
-``stats.device_stats``, ~57 aten ops each), each over the bare step, in one process.
+``stats.device_stats``, ~57 aten ops each), each over the bare step, in one process; and the
+device path with each tensor reduced alone (``OPSCOPE_DEVICE_STAGING_MB=0``, ~22 ops a tensor).
 
 On a GPU (``--device cuda``) the dump's cost there is launching the reductions' kernels from the
 training thread: each configuration's training-thread CPU and wall time a step (the wall time
@@ -57,8 +58,9 @@ def _steps(task, device: str, n: int, how: str | None, root: str) -> tuple[list[
     if how == "python":
         backend.route_slow(True)
         native_aten._Hooks.slow = _old_hook
-    elif how == "native" and device == "cpu":
+    elif how is not None and device == "cpu":
         backend.route_device(True)
+    os.environ["OPSCOPE_DEVICE_STAGING_MB"] = "0" if how == "alone" else "8"  # (read as the dump starts)
     try:
         with opscope.dump(path, level="aten", enable=how is not None) as d:
             for inputs, targets in data:
@@ -86,10 +88,11 @@ def main() -> None:
     if args.device == "cpu":
         torch.set_num_threads(1)
     task = tiny_task if args.task == "tiny" else TASKS[args.task]
-    got: dict[str | None, tuple[list[float], list[float]]] = {k: ([], []) for k in (None, "native", "python")}
+    configs = [None, "batched", "alone", "python"]
+    got: dict[str | None, tuple[list[float], list[float]]] = {k: ([], []) for k in configs}
     with tempfile.TemporaryDirectory(prefix="opscope-devstats-") as root:
         for r in range(args.rounds):
-            order = [None, "native", "python"] if r % 2 == 0 else ["python", "native", None]
+            order = configs if r % 2 == 0 else configs[::-1]
             for how in order:
                 c, w = _steps(task, args.device, args.steps + 1, how, root)
                 got[how][0].extend(c)
@@ -98,7 +101,8 @@ def main() -> None:
     print(f"{args.task} on {args.device}, aten level, statistics; {args.rounds} rounds of {args.steps} steps "
           f"(torch {torch.__version__})")
     print(f"  bare step: training thread's CPU {bare_c * 1e3:.2f} ms, wall {bare_w * 1e3:.2f} ms")
-    for how, name in (("native", "device path in C++ (this build)"), ("python", "a Python call per tensor (before)")):
+    for how, name in (("batched", "C++, staging buffers (default)"), ("alone", "C++, each tensor alone (staging 0)"),
+                      ("python", "a Python call per tensor (before)")):
         c, w = (statistics.median(v) for v in got[how])
         print(f"  {name:36s} CPU {c * 1e3:8.2f} ms ({c / bare_c:5.2f}x)   wall {w * 1e3:8.2f} ms ({w / bare_w:5.2f}x)")
 

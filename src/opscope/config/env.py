@@ -21,6 +21,9 @@ OPTIONS: dict[str, str] = {
                      "thread) or torch (torch reductions, the device path): the Python path's engine",
     "STATS_THREAD": "1: the native aten observer measures statistics on a worker thread while the step goes on "
                     "(opt-in: an op whose schema hides an in-place write would be measured after it)",
+    "DEVICE_STAGING_MB": "the native dump's staging buffer for the statistics of tensors on a GPU or NPU, per "
+                         "device and dtype, in MB (default 8): tensors are copied into it and reduced a buffer "
+                         "at a time; 0 reduces each tensor alone (~22 kernel launches a tensor)",
     "DUMP_BACKEND": "native (default: the C++ observer where it applies) or python (the Python dispatch mode)",
     "WATCH_BACKEND": "native (default: the C++ observer) or python (the Python dispatch mode)",
     "SIMD": "the statistics kernel's vector code (read by the C kernel, native/_c/fastats_avx2.h): avx2 stops "

@@ -41,7 +41,7 @@ from opscope.capture.torch.recorder import Recorder
 from opscope.capture.torch.stats import cpu_stats, device_stats, materialize
 from opscope.capture.torch.tensor_size import table_rows
 from opscope.config import PHASE_CODES, PHASES, DumpConfig, env
-from opscope.errors import DumpWriteError
+from opscope.errors import ConfigError, DumpWriteError
 from opscope.model.records import NO_STATS
 
 if TYPE_CHECKING:
@@ -62,6 +62,20 @@ def backend_for(cfg: DumpConfig) -> Any:
     if cfg.level != "aten" and (cfg.data != "statistics" or cfg.tensor_ops):  # api and module tensors: Python
         return None
     return native.load("_opscope_dump")
+
+
+def _staging_bytes() -> int:
+    """OPSCOPE_DEVICE_STAGING_MB in bytes (docs/dump.md, "Performance")."""
+    text = env("DEVICE_STAGING_MB") or "8"
+    try:
+        mb = float(text)
+    except ValueError:
+        raise ConfigError(f"OPSCOPE_DEVICE_STAGING_MB={text!r} is not a number of MB (8 is the default; "
+                          f"0 reduces each tensor alone)") from None
+    if mb < 0:
+        raise ConfigError(f"OPSCOPE_DEVICE_STAGING_MB={text!r}: a size cannot be negative "
+                          f"(0 reduces each tensor alone)")
+    return int(mb * (1 << 20))
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -208,11 +222,13 @@ class NativeAtenLevel(Level):
         recorder = session.recorder
         assert isinstance(recorder, NativeRecorder)  # the session pairs this level with the native recorder
         writer = recorder.writer
+        staging = _staging_bytes()  # (a bad value refused before the observer is installed)
         backend.install(classify_op, _Hooks(session, recorder), session.rank, recorder.want_inputs,
                         recorder.want_outputs, NO_STATS, writer.shard_bytes, writer.queue_limit)
         # the worker thread only on request: it measured no faster here, and an op whose schema
         # hides an in-place write would be measured after it (docs/dump.md)
         backend.set_async((env("STATS_THREAD") or "0") == "1")
+        backend.set_device_staging(staging)
         self.installed = True
         session.modules.on_change = backend.set_module
         session.modules.on_indexed = self._index

@@ -28,8 +28,13 @@
 #include <ATen/ops/isinf.h>
 #include <ATen/ops/isnan.h>
 #include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/segment_reduce.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/view_as_real.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <map>
 #include <typeinfo>
 #include <sys/mman.h>

@@ -2,33 +2,41 @@
 // tensors the C kernel cannot read where they lie (a CUDA or NPU tensor), as torch reductions
 // issued on the tensor's device from C++ (no Python, no GIL) and read back once per step.
 //
-// They are the reductions of stats.device_stats (the Python path's engine for such tensors),
-// the same ops on the same values, so a row's statistics are the same bits whichever path made
-// them: min and max by aminmax, the sum and the sum of squares in float64 (of float32 values the
-// L2 norm, squared on the host), the NaN, Inf and zero counts, and the `wsum64-v2` hash. The hash
-// runs on 32-bit words as int32 (a product mod 2^32 is the same bits signed or not; a logical
-// right shift is an arithmetic one masked; x ^ (x >> 16) flips each word's low half by its high
-// half, one strided op on its 16-bit halves), each sum taken in int64 (its low 32 bits are the
-// unsigned sum's). ~22 ops a float32 tensor, against ~57 through Python: on a GPU each op is a
-// kernel launch of a few microseconds of the training thread, the cost of the dump there.
+// On a GPU each op is a kernel launch of a few microseconds of the training thread, the cost
+// of the dump there, so a tensor is first copied into a staging buffer of its device and dtype
+// (one launch), and a full buffer is reduced at once, every tensor in it a segment
+// (dumpobs_device_batch.h: ~45 launches a buffer, whatever the number of tensors). A tensor
+// larger than the buffer, or on another stream than the buffer's, is reduced alone: the ops of
+// stats.device_stats (the Python path's engine), ~22 launches, the same bits it gives.
 //
-// Nothing is synchronised per op: the results stay on the device, in order on the op's stream,
-// until the step's rows are taken (device_finish, one transfer per device and dtype).
+// Both compute min and max, the sum and the sum of squares in float64 (alone: of float32 values
+// the L2 norm, squared on the host, as device_stats does), the NaN, Inf and zero counts, and the
+// `wsum64-v2` hash on 32-bit words as int32 (a product mod 2^32 is the same bits signed or not;
+// a logical right shift is an arithmetic one masked; x ^ (x >> 16) flips each word's low half by
+// its high half, one strided op on its 16-bit halves).
+//
+// Nothing is synchronised per op: copies and reductions run in order on the op's stream, the
+// results stay on the device until the step's rows are taken (finish: one transfer per device
+// and dtype).
 
 namespace device_stats {
 
-struct Job {  // a row whose statistics are reductions still on their device
-  size_t row;
-  int64_t numel;
-  bool floating;                 // NaN and Inf counted (the float dtypes)
-  bool squares = false;          // `sq` holds the sum of squares, not the norm
-  at::Tensor mn, mx;             // of the float32 or float64 values reduced
-  at::Tensor sum, sq;            // float64: the sum, and the L2 norm (float inputs) or the sum of squares
-  at::Tensor nan, inf, zeros;    // int64 (undefined: none counted)
-  at::Tensor h1, h2;             // int64: the hash's sums of 32-bit words
+// Statistics of rows, still on their device: field m's entry for row k at k * stride[m]
+// (a buffer's float statistics interleave each tensor's segment with its padding's).
+struct Result {
+  std::vector<size_t> rows;
+  std::vector<int64_t> numel;
+  bool floating = false;  // NaN and Inf counted (the float dtypes)
+  bool squares = true;    // `sq` holds the sum of squares, not the L2 norm
+  int64_t stride = 1;     // of the float statistics (mn .. zeros)
+  at::Tensor mn, mx;      // of the float32 or float64 values reduced
+  at::Tensor sum, sq;     // float64
+  at::Tensor nan, inf, zeros;  // counts (int64, or float64 from a buffer's sums; undefined: none)
+  at::Tensor h1, h2;      // int64: sums of the hash's 32-bit terms (their low 32 bits count)
 };
-std::vector<Job> jobs;  // this step's (under mu)
-bool g_route = false;   // every tensor measured this way, the CPU's too (tests: route_device)
+std::vector<Result> results;  // this step's (under mu)
+int g_route = 0;  // 1: every tensor measured this way, the CPU's too; 2: and no buffer reduced (tests)
+int64_t g_staging = 8 << 20;  // bytes of a staging buffer (0: every tensor reduced alone)
 
 constexpr int64_t MAX_WORDS = int64_t{1} << 31;  // word indices as int32 (larger: Python's int64 path)
 
@@ -44,6 +52,25 @@ bool handles(const at::Tensor& x) {
   return !x.is_conj() && !x.is_neg() && x.numel() * static_cast<int64_t>(x.element_size()) / 4 < MAX_WORDS;
 }
 
+bool wide(at::ScalarType t) { return t == at::kDouble || t == at::kLong || t == at::kInt; }  // reduced as float64
+
+void xor_high_half(at::Tensor& x) {  // x ^= x >> 16 (logical), in place
+  at::Tensor halves = x.view(at::kShort).view({-1, 2});
+  halves.select(1, 0).bitwise_xor_(halves.select(1, 1));  // little-endian: the low half first
+}
+
+// lowbias32(w ^ salt) of int32 words w, and the salt: x_i of wsum64-v2 (docs/format.md)
+at::Tensor mix(const at::Tensor& w, const at::Tensor& salt) {
+  at::Tensor x = at::bitwise_xor(w, salt);
+  xor_high_half(x);
+  x.mul_(static_cast<int64_t>(static_cast<int32_t>(MIX1)));
+  x.bitwise_xor_(at::bitwise_right_shift(x, 15).bitwise_and_(0x1FFFF));
+  x.mul_(static_cast<int64_t>(static_cast<int32_t>(MIX2)));
+  xor_high_half(x);
+  return x;
+}
+
+// ---- a tensor alone ------------------------------------------------------------------------------
 // The tensor's bytes (row-major, little-endian) as 32-bit words, the last padded with zeros.
 at::Tensor words_of(const at::Tensor& t) {
   at::Tensor raw = t.contiguous().view(-1).view(at::kByte);
@@ -52,123 +79,137 @@ at::Tensor words_of(const at::Tensor& t) {
   return raw.view(at::kInt);
 }
 
-void xor_high_half(at::Tensor& x) {  // x ^= x >> 16 (logical), in place
-  at::Tensor halves = x.view(at::kShort).view({-1, 2});
-  halves.select(1, 0).bitwise_xor_(halves.select(1, 1));  // little-endian: the low half first
-}
-
-// (h1, h2) of wsum64-v2 (docs/format.md): x_i = lowbias32(w_i ^ s_i), s_i = i * GOLD
-std::pair<at::Tensor, at::Tensor> hash_sums(const at::Tensor& t) {
-  at::Tensor w = words_of(t);
-  at::Tensor salt = at::arange(w.numel(), w.options()).mul_(static_cast<int64_t>(static_cast<int32_t>(GOLD)));
-  at::Tensor x = at::bitwise_xor(w, salt);
-  xor_high_half(x);
-  x.mul_(static_cast<int64_t>(static_cast<int32_t>(MIX1)));
-  x.bitwise_xor_(at::bitwise_right_shift(x, 15).bitwise_and_(0x1FFFF));
-  x.mul_(static_cast<int64_t>(static_cast<int32_t>(MIX2)));
-  xor_high_half(x);
-  at::Tensor h2 = x.sum(at::kLong);
-  return {x.bitwise_xor_(salt).sum(at::kLong), h2};
-}
-
-Job issue(size_t row, const at::Tensor& t) {
-  at::Tensor x = t.is_complex() ? at::view_as_real(t) : t;
-  Job j{row, x.numel(), at::isFloatingType(x.scalar_type())};
-  if (j.numel == 0) return j;
-  at::ScalarType wide = x.scalar_type();
-  bool dbl = wide == at::kDouble || wide == at::kLong || wide == at::kInt;
+Result alone(size_t row, const at::Tensor& x) {
+  Result r;
+  r.rows = {row}, r.numel = {x.numel()}, r.floating = at::isFloatingType(x.scalar_type());
+  if (x.numel() == 0) return r;
+  bool dbl = wide(x.scalar_type());
   at::Tensor f = x.to(dbl ? at::kDouble : at::kFloat);  // (no copy where it is that dtype already)
-  std::tie(j.mn, j.mx) = at::aminmax(f.reshape(-1));  // (the sums over f as it lies: their order is torch's)
-  j.sum = f.sum(at::kDouble);
-  // float64 values (float64, int64 and int32 tensors): their squares summed, as device_stats does
-  j.sq = dbl ? f.mul(f).sum() : at::linalg_vector_norm(f, 2, std::nullopt, false, at::kDouble);
-  j.squares = dbl;
-  if (j.floating) {
-    j.nan = at::isnan(f).sum();
-    j.inf = at::isinf(f).sum();
+  std::tie(r.mn, r.mx) = at::aminmax(f.reshape(-1));  // (the sums over f as it lies: their order is torch's)
+  r.sum = f.sum(at::kDouble);
+  r.squares = dbl;  // float64 values: their squares summed; others: the norm
+  r.sq = dbl ? f.mul(f).sum() : at::linalg_vector_norm(f, 2, std::nullopt, false, at::kDouble);
+  if (r.floating) {
+    r.nan = at::isnan(f).sum();
+    r.inf = at::isinf(f).sum();
   }
-  j.zeros = f.eq(0).sum();
-  std::tie(j.h1, j.h2) = hash_sums(x);
-  return j;
+  r.zeros = f.eq(0).sum();
+  at::Tensor w = words_of(x);
+  at::Tensor salt = at::arange(w.numel(), w.options()).mul_(static_cast<int64_t>(static_cast<int32_t>(GOLD)));
+  at::Tensor m = mix(w, salt);
+  r.h2 = m.sum(at::kLong);
+  r.h1 = m.bitwise_xor_(salt).sum(at::kLong);
+  return r;
 }
-
-// Issue the reductions of row `row`'s tensor; false: not this way (Python's slow path then).
-bool measure(size_t row, const at::Tensor& t) {
-  if (!handles(t)) return false;
-  try {
-    Internal guard;
-    jobs.push_back(issue(row, t));
-  } catch (const std::exception&) {  // an op this device lacks: the Python path says why, or measures
-    return false;
-  }
-  return true;
-}
-
-// The step's results to the host: one transfer per device and dtype, then into their rows.
-struct Batch {  // the 0-d results of one device and dtype
-  std::vector<at::Tensor> parts;
-  std::vector<double> f;
-  std::vector<int64_t> i;
-  size_t add(const at::Tensor& t) {
-    parts.push_back(t.reshape({1}));
-    return parts.size() - 1;
-  }
-};
 
 using Key = std::tuple<int, int, int>;  // device type, device index, dtype
 Key key_of(const at::Tensor& t) {
   return {static_cast<int>(t.device().type()), t.device().index(), static_cast<int>(t.scalar_type())};
 }
 
-void finish() {
-  if (jobs.empty()) return;
+#include "dumpobs_device_batch.h"
+
+// Issue the reductions of row `row`'s tensor (or its copy into a buffer); false: not this way
+// (Python's slow path then).
+bool measure(size_t row, const at::Tensor& t) {
+  if (!handles(t)) return false;
   try {
     Internal guard;
-    std::map<Key, Batch> batches;
-    std::vector<std::array<size_t, 9>> at(jobs.size());
-    for (size_t k = 0; k < jobs.size(); ++k) {
-      Job& j = jobs[k];
-      if (!j.numel) continue;
-      const at::Tensor* ts[9] = {&j.mn, &j.mx, &j.sum, &j.sq, &j.nan, &j.inf, &j.zeros, &j.h1, &j.h2};
-      for (int m = 0; m < 9; ++m)
-        if (ts[m]->defined()) at[k][m] = batches[key_of(*ts[m])].add(*ts[m]);
+    at::Tensor x = t.is_complex() ? at::view_as_real(t) : t;
+    if (!stage(row, x)) {
+      results.push_back(alone(row, x));
+      seen(stream_of(x.device()));
     }
-    for (auto& [key, b] : batches) {
-      at::Tensor host = at::cat(b.parts).to(at::kCPU);
-      if (at::isFloatingType(host.scalar_type())) {
-        host = host.to(at::kDouble);  // (float32 min and max widen exactly)
-        b.f.assign(host.const_data_ptr<double>(), host.const_data_ptr<double>() + host.numel());
-      } else {
-        host = host.to(at::kLong);
-        b.i.assign(host.const_data_ptr<int64_t>(), host.const_data_ptr<int64_t>() + host.numel());
+  } catch (const std::exception&) {  // an op this device lacks: the Python path says why, or measures
+    return false;
+  }
+  return true;
+}
+
+// ---- the step's results to the host: one transfer per device and dtype, then into their rows --
+struct Gather {  // the results of one device and dtype
+  std::vector<at::Tensor> parts;
+  int64_t size = 0;
+  std::vector<double> f;
+  std::vector<int64_t> i;
+  int64_t add(const at::Tensor& t) {
+    parts.push_back(t.reshape(-1));
+    size += parts.back().numel();
+    return size - parts.back().numel();
+  }
+};
+
+void to_host(std::map<Key, Gather>& all) {
+  for (auto& [key, g] : all) {
+    at::Tensor host = at::cat(g.parts).to(at::kCPU);
+    if (at::isFloatingType(host.scalar_type())) {
+      host = host.to(at::kDouble);  // (float32 min and max widen exactly)
+      g.f.assign(host.const_data_ptr<double>(), host.const_data_ptr<double>() + host.numel());
+    } else {
+      host = host.to(at::kLong);
+      g.i.assign(host.const_data_ptr<int64_t>(), host.const_data_ptr<int64_t>() + host.numel());
+    }
+  }
+}
+
+struct Read {  // a field's values on the host
+  const Gather* g = nullptr;
+  int64_t at = 0, stride = 1;
+  double num(size_t k) const { return g->f[at + k * stride]; }
+  uint64_t whole(size_t k) const {  // a count or a hash sum (a float64 one holds an integer exactly)
+    if (!g) return 0;
+    return g->f.empty() ? static_cast<uint64_t>(g->i[at + k * stride]) : static_cast<uint64_t>(g->f[at + k * stride]);
+  }
+};
+
+void fill(const Result& r, const std::array<Read, 9>& f) {
+  for (size_t k = 0; k < r.rows.size(); ++k) {
+    if (r.rows[k] >= rows.size()) continue;
+    acc_t a;
+    std::memset(&a, 0, sizeof a);
+    if (r.numel[k]) {
+      double sq = f[3].num(k);
+      a.mn = f[0].num(k), a.mx = f[1].num(k), a.sum = f[2].num(k), a.sumsq = r.squares ? sq : sq * sq;
+      a.nan = f[4].whole(k), a.inf = f[5].whole(k), a.zeros = f[6].whole(k);
+      a.hash = ((f[7].whole(k) & 0xFFFFFFFFull) << 32) | (f[8].whole(k) & 0xFFFFFFFFull);
+    }
+    finish_row(rows[r.rows[k]], a, r.numel[k]);
+  }
+}
+
+void finish_results() {
+  std::map<Key, Gather> all;
+  std::vector<std::array<std::pair<Gather*, int64_t>, 9>> where(results.size());
+  for (size_t n = 0; n < results.size(); ++n) {
+    const Result& r = results[n];
+    const at::Tensor* ts[9] = {&r.mn, &r.mx, &r.sum, &r.sq, &r.nan, &r.inf, &r.zeros, &r.h1, &r.h2};
+    for (int m = 0; m < 9; ++m) {
+      where[n][m] = {nullptr, 0};
+      if (ts[m]->defined()) {
+        Gather& g = all[key_of(*ts[m])];
+        where[n][m] = {&g, g.add(*ts[m])};
       }
     }
-    auto num = [&](const at::Tensor& t, size_t a) { return batches.at(key_of(t)).f[a]; };
-    auto count = [&](const at::Tensor& t, size_t a) -> uint64_t {
-      return t.defined() ? static_cast<uint64_t>(batches.at(key_of(t)).i[a]) : 0;
-    };
-    for (size_t k = 0; k < jobs.size(); ++k) {
-      const Job& j = jobs[k];
-      if (j.row >= rows.size()) continue;
-      acc_t a;
-      std::memset(&a, 0, sizeof a);
-      if (j.numel) {
-        const auto& p = at[k];
-        double sq = num(j.sq, p[3]);
-        a.mn = num(j.mn, p[0]), a.mx = num(j.mx, p[1]), a.sum = num(j.sum, p[2]), a.sumsq = j.squares ? sq : sq * sq;
-        a.nan = count(j.nan, p[4]), a.inf = count(j.inf, p[5]), a.zeros = count(j.zeros, p[6]);
-        a.hash = ((count(j.h1, p[7]) & 0xFFFFFFFFull) << 32) | (count(j.h2, p[8]) & 0xFFFFFFFFull);
-      }
-      finish_row(rows[j.row], a, j.numel);
-    }
+  }
+  to_host(all);
+  for (size_t n = 0; n < results.size(); ++n) {
+    std::array<Read, 9> f;
+    for (int m = 0; m < 9; ++m) f[m] = Read{where[n][m].first, where[n][m].second, m < 7 ? results[n].stride : 1};
+    fill(results[n], f);
+  }
+}
+
+void finish() {
+  try {
+    Internal guard;
+    flush_all();
+    if (!results.empty()) finish_results();
   } catch (const std::exception& e) {
-    jobs.clear();
+    drop();
     on_error(c10::str("device statistics: ", e.what()).c_str());
     return;
   }
-  jobs.clear();
+  results.clear();
 }
-
-void drop() { jobs.clear(); }  // (a step cleared: its rows are gone)
 
 }  // namespace device_stats

@@ -20,6 +20,7 @@ PyObject* py_install(PyObject*, PyObject* a) {
   ++g_installs;  // gradient hooks of an earlier dump go quiet
   g_shard_bytes = std::max(shard_bytes, 1LL), g_want = g_probe = false, g_stop = Stop();
   // (route_slow and route_device stay as a test set them: it sets them before the dump starts)
+  device_stats::release();
   {  // the pool keeps what the writer may hold at once: its queue and a shard being filled
     std::lock_guard<std::mutex> plock(pool_mu);
     g_pool_size = static_cast<size_t>((std::max(queue_bytes, 0LL) + g_shard_bytes) / CHUNK + 2);
@@ -112,6 +113,8 @@ PyObject* py_begin_step(PyObject*, PyObject* a) {
 // (also each chunk the writer lets go of from now on)
 PyObject* py_idle(PyObject*, PyObject*) {
   pool_keep(false);
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  device_stats::release();
   Py_RETURN_NONE;
 }
 
@@ -165,12 +168,23 @@ PyObject* py_route_slow(PyObject*, PyObject* a) {
   Py_RETURN_NONE;
 }
 
-// route_device(on): every tensor measured as one on another device is (torch reductions issued
-// from C++, read back at the step's end: dumpobs_device.h), on a machine without one
+// set_device_staging(bytes): the staging buffer of each device and dtype (0: each tensor reduced alone)
+PyObject* py_set_device_staging(PyObject*, PyObject* a) {
+  long long n = PyLong_AsLongLong(a);
+  if (n == -1 && PyErr_Occurred()) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  device_stats::release();
+  device_stats::g_staging = std::max(n, 0LL);
+  Py_RETURN_NONE;
+}
+
+// route_device(mode): 1, every tensor measured as one on another device is (torch reductions
+// issued from C++, read back at the step's end: dumpobs_device.h), on a machine without one; 2,
+// as on a device without the ops a staging buffer's reduction needs; 0, off
 PyObject* py_route_device(PyObject*, PyObject* a) {
-  int on = PyObject_IsTrue(a);
-  if (on < 0) return nullptr;
-  device_stats::g_route = on;
+  long on = PyLong_AsLong(a);
+  if (on == -1 && PyErr_Occurred()) return nullptr;
+  device_stats::g_route = static_cast<int>(on);
   Py_RETURN_NONE;
 }
 
@@ -295,7 +309,9 @@ PyMethodDef methods[] = {
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(step, tensors, probe, budget): start recording a step"},
     {"tensor_counts", py_tensor_counts, METH_NOARGS, "tensor_counts(): (bytes, tensors, stop) of the step"},
     {"route_slow", py_route_slow, METH_O, "route_slow(on): every tensor through Python's statistics (tests)"},
-    {"route_device", py_route_device, METH_O, "route_device(on): every tensor as one on another device (tests)"},
+    {"set_device_staging", py_set_device_staging, METH_O,
+     "set_device_staging(bytes): each device's and dtype's staging buffer (0: tensors reduced one by one)"},
+    {"route_device", py_route_device, METH_O, "route_device(mode): every tensor as one on another device (1; 2: no buffers; 0: off; tests)"},
     {"set_tensor_ops", py_set_tensor_ops, METH_O, "set_tensor_ops(on): full tensors only for tensor_op(name) ops"},
     {"take_columns", py_take_columns, METH_NOARGS, "take_columns(): the step's rows as columns (see source)"},
     {"args_json", py_args_json, METH_VARARGS, "args_json(n, records, at, names): take_columns' arguments as JSON"},
