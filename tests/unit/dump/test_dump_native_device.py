@@ -162,3 +162,24 @@ def test_a_staging_size_that_is_no_size_is_refused_with_what_to_set(tmp_path, mo
     refused = pytest.raises(ConfigError, match=f"OPSCOPE_DEVICE_STAGING_MB='{text}'.*0 reduces each tensor alone")
     with refused, opscope.dump(tmp_path / "d", level="aten"):
         torch.ones(2).clone()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device (run where one is lent)")
+@pytest.mark.parametrize("staging", [0, 1 << 20, 512])
+def test_cuda_tensors_get_the_kernels_hash_and_counts(tmp_path, monkeypatch, staging):
+    """The real device: each CUDA tensor's row holds the hash, min, max and counts the C kernel
+    gives for the same values on the host, and sums within rounding of the host's."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    monkeypatch.setenv("OPSCOPE_DEVICE_STAGING_MB", str(staging / (1 << 20)))
+    cases = [t.cuda() for t in _cases()]
+    with opscope.dump(tmp_path / "d", level="aten") as d:
+        for t in cases:
+            t.clone()
+        d.step()
+    rows = _clone_inputs(tmp_path / "d")
+    assert len(rows) == len(cases)
+    for t, row in zip(cases, rows, strict=True):
+        kernel = dict(zip(STATS, cpu_stats(t.cpu()), strict=True))
+        assert all(_same(row[k], kernel[k]) for k in ("min", "max", "nan", "inf", "zeros", "hash")), (t.dtype, row)
+        for k in ("mean", "norm"):
+            assert _same(row[k], kernel[k]) or row[k] == pytest.approx(kernel[k], rel=1e-5, abs=1e-6), (k, row)

@@ -86,3 +86,11 @@ def test_torch_reductions_equal_the_reference_on_unaligned_views():
     for view in (base[1:100], base[3:4], base[:0]):
         raw = view.contiguous().view(torch.uint8).numpy()
         assert stats.materialize_one(stats.device_stats(view))[9] == content_hash(raw)
+
+
+def test_the_int64_torch_hash_for_tensors_past_2_31_words_equals_the_int32_one():
+    """Word indices of 2^31 and more take int64 arithmetic; on smaller tensors both are the reference."""
+    for t in (torch.randn(1001).to(torch.bfloat16)[1:], torch.randint(-9, 9, (77,)), torch.randn(64, 3)):
+        words = stats._words_of(t)
+        want = content_hash(t.contiguous().view(torch.uint8).numpy())
+        assert int(stats._hash_words(t)) & (2**64 - 1) == int(stats._hash_words64(words)) & (2**64 - 1) == want

@@ -109,17 +109,53 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
 
 
-def _hash_words(t: torch.Tensor) -> torch.Tensor:
-    """``wsum64-v2`` (:mod:`opscope.model.hashing`) as torch reductions on ``t``'s device."""
+def _i32(c: int) -> int:
+    """A 32-bit constant as the int32 of the same bits."""
+    return c - (1 << 32) if c >= 1 << 31 else c
+
+
+def _xor_high_half(x: torch.Tensor) -> None:
+    """``x ^= x >> 16`` (a logical shift) of int32 ``x``, in place: each word's low 16-bit half
+    (little-endian: the first) flipped by its high half."""
+    halves = x.view(torch.int16).view(-1, 2)
+    halves[:, 0].bitwise_xor_(halves[:, 1])
+
+
+def _words_of(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes (row-major, little-endian) as int32 words, the last padded with zeros."""
     raw = t.contiguous().reshape(-1).view(torch.uint8)
     if raw.numel() % 4:
         raw = torch.cat([raw, raw.new_zeros(4 - raw.numel() % 4)])
     try:
-        words = raw.view(torch.int32)
+        return raw.view(torch.int32)
     except RuntimeError:  # a view whose storage offset is not a multiple of 4 bytes
-        words = raw.clone().view(torch.int32)
+        return raw.clone().view(torch.int32)
+
+
+def _hash_words(t: torch.Tensor) -> torch.Tensor:
+    """``wsum64-v2`` (:mod:`opscope.model.hashing`) as torch reductions on ``t``'s device: int32
+    arithmetic (a product mod 2^32 is the same bits signed or not; a logical right shift is an
+    arithmetic one masked), each sum taken in int64, whose low 32 bits are the unsigned sum's.
+    The same ops as the native observer's (native/_c/dumpobs_device.h), ~15 launches."""
+    w = _words_of(t)
+    if w.numel() >= 1 << 31:  # word indices past int32: the int64 arithmetic
+        return _hash_words64(w)
+    salt = torch.arange(w.numel(), device=t.device, dtype=torch.int32).mul_(_i32(_GOLD))
+    x = w ^ salt
+    _xor_high_half(x)
+    x.mul_(_i32(_MIX1))
+    x ^= (x >> 15) & 0x1FFFF
+    x.mul_(_i32(_MIX2))
+    _xor_high_half(x)
+    h2 = x.sum(dtype=torch.int64) & _M32
+    h1 = x.bitwise_xor_(salt).sum(dtype=torch.int64) & _M32
+    return (h1 << 32) | h2
+
+
+def _hash_words64(words: torch.Tensor) -> torch.Tensor:
+    """:func:`_hash_words` in int64 arithmetic (word indices of 2^31 and more)."""
     w = words.to(torch.int64) & _M32
-    salt = _mul32(torch.arange(w.numel(), device=t.device, dtype=torch.int64) & _M32, _GOLD)
+    salt = _mul32(torch.arange(w.numel(), device=w.device, dtype=torch.int64) & _M32, _GOLD)
     x = w ^ salt
     x = x ^ (x >> 16)
     x = _mul32(x, _MIX1)
