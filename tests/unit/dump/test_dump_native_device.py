@@ -183,3 +183,23 @@ def test_cuda_tensors_get_the_kernels_hash_and_counts(tmp_path, monkeypatch, sta
         assert all(_same(row[k], kernel[k]) for k in ("min", "max", "nan", "inf", "zeros", "hash")), (t.dtype, row)
         for k in ("mean", "norm"):
             assert _same(row[k], kernel[k]) or row[k] == pytest.approx(kernel[k], rel=1e-5, abs=1e-6), (k, row)
+
+
+def test_a_crash_mid_step_leaves_the_steps_device_statistics_in_the_dump(tmp_path, monkeypatch, backend):
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(5))
+    _route(backend, monkeypatch, 8 << 20)
+    try:
+        with pytest.raises(RuntimeError, match="the user's training crashed"), \
+                opscope.dump(tmp_path / "d", level="aten") as d:
+            (x @ x).sum()
+            d.step()
+            (x * 2).relu()  # pending in the buffer when the step is cut short
+            raise RuntimeError("the user's training crashed")
+    finally:
+        backend.route_device(0)
+    dump = opscope.load(tmp_path / "d")
+    rows = dump.records().to_pylist()
+    assert dump.status == "crashed" and {r["step"] for r in rows} == {0, 1}
+    relu = [r for r in rows if ".relu." in r["op"] and r["io"] == "output"]
+    assert len(relu) == 1 and relu[0]["hash"] == cpu_stats((x * 2).relu())[9]
