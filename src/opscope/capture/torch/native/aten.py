@@ -65,7 +65,7 @@ def backend_for(cfg: DumpConfig) -> Any:
 
 
 def _staging_bytes() -> int:
-    """OPSCOPE_DEVICE_STAGING_MB in bytes (docs/dump.md, "Performance")."""
+    """OPSCOPE_DEVICE_STAGING_MB in bytes (docs/dump.md, "Tensors on a GPU or NPU")."""
     text = env("DEVICE_STAGING_MB") or "8"
     try:
         mb = float(text)

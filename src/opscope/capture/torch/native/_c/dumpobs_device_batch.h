@@ -51,11 +51,13 @@ void hash_buffer(Stage& s, Result& r) {
   const size_t k = r.rows.size();
   const int64_t es = s.buf.element_size();
   std::vector<int64_t> words(k), first(k);
-  for (int64_t i = 0, at = 0; i < static_cast<int64_t>(k); at += words[i], ++i) words[i] = s.padded[i] * es / 4, first[i] = at;
+  for (size_t i = 0, at = 0; i < k; at += static_cast<size_t>(words[i]), ++i)
+    words[i] = s.padded[i] * es / 4, first[i] = static_cast<int64_t>(at);
   const c10::Device d = s.buf.device();
   at::Tensor w = s.buf.narrow(0, 0, s.used).view(at::kByte).view(at::kInt), len = ints_on(words, d);
+  // each word's index in its tensor: its index in the buffer less its tensor's first word's
   at::Tensor salt = at::arange(w.numel(), at::TensorOptions(at::kLong).device(d))
-                        .sub_(at::repeat_interleave(ints_on(first, d), len, 0, w.numel()))  // each word's index in its tensor
+                        .sub_(at::repeat_interleave(ints_on(first, d), len, 0, w.numel()))
                         .to(at::kInt)
                         .mul_(static_cast<int64_t>(static_cast<int32_t>(GOLD)));
   at::Tensor m = mix(w, salt);
