@@ -203,3 +203,20 @@ def test_a_crash_mid_step_leaves_the_steps_device_statistics_in_the_dump(tmp_pat
     assert dump.status == "crashed" and {r["step"] for r in rows} == {0, 1}
     relu = [r for r in rows if ".relu." in r["op"] and r["io"] == "output"]
     assert len(relu) == 1 and relu[0]["hash"] == cpu_stats((x * 2).relu())[9]
+
+
+def test_a_read_taken_back_keeps_no_device_statistics(tmp_path, monkeypatch, backend):
+    """A view read of memory that an op then fills unread measured nothing (FSDP's unsharded
+    parameters): taken back, its row holds no statistics, though its reduction was pending."""
+    monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
+    flat, x = torch.randn(64), torch.randn(2, 32)
+    _route(backend, monkeypatch, 8 << 20)
+    try:
+        with opscope.dump(tmp_path / "d", level="aten") as d:
+            torch.mul(x, 3, out=flat.view(2, 32))
+            d.step()
+    finally:
+        backend.route_device(0)
+    rows = opscope.load(tmp_path / "d").records().to_pylist()
+    view_in = next(r for r in rows if ".view." in r["op"] and r["io"] == "input")
+    assert view_in["note"].startswith("uninitialized memory") and view_in["mean"] is None

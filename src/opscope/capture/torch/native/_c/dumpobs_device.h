@@ -164,7 +164,8 @@ struct Read {  // a field's values on the host
 
 void fill(const Result& r, const std::array<Read, 9>& f) {
   for (size_t k = 0; k < r.rows.size(); ++k) {
-    if (r.rows[k] >= rows.size()) continue;
+    // (a row taken back since: what it read was memory no op had written, unmeasure_overwritten)
+    if (r.rows[k] >= rows.size() || rows[r.rows[k]].note == N_UNINITIALIZED) continue;
     acc_t a;
     std::memset(&a, 0, sizeof a);
     if (r.numel[k]) {
