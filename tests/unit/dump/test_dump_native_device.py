@@ -34,8 +34,8 @@ def _cases() -> list[torch.Tensor]:
     return [
         x,  # float32, 703 elements
         x.t(),  # non-contiguous: its elements in row-major order
-        x.to(torch.bfloat16)[1:, 1:],  # 16-bit words from an odd offset, an odd count
-        x.to(torch.float16).flatten()[1:],  # ditto, one-dimensional
+        x.to(torch.bfloat16)[1:, 2:],  # 16-bit elements from an offset of no whole word (21)
+        x.to(torch.float16).flatten()[1:-1],  # ditto (1), and an odd count (701): a padded word
         x.double() * 1e200,  # float64: squares past float64's range
         weird,  # NaN, Inf and a zero
         torch.full((5,), torch.finfo(torch.float32).max),  # a sum past float32's range
