@@ -18,7 +18,8 @@ from opscope.capture.torch.api_writes import WRITTEN as _WRITTEN
 from opscope.capture.torch.api_writes import makes_empty_call, unmarked_writes, writes_first, written_args
 from opscope.capture.torch.dataflow import grad_fn_of
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
-from opscope.capture.torch.modules import call_kwargs, run_eagerly, tensors_of
+from opscope.capture.torch.module_kwargs import module_kwargs
+from opscope.capture.torch.modules import run_eagerly, tensors_of
 from opscope.model.calls import overwrites_first, rearranges
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ class ModuleLevel(Level):
             self._calls.append(-1)
             return
         s.modules.learn(module, path)
-        inputs = module_inputs(module, args, call_kwargs())
+        inputs = module_inputs(module, args, module_kwargs(module, args))
         self._calls.append(s.recorder.record(op, path, phase, inputs, []))
 
     def _exit(self, module: torch.nn.Module, path: str, args: Any, output: Any) -> None:

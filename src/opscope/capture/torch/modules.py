@@ -310,28 +310,6 @@ def _tensor_parallel(root: torch.nn.Module) -> bool:
                for m in root.modules() for hook in m._forward_hooks.values())
 
 
-def call_kwargs() -> dict[str, Any] | None:
-    """The keyword arguments of the module call whose global pre-hook runs now (called from
-    the hook, or from the ``on_enter`` it calls).
-
-    A global forward pre-hook gets the positional arguments only, and a model is mostly
-    called with keywords (``model(**batch)``, ``generate``'s ``model(input_ids=...)``), as are
-    its layers (Hugging Face's attention gets ``hidden_states``, ``position_embeddings`` and
-    ``attention_mask`` by keyword): they are read from ``Module._call_impl``'s frame (~0.1 µs
-    a call; None where that frame is not found: a torch that calls hooks from elsewhere)."""
-    import sys
-
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(5):
-        if frame is None:
-            return None
-        if frame.f_code is _CALL_IMPL:
-            kwargs = frame.f_locals.get("kwargs")
-            return kwargs if isinstance(kwargs, dict) and kwargs else None
-        frame = frame.f_back
-    return None
-
-
 def _generating_owner(module: torch.nn.Module) -> torch.nn.Module | None:
     """The model whose ``generate`` (Hugging Face's) calls ``module``, one of its submodules,
     before the model itself: an encoder-decoder runs its encoder first. Indexed as the root,
@@ -351,5 +329,4 @@ def _generating_owner(module: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
-_CALL_IMPL = torch.nn.Module._call_impl.__code__
 run_eagerly(ModuleTracker._pre, ModuleTracker._post)

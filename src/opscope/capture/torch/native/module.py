@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from opscope.capture.torch.levels import hooks_gradients, module_inputs, module_phase
-from opscope.capture.torch.modules import SKIPPED, call_kwargs, tensors_of
+from opscope.capture.torch.module_kwargs import module_kwargs
+from opscope.capture.torch.modules import SKIPPED, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
@@ -74,7 +75,7 @@ class NativeModuleLevel(NativeAtenLevel):
                 phase = PHASE_CODES[name]
                 # one native call walks the arguments, own parameters and keyword arguments
                 # (None: something only Python walks, or named_parameters overridden)
-                kwargs = call_kwargs()
+                kwargs = module_kwargs(module, args)
                 params = module._parameters if type(module).named_parameters is _NAMED_PARAMETERS else None
                 found = None if params is None else self.native.record_module(
                     op, path, phase, args, params, -1, False, kwargs)
