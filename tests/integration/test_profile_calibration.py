@@ -72,10 +72,11 @@ TRAIN = textwrap.dedent(
                 proc.kill()
                 proc.wait()
 
-    root = sys.argv[1]
+    root, only = sys.argv[1], sys.argv[2:]
     run(root + "/warm")  # the first profile of a process pays one-off costs
-    run(root + "/base")
-    run(root + "/busy", hogs=4)
+    if not only:
+        run(root + "/base")
+        run(root + "/busy", hogs=4)
     run(root + "/busy_wide", hidden=2048, hogs=4)
     '''
 )
@@ -136,8 +137,23 @@ def test_same_code_on_a_busier_machine_is_not_flagged(runs) -> None:
     assert raw.returncode == 1, "the load did not slow B down: the test proves nothing"
 
 
+def _buried(done: subprocess.CompletedProcess) -> bool:
+    """Did B's step wait for a CPU far beyond what the four busy loops make (~2x the step)? Other
+    tests' processes on CPU 0 then bury the wider layer's slowdown in the waits' noise (seen in a
+    fresh clone's CI, session 36: a 22 ms step waited 381 ms, noise 76 ms against 20 ms left)."""
+    if done.returncode == 1:
+        return False
+    step = next(c for c in json.loads(done.stdout)["phases"] if c["name"] == "step")
+    return step["wait_ms"] > 10 * step["a_ms"]
+
+
 def test_slower_code_on_a_busier_machine_is_still_flagged(runs) -> None:
     done = opscope_cli("diff", str(runs / "base"), str(runs / "busy_wide"), "--json")
+    if _buried(done):  # profiled again, once, beside whatever loaded the machine
+        again = subprocess.run([sys.executable, str(runs / "train.py"), str(runs), "busy_wide"], capture_output=True,
+                               text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        done = opscope_cli("diff", str(runs / "base"), str(runs / "busy_wide"), "--json")
     assert done.returncode == 1, done.stdout
     result = json.loads(done.stdout)
     assert result["machine"]["sched_wait"]["significant"] is True
