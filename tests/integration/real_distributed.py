@@ -1,5 +1,7 @@
 """A tiny random-config Hugging Face Llama trained data-parallel on 2 CPU ranks (gloo) under
-opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py OUT WRAP [FAULT [LEVEL]]``.
+opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py ROOT
+NAME=WRAP[,FAULT[,LEVEL[,BACKEND]]] ...``: each run in turn, in one process group (a launch
+each cost ~7 s of imports and start-up, 15 of the test's 19 runs' time).
 
 WRAP: ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2's ``fully_shard`` on every decoder
 layer and the model), ``manual`` (each gradient all-reduced by hand after backward, then
@@ -7,16 +9,20 @@ divided by the world size), ``tp`` (tensor parallelism: every layer's projection
 across the ranks with DTensor plans; one batch, the same on every rank). FAULT: ``act`` swaps
 layer 1's activation on rank 1 only (real_models.inject); ``max_reduce`` all-reduces the
 gradients with MAX instead of SUM (manual only): the collective itself changes the values while
-every rank's inputs agree; ``none``: no fault. LEVEL: the dump's level (``aten`` unless given).
+every rank's inputs agree; ``none`` or empty: no fault. LEVEL: the dump's level (``aten``
+unless given). BACKEND: ``OPSCOPE_DUMP_BACKEND`` for that run (``python``: the Python capture
+path); unset unless given.
 
 Each rank trains on its own batch (seed = rank; tp: one batch), from the same weights, two AdamW steps dumped
-at the aten level (or LEVEL); rank r's losses go to ``OUT.losses.r.json`` (float.hex, for bit-identity).
+at the aten level (or LEVEL) into ``ROOT/NAME``; rank r's losses go to ``ROOT/NAME.losses.r.json``
+(float.hex, for bit-identity).
 Used by test_real_distributed.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,11 +73,10 @@ def sync(model: torch.nn.Module, op: dist.ReduceOp) -> None:
             p.grad.div_(dist.get_world_size())
 
 
-def main(out: str, how: str, fault: str | None, level: str = "aten") -> None:
+def run(out: str, how: str, fault: str | None, level: str = "aten") -> None:
+    """One run: a model built from seed 0, wrapped, trained and dumped into ``out``."""
     import opscope
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     fam = real_models.ALL_FAMILIES["llama"]
@@ -94,10 +99,23 @@ def main(out: str, how: str, fault: str | None, level: str = "aten") -> None:
             losses.append(float(loss.detach()).hex())
             d.step()
     Path(f"{out}.losses.{rank}.json").write_text(json.dumps(losses))
+
+
+def main(root: str, plans: list[str]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    for plan in plans:
+        name, _, spec = plan.partition("=")
+        how, fault, level, backend = (spec.split(",") + ["", "", ""])[:4]
+        if backend:
+            os.environ["OPSCOPE_DUMP_BACKEND"] = backend
+        else:
+            os.environ.pop("OPSCOPE_DUMP_BACKEND", None)
+        run(str(Path(root) / name), how, fault if fault not in ("", "none") else None, level or "aten")
+        dist.barrier()
     time.sleep(0.2)  # gloo's threads free their works first (test_monitor_ddp.gloo_settle: torch 2.13)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    fault = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "none" else None
-    main(sys.argv[1], sys.argv[2], fault, *sys.argv[4:5])
+    main(sys.argv[1], sys.argv[2:])

@@ -34,16 +34,17 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out: Path, wrap: str, fault: str | None = None, backend: str | None = None, level: str = "aten") -> Path:
-    """Train on 2 ranks with torchrun; the dump's path (the test fails with torchrun's output)."""
+def launch(root: Path, plans: dict[str, tuple[str, ...]]) -> dict[str, Path]:
+    """Train each plan (wrap, fault, level, backend) on 2 ranks, in turn, in one torchrun launch;
+    each plan's dump path (the test fails with torchrun's output)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if backend:
-        env["OPSCOPE_DUMP_BACKEND"] = backend
+    env.pop("OPSCOPE_DUMP_BACKEND", None)
+    specs = [f"{name}={','.join(spec)}" for name, spec in plans.items()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_port()),
-           str(SCRIPT), str(out), wrap, fault or "none", level]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+           str(SCRIPT), str(root), *specs]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    return out
+    return {name: root / name for name in plans}
 
 
 def losses(out: Path) -> list[list[str]]:
@@ -53,13 +54,16 @@ def losses(out: Path) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dist")
-    plan = {"ddp": ("ddp", None), "ddp_same": ("ddp", None), "ddp_act": ("ddp", "act"),
-            "fsdp": ("fsdp", None), "fsdp_same": ("fsdp", None), "fsdp_act": ("fsdp", "act"),
-            "manual": ("manual", None), "manual_max": ("manual", "max_reduce"),
-            "ddp_module": ("ddp", None, None, "module"), "ddp_module_act": ("ddp", "act", None, "module"),
-            "fsdp_module": ("fsdp", None, None, "module"), "fsdp_module_act": ("fsdp", "act", None, "module"),
-            "tp": ("tp", None), "tp_same": ("tp", None), "tp_act": ("tp", "act")}
-    return {name: launch(root / name, *spec) for name, spec in plan.items()}
+    plan = {"ddp": ("ddp",), "ddp_same": ("ddp",), "ddp_act": ("ddp", "act"),
+            "fsdp": ("fsdp",), "fsdp_same": ("fsdp",), "fsdp_act": ("fsdp", "act"),
+            "manual": ("manual",), "manual_max": ("manual", "max_reduce"),
+            "ddp_module": ("ddp", "", "module"), "ddp_module_act": ("ddp", "act", "module"),
+            "fsdp_module": ("fsdp", "", "module"), "fsdp_module_act": ("fsdp", "act", "module"),
+            "tp": ("tp",), "tp_same": ("tp",), "tp_act": ("tp", "act"),
+            # the Python capture path (OPSCOPE_DUMP_BACKEND=python)
+            "ddp_py": ("ddp", "", "aten", "python"), "ddp_py_same": ("ddp", "", "aten", "python"),
+            "fsdp_py": ("fsdp", "", "aten", "python")}
+    return launch(root, plan)
 
 
 def culprits(result) -> list[tuple[int, str, str]]:
@@ -123,12 +127,13 @@ def test_fsdp2s_unsharded_weights_are_read_as_the_parameters_they_are(runs):
     assert list(weight["shape"].map(list)) == [[64, 32]]  # the whole weight, not rank 0's shard
 
 
-def test_the_python_capture_path_records_ddp_exactly_and_survives_fsdp(runs, tmp_path):
-    ddp = launch(tmp_path / "ddp_py", "ddp", backend="python")
+def test_the_python_capture_path_records_ddp_exactly_and_survives_fsdp(runs):
+    ddp = runs["ddp_py"]
     assert opscope.load(ddp).manifest["stats_backend"] != "native"
+    assert opscope.load(runs["ddp"]).manifest["stats_backend"] == "native"
     assert losses(ddp) == losses(runs["ddp"])
-    assert opscope.compare(ddp, launch(tmp_path / "ddp_py_same", "ddp", backend="python")).verdict == "identical"
-    fsdp = launch(tmp_path / "fsdp_py", "fsdp", backend="python")  # DTensor parameters: a crash before
+    assert opscope.compare(ddp, runs["ddp_py_same"]).verdict == "identical"
+    fsdp = runs["fsdp_py"]  # DTensor parameters: a crash before
     assert losses(fsdp) == losses(runs["fsdp"])
     rows = opscope.load(fsdp).records(rank=0, step=0).to_pandas()
     step = rows[(rows.op == "AdamW.step") & (rows.io != "output")]  # parameters and gradients: DTensors
