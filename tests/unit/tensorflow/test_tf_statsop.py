@@ -102,3 +102,30 @@ def test_a_failed_build_falls_back_to_the_host_path(tmp_path, monkeypatch, capsy
     assert not opbuild.target().exists()  # nothing left in the cache under that command's key
     _same_rows(reference, by_host)
     assert losses == losses_host
+
+
+def test_a_second_copy_of_opscope_reuses_the_op(tmp_path):
+    """The op's cache key hashes its sources, not where opscope lies (another venv, an editable
+    checkout): the same op, unless a source changed."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(Path(opbuild.__file__).parents[2], copy / "opscope",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    script = "from opscope.capture.tensorflow import opbuild; print(opbuild.__file__); print(opbuild.target())"
+    env = {**os.environ, "PYTHONPATH": str(copy), "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+    def target() -> str:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        where, path = done.stdout.splitlines()[-2:]
+        assert where.startswith(str(copy))
+        return path
+
+    assert target() == str(opbuild.target())
+    (copy / "opscope" / "capture" / "tensorflow" / "_c" / "stats_op.cc").write_text("// changed\n")
+    assert target() != str(opbuild.target())

@@ -45,7 +45,9 @@ def cache_dir() -> Path:
 def _target(name: str) -> Path:
     import torch
 
-    flags = " ".join(_command(Path("src"), Path("out")))  # a change of flags is a new build too
+    # a change of flags is a new build too; opscope's own folder is not a flag (its headers are
+    # hashed), so a second install of the same opscope (another venv, an editable checkout) reuses the build
+    flags = " ".join(_command(Path("src"), Path("out"))).replace(str(Path(__file__).parents[3]), "<opscope>")
     sources = [_SOURCES[name], *sorted(_SOURCES[name].parent.glob("*.h")), *sorted(_SHARED.glob("*.h"))]  # and headers
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + flags.encode()).hexdigest()[:12]
     tag = f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
