@@ -40,13 +40,20 @@ def train(path: Path | str, *args: str, check: bool = True) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     """Each run's dump folder; beside it, ``<name>.weights``: the SHA-1 of its trained weights
-    (the BARE runs write only that)."""
+    (the BARE runs write only that). Runs share processes (TensorFlow's import was half the
+    fixture's time): the bare ones one process that never imports opscope, the dumped ones two,
+    "a" and "b" (the same run twice) in different ones."""
     root = tmp_path_factory.mktemp("tf")
+    groups = [["a", "bf16", "custom", "late"], ["b", "fault", "layer", "spe"], list(BARE)]
 
-    def run(name: str, args: list[str]) -> None:
-        train("-" if name in BARE else root / name, *args, "--weights", str(root / f"{name}.weights"))
+    def run(group: list[str]) -> None:
+        runs = [["-" if name in BARE else str(root / name), *{**RUNS, **BARE}[name],
+                 "--weights", str(root / f"{name}.weights")] for name in group]
+        spec = root / f"{group[0]}.runs.json"
+        spec.write_text(json.dumps(runs))
+        train("--runs", str(spec))
     with ThreadPoolExecutor(2) as pool:
-        list(pool.map(lambda item: run(*item), {**RUNS, **BARE}.items()))
+        list(pool.map(run, groups))
     return {name: root / name for name in {**RUNS, **BARE}}
 
 

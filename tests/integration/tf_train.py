@@ -3,11 +3,14 @@
     python tf_train.py DUMP [--loop fit|custom|eager] [--policy mixed_bfloat16] [--fault ff0a]
                       [--level op|layer] [--steps 0|1] [--data statistics|tensor] [--jit] [--nan]
                       [--weights FILE]
+    python tf_train.py --runs RUNS.json   (a list of such argument lists, trained one after another)
 
 ``--fault LAYER`` scales that Dense layer's output by 1.05 (a one-layer fault); ``--nan``
 puts a NaN in ``ff0b``'s output at step 1. Without DUMP ("-") it trains with no dump (fit:
 as ``opscope run`` / ``$OPSCOPE_CONFIG`` decide). ``--weights FILE`` writes there the SHA-1
 of every weight's bytes after training (the tests compare dumped and bare runs bit for bit).
+``--runs``: several runs in one process, each from a cleared Keras session and the float32
+policy (TensorFlow's import, ~6 s, was most of a run's time).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels run to run
@@ -72,7 +77,7 @@ def data(n: int = 64):
     return x, np.roll(x, -1, axis=1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("dump")
     p.add_argument("--loop", default="fit", choices=["fit", "custom", "eager"])
@@ -85,7 +90,7 @@ def main() -> None:
     p.add_argument("--nan", action="store_true")
     p.add_argument("--spe", type=int, default=1, help="steps_per_execution")
     p.add_argument("--weights", default=None, help="write the SHA-1 of the trained weights here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     model = build(args)
     train(model, args)
     if args.weights:
@@ -134,5 +139,20 @@ def custom_loop(model, x, y, args, session) -> None:
                 d.step()
 
 
+def many(path: str) -> None:
+    """Each argument list of the JSON file ``path``, in turn, as if run alone."""
+    import keras
+
+    with open(path) as f:
+        runs = json.load(f)
+    for argv in runs:
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")
+        main(argv)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--runs"]:
+        many(sys.argv[2])
+    else:
+        main()
