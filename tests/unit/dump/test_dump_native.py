@@ -434,26 +434,24 @@ def test_build_flags_name_torchs_own_folders_without_importing_cpp_extension() -
 def test_a_second_copy_of_opscope_reuses_the_build(tmp_path) -> None:
     """The cache key hashes the sources, not where they lie: opscope installed again (another
     venv, an editable checkout) found no build and compiled its three extensions anew (~30 s)."""
+    import importlib.util
     import shutil
     from pathlib import Path
 
-    from opscope.capture.torch.native import build
+    copy = tmp_path / "elsewhere" / "opscope"
+    shutil.copytree(Path(native.__file__).parents[3], copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    names = sorted(native._SOURCES)
 
-    copy = tmp_path / "elsewhere"
-    shutil.copytree(Path(build.__file__).parents[3], copy / "opscope",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    script = ("from opscope.capture.torch.native import build\n"
-              "print(build.__file__); print(*(build._target(n) for n in sorted(build._SOURCES)))\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(copy)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    where, targets = done.stdout.splitlines()
-    assert where.startswith(str(copy))
-    assert targets.split() == [str(build._target(n)) for n in sorted(build._SOURCES)]
-    (copy / "opscope" / "_c" / "opscope_half.h").write_text("// changed\n")  # a changed header: a new build
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(copy)})
-    assert done.returncode == 0 and done.stdout.splitlines()[1].split()[0] != str(build._target("_opscope_dump"))
+    def targets() -> list[Path]:  # build.py of the copy, run from there
+        spec = importlib.util.spec_from_file_location("build_copy", copy / "capture" / "torch" / "native" / "build.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert str(module._SOURCES["_opscope_dump"]).startswith(str(copy))
+        return [module._target(n) for n in names]
+
+    assert targets() == [native._target(n) for n in names]
+    (copy / "_c" / "opscope_half.h").write_text("// changed\n")  # a changed header: a new build of each
+    assert all(a != b for a, b in zip(targets(), [native._target(n) for n in names]))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
