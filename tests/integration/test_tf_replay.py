@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,14 +29,13 @@ RUNS = {"f32": [], "bf16": ["--policy", "mixed_bfloat16"]}
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
+    """Both runs in one process, one after another (tf_train.py --runs)."""
     root = tmp_path_factory.mktemp("tfreplay")
-
-    def run(name: str) -> None:
-        proc = subprocess.run([sys.executable, str(TRAIN), str(root / name), "--data", "tensor", "--steps", "0",
-                               *RUNS[name]], capture_output=True, text=True, timeout=300, env=ENV)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(run, RUNS))
+    spec = root / "runs.json"
+    spec.write_text(json.dumps([[str(root / name), "--data", "tensor", "--steps", "0", *RUNS[name]] for name in RUNS]))
+    proc = subprocess.run([sys.executable, str(TRAIN), "--runs", str(spec)], capture_output=True, text=True,
+                          timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return {name: root / name for name in RUNS}
 
 

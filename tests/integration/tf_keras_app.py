@@ -2,28 +2,32 @@
 steps of fit, dumped or not, for the TF tests on a model nobody here wrote.
 
     python tf_keras_app.py DUMP|- [--policy mixed_bfloat16] [--fault LAYER] [--weights FILE]
+    python tf_keras_app.py --runs RUNS.json   (a list of such argument lists, one after another)
 
 ``--fault LAYER`` scales that layer's output by 1.05; ``--weights FILE`` writes there the
-SHA-1 of every weight's bytes after training.
+SHA-1 of every weight's bytes after training. ``--runs``: several runs in one process, each
+from a cleared Keras session and the float32 policy (TensorFlow's import is ~6 s).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("dump")
     p.add_argument("--policy", default=None)
     p.add_argument("--fault", default=None)
     p.add_argument("--weights", default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import keras
     import numpy as np
 
@@ -48,5 +52,20 @@ def main() -> None:
             f.write(digest)
 
 
+def many(path: str) -> None:
+    """Each argument list of the JSON file ``path``, in turn, as if run alone."""
+    import keras
+
+    with open(path) as f:
+        runs = json.load(f)
+    for argv in runs:
+        keras.backend.clear_session()
+        keras.mixed_precision.set_global_policy("float32")
+        main(argv)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--runs"]:
+        many(sys.argv[2])
+    else:
+        main()
