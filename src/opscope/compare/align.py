@@ -21,7 +21,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from opscope.compare.flow import Sides, base_op, flow_pairs, inserted, same_shape
+from opscope.compare.call_match import matchable, matchable_table, same_ops
+from opscope.compare.flow import Sides, base_op, flow_pairs, inserted
 from opscope.compare.mapping import Mapping
 from opscope.compare.pair import INPUT_IO, PHASE_ORDER, OpCall, Pair, call_key
 from opscope.compare.param_reads import parameter_pairs
@@ -63,7 +64,7 @@ def align_partition(t_rows: list[dict[str, Any]], r_rows: list[dict[str, Any]]) 
         if by_name:
             tc = [c for c in tc if not any(r["id"] in partner["target"] for r in c.rows)]
             rc = [c for c in rc if not any(r["id"] in partner["reference"] for r in c.rows)]
-        same = len(tc) == len(rc) and _same_ops(tc, rc)  # once a group: each call is O(len)
+        same = len(tc) == len(rc) and same_ops(tc, rc)  # once a group: each call is O(len)
         for a, b in _align_calls(tc, rc, same):
             if a is not None and b is not None:
                 pairs.extend(pair_rows(a, b, "exact" if same else "aligned", partner))
@@ -107,7 +108,7 @@ def _replay_pairs(t_calls: dict[tuple[str, str], list[OpCall]],
             calls, forward = mine.pop(key), other.get(("forward", key[1]), [])
             tc, rc = (calls, forward) if side == "target" else (forward, calls)
             partner: dict[str, dict[int, dict[str, Any]]] = {"target": {}, "reference": {}}
-            aligned = _align_calls(tc, rc, len(tc) == len(rc) and _same_ops(tc, rc))
+            aligned = _align_calls(tc, rc, len(tc) == len(rc) and same_ops(tc, rc))
             for a, b in _with_interrupted(aligned, side):
                 for pair in pair_rows(a, b, "aligned", partner):
                     pair.side = side
@@ -172,7 +173,7 @@ def _pair_by_gradient(tc: list[OpCall], rc: list[OpCall], t_grads: dict[int, str
     if not t_grads or not r_grads:
         return []
     t_by, r_by = by_param(tc, t_grads), by_param(rc, r_grads)
-    return [(t_by[name], r_by[name]) for name in t_by.keys() & r_by.keys() if _matchable(t_by[name], r_by[name])]
+    return [(t_by[name], r_by[name]) for name in t_by.keys() & r_by.keys() if matchable(t_by[name], r_by[name])]
 
 
 def _pair_by_reads(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall, OpCall]]:
@@ -193,7 +194,7 @@ def _pair_by_reads(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[OpCall, OpC
     both = t_by.keys() & r_by.keys()
     if len(both) < 2 or [k for k in t_by if k in both] == [k for k in r_by if k in both]:
         return []  # (dicts keep the calls' order)
-    return [(t_by[k], r_by[k]) for k in both if _matchable(t_by[k], r_by[k])]
+    return [(t_by[k], r_by[k]) for k in both if matchable(t_by[k], r_by[k])]
 
 
 def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], list[OpCall]]:
@@ -221,33 +222,6 @@ def op_calls(rows: list[dict[str, Any]], side: str) -> dict[tuple[str, str], lis
     return groups
 
 
-def _same_ops(tc: list[OpCall], rc: list[OpCall]) -> bool:
-    return all(_matchable(a, b) for a, b in zip(tc, rc))
-
-
-def _matchable(a: OpCall, b: OpCall) -> bool:
-    """Same op, and outputs of the same shapes (a reordered sequence must not pair by name;
-    a [4, 16, 32] view is not a [8, 16, 16] view, whatever their element counts). A module's
-    call may return more tensors on one side, after those both return (eager attention's
-    weights, None under sdpa)."""
-    oa, ob = a.outputs(), b.outputs()
-    if len(oa) != len(ob) and ("." in a.op or not oa or not ob):
-        return False
-    return _same_op(a.op, b.op) and all(same_shape(x, y) for x, y in zip(oa, ob))
-
-
-def _same_op(a: str, b: str) -> bool:
-    """The same op, or an aten op and its in-place form (``add`` / ``add_``): the same values.
-    The autograd engine sums a tensor's gradients with ``add_`` where it may reuse the buffer
-    and ``add`` where not, which one depending on the graph around it (a fault elsewhere
-    swaps them)."""
-    if a == b:
-        return True
-    pa, pb = a.split("."), b.split(".")
-    return len(pa) == len(pb) == 3 and pa[0] == pb[0] == "aten" and pa[2] == pb[2] \
-        and pa[1] != pb[1] and pa[1].rstrip("_") == pb[1].rstrip("_") and not pa[1].startswith("__")
-
-
 def _align_calls(tc: list[OpCall], rc: list[OpCall],
                  same: bool) -> list[tuple[OpCall | None, OpCall | None]]:
     """Pairs of calls in order, one-sided calls with None opposite (``same``: they match one to one)."""
@@ -271,17 +245,18 @@ def _match(tc: list[OpCall], rc: list[OpCall]) -> list[tuple[int, int]]:
     if n * m > _DP_LIMIT:
         sm = difflib.SequenceMatcher(None, [c.op for c in tc], [c.op for c in rc], autojunk=False)
         return [(b.a + k, b.b + k) for b in sm.get_matching_blocks() for k in range(b.size)]
+    ok = matchable_table(tc, rc)
     score = [[0.0] * (m + 1) for _ in range(n + 1)]
     for i in range(n - 1, -1, -1):
-        row, below = score[i], score[i + 1]
+        row, below, oki = score[i], score[i + 1], ok[i]
         for j in range(m - 1, -1, -1):
             best = max(below[j], row[j + 1])
-            if _matchable(tc[i], rc[j]):
+            if oki[j]:
                 best = max(best, below[j + 1] + _similarity(tc[i], rc[j]))
             row[j] = best
     matches, i, j = [], 0, 0
     while i < n and j < m:
-        if _matchable(tc[i], rc[j]) and score[i][j] == score[i + 1][j + 1] + _similarity(tc[i], rc[j]):
+        if ok[i][j] and score[i][j] == score[i + 1][j + 1] + _similarity(tc[i], rc[j]):
             matches.append((i, j))
             i, j = i + 1, j + 1
         elif score[i][j] == score[i + 1][j]:

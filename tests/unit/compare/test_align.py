@@ -81,10 +81,12 @@ def test_a_long_group_is_checked_once_not_once_a_call(monkeypatch):
     """A module's calls that match one to one are checked once (each check walks the whole
     group: once a call made a real model's compare quadratic, 334,756 checks for 5,120 pairs)."""
     import opscope.compare.align as align
+    import opscope.compare.call_match as call_match
 
     checks = []
-    real = align._matchable
-    monkeypatch.setattr(align, "_matchable", lambda a, b: checks.append(1) or real(a, b))
+    real = call_match.matchable
+    for module in (align, call_match):
+        monkeypatch.setattr(module, "matchable", lambda a, b: checks.append(1) or real(a, b))
     t, r = Rows(), Rows()
     for i in range(300):
         t.op("add" if i % 2 else "mul", float(i))
@@ -212,3 +214,33 @@ def test_a_tie_of_outputs_is_broken_by_the_inputs():
     divs = [(p.t["seq"], p.r["seq"]) for p in pairs if p.t is not None and p.r is not None
             and p.t["op"] == "aten.div.Tensor" and p.t["io"] == "output"]
     assert divs == [(1, 2)], "the loop's division, which reads what the graph returned"
+
+
+def test_the_matchability_table_is_matchable_cell_by_cell():
+    """The alignment judges each kind of call once (op, outputs' shapes and element counts) instead
+    of each cell; every cell must still say what matchable says of its two calls: in-place
+    twins (add / add_), a module's call with an extra output, shapes missing on one side."""
+    import random
+
+    from opscope.compare.align import OpCall
+    from opscope.compare.call_match import matchable, matchable_table
+
+    rng = random.Random(0)
+    ops = ["aten.add.Tensor", "aten.add_.Tensor", "aten.mul.Tensor", "aten.view.default", "Linear", "layer",
+           "aten.__iand__.Tensor", "aten.__iand_.Tensor"]
+    shapes = [[4], [2, 2], [4, 1], None]
+
+    def call(side, seq):
+        outs = [dict(io="output", shape=rng.choice(shapes), numel=rng.choice([4, 4, 8]))
+                for _ in range(rng.randint(0, 2))]
+        ins = [dict(io="input", shape=[4], numel=4)]
+        return OpCall(side, seq, "forward", "m", rng.choice(ops), ins + outs)
+
+    cells = []
+    for _ in range(30):
+        tc = [call("target", i) for i in range(rng.randint(1, 12))]
+        rc = [call("reference", i) for i in range(rng.randint(1, 12))]
+        table = matchable_table(tc, rc)
+        assert table == [[matchable(a, b) for b in rc] for a in tc]
+        cells += [cell for row in table for cell in row]
+    assert 20 <= sum(cells) <= len(cells) / 2  # both answers, often
