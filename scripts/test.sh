@@ -19,5 +19,8 @@ fi
 .venv/bin/mypy  # the package, as configured in pyproject.toml's [tool.mypy]
 # The tests in parallel, one file per worker (module fixtures are built once), up to 4 workers
 # (each holds torch and TensorFlow); PYTEST_WORKERS=0 runs them in this process.
+# CI's budget is 20 minutes on 2 cores, installs included. A Python process that imports torch
+# and transformers, or TensorFlow, spends ~6 s before it runs anything, so fixtures that train
+# several runs do them in one process where they can (real_distributed.py, tf_train.py --runs).
 WORKERS=${PYTEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 exec .venv/bin/python -m pytest -n "$WORKERS" --dist loadfile "$@"
