@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+from keras_runs import main_or_many  # noqa: E402  (this folder: the script's own)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,20 +52,5 @@ def main(argv: list[str] | None = None) -> None:
             f.write(digest)
 
 
-def many(path: str) -> None:
-    """Each argument list of the JSON file ``path``, in turn, as if run alone."""
-    import keras
-
-    with open(path) as f:
-        runs = json.load(f)
-    for argv in runs:
-        keras.backend.clear_session()
-        keras.mixed_precision.set_global_policy("float32")
-        main(argv)
-
-
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--runs"]:
-        many(sys.argv[2])
-    else:
-        main()
+    main_or_many(main)
