@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-
-from keras_runs import main_or_many  # noqa: E402  (this folder: the script's own)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,4 +52,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # keras_runs.py, beside (runpy.run_path too)
+    from keras_runs import main_or_many
+
     main_or_many(main)

@@ -19,11 +19,10 @@ import argparse
 import contextlib
 import hashlib
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # the same kernels run to run
-
-from keras_runs import main_or_many  # noqa: E402  (this folder: the script's own)
 
 
 def build(args: argparse.Namespace):
@@ -140,4 +139,7 @@ def custom_loop(model, x, y, args, session) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # keras_runs.py, beside (runpy.run_path too)
+    from keras_runs import main_or_many
+
     main_or_many(main)
