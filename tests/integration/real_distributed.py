@@ -1,7 +1,7 @@
 """A tiny random-config Hugging Face Llama trained data-parallel on 2 CPU ranks (gloo) under
 opscope.dump: ``python -m torch.distributed.run --nproc_per_node 2 real_distributed.py ROOT
 NAME=WRAP[,FAULT[,LEVEL[,BACKEND]]] ...``: each run in turn, in one process group (a launch
-each cost ~7 s of imports and start-up, 15 of the test's 19 runs' time).
+costs ~10 s of imports and start-up, a run ~1 s of training).
 
 WRAP: ``ddp`` (DistributedDataParallel), ``fsdp`` (FSDP2's ``fully_shard`` on every decoder
 layer and the model), ``manual`` (each gradient all-reduced by hand after backward, then
@@ -102,6 +102,7 @@ def run(out: str, how: str, fault: str | None, level: str = "aten") -> None:
 
 
 def main(root: str, plans: list[str]) -> None:
+    """Each ``NAME=WRAP,...`` plan of ``plans`` in turn, dumped into ``root/NAME``."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     for plan in plans:
