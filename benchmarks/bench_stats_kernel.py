@@ -59,7 +59,8 @@ def measure(kernels: list[Any], t: torch.Tensor, repeat: int) -> list[list[float
     """GB/s of each kernel over ``repeat`` loops, the kernels alternating loop by loop."""
     code, n, ptr = CODES[t.dtype], t.numel(), t.data_ptr()
     results = [k.stats(ptr, n, code) for k in kernels]  # also warms up: pages touched, clones resolved
-    if any(repr(r) != repr(results[0]) for r in results):
+    # the first eight: builds before 8 December 2026 return no squared deviations (m2)
+    if any(repr(r[:8]) != repr(results[0][:8]) for r in results):
         raise SystemExit(f"{t.dtype} numel {n}: the builds disagree: {results}")
     start = time.thread_time()
     kernels[0].stats(ptr, n, code)

@@ -251,7 +251,7 @@ def _native_stats(t: torch.Tensor) -> list[float]:
     n = t.numel()
     if n == 0:
         return [0.0, 0.0, 0.0, 0.0]
-    mn, mx, _total, sumsq, nan, inf, _zeros, _hash = _fastats.stats(t.data_ptr(), n, CODES[t.dtype])
+    mn, mx, _total, sumsq, nan, inf, _zeros, _hash, _m2 = _fastats.stats(t.data_ptr(), n, CODES[t.dtype])
     if nan:
         return [math.nan, math.nan, float(nan), float(inf)]
     return [math.sqrt(sumsq), max(abs(mn), abs(mx)), 0.0, float(inf)]

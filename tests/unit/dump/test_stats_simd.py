@@ -17,7 +17,7 @@ from opscope.capture.torch import stats
 # around every lane, 64-byte step, block and hash tail; the last: over 512 KB (prefetch)
 SIZES = (0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 4095, 4096, 4097, 4096 + 48 + 5, 10000, 300007)
 PATTERNS = ("randn", "big", "zeros", "nan", "inf", "signed_zeros", "wide", "cancel", "overflow", "nan_mid",
-            "subnormal", "all_nan", "offset", "mask")
+            "subnormal", "all_nan", "offset", "mask", "constant", "far")
 CASES = textwrap.dedent(f"""
     import json, math, random, torch
     from opscope.capture.torch.native import _fastats
@@ -57,6 +57,8 @@ CASES = textwrap.dedent(f"""
                     t = t * (1e-310 if dt == torch.float64 else 1e-40)
                 if pattern == "all_nan":
                     t[:] = math.nan
+                if pattern in ("constant", "far"):  # the spread from a second pass (fastats_spread.h)
+                    t = 1.1 + (t * 1e-3 if pattern == "far" else 0 * t)
                 t = t.to(dt).contiguous()
                 if pattern == "offset":  # not aligned to 4 bytes for 16-bit dtypes: unaligned loads
                     t = torch.cat([t[:1], t])[1:]
@@ -95,7 +97,7 @@ def _run(path: str) -> dict:
 
 def _assert_same(simd: dict, portable: dict) -> None:
     assert len(simd["stats"]) == 4 * len(SIZES) * len(PATTERNS)
-    assert simd["stats"] == portable["stats"]  # min, max, sum, sumsq, nan, inf, zeros, hash
+    assert simd["stats"] == portable["stats"]  # min, max, sum, sumsq, nan, inf, zeros, hash, m2
     assert len(simd["ints"]) == 3 * (len(SIZES) + 2) * 4 + 3 * len(SIZES) and simd["ints"] == portable["ints"]
     nan_cases = [s for s in simd["stats"] if s[4] not in ("0",)]
     assert nan_cases and all(math.isfinite(float(s[0])) or s[0] in ("inf", "-inf") for s in nan_cases)

@@ -42,8 +42,8 @@ def _load_kernel() -> Any:
 
 
 _fastats = _load_kernel()
-if _fastats is not None and getattr(_fastats, "HASH", "") != "wsum64-v2":
-    _fastats = None  # a stale build computes another hash: never record a wrong one
+if _fastats is not None and (getattr(_fastats, "HASH", "") != "wsum64-v2" or getattr(_fastats, "SPREAD", 0) < 1):
+    _fastats = None  # a stale build computes another hash or std: never record a wrong one
 
 CODES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 3, "int8": 4, "uint8": 5,
          "int16": 6, "int32": 7, "int64": 8, "bool": 9}
@@ -79,8 +79,8 @@ def host_stats(arr: np.ndarray) -> tuple[Any, ...]:
     if code is None or not arr.flags.c_contiguous:
         return tensor_stats(arr)
     n = int(arr.size)
-    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(address(arr), n, code)
-    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
+    mn, mx, total, sumsq, nan, inf, zeros, h, m2 = _fastats.stats(address(arr), n, code)
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n, m2)
 
 
 _QUEUE = threading.Lock()  # the kernel's worker queue serves one caller at a time
@@ -146,14 +146,17 @@ def many_columns(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | Non
 
 
 def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
-           hash_: int, n: int) -> tuple[Any, ...]:
-    """Raw sums into the stored statistics (the same rule as the PyTorch capture's)."""
+           hash_: int, n: int, m2: float | None = None) -> tuple[Any, ...]:
+    """Raw sums into the stored statistics (the same rule as the PyTorch capture's, ``m2``
+    included)."""
     if n == 0:
         return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
     if nan:
         return (math.nan,) * 6 + (nan, inf, zeros, hash_)
     mean = total / n
-    var = sumsq / n - mean * mean if math.isfinite(sumsq) else math.nan
+    if m2 is None:  # float64 sums (the device reductions): the native device path's arithmetic
+        m2 = sumsq - total * total / n
+    var = m2 / n if math.isfinite(sumsq) else math.nan
     std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
     return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
 

@@ -22,8 +22,9 @@ import torch
 
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 
-# One statistics tuple of the C kernel: min, max, sum, sum of squares, NaN, Inf, zero counts, hash.
-RawStats = tuple[float, float, float, float, int, int, int, int]
+# One statistics tuple of the C kernel: min, max, sum, sum of squares, NaN, Inf, zero counts, hash,
+# squared deviations from the mean.
+RawStats = tuple[float, float, float, float, int, int, int, int, float]
 
 
 class FastStats(Protocol):
@@ -32,12 +33,13 @@ class FastStats(Protocol):
 
     SIMD: int
     HASH: str
+    SPREAD: int
 
     def submit(self, ptr: int, numel: int, code: int, dst: int = 0, /) -> int: ...
     def wait(self, job: int, /) -> None: ...
     def take(self, job: int, /) -> None: ...
     def done(self) -> int: ...
-    def results(self, start: int, end: int, /) -> list[RawStats]: ...
+    def results(self, start: int, end: int, /) -> list[tuple[Any, ...]]: ...  # finished: STAT_NAMES order
     def reset(self) -> None: ...
     def stats(self, ptr: int, numel: int, code: int, /) -> RawStats: ...
 
@@ -51,11 +53,14 @@ def _load_kernel() -> FastStats | None:
 
 
 _fastats = _load_kernel()
-if _fastats is not None and getattr(_fastats, "HASH", "wsum64-v1") != HASH_ALGORITHM:
-    # an extension built from older sources would write another hash under this one's name
-    warnings.warn(f"opscope: the statistics kernel was built for hash "
-                  f"{getattr(_fastats, 'HASH', 'wsum64-v1')}, not {HASH_ALGORITHM}: using torch "
-                  f"reductions; rebuild it with `pip install -e .` (or scripts/install.sh)", stacklevel=2)
+if _fastats is not None and (getattr(_fastats, "HASH", "wsum64-v1") != HASH_ALGORITHM
+                             or getattr(_fastats, "SPREAD", 0) < 1):
+    # an extension built from older sources would write another hash under this one's name, or
+    # the std of float32 sums of squares (docs/format.md, Statistics)
+    warnings.warn(f"opscope: the statistics kernel was built from older sources (hash "
+                  f"{getattr(_fastats, 'HASH', 'wsum64-v1')}, spread {getattr(_fastats, 'SPREAD', 0)}; "
+                  f"this opscope: {HASH_ALGORITHM}, 1): using torch reductions; rebuild it with "
+                  f"`pip install -e .` (or scripts/install.sh)", stacklevel=2)
     _fastats = None
 
 CODES = {
@@ -73,15 +78,19 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
-           hash_: int, n: int) -> tuple[Any, ...]:
-    """Turn raw sums into the stored statistics tuple (STAT_NAMES order)."""
+           hash_: int, n: int, m2: float | None = None) -> tuple[Any, ...]:
+    """Turn raw sums into the stored statistics tuple (STAT_NAMES order). ``m2``: the squared
+    deviations from the mean, as the C kernel gives them (fastats_spread.h); without it they
+    are taken from the sums, which holds for the float64 sums of the device reductions."""
     if n == 0:
         return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
     if nan:
         nanv = math.nan
         return (nanv, nanv, nanv, nanv, nanv, nanv, nan, inf, zeros, hash_)
     mean = total / n
-    var = sumsq / n - mean * mean if math.isfinite(sumsq) else math.nan
+    if m2 is None:  # float64 sums (the device reductions): the native device path's arithmetic
+        m2 = sumsq - total * total / n
+    var = m2 / n if math.isfinite(sumsq) else math.nan
     std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
     return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
 
@@ -99,8 +108,8 @@ def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     if _fastats is None or code is None or (code == 2 and not F16_FAST):  # scalar C float16 is slow
         return materialize_one(device_stats(t))
     n = t.numel()
-    mn, mx, total, sumsq, nan, inf, zeros, h = _fastats.stats(t.data_ptr(), n, code)
-    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n)
+    mn, mx, total, sumsq, nan, inf, zeros, h, m2 = _fastats.stats(t.data_ptr(), n, code)
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n, m2)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

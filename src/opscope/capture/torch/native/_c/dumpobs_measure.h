@@ -28,10 +28,8 @@ void finish_row(Row& r, const acc_t& a, int64_t n) {
     r.cnt[0] = r.cnt[1] = r.cnt[2] = 0;
     return;
   }
-  double mn = a.mn, mx = a.mx, mean = a.sum / n, var = a.sumsq / n - mean * mean;
-  double std = var > 0 ? std::sqrt(var) : (var == var ? 0.0 : NAN), norm = std::sqrt(a.sumsq);
-  if (a.nan) mn = mx = mean = std = norm = NAN;
-  if (!std::isfinite(a.sumsq)) std = NAN;
+  double mn = a.mn, mx = a.mx, mean = a.sum / n, std = acc_std(&a, n), norm = std::sqrt(a.sumsq);
+  if (a.nan) mn = mx = mean = norm = NAN;
   double absmax = a.nan ? NAN : std::max(std::fabs(mn), std::fabs(mx));
   r.st[0] = mn, r.st[1] = mx, r.st[2] = mean, r.st[3] = std, r.st[4] = norm, r.st[5] = absmax;
   r.cnt[0] = a.nan, r.cnt[1] = a.inf, r.cnt[2] = a.zeros;

@@ -1,7 +1,8 @@
 /* One-pass tensor statistics for CPU tensors, used by opscope's dump on CPU.
  *
  * stats(ptr, numel, code) reads `numel` contiguous elements at address `ptr` and returns
- * (min, max, sum, sumsq, nan, inf, zeros, hash) in a single pass, with the GIL released so
+ * (min, max, sum, sumsq, nan, inf, zeros, hash, m2) in a single pass (m2: the squared
+ * deviations from the mean; near-constant blocks are read again, fastats_spread.h), with the GIL released so
  * the training step goes on while a worker thread reduces. min/max ignore NaN here; the
  * caller turns them into NaN when nan > 0, matching torch's propagating reductions.
  * The content hash ("wsum64-v2") is defined next to hash_mix in fastats_kernel.h.
@@ -40,9 +41,9 @@ static PyObject *stats(PyObject *self, PyObject *args) {
         run((const void *)(uintptr_t)ptr, n, code, &a);
         Py_END_ALLOW_THREADS
     }
-    return Py_BuildValue("ddddKKKK", a.mn, a.mx, a.sum, a.sumsq, (unsigned long long)a.nan,
+    return Py_BuildValue("ddddKKKKd", a.mn, a.mx, a.sum, a.sumsq, (unsigned long long)a.nan,
                          (unsigned long long)a.inf, (unsigned long long)a.zeros,
-                         (unsigned long long)a.hash);
+                         (unsigned long long)a.hash, acc_m2(&a));
 }
 
 /* A native worker thread: jobs are (address, numel, code) triples reduced in FIFO order
@@ -366,7 +367,7 @@ static PyMethodDef METHODS[] = {
     {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
     {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},
     {"stats_many", stats_many, METH_VARARGS, "stats_many(arrays, codes[, worker[, out]]) -> [stats tuple or None], or with out (10 x len(arrays) 8-byte slots) the columns there and [index not measured]: many arrays in one call"},
-    {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash)"},
+    {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash, squared deviations from the mean)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -377,10 +378,12 @@ PyMODINIT_FUNC PyInit__fastats(void) {
     PyObject *m = PyModule_Create(&MODULE);
     /* SIMD: vector kernels run (float16 is then faster here than through torch); SIMD_PATH:
      * which ones, "avx512", "avx2" or "portable" */
-    /* HASH: the content hash this build computes (a stale build must not be trusted) */
+    /* HASH: the content hash this build computes (a stale build must not be trusted); SPREAD:
+     * 1 where stats() returns the squared deviations (fastats_spread.h) ninth */
     if (m && (PyModule_AddIntConstant(m, "SIMD", simd_level() > 0) < 0
               || PyModule_AddStringConstant(m, "SIMD_PATH", simd_name()) < 0
-              || PyModule_AddStringConstant(m, "HASH", "wsum64-v2") < 0)) {
+              || PyModule_AddStringConstant(m, "HASH", "wsum64-v2") < 0
+              || PyModule_AddIntConstant(m, "SPREAD", 1) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -178,7 +178,47 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     hash_avx2(p, (size_t)n * ITEMSIZE[code], 0, h1, h2);
     return 1;
 }
+/* d = v - c added to s, its square to q (no FMA: the portable loop rounds d*d). */
+#define SHIFT_ADD(v, s, q)                                     \
+    do {                                                       \
+        __m256d d_ = _mm256_sub_pd((v), cv);                   \
+        s = _mm256_add_pd(s, d_);                              \
+        q = _mm256_add_pd(q, _mm256_mul_pd(d_, d_));           \
+    } while (0)
+
+/* shifted_sums (fastats_spread.h) of a float32, float16 or bfloat16 block: the same 16 double
+ * lanes (lane l takes elements i + l, the tail lane 0), in four vectors of four (named, not an
+ * array: GCC kept an array's sums in memory). */
+AVX2 static int shifted_simd(const void *x, Py_ssize_t m, int code, double *shift, double *sd, double *sq) {
+    if (!has_avx2() || m < 1) return 0;
+    const double c = (double)load_float(x, 0, code);
+    const __m256d cv = _mm256_set1_pd(c);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+    Py_ssize_t i = 0;
+    for (; i + LANES <= m; i += LANES) {
+        __m256 v0 = load8(x, i, code), v1 = load8(x, i + 8, code);
+        SHIFT_ADD(_mm256_cvtps_pd(_mm256_castps256_ps128(v0)), s0, q0);
+        SHIFT_ADD(_mm256_cvtps_pd(_mm256_extractf128_ps(v0, 1)), s1, q1);
+        SHIFT_ADD(_mm256_cvtps_pd(_mm256_castps256_ps128(v1)), s2, q2);
+        SHIFT_ADD(_mm256_cvtps_pd(_mm256_extractf128_ps(v1, 1)), s3, q3);
+    }
+    double ls[LANES], lq[LANES];
+    _mm256_storeu_pd(ls, s0); _mm256_storeu_pd(ls + 4, s1); _mm256_storeu_pd(ls + 8, s2); _mm256_storeu_pd(ls + 12, s3);
+    _mm256_storeu_pd(lq, q0); _mm256_storeu_pd(lq + 4, q1); _mm256_storeu_pd(lq + 8, q2); _mm256_storeu_pd(lq + 12, q3);
+    for (; i < m; i++) {
+        double d = (double)load_float(x, i, code) - c;
+        ls[0] += d; lq[0] += square_d(d);
+    }
+    for (int l = 0; l < LANES; l++) { *sd += ls[l]; *sq += lq[l]; }
+    *shift = c;
+    return 1;
+}
+#undef SHIFT_ADD
 #else /* not x86: the portable loops */
+static int shifted_simd(const void *x, Py_ssize_t m, int code, double *shift, double *sd, double *sq) {
+    (void)x; (void)m; (void)code; (void)shift; (void)sd; (void)sq;
+    return 0;
+}
 static int simd_level(void) { return 0; }
 static int run_avx512(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
     (void)p; (void)n; (void)code; (void)a; (void)h1; (void)h2;

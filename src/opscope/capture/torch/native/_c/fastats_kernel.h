@@ -14,6 +14,7 @@ enum { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I8 = 4, U8 = 5, I16 = 6, I32 = 7, I6
 typedef struct {
     double mn, mx, sum, sumsq;
     uint64_t nan, inf, zeros, hash;
+    double cnt, ref, d1, d2; /* the elements merged so far, their deviations from ref and squares (fastats_spread.h) */
 } acc_t;
 
 #include "opscope_half.h" /* bf16_to_f32, f16_to_f32 (src/opscope/_c, on the include path) */
@@ -84,55 +85,103 @@ static inline float load_float(const void *x, Py_ssize_t i, int code) {
 #define NO_CONTRACT
 #endif
 
-/* 16 double lanes (lane l takes elements i + l, the tail lane 0) over m elements, X(i) being
- * element i as a float. */
+/* 16 double lanes (lane l takes elements i + l, the tail lane 0) of X(i) - c and its square
+ * over m elements, X(i) being element i as a double. */
 #define DOUBLE_LANES(X)                                                                     \
     do {                                                                                    \
         Py_ssize_t i = 0;                                                                   \
         for (; i + LANES <= m; i += LANES)                                                  \
             for (int l = 0; l < LANES; l++) {                                               \
-                double v = X(i + l), sq = v * v;                                            \
-                s[l] += v; q[l] += sq;                                                      \
+                double d = X(i + l) - c, sq = d * d;                                        \
+                s[l] += d; q[l] += sq;                                                      \
             }                                                                               \
         for (; i < m; i++) {                                                                \
-            double v = X(i), sq = v * v;                                                    \
-            s[0] += v; q[0] += sq;                                                          \
+            double d = X(i) - c, sq = d * d;                                                \
+            s[0] += d; q[0] += sq;                                                          \
         }                                                                                   \
     } while (0)
 
-/* The sums of a block of m elements whose float32 lanes overflowed with no NaN or Inf among
- * them: values beyond ~1.8e19 square past float32's range, and attention masks are filled
- * with the dtype's lowest value (-3.4e38). The same 16 lanes in double, added to *sum and
- * *sumsq in lane order. Every loop of every dtype calls this one function, so all paths agree
- * bit for bit. */
-static void block_sums_f64(const void *xb, Py_ssize_t m, int code, double *sum, double *sumsq) CLONES NO_CONTRACT;
-static void block_sums_f64(const void *xb, Py_ssize_t m, int code, double *sum, double *sumsq) {
+/* The sums of m elements of dtype `code` at x less c, and of their squares, in 16 double lanes
+ * added to *sum and *sumsq in lane order. With c = 0: the sums of a block whose float32 lanes
+ * overflowed with no NaN or Inf among them (values beyond ~1.8e19 square past float32's
+ * range, and attention masks are filled with the dtype's lowest value, -3.4e38); with c an
+ * element: the second pass of the spread (fastats_spread.h). Every loop of every dtype calls
+ * this one function, so all paths agree bit for bit. */
+static void lane_sums_f64(const void *x, Py_ssize_t m, int code, double c, double *sum, double *sumsq)
+    CLONES NO_CONTRACT;
+static void lane_sums_f64(const void *x, Py_ssize_t m, int code, double c, double *sum, double *sumsq) {
     double s[LANES] = {0}, q[LANES] = {0};
-    const float *f = (const float *)xb;
-    const uint16_t *h = (const uint16_t *)xb;
-#define F32_AT(i) ((double)f[i])
-#define F16_AT(i) ((double)f16_to_f32(h[i]))
-#define BF16_AT(i) ((double)bf16_to_f32(h[i]))
-    if (code == F32) DOUBLE_LANES(F32_AT);
-    else if (code == F16) DOUBLE_LANES(F16_AT);
-    else DOUBLE_LANES(BF16_AT);
-#undef F32_AT
-#undef F16_AT
-#undef BF16_AT
+    const float *f = (const float *)x;
+    const uint16_t *h = (const uint16_t *)x;
+#define AT_F32(i) ((double)f[i])
+#define AT_F16(i) ((double)f16_to_f32(h[i]))
+#define AT_BF16(i) ((double)bf16_to_f32(h[i]))
+#define AT_F64(i) (((const double *)x)[i])
+#define AT_I8(i) ((double)((const int8_t *)x)[i])
+#define AT_U8(i) ((double)((const uint8_t *)x)[i])
+#define AT_I16(i) ((double)((const int16_t *)x)[i])
+#define AT_I32(i) ((double)((const int32_t *)x)[i])
+#define AT_I64(i) ((double)((const int64_t *)x)[i])
+    switch (code) {
+    case F32: DOUBLE_LANES(AT_F32); break;
+    case F16: DOUBLE_LANES(AT_F16); break;
+    case BF16: DOUBLE_LANES(AT_BF16); break;
+    case F64: DOUBLE_LANES(AT_F64); break;
+    case I8: DOUBLE_LANES(AT_I8); break;
+    case I16: DOUBLE_LANES(AT_I16); break;
+    case I32: DOUBLE_LANES(AT_I32); break;
+    case I64: DOUBLE_LANES(AT_I64); break;
+    default: DOUBLE_LANES(AT_U8); break; /* U8, BOOL */
+    }
+#undef AT_F32
+#undef AT_F16
+#undef AT_BF16
+#undef AT_F64
+#undef AT_I8
+#undef AT_U8
+#undef AT_I16
+#undef AT_I32
+#undef AT_I64
     for (int l = 0; l < LANES; l++) { *sum += s[l]; *sumsq += q[l]; }
 }
 
-/* A block's float lanes added to a's sums in lane order. Where that makes the sums non-finite
- * and the block has no NaN or Inf element (`clean`), the lanes overflowed: the block is summed
- * again in double instead (block_sums_f64). Checked on the running sums, two tests a block. */
+/* Element i of any dtype's data as a double. */
+static inline double load_double(const void *x, Py_ssize_t i, int code) {
+    switch (code) {
+    case F32: case F16: case BF16: return (double)load_float(x, i, code);
+    case F64: return ((const double *)x)[i];
+    case I8: return (double)((const int8_t *)x)[i];
+    case I16: return (double)((const int16_t *)x)[i];
+    case I32: return (double)((const int32_t *)x)[i];
+    case I64: return (double)((const int64_t *)x)[i];
+    default: return (double)((const uint8_t *)x)[i];
+    }
+}
+
+#include "fastats_spread.h"
+
+/* 16 float lanes summed in double, pairwise (a short chain of dependent adds). */
+static inline double sum16(const float *v) {
+    double t[8];
+    for (int k = 0; k < 8; k++) t[k] = (double)v[k] + (double)v[k + 8];
+    for (int k = 0; k < 4; k++) t[k] += t[k + 4];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+/* A block's float lanes (their sums: sum16) added to a's sums. Where the lanes came out
+ * non-finite and the block has no NaN or Inf element (`clean`), they overflowed: the block is
+ * summed again in double instead (lane_sums_f64). Then the block's spread is merged into a's
+ * (spread_block). */
 static inline void add_lanes(acc_t *a, const float *s, const float *q, int clean, const void *xb, Py_ssize_t m,
                              int code) {
-    double sum0 = a->sum, sumsq0 = a->sumsq;
-    for (int l = 0; l < LANES; l++) { a->sum += s[l]; a->sumsq += q[l]; }
-    if (clean && !(isfinite(a->sum) && isfinite(a->sumsq)) && isfinite(sum0) && isfinite(sumsq0)) {
-        a->sum = sum0; a->sumsq = sumsq0;
-        block_sums_f64(xb, m, code, &a->sum, &a->sumsq);
+    double bs = sum16(s), bq = sum16(q);
+    if (clean && !(isfinite(bs) && isfinite(bq))) {
+        bs = bq = 0;
+        lane_sums_f64(xb, m, code, 0.0, &bs, &bq);
     }
+    a->sum += bs;
+    a->sumsq += bq;
+    spread_block(xb, m, code, bs, bq, clean, a);
 }
 
 /* Statistics of float-like data, converted to float32 by LOAD, in blocks: float lanes
@@ -244,6 +293,7 @@ static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
         hash_bytes(p, (size_t)n * ITEMSIZE[code], 0, &h1, &h2);
     }
     a->hash = ((uint64_t)h1 << 32) | h2;
+    if (a->cnt != (double)n) spread_whole(p, n, code, a); /* not blocked: float64, the integers */
 }
 
 /* Array i's statistics into column slots i of `out` (10 rows of m: min, max, mean, std, norm,
@@ -260,10 +310,8 @@ static inline void finish_column(const acc_t *a, Py_ssize_t n, double *out, Py_s
         for (int k = 0; k < 6; k++) out[k * m + i] = 0.0;
         return;
     }
-    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
-    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
-    if (a->nan) mn = mx = mean = std = norm = NAN;
-    if (!isfinite(a->sumsq)) std = NAN;
+    double mn = a->mn, mx = a->mx, mean = a->sum / n, std = acc_std(a, n), norm = sqrt(a->sumsq);
+    if (a->nan) mn = mx = mean = norm = NAN;
     double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
     out[i] = mn; out[m + i] = mx; out[2 * m + i] = mean; out[3 * m + i] = std;
     out[4 * m + i] = norm; out[5 * m + i] = absmax;
@@ -275,10 +323,8 @@ static PyObject *finish(const acc_t *a, Py_ssize_t n) {
     if (n == 0)
         return Py_BuildValue("OOOOdOKKKK", Py_None, Py_None, Py_None, Py_None, 0.0, Py_None, 0ULL, 0ULL, 0ULL,
                              (unsigned long long)a->hash);
-    double mn = a->mn, mx = a->mx, mean = a->sum / n, var = a->sumsq / n - mean * mean;
-    double std = var > 0 ? sqrt(var) : (var == var ? 0.0 : NAN), norm = sqrt(a->sumsq);
-    if (a->nan) mn = mx = mean = std = norm = NAN;
-    if (!isfinite(a->sumsq)) std = NAN;
+    double mn = a->mn, mx = a->mx, mean = a->sum / n, std = acc_std(a, n), norm = sqrt(a->sumsq);
+    if (a->nan) mn = mx = mean = norm = NAN;
     double absmax = a->nan ? NAN : (fabs(mn) > fabs(mx) ? fabs(mn) : fabs(mx));
     return Py_BuildValue("ddddddKKKK", mn, mx, mean, std, norm, absmax, (unsigned long long)a->nan,
                          (unsigned long long)a->inf, (unsigned long long)a->zeros, (unsigned long long)a->hash);
