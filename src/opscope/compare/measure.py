@@ -23,6 +23,7 @@ from opscope.compare.stream import Job  # noqa: F401  (one tensor pair to measur
 from opscope.compare.tolerance import NoiseModel, is_float
 from opscope.model.hashing import WEAK
 from opscope.model.records import ABSENT_NOTE, NOT_DATA_NOTES
+from opscope.storage.format import STD_METHOD
 
 POOL_MIN_BYTES = 64 << 20  # below this a pool costs more than it saves
 BATCH_BYTES = 64 << 20  # a pool's task reads about this much (more when that makes over MAX_BATCHES)
@@ -38,24 +39,32 @@ def hashes_comparable(t_manifest: dict[str, Any], r_manifest: dict[str, Any]) ->
     return algorithm is not None and algorithm == r_manifest.get("hash_algorithm") and algorithm not in WEAK
 
 
-def plan(pairs: list[Pair], noise: NoiseModel, *, trust_hashes: bool = True) -> dict[Job, list[int]]:
+def stds_exact(t_manifest: dict[str, Any], r_manifest: dict[str, Any]) -> bool:
+    """Is each dump's std its tensors' own (``std`` = :data:`STD_METHOD` in both manifests), not
+    one that may carry the rounding of float32 sums of squares (older dumps, peers' dumps)?"""
+    return t_manifest.get("std") == r_manifest.get("std") == STD_METHOD
+
+
+def plan(pairs: list[Pair], noise: NoiseModel, *, trust_hashes: bool = True,
+         exact_std: bool = False) -> dict[Job, list[int]]:
     """Fill what needs no tensor read; return the tensor reads needed, each with its pairs.
 
     With ``trust_hashes`` false (see :func:`hashes_comparable`), equal hashes are not taken
-    as bit-exact: the tensors are read, or the statistics used."""
+    as bit-exact: the tensors are read, or the statistics used. ``exact_std``: both dumps' std
+    is exact (:func:`stds_exact`), so statistics bound a pair's error by it more closely."""
     jobs: dict[Job, list[int]] = {}
     for index, pair in enumerate(pairs):
         t, r = pair.t, pair.r
         if t is None or r is None:
             continue
-        job = _classify(pair, t, r, noise, trust_hashes)
+        job = _classify(pair, t, r, noise, trust_hashes, exact_std)
         if job is not None:
             jobs.setdefault(job, []).append(index)
     return jobs
 
 
 def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseModel,
-              trust_hashes: bool = True) -> Job | None:
+              trust_hashes: bool = True, exact_std: bool = False) -> Job | None:
     n_t, n_r = t.get("numel"), r.get("numel")
     if n_t is not None and n_r is not None and n_t != n_r:
         _skip_shapes(pair, t, r)
@@ -98,7 +107,7 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
                    (r["data"], r["key"], r.get("view")),
                    floor, noise.element_tolerance(lower), nbytes, same_dtype,
                    (float(t.get("scale") or 1.0), float(r.get("scale") or 1.0)))
-    pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r))
+    pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r, exact_std=exact_std))
     if trust_hashes and same_dtype and t.get("hash") is not None and r.get("hash") is not None and \
             (t.get("scale") or 1.0) == (r.get("scale") or 1.0):
         # (equal hashes returned above) the contents differ, whatever the statistics show: a

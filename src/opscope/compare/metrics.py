@@ -178,12 +178,14 @@ def finish(s: PairSums) -> dict[str, Any]:
 
 
 # -- statistics only -----------------------------------------------------------------------
-def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
+def from_statistics(t: dict[str, Any], r: dict[str, Any], *, exact_std: bool = False) -> PairSums:
     """A lower bound of the pair's error from the two records' statistics.
 
     Each of |Δnorm|, |Δmean|·√n, |Δstd|·√n, |Δmin|, |Δmax|, |Δabsmax| is at most ‖t − r‖
     (triangle and Cauchy-Schwarz inequalities), so their maximum bounds the L2 error from
     below: a difference the statistics show is real, but one they miss may exist.
+    ``exact_std``: both rows' std is their tensor's own (measure.stds_exact), not one that
+    may carry the rounding of float32 sums of squares (up to ~2^-12 of the mean).
     """
     n = int(r.get("numel") or t.get("numel") or 0)
     s = PairSums(n=n, lower_bound=True)
@@ -202,8 +204,7 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     norms = (tgt_norm if math.isfinite(tgt_norm) else 0.0) + (ref_norm if math.isfinite(ref_norm) else 0.0)
     mean_sq = (norms / 2) ** 2 / max(n, 1)
     stds = [_num(t.get("std")), _num(r.get("std"))]
-    std_noise = min(math.sqrt(c * mean_sq), c * mean_sq / max(min(stds), 1e-300)) if all(
-        math.isfinite(x) for x in stds) else 0.0
+    std_noise = _std_noise(stds, mean_sq, c, exact_std)
     bounds = [abs(tgt_norm - ref_norm) - c * norms,
               abs(_num(t.get("mean")) - _num(r.get("mean"))) * root_n - c * norms,
               (abs(stds[0] - stds[1]) - 2 * std_noise) * root_n]
@@ -223,6 +224,18 @@ def from_statistics(t: dict[str, Any], r: dict[str, Any]) -> PairSums:
     s.max_rel = math.nan
     s.sum_rel = math.nan
     return s
+
+
+def _std_noise(stds: list[float], mean_sq: float, c: float, exact: bool) -> float:
+    """How far each std may be from its tensor's own: with float32 sums of squares, their
+    rounding (c of mean_sq) is what is left of mean_sq - mean^2 where the values sit far from
+    zero; exact, STD_RESOLUTION of the std (the kernel's worst case where its sums gave it)
+    and 2^-26 of the RMS (a GPU's float64 sums of a near-constant tensor)."""
+    if not all(math.isfinite(x) for x in stds):
+        return 0.0
+    if exact:
+        return STD_RESOLUTION * max(stds) + 2.0**-26 * math.sqrt(mean_sq)
+    return min(math.sqrt(c * mean_sq), c * mean_sq / max(min(stds), 1e-300))
 
 
 def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
@@ -245,6 +258,9 @@ def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
 
 
 # data whose statistics are summed in doubles (the rest in float32 lanes)
+# where a std is exact (measure.stds_exact): the kernel's std from its sums is off by at most
+# ~2^-16 · 64 / 2 of itself in the worst rounding (typically ~1e-6; docs/format.md, Statistics)
+STD_RESOLUTION = 1e-3
 _EXACT_SUMS = frozenset({"float64", "complex128", "int64", "int32", "int16", "int8", "uint8", "bool"})
 
 

@@ -35,6 +35,7 @@ class PartitionedRun:
         self.dumps, self.noise, self.workers, self.scheduler = (t_dump, r_dump), noise, workers, scheduler
         self.progress = progress
         self.trust_hashes = measure.hashes_comparable(t_dump.manifest, r_dump.manifest)
+        self.exact_std = measure.stds_exact(t_dump.manifest, r_dump.manifest)
         self.pairs_file = pairs_file or PairsFile()
         self.findings: list[Finding] = []
         self.counts = dict.fromkeys(COUNT_KEYS, 0)
@@ -60,7 +61,7 @@ class PartitionedRun:
     def run_window(self, window: list[Partition]) -> None:
         """Measure the window's pairs, then judge and write each partition; empties ``window``."""
         pairs = [p for _, _, part in window for p in part]
-        jobs = measure.plan(pairs, self.noise, trust_hashes=self.trust_hashes)
+        jobs = measure.plan(pairs, self.noise, trust_hashes=self.trust_hashes, exact_std=self.exact_std)
         nbytes = sum(j.nbytes for j in jobs)
         self.bytes_compared += nbytes
         paths = str(self.dumps[0].path), str(self.dumps[1].path)

@@ -30,6 +30,10 @@ FORMAT_VERSION = "3.0"
 MANIFEST = "manifest.json"
 RANK_STATUS = "rank.json"
 HASH_ALGORITHM = ALGORITHM  # "wsum64-v2": opscope.model.hashing, docs/format.md
+# How the statistics' std was taken (manifest "std"): "deviations", each tensor's own to ~1e-6
+# (docs/format.md, Statistics; since 8 December 2026). Absent in older dumps and peers' ones,
+# whose std may carry the rounding of float32 sums of squares.
+STD_METHOD = "deviations"
 
 _TYPES = {
     "int64": pa.int64(),

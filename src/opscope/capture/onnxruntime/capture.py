@@ -34,6 +34,7 @@ from opscope.config import DATA, MODES, Filter, parse_choice
 from opscope.errors import ConfigError
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
 from opscope.model.records import new_row
+from opscope.storage.format import STD_METHOD
 from opscope.storage.safetensors_io import DTYPES
 
 
@@ -175,6 +176,7 @@ def _manifest(onnx: Any, ort: Any, model: Any, opts: dict[str, Any], command: li
         "providers": opts["providers"],
         "run_id": None,
         "hash_algorithm": HASH_ALGORITHM,
+        "std": STD_METHOD,
         "level": "onnx",
         "model": {
             "path": source if isinstance(source, str) else getattr(source, "__fspath__", lambda: None)(),

@@ -13,6 +13,7 @@ from opscope.config import DumpConfig
 from opscope.config.env import env, foreign
 from opscope.errors import ConfigError
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
+from opscope.storage.format import STD_METHOD
 
 
 def manifest(cfg: DumpConfig, level: str, manifest_level: str) -> dict[str, Any]:
@@ -37,6 +38,7 @@ def manifest(cfg: DumpConfig, level: str, manifest_level: str) -> dict[str, Any]
         "world_size": int(foreign("WORLD_SIZE", "1") or 1),
         "run_id": env("RUN_ID"),
         "hash_algorithm": HASH_ALGORITHM,
+        "std": STD_METHOD,
         "stats_backend": BACKEND,
         "level": manifest_level,
     }

@@ -35,6 +35,7 @@ def manifest(cfg: DumpConfig) -> dict[str, Any]:
         "world_size": world_size(),
         "run_id": env("RUN_ID") or foreign("TORCHELASTIC_RUN_ID"),
         "hash_algorithm": fmt.HASH_ALGORITHM,
+        "std": fmt.STD_METHOD,
         "stats_backend": engine(cfg.level),
         "config": cfg.to_json(),
     }
