@@ -13,6 +13,7 @@ import pytest
 
 import opscope
 from opscope.errors import DumpFormatError
+from opscope.storage.format import STD_METHOD
 from opscope.storage.peers import mindspore as ms_reader
 from opscope.storage.peers.mindspore_files import load_array, parse_name, read_statistics
 from opscope.storage.peers.mindspore_places import module_of, phase_of
@@ -36,6 +37,7 @@ def test_layout_steps_manifest() -> None:
     assert d.partitions() == [(0, 0), (0, 1)]
     assert d.manifest["level"] == "mindspore" and d.manifest["framework"] == {"mindspore": "2.10.0"}
     assert d.manifest["device"] == "CPU" and d.manifest["config"]["data"] == "tensor"
+    assert d.manifest["std"] == STD_METHOD  # opscope measured the .npy tensors: their std is exact
 
 
 @pytest.mark.parametrize("below", ["", "rank_0", "rank_0/Net", "rank_0/Net/0", "rank_0/Net/0/1"])
@@ -129,7 +131,7 @@ def test_statistic_csv() -> None:
     assert (first.op_type, first.io, first.slot, first.dtype, first.shape) == ("Add", "input", 0, "float32", [4, 8])
     assert set(first.stats) == {"max", "min", "norm", "absmax"}
     d = opscope.load(DATA / "statistic_reference")
-    assert d.manifest["config"]["data"] == "statistics"
+    assert d.manifest["config"]["data"] == "statistics" and d.manifest["std"] is None  # MindSpore's numbers
     recs = d.records(step=0).to_pylist()
     # without the IR, nothing says which inputs are weights: they read as plain inputs
     tensor_recs = {(r["node"], "input" if r["io"] == "param" else r["io"], r["slot"]): r

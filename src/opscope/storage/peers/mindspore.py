@@ -180,6 +180,8 @@ def open_dump(path: Path) -> PeerDump:
         "device": meta.get("device_target"), "world_size": len(layout.ranks),
         "config": {"level": "mindspore", "mode": "all", "data": data, "mindspore": meta.get("config")},
         "hash_algorithm": algorithm,
+        # statistics of .npy tensors are opscope's (numpy, two-pass): their std is exact
+        "std": fmt.STD_METHOD if data == "tensor" else None,
     }
     opened.append(PeerDump(path, manifest, list(layout.folders), build, open_tensor))
     return opened[0]
