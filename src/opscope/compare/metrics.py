@@ -259,7 +259,7 @@ def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
 
 # data whose statistics are summed in doubles (the rest in float32 lanes)
 # where a std is exact (measure.stds_exact): the kernel's std from its sums is off by at most
-# ~2^-16 · 64 / 2 of itself in the worst rounding (typically ~1e-6; docs/format.md, Statistics)
+# 2^-16 · 64 / 2 of itself in the worst rounding (typically ~3e-5 or less; docs/format.md, Statistics)
 STD_RESOLUTION = 1e-3
 _EXACT_SUMS = frozenset({"float64", "complex128", "int64", "int32", "int16", "int8", "uint8", "bool"})
 

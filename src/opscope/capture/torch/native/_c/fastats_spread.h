@@ -1,5 +1,5 @@
 /* The spread (std) of the statistics kernel: each block's squared deviations from its mean,
- * merged across blocks in double (Chan, Golub and LeVeque's pairwise update). Included by
+ * merged across blocks in double around the first block's mean (merge_spread). Included by
  * fastats_kernel.h after acc_t and the element loaders.
  *
  * Why not sumsq / n - mean^2: the squares are summed in float32 lanes, whose rounding (~2^-20
@@ -9,8 +9,10 @@
  * its deviations is read a second time, in double lanes, around its first element c: each
  * v - c is exact in double, a constant block's are all 0, and as c is one of the block's
  * values the squares around it sum to at most m + 1 times the deviations' (at most 12 bits of
- * double's 53 lost). Other blocks take their deviations from their sums: q - s^2/m, off by
- * ~2^-20 q / SPREAD_MIN at most, ~1e-6 of the std (rarely more than 1e-7). Tensors read
+ * double's 53 lost). Other blocks take their deviations from their sums: q - s^2/m, whose
+ * rounding (~2^-20 of q, 2^-16 in the worst case) is at most 1/SPREAD_MIN times the
+ * deviations' own share: ~3e-5 of the std at the threshold (5e-4 at worst), ~5e-7 where the
+ * mean is small against the spread (compare allows 1e-3: metrics.STD_RESOLUTION). Tensors read
  * without blocks (float64, the integers) do the same over the whole tensor (log2(n + 1) bits
  * lost at most); integers whose sums are exact take theirs exactly, in 128-bit integers. */
 #ifndef OPSCOPE_FASTATS_SPREAD_H
