@@ -7,8 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from opscope.compare.flow import same_shape
-from opscope.compare.pair import OpCall
+from opscope.compare.pair import OpCall  # outputs compared as flow.same_shape does
 
 
 def same_ops(tc: list[OpCall], rc: list[OpCall]) -> bool:
@@ -21,10 +20,7 @@ def matchable(a: OpCall, b: OpCall) -> bool:
     a [4, 16, 32] view is not a [8, 16, 16] view, whatever their element counts). A module's
     call may return more tensors on one side, after those both return (eager attention's
     weights, None under sdpa)."""
-    oa, ob = a.outputs(), b.outputs()
-    if len(oa) != len(ob) and ("." in a.op or not oa or not ob):
-        return False
-    return _same_op(a.op, b.op) and all(same_shape(x, y) for x, y in zip(oa, ob))
+    return _same_op(a.op, b.op) and _outputs_match(a.op, _outputs(a), _outputs(b))
 
 
 def _same_op(a: str, b: str) -> bool:
@@ -63,16 +59,19 @@ _Outputs = tuple[tuple[Any, Any], ...]
 def _kinds(calls: list[OpCall]) -> tuple[list[int], list[tuple[str, _Outputs]]]:
     """Each call's kind (an index), and each kind's op and outputs' (shape, element count)."""
     ids: dict[tuple[str, _Outputs], int] = {}
-    out = []
-    for call in calls:
-        shapes = tuple((None if r.get("shape") is None else tuple(int(x) for x in r["shape"]), r.get("numel"))
-                       for r in call.outputs())
-        out.append(ids.setdefault((call.op, shapes), len(ids)))
+    out = [ids.setdefault((call.op, _outputs(call)), len(ids)) for call in calls]
     return out, list(ids)
 
 
+def _outputs(call: OpCall) -> _Outputs:
+    """Each output's (shape, element count): what same_shape compares."""
+    return tuple((None if r.get("shape") is None else tuple(int(x) for x in r["shape"]), r.get("numel"))
+                 for r in call.outputs())
+
+
 def _outputs_match(op: str, oa: _Outputs, ob: _Outputs) -> bool:
-    """matchable's test of the outputs (same_shape on each, shapes and element counts given)."""
+    """The outputs' test: as many on both sides (a module's call may return more on one, after
+    those both return), and same_shape on each (shapes, or element counts where one has none)."""
     if len(oa) != len(ob) and ("." in op or not oa or not ob):
         return False
     return all(na == nb if sa is None or sb is None else sa == sb for (sa, na), (sb, nb) in zip(oa, ob))

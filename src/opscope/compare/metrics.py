@@ -257,10 +257,10 @@ def _norm_or_bound(row: dict[str, Any], norm: float, n: int) -> float:
     return absmax * math.sqrt(max(n, 1))
 
 
-# data whose statistics are summed in doubles (the rest in float32 lanes)
 # where a std is exact (measure.stds_exact): the kernel's std from its sums is off by at most
 # 2^-16 · 64 / 2 of itself in the worst rounding (typically ~3e-5 or less; docs/format.md, Statistics)
 STD_RESOLUTION = 1e-3
+# data whose statistics are summed in doubles (the rest in float32 lanes)
 _EXACT_SUMS = frozenset({"float64", "complex128", "int64", "int32", "int16", "int8", "uint8", "bool"})
 
 

@@ -47,6 +47,24 @@ def _as_float64(chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.float64)
 
 
+def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
+           hash_: int, n: int, m2: float | None = None) -> tuple[Any, ...]:
+    """The C kernel's raw sums (the PyTorch and TensorFlow captures') as the stored statistics,
+    STAT_NAMES order. ``m2``: the squared deviations from the mean, as the kernel gives them
+    (fastats_spread.h); without it they are taken from the sums, which holds for the float64
+    sums of the device reductions (the native device path's arithmetic, the same bits)."""
+    if n == 0:
+        return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
+    if nan:
+        return (math.nan,) * 6 + (nan, inf, zeros, hash_)
+    mean = total / n
+    if m2 is None:
+        m2 = sumsq - total * total / n
+    var = m2 / n if math.isfinite(sumsq) else math.nan
+    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
+    return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
+
+
 def tensor_stats(arr: np.ndarray) -> tuple[Any, ...]:
     """``(min, max, mean, std, norm, absmax, nan, inf, zeros, hash)`` of ``arr``.
 

@@ -8,14 +8,13 @@ one-pass C kernel (``_fastats``: min, max, sum, sum of squares, NaN/Inf/zero cou
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from opscope.model.tensor_stats import dtype_name, tensor_stats
+from opscope.model.tensor_stats import dtype_name, finish, tensor_stats
 
 
 class Measured(NamedTuple):
@@ -143,22 +142,6 @@ def many_columns(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | Non
             else:
                 counts[k - 6, i] = v & _MASK64
     return out, nulls
-
-
-def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
-           hash_: int, n: int, m2: float | None = None) -> tuple[Any, ...]:
-    """Raw sums into the stored statistics (the same rule as the PyTorch capture's, ``m2``
-    included)."""
-    if n == 0:
-        return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
-    if nan:
-        return (math.nan,) * 6 + (nan, inf, zeros, hash_)
-    mean = total / n
-    if m2 is None:  # float64 sums (the device reductions): the native device path's arithmetic
-        m2 = sumsq - total * total / n
-    var = m2 / n if math.isfinite(sumsq) else math.nan
-    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
-    return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
 
 
 _NAMES: dict[Any, str] = {}

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from opscope.model.hashing import ALGORITHM as HASH_ALGORITHM
+from opscope.model.tensor_stats import finish
 
 # One statistics tuple of the C kernel: min, max, sum, sum of squares, NaN, Inf, zero counts, hash,
 # squared deviations from the mean.
@@ -75,24 +76,6 @@ _GOLD, _MIX1, _MIX2, _M32 = 0x9E3779B9, 0x7FEB352D, 0x846CA68B, 0xFFFFFFFF
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def finish(mn: float, mx: float, total: float, sumsq: float, nan: int, inf: int, zeros: int,
-           hash_: int, n: int, m2: float | None = None) -> tuple[Any, ...]:
-    """Turn raw sums into the stored statistics tuple (STAT_NAMES order). ``m2``: the squared
-    deviations from the mean, as the C kernel gives them (fastats_spread.h); without it they
-    are taken from the sums, which holds for the float64 sums of the device reductions."""
-    if n == 0:
-        return (None, None, None, None, 0.0, None, 0, 0, 0, hash_)
-    if nan:
-        nanv = math.nan
-        return (nanv, nanv, nanv, nanv, nanv, nanv, nan, inf, zeros, hash_)
-    mean = total / n
-    if m2 is None:  # float64 sums (the device reductions): the native device path's arithmetic
-        m2 = sumsq - total * total / n
-    var = m2 / n if math.isfinite(sumsq) else math.nan
-    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
-    return (mn, mx, mean, std, math.sqrt(sumsq), max(abs(mn), abs(mx)), nan, inf, zeros, hash_)
 
 
 def _as_real(t: torch.Tensor) -> torch.Tensor:

@@ -173,7 +173,7 @@ void fill(const Result& r, const std::array<Read, 9>& f) {
       a.mn = f[0].num(k), a.mx = f[1].num(k), a.sum = f[2].num(k), a.sumsq = r.squares ? sq : sq * sq;
       a.nan = f[4].whole(k), a.inf = f[5].whole(k), a.zeros = f[6].whole(k);
       a.hash = ((f[7].whole(k) & 0xFFFFFFFFull) << 32) | (f[8].whole(k) & 0xFFFFFFFFull);
-      double n = static_cast<double>(r.numel[k]);  // float64 sums: stats.finish's spread, same bits
+      double n = static_cast<double>(r.numel[k]);  // float64 sums: tensor_stats.finish's spread, same bits
       a.cnt = n, a.d2 = a.sumsq - a.sum * a.sum / n;
     }
     finish_row(rows[r.rows[k]], a, r.numel[k]);
