@@ -141,16 +141,25 @@ def test_a_weight_changed_after_a_skip_is_still_found(tmp_path, level):
 
 
 @pytest.mark.parametrize("level", ["aten", "api", "module"])
-def test_fused_sgd_after_a_skipped_first_step_reads_memory_no_op_wrote(tmp_path, level):
+def test_fused_sgd_after_a_skipped_first_step_reads_memory_no_op_wrote(tmp_path, monkeypatch, level):
     """SGD(fused=True) makes its momentum buffers with empty_like and fills them in its first
     update. GradScaler skipped that update (a scale of 2^40 overflows, then backs off to 2^10),
     so the second update read uninitialized bytes and the weights took whatever they held (a
     torch 2.13 bug). The aten level records the buffers and names their read; the api and
     module levels record only the update and name the first value that goes out of bounds.
-    Before, every level compared within tolerance."""
+    Before, every level compared within tolerance.
+
+    What the unwritten bytes hold is the allocator's: fresh zeroed pages make the read harmless
+    (the runs then agree). Deterministic mode fills every ``empty_like`` with NaN, as a reused
+    GPU block may hold, so that the fault is there in every run of the test."""
     kwargs = {"level": level, "optimizer": "sgd_fused", "steps": 3, "backoff": 2.0**-30}
     f32 = _train(tmp_path / "f32", amp=False, **kwargs)
-    amp = _train(tmp_path / "amp", amp=True, init_scale=2.0**40, **kwargs)
+    monkeypatch.setattr(torch.utils.deterministic, "fill_uninitialized_memory", True)
+    torch.use_deterministic_algorithms(True)
+    try:
+        amp = _train(tmp_path / "amp", amp=True, init_scale=2.0**40, **kwargs)
+    finally:
+        torch.use_deterministic_algorithms(False)
     for target, reference, side in ((amp, f32, "target"), (f32, amp, "reference")):
         result = opscope.compare(target, reference, workers=1)
         first = result.first_divergence
