@@ -70,7 +70,9 @@ def test_c_and_torch_statistics_agree(dtype):
     assert a[9] == b[9]  # hash
     assert a[6:9] == b[6:9]
     assert np.allclose(a[:6], b[:6], rtol=1e-5)
-    assert cpu_stats(x.reshape(-1, 10).t()) == cpu_stats(x.reshape(-1, 10).t().contiguous())
+    # a transposed plane is read in memory order: the copy's hash, extremes and counts, its sums' rounding
+    got, copy = cpu_stats(x.reshape(-1, 10).t()), cpu_stats(x.reshape(-1, 10).t().contiguous())
+    assert got[:2] == copy[:2] and got[5:] == copy[5:] and np.allclose(got[2:5], copy[2:5], rtol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

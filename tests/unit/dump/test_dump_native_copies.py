@@ -38,10 +38,10 @@ def _both(tmp_path, monkeypatch, backend, work):
 
 
 def test_a_copy_of_a_non_contiguous_tensors_elements_is_not_read_again(tmp_path, monkeypatch, backend):
-    x = torch.randn(48, 40)
+    x = torch.randn(4, 12, 40)
 
     def work():
-        a = x.t() * 2  # non-contiguous (elementwise ops keep their input's strides): read, in row-major order
+        a = x.permute(1, 0, 2) * 2  # non-contiguous (elementwise ops keep their strides): read in row-major order
         b = a.contiguous()  # its elements, in that order: not read
         c = a.clone()  # strides kept: the same elements in the same order, not read
         d = a.to(torch.float32, copy=True)  # not read
@@ -54,6 +54,26 @@ def test_a_copy_of_a_non_contiguous_tensors_elements_is_not_read_again(tmp_path,
     mul = out.loc[("aten.mul.Tensor", 0), "hash"]
     assert out.loc[("aten.clone.default", 0), "hash"] == out.loc[("aten.clone.default", 1), "hash"] == mul
     assert out.loc[("aten._to_copy.default", 0), "hash"] == mul
+
+
+def test_a_copy_of_a_transposed_plane_is_read(tmp_path, monkeypatch, backend):
+    """A tensor stored as transposed planes is read in memory order (fastats_transposed.h): its
+    sums are of that order, so a copy of its elements, whose sums are of row-major order, is
+    read as the Python path reads it; the hash is the same."""
+    x = torch.randn(48, 40)
+
+    def work():
+        a = x.t() * 2  # a transposed plane: read in memory order
+        return a.contiguous(), a.clone(memory_format=torch.contiguous_format)
+
+    rows, read = _both(tmp_path, monkeypatch, backend, work)
+    assert read == 4 * x.numel() * 4  # x, a and both copies
+    out = rows[rows.io == "output"].set_index(["op", "call"])
+    mul = out.loc[("aten.mul.Tensor", 0)]
+    for call in (0, 1):
+        copy = out.loc[("aten.clone.default", call)]
+        assert (copy["hash"], copy["min"], copy["max"]) == (mul["hash"], mul["min"], mul["max"])
+        assert copy["mean"] == pytest.approx(mul["mean"], rel=1e-5, abs=1e-7)
 
 
 def test_a_copy_of_a_views_elements_is_read(tmp_path, monkeypatch, backend):

@@ -74,6 +74,31 @@ FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _GOLD, _MIX1, _MIX2, _M32 = 0x9E3779B9, 0x7FEB352D, 0x846CA68B, 0xFFFFFFFF
 
 
+# planes stored transposed, read in memory order (None: a build without it, or no kernel)
+_STATS_T = getattr(_fastats, "stats_t", None)
+
+
+def transposed_planes(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """``(planes, rows, cols)`` where ``t`` is planes of its last two dimensions each stored
+    transposed (rows adjacent in memory), the planes one after another: a Linear weight's
+    gradient as autograd hands it over, ``x.mT`` of a contiguous ``x`` (``gather.h``'s
+    ``transposed_planes``, the same test). The kernel reads such a tensor in memory order: its
+    hash is the row-major one, its sums may differ from its contiguous copy's in the last bits."""
+    if t.dim() < 2:
+        return None
+    rows, cols = t.shape[-2], t.shape[-1]
+    strides = t.stride()
+    if rows < 2 or cols < 2 or strides[-2] != 1 or strides[-1] != rows:
+        return None
+    expect = rows * cols
+    for size, stride in zip(reversed(t.shape[:-2]), reversed(strides[:-2]), strict=True):
+        if size != 1 and stride != expect:
+            return None
+        expect *= size
+    planes = t.numel() // (rows * cols)
+    return (planes, rows, cols) if planes else None
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -85,11 +110,20 @@ def _as_real(t: torch.Tensor) -> torch.Tensor:
 def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     """Statistics of a CPU tensor in one C pass (torch fallback for other dtypes)."""
     t = _as_real(t)
-    if not t.is_contiguous():  # before either path: torch's own reductions sum a strided view in
-        t = t.contiguous()  # another order (float64's std differed from its copy's in the last bit)
     code = CODES.get(t.dtype)
-    if _fastats is None or code is None or (code == 2 and not F16_FAST):  # scalar C float16 is slow
+    kernel = _fastats is not None and code is not None and (code != 2 or F16_FAST)  # scalar C float16 is slow
+    if not t.is_contiguous():
+        planes = transposed_planes(t) if kernel else None
+        raw = _STATS_T(t.data_ptr(), *planes, code) if planes is not None and _STATS_T is not None else None
+        if raw is not None:  # read in memory order, as the native capture reads it
+            mn, mx, total, sumsq, nan, inf, zeros, h, m2 = raw
+            return finish(mn, mx, total, sumsq, nan, inf, zeros, h, t.numel(), m2)
+        # before either path: torch's own reductions sum a strided view in another order
+        # (float64's std differed from its copy's in the last bit)
+        t = t.contiguous()
+    if not kernel:
         return materialize_one(device_stats(t))
+    assert _fastats is not None and code is not None
     n = t.numel()
     mn, mx, total, sumsq, nan, inf, zeros, h, m2 = _fastats.stats(t.data_ptr(), n, code)
     return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n, m2)

@@ -70,6 +70,9 @@ struct Row {
   // a view's row holding its base's statistics, whose elements may lie in another row-major
   // order than the view's (a transpose's): its copies are read (own_order)
   bool reordered = false;
+  // statistics summed in memory order (a transposed plane's, measure_transposed): its copies
+  // are read, as the Python path reads them (own_order), their sums in row-major order
+  bool memory_order = false;
   double st[6];
   unsigned long long cnt[4];  // nan, inf, zeros, hash
 };

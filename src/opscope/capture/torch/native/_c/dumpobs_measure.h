@@ -136,6 +136,30 @@ const void* gather(const at::Tensor& x) {
 
 int64_t g_read_bytes = 0;  // bytes the statistics kernel was given to read, since the module loaded
 
+// A tensor stored as transposed planes (transposed_planes) measured at once in memory order
+// (fastats_transposed.h: its hash the row-major one), without a gather: false where it is
+// laid out otherwise or has 1-byte elements (or 2-byte ones in an odd number of columns).
+bool measure_transposed(size_t index, const at::Tensor& x, int code, bool data) {
+  int64_t planes = 0, R = 0, C = 0;
+  if (!transposed_planes(x, &planes, &R, &C)) return false;
+  acc_t a;
+  std::memset(&a, 0, sizeof a);
+  a.mn = INFINITY, a.mx = -INFINITY;
+  if (!run_transposed(x.const_data_ptr(), planes, R, C, code, &a)) return false;
+  g_read_bytes += x.numel() * static_cast<int64_t>(x.element_size());
+  finish_row(rows[index], a, x.numel());
+  rows[index].memory_order = true;
+  if (data) {  // a tensor dump stores the row-major bytes
+    at::Tensor c;
+    {
+      Internal guard;
+      c = x.contiguous();
+    }
+    store_bytes(index, c, c.const_data_ptr());
+  }
+  return true;
+}
+
 void measure(size_t index, const at::Tensor& t, bool data) {
   if (g_probe) return;  // a size probe: shapes and dtypes are all it needs
   Row& r = rows[index];
@@ -171,6 +195,7 @@ void measure(size_t index, const at::Tensor& t, bool data) {
   }
   const void* p = nullptr;
   if (!x.is_contiguous()) {
+    if (measure_transposed(index, x, code, data)) return;
     if (!data && !g_async_on && x.element_size() <= 8) {
       p = gather(x);  // statistics measured below, at once
     } else {

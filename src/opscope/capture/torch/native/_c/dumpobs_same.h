@@ -45,7 +45,7 @@ bool own_order(size_t i) {
     } else if (r.same >= 0) {
       i = static_cast<size_t>(r.same);
     } else {
-      return r.stats == HAVE;
+      return r.stats == HAVE && !r.memory_order;
     }
   }
 }

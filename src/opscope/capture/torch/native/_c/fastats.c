@@ -19,6 +19,13 @@
 
 #define GIL_FREE_BYTES ((size_t)8 << 20) /* about half a millisecond of work */
 
+/* The sums and counts of `a`, as stats() returns them. */
+static PyObject *raw_tuple(const acc_t *a) {
+    return Py_BuildValue("ddddKKKKd", a->mn, a->mx, a->sum, a->sumsq, (unsigned long long)a->nan,
+                         (unsigned long long)a->inf, (unsigned long long)a->zeros,
+                         (unsigned long long)a->hash, acc_m2(a));
+}
+
 static PyObject *stats(PyObject *self, PyObject *args) {
     unsigned long long ptr;
     Py_ssize_t n;
@@ -41,9 +48,34 @@ static PyObject *stats(PyObject *self, PyObject *args) {
         run((const void *)(uintptr_t)ptr, n, code, &a);
         Py_END_ALLOW_THREADS
     }
-    return Py_BuildValue("ddddKKKKd", a.mn, a.mx, a.sum, a.sumsq, (unsigned long long)a.nan,
-                         (unsigned long long)a.inf, (unsigned long long)a.zeros,
-                         (unsigned long long)a.hash, acc_m2(&a));
+    return raw_tuple(&a);
+}
+
+/* stats_t(ptr, planes, rows, cols, code): as stats() for `planes` planes of rows x cols stored
+ * transposed one after another (run_transposed, fastats_transposed.h); None for the dtypes
+ * and shapes it does not take (1-byte elements, 2-byte ones with an odd cols). */
+static PyObject *stats_t(PyObject *self, PyObject *args) {
+    unsigned long long ptr;
+    Py_ssize_t planes, rows, cols;
+    int code, done;
+    if (!PyArg_ParseTuple(args, "Knnni", &ptr, &planes, &rows, &cols, &code)) return NULL;
+    if (code < 0 || code > BOOL || planes < 1 || rows < 1 || cols < 1) {
+        PyErr_SetString(PyExc_ValueError, "bad dtype code or size");
+        return NULL;
+    }
+    acc_t a;
+    memset(&a, 0, sizeof a);
+    a.mn = INFINITY;
+    a.mx = -INFINITY;
+    if ((size_t)(planes * rows * cols) * ITEMSIZE[code] < GIL_FREE_BYTES) { /* as stats() */
+        done = run_transposed((const void *)(uintptr_t)ptr, planes, rows, cols, code, &a);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        done = run_transposed((const void *)(uintptr_t)ptr, planes, rows, cols, code, &a);
+        Py_END_ALLOW_THREADS
+    }
+    if (!done) Py_RETURN_NONE;
+    return raw_tuple(&a);
 }
 
 /* A native worker thread: jobs are (address, numel, code) triples reduced in FIFO order
@@ -367,6 +399,7 @@ static PyMethodDef METHODS[] = {
     {"results", w_results, METH_VARARGS, "results(start, end) -> [stats tuple] of finished jobs"},
     {"reset", w_reset, METH_NOARGS, "reset(): wait for every job, then forget them"},
     {"stats_many", stats_many, METH_VARARGS, "stats_many(arrays, codes[, worker[, out]]) -> [stats tuple or None], or with out (10 x len(arrays) 8-byte slots) the columns there and [index not measured]: many arrays in one call"},
+    {"stats_t", stats_t, METH_VARARGS, "stats_t(ptr, planes, rows, cols, code) -> as stats() for planes stored transposed (rows adjacent), or None"},
     {"stats", stats, METH_VARARGS, "stats(ptr, numel, code) -> (min, max, sum, sumsq, nan, inf, zeros, hash, squared deviations from the mean)"},
     {NULL, NULL, 0, NULL},
 };

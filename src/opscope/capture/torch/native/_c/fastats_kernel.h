@@ -296,6 +296,8 @@ static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
     if (a->cnt != (double)n) spread_whole(p, n, code, a); /* not blocked: float64, the integers */
 }
 
+#include "fastats_transposed.h"
+
 /* Array i's statistics into column slots i of `out` (10 rows of m: min, max, mean, std, norm,
  * absmax, then the uint64 bits of the NaN, Inf and zero counts and the hash), the arithmetic of
  * finish(). An empty array's slots hold zeros (its statistics are mostly None: the caller marks

@@ -62,3 +62,21 @@ bool gather_transposed(T* out, const at::Tensor& x) {
   }
   return true;
 }
+
+// x's elements as `planes` planes of R x C, each stored transposed (element (r, c) of plane q at
+// q·R·C + c·R + r from the first) and the planes one after another: a Linear weight's gradient
+// as autograd hands it over, x.mT of a contiguous x. run_transposed reads them in memory order.
+bool transposed_planes(const at::Tensor& x, int64_t* planes, int64_t* R, int64_t* C) {
+  const int64_t d = x.dim();
+  if (d < 2) return false;
+  at::IntArrayRef sizes = x.sizes(), strides = x.strides();
+  *R = sizes[d - 2], *C = sizes[d - 1];
+  if (*R < 2 || *C < 2 || strides[d - 2] != 1 || strides[d - 1] != *R) return false;
+  int64_t expect = *R * *C;  // the planes row-major, one after another
+  for (int64_t k = d - 3; k >= 0; --k) {
+    if (sizes[k] != 1 && strides[k] != expect) return false;
+    expect *= sizes[k];
+  }
+  *planes = x.numel() / (*R * *C);
+  return *planes > 0;
+}
