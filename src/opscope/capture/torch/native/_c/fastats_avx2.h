@@ -166,7 +166,8 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     case BF16: bf16_fused((const uint16_t *)p, n, a, h1, h2); return 1;
     case F64: f64_fused((const double *)p, n, a, h1, h2); return 1;
     case I8: case U8: case BOOL:
-        if (n >= ((Py_ssize_t)1 << 36)) return 0; /* sums no longer exact in double: the portable order */
+        /* sums no longer exact in double: the portable order; without the hash: the portable loop */
+        if (n >= ((Py_ssize_t)1 << 36) || !h1) return 0;
         if (code == I8) i8_fused((const uint8_t *)p, n, a, h1, h2);
         else u8_fused((const uint8_t *)p, n, a, h1, h2);
         return 1;
@@ -175,7 +176,7 @@ static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h
     case I64: s_i64((const int64_t *)p, n, a); break;
     default: return 0;
     }
-    hash_avx2(p, (size_t)n * ITEMSIZE[code], 0, h1, h2);
+    if (h1) hash_avx2(p, (size_t)n * ITEMSIZE[code], 0, h1, h2);
     return 1;
 }
 /* d = v - c added to s, its square to q (no FMA: the portable loop rounds d*d). */

@@ -132,15 +132,15 @@ AVX512_INLINE void f32_loop16(const float *x, Py_ssize_t n, acc_t *a, uint32_t *
         fl16_init(&f);
         __m512i nz = _mm512_setzero_si512();
         for (Py_ssize_t i = 0; i < m16; i += 16) {
-            FETCH16(xb + i, fetch);
+            FETCH16(xb + i, fetch & 1);
             __m512 v = _mm512_loadu_ps(xb + i);
             nz = _mm512_mask_add_epi32(nz, _mm512_cmp_ps_mask(v, zero, _CMP_EQ_OQ), nz, one);
             fl16_add(&f, v);
-            hasher16_add(&h, _mm512_castps_si512(v));
+            if (!(fetch & NOHASH)) hasher16_add(&h, _mm512_castps_si512(v));
         }
         block_end16(&f, (uint32_t)_mm512_reduce_add_epi32(nz), xb, m16, m, F32, a);
     }
-    hasher16_done(&h, x, (size_t)n * 4, h1, h2);
+    if (!(fetch & NOHASH)) hasher16_done(&h, x, (size_t)n * 4, h1, h2);
 }
 
 /* Elements row*16 .. row*16+15 of the 32 float16 or bfloat16 at p (w: their 64 bytes) as
@@ -165,12 +165,12 @@ AVX512_INLINE void half_loop16(const uint16_t *x, Py_ssize_t n, int code, acc_t 
         fl16_init(&f);
         __m512i nz = _mm512_setzero_si512(); /* 16-bit zero counts (all bits but the sign clear) */
         for (Py_ssize_t i = 0; i < m32; i += 32) {
-            FETCH16(xb + i, fetch);
+            FETCH16(xb + i, fetch & 1);
             __m512i w = _mm512_loadu_si512(xb + i);
             nz = _mm512_mask_add_epi16(nz, _mm512_testn_epi16_mask(w, magnitude), nz, one);
             fl16_add(&f, half_row(w, xb + i, 0, code));
             fl16_add(&f, half_row(w, xb + i, 1, code));
-            hasher16_add(&h, w);
+            if (!(fetch & NOHASH)) hasher16_add(&h, w);
         }
         if (m32 < m16) { /* 16 more (the last block only); their words are hashed by hasher16_done */
             __m512i w = _mm512_maskz_loadu_epi16(0xffff, xb + m32);
@@ -180,7 +180,7 @@ AVX512_INLINE void half_loop16(const uint16_t *x, Py_ssize_t n, int code, acc_t 
         uint64_t zeros = (uint32_t)_mm512_reduce_add_epi32(_mm512_madd_epi16(nz, one));
         block_end16(&f, zeros, xb, m16, m, code, a);
     }
-    hasher16_done(&h, x, (size_t)n * 2, h1, h2);
+    if (!(fetch & NOHASH)) hasher16_done(&h, x, (size_t)n * 2, h1, h2);
 }
 
 /* float64's 8 lanes of s_f64 (fastats_kernel.h), without the NaN and Inf counts; the lanes'
@@ -196,14 +196,14 @@ AVX512_INLINE void f64_loop8(const double *x, Py_ssize_t n, acc_t *a, uint32_t *
     for (Py_ssize_t c0 = 0; c0 < n8; c0 += CHUNK64) {
         Py_ssize_t c1 = n8 - c0 < CHUNK64 ? n8 : c0 + CHUNK64;
         for (Py_ssize_t i = c0; i < c1; i += 8) {
-            FETCH16(x + i, fetch);
+            FETCH16(x + i, fetch & 1);
             __m512d v = _mm512_loadu_pd(x + i);
             nz = _mm512_mask_add_epi64(nz, _mm512_cmp_pd_mask(v, zero, _CMP_EQ_OQ), nz, one);
             mn = _mm512_min_pd(v, mn);
             mx = _mm512_max_pd(v, mx);
             s = _mm512_add_pd(s, v);
             q = _mm512_add_pd(q, keep_pd(_mm512_mul_pd(v, v)));
-            hasher16_add(&h, _mm512_castpd_si512(v));
+            if (!(fetch & NOHASH)) hasher16_add(&h, _mm512_castpd_si512(v));
         }
         if (_mm512_cmp_pd_mask(_mm512_abs_pd(s), _mm512_set1_pd(INFINITY), _CMP_LT_OQ) != 0xff)
             count_nonfinite(x + c0, c1 - c0, F64, a);
@@ -215,7 +215,7 @@ AVX512_INLINE void f64_loop8(const double *x, Py_ssize_t n, acc_t *a, uint32_t *
     _mm512_storeu_pd(L.mn, mn);
     _mm512_storeu_pd(L.mx, mx);
     dlanes_finish(&L, x, n8, n, a);
-    hasher16_done(&h, x, (size_t)n * 8, h1, h2);
+    if (!(fetch & NOHASH)) hasher16_done(&h, x, (size_t)n * 8, h1, h2);
 }
 
 /* 64 bytes into the min, max, sum (64-bit, of x + 128 for int8), squares (32-bit) and zeros
@@ -271,26 +271,30 @@ AVX512_INLINE void int8_loop64(const uint8_t *x, Py_ssize_t n, int is_signed, ac
     hasher16_done(&h, x, (size_t)n, h1, h2);
 }
 
-/* Each loop in two copies: with prefetching for tensors likely not in L2, and without. */
+/* Each loop in two copies: with prefetching for tensors likely not in L2, and without; and
+ * in two more without the hash (h1 NULL: run_stats), each a loop of its own (BY_MODE). */
 AVX512 static void f32_fused16(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 4 >= PREFETCH_MIN) f32_loop16(x, n, a, h1, h2, 1);
-    else f32_loop16(x, n, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 4, h1);
+#define LOOP(m) f32_loop16(x, n, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 AVX512 static void half_fused16(const uint16_t *x, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    int fetch = (size_t)n * 2 >= PREFETCH_MIN;
-    if (code == F16) {
-        if (fetch) half_loop16(x, n, F16, a, h1, h2, 1);
-        else half_loop16(x, n, F16, a, h1, h2, 0);
-    } else {
-        if (fetch) half_loop16(x, n, BF16, a, h1, h2, 1);
-        else half_loop16(x, n, BF16, a, h1, h2, 0);
-    }
+    int mode = LOOP_MODE((size_t)n * 2, h1);
+#define LOOP_F16(m) half_loop16(x, n, F16, a, h1, h2, m)
+#define LOOP_BF16(m) half_loop16(x, n, BF16, a, h1, h2, m)
+    if (code == F16) BY_MODE(mode, LOOP_F16);
+    else BY_MODE(mode, LOOP_BF16);
+#undef LOOP_F16
+#undef LOOP_BF16
 }
 
 AVX512 static void f64_fused8(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 8 >= PREFETCH_MIN) f64_loop8(x, n, a, h1, h2, 1);
-    else f64_loop8(x, n, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 8, h1);
+#define LOOP(m) f64_loop8(x, n, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 AVX512 static void int8_fused64(const uint8_t *x, Py_ssize_t n, int is_signed, acc_t *a, uint32_t *h1, uint32_t *h2) {
@@ -312,7 +316,8 @@ static int run_avx512(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t 
     case F16: case BF16: half_fused16((const uint16_t *)p, n, code, a, h1, h2); return 1;
     case F64: f64_fused8((const double *)p, n, a, h1, h2); return 1;
     case I8: case U8: case BOOL:
-        if (n >= ((Py_ssize_t)1 << 36)) return 0; /* sums no longer exact in double: the portable order */
+        /* sums no longer exact in double: the portable order; without the hash: the portable loop */
+        if (n >= ((Py_ssize_t)1 << 36) || !h1) return 0;
         int8_fused64((const uint8_t *)p, n, code == I8, a, h1, h2);
         return 1;
     case I16: s_i16((const int16_t *)p, n, a); break;
@@ -320,6 +325,6 @@ static int run_avx512(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t 
     case I64: s_i64((const int64_t *)p, n, a); break;
     default: return 0;
     }
-    hash_avx512(p, (size_t)n * ITEMSIZE[code], h1, h2);
+    if (h1) hash_avx512(p, (size_t)n * ITEMSIZE[code], h1, h2);
     return 1;
 }

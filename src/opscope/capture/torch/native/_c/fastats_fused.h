@@ -16,6 +16,20 @@
 #define PREFETCH_MIN ((size_t)512 << 10)
 #define FETCH(p, on) do { if (on) _mm_prefetch((const char *)(p) + PREFETCH, _MM_HINT_T0); } while (0)
 
+/* A loop's `fetch` argument: bit 0 prefetches, NOHASH leaves the hash out (h1 NULL: run_stats).
+ * Each of the four is a copy of the loop of its own, the bits constants in it (BY_MODE). */
+#define NOHASH 2
+#define LOOP_MODE(nbytes, h1) (((nbytes) >= PREFETCH_MIN) | ((h1) ? 0 : NOHASH))
+#define BY_MODE(mode, LOOP)                     \
+    do {                                        \
+        switch (mode) {                         \
+        case 0: LOOP(0); break;                 \
+        case 1: LOOP(1); break;                 \
+        case NOHASH: LOOP(NOHASH); break;       \
+        default: LOOP(NOHASH | 1); break;       \
+        }                                       \
+    } while (0)
+
 /* 8 float lanes of the statistics, without the counts. */
 typedef struct {
     __m256 s, q, mn, mx;
@@ -123,22 +137,24 @@ AVX2_INLINE void f32_loop(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, 
         fl8_init(&hi);
         __m256i nz = _mm256_setzero_si256();
         for (Py_ssize_t i = 0; i < m16; i += 16) {
-            FETCH(xb + i, fetch);
+            FETCH(xb + i, fetch & 1);
             __m256 v0 = _mm256_loadu_ps(xb + i), v1 = _mm256_loadu_ps(xb + i + 8);
             nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v0, zero, _CMP_EQ_OQ)));
             nz = _mm256_sub_epi32(nz, _mm256_castps_si256(_mm256_cmp_ps(v1, zero, _CMP_EQ_OQ)));
             fl8_add(&lo, v0);
             fl8_add(&hi, v1);
-            hasher_add16(&h, _mm256_castps_si256(v0), _mm256_castps_si256(v1));
+            if (!(fetch & NOHASH)) hasher_add16(&h, _mm256_castps_si256(v0), _mm256_castps_si256(v1));
         }
         block_end(&lo, &hi, 8, 1, sum_epi32(nz), xb, m16, m, F32, a);
     }
-    hasher_done(&h, x, (size_t)n * 4, 0, h1, h2);
+    if (!(fetch & NOHASH)) hasher_done(&h, x, (size_t)n * 4, 0, h1, h2);
 }
 
 AVX2 static void f32_fused(const float *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 4 >= PREFETCH_MIN) f32_loop(x, n, a, h1, h2, 1);
-    else f32_loop(x, n, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 4, h1);
+#define LOOP(m) f32_loop(x, n, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 /* 16 float16 or bfloat16 elements (32 bytes, w; p points at them) into the block's two
@@ -166,33 +182,37 @@ AVX2_INLINE void half_loop(const uint16_t *x, Py_ssize_t n, int code, acc_t *a, 
         fl8_init(&f1);
         __m256i nz = _mm256_setzero_si256(); /* 16-bit counts: at most BLOCK / 16 each */
         for (Py_ssize_t i = 0; i < m32; i += 32) {
-            FETCH(xb + i, fetch);
+            FETCH(xb + i, fetch & 1);
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(xb + i));
             __m256i w1 = _mm256_loadu_si256((const __m256i *)(xb + i + 16));
             half16_add(&f0, &f1, &nz, xb + i, w0, code);
             half16_add(&f0, &f1, &nz, xb + i + 16, w1, code);
-            hasher_add16(&h, w0, w1);
+            if (!(fetch & NOHASH)) hasher_add16(&h, w0, w1);
         }
         if (m32 < m16) { /* 16 more (the last block only) */
             __m256i w0 = _mm256_loadu_si256((const __m256i *)(xb + m32));
             half16_add(&f0, &f1, &nz, xb + m32, w0, code);
-            hasher_add8(&h, w0);
+            if (!(fetch & NOHASH)) hasher_add8(&h, w0);
         }
         uint64_t zeros = sum_epi32(_mm256_madd_epi16(nz, _mm256_set1_epi16(1)));
         if (code == F16) block_end(&f0, &f1, 8, 1, zeros, xb, m16, m, code, a);
         else block_end(&f0, &f1, 1, 2, zeros, xb, m16, m, code, a);
     }
-    hasher_done(&h, x, (size_t)n * 2, 0, h1, h2);
+    if (!(fetch & NOHASH)) hasher_done(&h, x, (size_t)n * 2, 0, h1, h2);
 }
 
 AVX2 static void f16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 2 >= PREFETCH_MIN) half_loop(x, n, F16, a, h1, h2, 1);
-    else half_loop(x, n, F16, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 2, h1);
+#define LOOP(m) half_loop(x, n, F16, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 AVX2 static void bf16_fused(const uint16_t *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 2 >= PREFETCH_MIN) half_loop(x, n, BF16, a, h1, h2, 1);
-    else half_loop(x, n, BF16, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 2, h1);
+#define LOOP(m) half_loop(x, n, BF16, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 /* 4 double lanes of s_f64 (fastats_kernel.h), without the counts. */
@@ -251,11 +271,11 @@ AVX2_INLINE void f64_loop(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1,
     for (Py_ssize_t c0 = 0; c0 < n8; c0 += CHUNK64) {
         Py_ssize_t c1 = n8 - c0 < CHUNK64 ? n8 : c0 + CHUNK64;
         for (Py_ssize_t i = c0; i < c1; i += 8) {
-            FETCH(x + i, fetch);
+            FETCH(x + i, fetch & 1);
             __m256d v0 = _mm256_loadu_pd(x + i), v1 = _mm256_loadu_pd(x + i + 4);
             d4_add(&d[0], &nz, v0);
             d4_add(&d[1], &nz, v1);
-            hasher_add16(&h, _mm256_castpd_si256(v0), _mm256_castpd_si256(v1));
+            if (!(fetch & NOHASH)) hasher_add16(&h, _mm256_castpd_si256(v0), _mm256_castpd_si256(v1));
         }
         if (!d4_finite(&d[0]) || !d4_finite(&d[1])) count_nonfinite(x + c0, c1 - c0, F64, a);
     }
@@ -270,12 +290,14 @@ AVX2_INLINE void f64_loop(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1,
         _mm256_storeu_pd(L.mx + 4 * k, d[k].mx);
     }
     dlanes_finish(&L, x, n8, n, a);
-    hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
+    if (!(fetch & NOHASH)) hasher_done(&h, x, (size_t)n * 8, 0, h1, h2);
 }
 
 AVX2 static void f64_fused(const double *x, Py_ssize_t n, acc_t *a, uint32_t *h1, uint32_t *h2) {
-    if ((size_t)n * 8 >= PREFETCH_MIN) f64_loop(x, n, a, h1, h2, 1);
-    else f64_loop(x, n, a, h1, h2, 0);
+    int mode = LOOP_MODE((size_t)n * 8, h1);
+#define LOOP(m) f64_loop(x, n, a, h1, h2, m)
+    BY_MODE(mode, LOOP);
+#undef LOOP
 }
 
 /* Statistics of uint8 and bool (is_signed 0) and int8 (1), fused with the hash: INT_STATS

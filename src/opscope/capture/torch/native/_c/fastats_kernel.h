@@ -276,9 +276,11 @@ INT_STATS(s_i64, int64_t)
 
 #include "fastats_avx2.h"
 
-static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
-    uint32_t h1 = 0, h2 = 0;
-    if (!run_avx512(p, n, code, a, &h1, &h2) && !run_avx2(p, n, code, a, &h1, &h2)) {
+/* The statistics of the n elements of dtype `code` at p into `a`, and with `hash` their hash
+ * (else a->hash 0: run_transposed hashes them in another order). */
+static void run_stats(const void *p, Py_ssize_t n, int code, acc_t *a, int hash) {
+    uint32_t h1 = 0, h2 = 0, *p1 = hash ? &h1 : NULL, *p2 = hash ? &h2 : NULL;
+    if (!run_avx512(p, n, code, a, p1, p2) && !run_avx2(p, n, code, a, p1, p2)) {
         switch (code) {
         case F32: s_f32((const float *)p, n, a); break;
         case F64: s_f64((const double *)p, n, a); break;
@@ -290,11 +292,13 @@ static void run(const void *p, Py_ssize_t n, int code, acc_t *a) {
         case I32: s_i32((const int32_t *)p, n, a); break;
         case I64: s_i64((const int64_t *)p, n, a); break;
         }
-        hash_bytes(p, (size_t)n * ITEMSIZE[code], 0, &h1, &h2);
+        if (hash) hash_bytes(p, (size_t)n * ITEMSIZE[code], 0, &h1, &h2);
     }
     a->hash = ((uint64_t)h1 << 32) | h2;
     if (a->cnt != (double)n) spread_whole(p, n, code, a); /* not blocked: float64, the integers */
 }
+
+static void run(const void *p, Py_ssize_t n, int code, acc_t *a) { run_stats(p, n, code, a, 1); }
 
 #include "fastats_transposed.h"
 

@@ -115,12 +115,12 @@ static void tcol_any(const unsigned char *col, const unsigned char *col2, int es
 
 /* Statistics and hash of `planes` planes of R x C elements of dtype `code`, each stored
  * transposed and the planes one after another from p: the statistics in memory order
- * (run(), whose hash of that order is then replaced), the hash of row-major order. 0, with
+ * (run_stats, without its hash), then the hash of row-major order. 0, with
  * nothing done, for 1-byte elements and for 2-byte ones with C odd (the caller gathers). */
 static int run_transposed(const void *p, Py_ssize_t planes, Py_ssize_t R, Py_ssize_t C, int code, acc_t *a) {
     const int es = (int)ITEMSIZE[code];
     if (es == 1 || (es == 2 && C % 2)) return 0;
-    run(p, planes * R * C, code, a);
+    run_stats(p, planes * R * C, code, a, 0);
     const unsigned char *bytes = (const unsigned char *)p;
     const uint32_t wc = (uint32_t)((uint64_t)C * (uint64_t)es / 4); /* words a row (mod 2^32, as the salts) */
     uint32_t h1 = 0, h2 = 0;
