@@ -62,6 +62,7 @@ setup(
                      "src/opscope/capture/torch/native/_c/fastats_fused.h", "src/opscope/capture/torch/native/_c/fastats_avx512.h",
                      "src/opscope/capture/torch/native/_c/fastats_spread.h",
                      "src/opscope/capture/torch/native/_c/fastats_transposed.h",
+                     "src/opscope/capture/torch/native/_c/fastats_worker.h",
                      "src/opscope/_c/opscope_half.h"],
             include_dirs=["src/opscope/_c"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c99", "-pthread"],
