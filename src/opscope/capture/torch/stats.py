@@ -111,22 +111,18 @@ def cpu_stats(t: torch.Tensor) -> tuple[Any, ...]:
     """Statistics of a CPU tensor in one C pass (torch fallback for other dtypes)."""
     t = _as_real(t)
     code = CODES.get(t.dtype)
-    kernel = _fastats is not None and code is not None and (code != 2 or F16_FAST)  # scalar C float16 is slow
-    if not t.is_contiguous():
-        planes = transposed_planes(t) if kernel else None
-        raw = _STATS_T(t.data_ptr(), *planes, code) if planes is not None and _STATS_T is not None else None
-        if raw is not None:  # read in memory order, as the native capture reads it
-            mn, mx, total, sumsq, nan, inf, zeros, h, m2 = raw
-            return finish(mn, mx, total, sumsq, nan, inf, zeros, h, t.numel(), m2)
-        # before either path: torch's own reductions sum a strided view in another order
-        # (float64's std differed from its copy's in the last bit)
+    # (a strided view made contiguous first on either path: torch's own reductions sum it in
+    # another order, float64's std differed from its copy's in the last bit)
+    if _fastats is None or code is None or (code == 2 and not F16_FAST):  # scalar C float16 is slow
+        return materialize_one(device_stats(t.contiguous()))
+    raw = None
+    if _STATS_T is not None and not t.is_contiguous() and (planes := transposed_planes(t)) is not None:
+        raw = _STATS_T(t.data_ptr(), *planes, code)  # in memory order, as the native capture reads it
+    if raw is None:
         t = t.contiguous()
-    if not kernel:
-        return materialize_one(device_stats(t))
-    assert _fastats is not None and code is not None
-    n = t.numel()
-    mn, mx, total, sumsq, nan, inf, zeros, h, m2 = _fastats.stats(t.data_ptr(), n, code)
-    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, n, m2)
+        raw = _fastats.stats(t.data_ptr(), t.numel(), code)
+    mn, mx, total, sumsq, nan, inf, zeros, h, m2 = raw
+    return finish(mn, mx, total, sumsq, nan, inf, zeros, h, t.numel(), m2)
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

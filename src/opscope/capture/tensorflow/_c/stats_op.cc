@@ -46,9 +46,7 @@ int code_of(DataType t) {
 }
 
 void reduce(const Tensor& t, int code, acc_t* a) {
-    *a = acc_t{};
-    a->mn = INFINITY;
-    a->mx = -INFINITY;
+    acc_init(a);
     const int64_t n = t.NumElements();
     if (n > 0) run(t.tensor_data().data(), n, code, a);
 }

@@ -54,8 +54,7 @@ void worker_loop() {
     }
     Job& j = a.jobs[a.next++];
     lock.unlock();
-    std::memset(&j.acc, 0, sizeof j.acc);
-    j.acc.mn = INFINITY, j.acc.mx = -INFINITY;
+    acc_init(&j.acc);
     run(j.p, j.numel, j.code, &j.acc);
     lock.lock();
     ++a.done;

@@ -143,8 +143,7 @@ bool measure_transposed(size_t index, const at::Tensor& x, int code, bool data) 
   int64_t planes = 0, R = 0, C = 0;
   if (!transposed_planes(x, &planes, &R, &C)) return false;
   acc_t a;
-  std::memset(&a, 0, sizeof a);
-  a.mn = INFINITY, a.mx = -INFINITY;
+  acc_init(&a);
   if (!run_transposed(x.const_data_ptr(), planes, R, C, code, &a)) return false;
   g_read_bytes += x.numel() * static_cast<int64_t>(x.element_size());
   finish_row(rows[index], a, x.numel());
@@ -211,8 +210,7 @@ void measure(size_t index, const at::Tensor& t, bool data) {
     return;
   }
   acc_t a;
-  std::memset(&a, 0, sizeof a);
-  a.mn = INFINITY, a.mx = -INFINITY;
+  acc_init(&a);
   if (x.numel() > 0) run(p, x.numel(), code, &a);
   finish_row(r, a, x.numel());
   if (data) store_bytes(index, x, p);  // while the pass above left it in cache

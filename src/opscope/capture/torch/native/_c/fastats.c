@@ -36,9 +36,7 @@ static PyObject *stats(PyObject *self, PyObject *args) {
         return NULL;
     }
     acc_t a;
-    memset(&a, 0, sizeof a);
-    a.mn = INFINITY;
-    a.mx = -INFINITY;
+    acc_init(&a);
     if (n > 0 && (size_t)n * ITEMSIZE[code] < GIL_FREE_BYTES) {
         /* a small tensor: done before another thread could use the GIL, and getting it back
          * can cost a whole switch interval (5 ms) when the writer thread holds it */
@@ -64,9 +62,7 @@ static PyObject *stats_t(PyObject *self, PyObject *args) {
         return NULL;
     }
     acc_t a;
-    memset(&a, 0, sizeof a);
-    a.mn = INFINITY;
-    a.mx = -INFINITY;
+    acc_init(&a);
     if ((size_t)(planes * rows * cols) * ITEMSIZE[code] < GIL_FREE_BYTES) { /* as stats() */
         done = run_transposed((const void *)(uintptr_t)ptr, planes, rows, cols, code, &a);
     } else {

@@ -17,6 +17,13 @@ typedef struct {
     double cnt, ref, d1, d2; /* the elements merged so far, their deviations from ref and squares (fastats_spread.h) */
 } acc_t;
 
+/* An empty accumulator: no element seen (min +inf, max -inf, every sum and count 0). */
+static inline void acc_init(acc_t *a) {
+    memset(a, 0, sizeof *a);
+    a->mn = INFINITY;
+    a->mx = -INFINITY;
+}
+
 #include "opscope_half.h" /* bf16_to_f32, f16_to_f32 (src/opscope/_c, on the include path) */
 
 #define LANES 16
