@@ -39,6 +39,7 @@ MM_SIZE, MM_REPEAT = 48, 40
 WORKLOAD = f"python loop of {PY_LOOP} + {MM_REPEAT} float32 matmuls {MM_SIZE}x{MM_SIZE}"
 SCHEDSTAT = "/proc/thread-self/schedstat"
 GAP_NS = 50_000  # phase timer marks closer than this to the last read reuse it (at least)
+STAMP_TRIES = 3  # reads of the wait at one mark when the thread is put back in the queue during one
 READS_SHARE = 200  # ... and closer than this many times one read's cost: reads take <= 0.5%
 MAD_TO_SIGMA = 1.4826
 MEDIAN_SE = 1.2533
@@ -78,6 +79,23 @@ class SchedWait:
             self.fd = -1
 
 
+def stamped_read(read: Callable[[], int], clock: Callable[[], int], tight_ns: int,
+                 before: int | None = None) -> tuple[int, int]:
+    """``(mark, wait)``: the wait ``read`` between two marks of ``clock`` less than
+    ``tight_ns`` apart (``before``: the first, if just taken), so it is the wait at the mark
+    to within that. A thread put back in the run queue during the read (the exit of the
+    system call is where it most often is) waited before the kernel counted or after: read
+    again, up to :data:`STAMP_TRIES` times in all."""
+    before = clock() if before is None else before
+    for _ in range(STAMP_TRIES):
+        wait = read()
+        now = clock()
+        if now - before < tight_ns:
+            break
+        before = now
+    return now, wait
+
+
 def read_gap_ns(sched: SchedWait, reads: int = 15) -> int:
     """The least time between two wait reads at phase marks: :data:`READS_SHARE` times the
     median cost of one read here, and at least :data:`GAP_NS`."""
@@ -111,10 +129,20 @@ class WaitTimeline:
         """The wrapped clock's mark, sampling the wait when the last read is old enough."""
         now = self._mark()
         if now - self._last >= self.gap_ns:
-            self._last = now
-            self.times.append(now)
-            self.waits.append(self._read())
+            return self.stamp(now)[0]
         return now
+
+    def stamp(self, before: int | None = None) -> tuple[int, int]:
+        """A mark and the wait at it, read now (:func:`stamped_read`, to within the gap).
+
+        A wait read with no mark after it could hold a preemption that the clock put on
+        the other side: marked before the read, a phase of 11 ms "waited" 19 ms and the
+        next one took 16 ms with no wait; marked after, the same at the read's own exit."""
+        now, wait = stamped_read(self._read, self._mark, self.gap_ns, before)
+        self._last = now
+        self.times.append(now)
+        self.waits.append(wait)
+        return now, wait
 
     def at(self, t: int) -> int:
         """Cumulative wait (ns) at clock time ``t``: the last read at or before it."""

@@ -170,12 +170,27 @@ class ProfileSession:
         if traced:
             self.task.begin()
         if wait is None or traced:  # the task trace's start took time since
-            wait = self.sched.read() if self.sched is not None else 0
-        self._raw = RawStep(step=step, start=self.clock.mark(), task_trace=traced, wait_start=wait)
+            start, read = self._stamp()
+            wait = read or 0
+        elif self.timeline is not None:  # read again when the step's close took longer than the gap
+            start = self.timeline.mark()
+            wait = self.timeline.at(start)
+        else:
+            start = self.clock.mark()
+        self._raw = RawStep(step=step, start=start, task_trace=traced, wait_start=wait)
+
+    def _stamp(self) -> tuple[Any, int | None]:
+        """A clock mark and the run-queue wait at it (``None`` where the kernel does not say):
+        on the host clock read between two marks (:meth:`WaitTimeline.stamp`); on a device
+        clock, whose phases are not split, read just before the mark."""
+        if self.timeline is not None:
+            return self.timeline.stamp()
+        wait = self.sched.read() if self.sched is not None else None
+        return self.clock.mark(), wait
 
     def _boundary(self, finished: int, following: int) -> None:
-        end = self.clock.mark()
-        wait = self._close(end, complete=True)
+        end, read = self._stamp()
+        wait = self._close(end, True, read)
         self._begin(following, wait)  # one read ends a step and begins the next
         if following == NARROW_AT:
             self.timers.narrow()
@@ -192,15 +207,14 @@ class ProfileSession:
             raise ProfileError("opscope internal error: the profile has no step being timed")
         return self._raw
 
-    def _close(self, end: Any, complete: bool) -> int | None:
-        """Close the current step at ``end``; returns the run-queue wait read for it, for the
-        next step to begin with (None after a task-traced step: its export ran since)."""
+    def _close(self, end: Any, complete: bool, wait: int | None) -> int | None:
+        """Close the current step at ``end``, the run-queue wait ``wait`` read just before it;
+        returns that wait for the next step to begin with (None after a task-traced step:
+        its export ran since)."""
         raw = self._current()
         exported = raw.task_trace
         raw.end, raw.complete = end, complete
-        wait = None
-        if self.sched is not None:
-            wait = self.sched.read()
+        if wait is not None:
             raw.wait_ns = wait - raw.wait_start
         raw.intervals = self.timers.take(end)
         if raw.task_trace or raw.step in self.config.steps:
@@ -219,7 +233,7 @@ class ProfileSession:
         return None if exported else wait
 
     def _finish_last(self, error: BaseException | None) -> None:
-        end = self.clock.mark()
+        end, wait = self._stamp()
         raw = self._current()
         intervals = self.timers.intervals
         busy = any(intervals[p] for p in ("forward", "backward", "optimizer")) or self.timers._fwd_open is not None
@@ -229,7 +243,7 @@ class ProfileSession:
             if self.task is not None:
                 self.task.abort()
         else:
-            self._close(end, complete=error is None)
+            self._close(end, error is None, wait)
         self._resolve(keep_last=False)
 
     def _resolve(self, keep_last: bool) -> None:

@@ -34,7 +34,7 @@ from opscope.capture.tensorflow.fit_join import join_fit
 from opscope.config import ProfileConfig, profile_config
 from opscope.errors import ConfigError, ProfileError
 from opscope.profile import output
-from opscope.profile.calibration import Calibration, SchedWait
+from opscope.profile.calibration import GAP_NS, Calibration, SchedWait, stamped_read
 from opscope.profile.chrome_trace import TraceWriter
 from opscope.profile.model import ProfileResult, StepRow
 from opscope.profile.session import ProfileWarning
@@ -259,11 +259,10 @@ class TFProfileSession(keras.callbacks.Callback):
         if traced:
             self.task.begin()
         self._step, self._traced, self._step_spe = step, traced, self._spe
-        self._wait0 = self.sched.read() if self.sched is not None else 0
-        self._start = time.perf_counter_ns()
+        self._start, self._wait0 = self._stamp()
 
     def _boundary(self, finished: int, following: int) -> None:
-        self._close(time.perf_counter_ns(), complete=True)
+        self._close(*self._stamp(), complete=True)
         self._begin(following)
         missing = self.timers.unresolved_points() if finished == 0 else []
         if missing:
@@ -272,8 +271,15 @@ class TFProfileSession(keras.callbacks.Callback):
                 "give a layer name (layer.name) or null for the automatic point"
             )
 
-    def _close(self, end: int, complete: bool) -> None:
-        """End the current step; its row is made when the graph marks are next read."""
+    def _stamp(self) -> tuple[int, int]:
+        """The clock's ns now and the run-queue wait at it (:func:`~opscope.profile.calibration.stamped_read`)."""
+        if self.sched is None:
+            return time.perf_counter_ns(), 0
+        return stamped_read(self.sched.read, time.perf_counter_ns, GAP_NS)
+
+    def _close(self, end: int, wait_now: int, complete: bool) -> None:
+        """End the current step at ``end``, the wait ``wait_now`` read just before; its row is
+        made when the graph marks are next read."""
         if self._gap:  # fit's validation: no row, and its number goes to the next batch
             if self.table.pending:  # numbered before the count moves
                 self._resolve()
@@ -285,7 +291,7 @@ class TFProfileSession(keras.callbacks.Callback):
         if self._traced and not complete:
             self.task.abort()
         self._traced = False  # ended once, whatever happens below
-        wait = self.sched.read() - self._wait0 if self.sched is not None else 0
+        wait = wait_now - self._wait0
         host = self.timers.take_host(self._start, end)
         self.table.pending.append(Pending(self._step, self._start, end, host, traced, complete, wait, self._step_spe))
         if traced:
@@ -305,13 +311,13 @@ class TFProfileSession(keras.callbacks.Callback):
             self.timers.notes.append(message)
 
     def _finish_last(self, error: BaseException | None) -> None:
-        end = time.perf_counter_ns()
+        end, wait = self._stamp()
         if error is None and self._step > 0 and (self._gap or self._idle(end)):
             self.timers.take_host(self._start, end)
             if self.task is not None:
                 self.task.abort()
         else:
-            self._close(end, complete=error is None)
+            self._close(end, wait, complete=error is None)
         self._resolve()
 
     def _idle(self, end: int) -> bool:

@@ -19,13 +19,56 @@ class Reads:
 
 
 def test_marks_closer_than_the_gap_reuse_the_last_read() -> None:
-    ticks = iter(range(0, 1_000_000, 10_000))  # a mark every 10 us
+    now = [0]
     reads = Reads()
-    timeline = WaitTimeline(reads, lambda: next(ticks), gap_ns=60_000)  # type: ignore[arg-type]
+    timeline = WaitTimeline(reads, lambda: now[0], gap_ns=60_000)  # type: ignore[arg-type]
     for _ in range(60):
         timeline.mark()
+        now[0] += 10_000  # a mark every 10 us
     assert reads.count == 10  # one read per 6 marks
     assert timeline.at(65_000) == 20 and timeline.at(59_999) == 10
+
+
+class Machine:
+    """A clock and a run-queue wait that a preemption moves together: ``preempt_next`` puts
+    the thread back in the queue for that long during the next read, before the kernel
+    counts its wait (the read holds it) or, ``late``, at the system call's exit (it does not)."""
+
+    def __init__(self, late: bool = False) -> None:
+        self.now = self.waited = self.preempt_next = 0
+        self.late = late
+
+    def clock(self) -> int:
+        self.now += 1_000  # 1 us a call
+        return self.now
+
+    def read(self) -> int:
+        counted = self.waited
+        self.now += self.preempt_next
+        self.waited += self.preempt_next
+        self.preempt_next = 0
+        return counted if self.late else self.waited
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["counted", "at_the_exit"])
+def test_a_wait_at_a_mark_is_on_one_side_of_it_on_both_timelines(late: bool) -> None:
+    """A 16 ms preemption as the mark between a 1 ms phase and the next one reads the wait
+    lies in the first phase's time and wait, never in only one. Marked before the read, the
+    first phase waited 16 ms in 1 ms and the second took 16 ms without waiting; marked after
+    it, the same when the wait came at the read's exit (seen under load: 16 ms in 0.5 ms)."""
+    machine = Machine(late)
+    timeline = WaitTimeline(machine, machine.clock, gap_ns=50_000)  # type: ignore[arg-type]
+    start = timeline.mark()
+    machine.now += 1_000_000  # the first phase's work
+    machine.preempt_next = 16_000_000
+    middle = timeline.mark()
+    machine.now += 2_000_000
+    end = timeline.mark()
+    waits = timeline.phases(start, end, {"forward": [(start, middle)], "backward": [(middle, end)]})
+    assert middle - start >= 17_000_000 and waits["forward"] == 16_000_000
+    assert end - middle < 2_100_000 and waits["backward"] == 0
+    stamped = timeline.stamp()
+    assert stamped == (machine.now, machine.waited) and timeline.at(stamped[0]) == machine.waited
 
 
 def test_the_gap_is_forty_reads_and_at_least_twenty_microseconds() -> None:
