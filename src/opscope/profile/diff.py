@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from opscope.profile.diff_machine import CONTENTION_SHARE, Machine, machine_headline, measure_machine, phase_waits
+from opscope.profile.diff_machine import Machine, contention_ms, machine_headline, measure_machine, phase_waits
 from opscope.profile.diff_ops import Change, causes, explained_note, no_op_moved, op_beyond_machine
 from opscope.profile.model import PHASES, OpRow, StepRow
 from opscope.profile.summary import MS, steady_steps
@@ -130,6 +130,7 @@ class _Judge:
 
     machine: Machine | None
     floor: float
+    step_ms: float  # A's median step
     k: float
     min_change: float
 
@@ -153,12 +154,14 @@ class _Judge:
         raw.wait_ms = round(raw.delta_ms - after_wait.delta_ms, 4)
         raw.speed_ms = round(after_wait.delta_ms - after.delta_ms, 4)
         # A thread that waits for a CPU also runs slower once it has one (the other work
-        # shares its caches and core, and it starts cold each time it is put back): when it
-        # waited, up to CONTENTION_SHARE of its own time on A is the machine's too. Measured:
-        # 11-28% of a phase under four busy loops on its CPU (the same code run to run).
-        contention = CONTENTION_SHARE * abs(raw.a_ms) if raw.wait_ms * sign > 0 else 0.0
+        # shares its caches and core, and it starts cold each time it is put back). Measured
+        # under four busy loops on its CPU: 11-28% of a phase that waited, and 0.3-0.4 ms
+        # of a 14 ms step in a 0.35 ms optimizer phase that did not (contention_ms).
+        contention = contention_ms(machine, raw.a_ms, self.step_ms, raw.wait_ms * sign > 0, sign)
         if not (after.flagged and after.delta_ms * sign > contention):
             raw.flagged, raw.explained_by_machine = False, True
+            if after.flagged:
+                raw.contention_ms = round(sign * contention, 4)
         return raw
 
 
@@ -198,7 +201,7 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     found = measure_machine(a, b, rows_a, rows_b, floor) if machine else None
     if found is not None and found.why_not:
         notes.append(f"{found.why_not}: a busier machine during one run is not told apart from slower code")
-    judge = _Judge(found, floor, k, min_change)
+    judge = _Judge(found, floor, step_a, k, min_change)
     split = all(r.phase_waits is not None for r in (*rows_a, *rows_b))
     phases = [judge(("phase", p, p), _phase_series(rows_a, p), _phase_series(rows_b, p),
                     *phase_waits(rows_a, rows_b, p, split)) for p in ("step", *PHASES)]
@@ -207,7 +210,7 @@ def diff(a: Any, b: Any, k: float = 3.0, min_change: float = 0.1, machine: bool 
     if a.ops and b.ops:
         ops = _diff_ops(a, b, judge)
         unmoved = no_op_moved(phases, ops, found, floor) if found is not None else []
-        notes += op_beyond_machine(phases, ops, floor, min_change)
+        notes += op_beyond_machine(phases, ops, floor, min_change, found, step_a)
     else:
         missing = " and ".join(x for x, d in (("A", a), ("B", b)) if not d.ops)
         notes.append(f"{missing} has no task trace: op-level diff needs task_trace=True in both runs")

@@ -18,6 +18,9 @@ from opscope.profile.summary import MS
 # Of a phase's own time on A, the share the machine may account for beyond the run-queue wait
 # once the thread waited (it then runs slower too: diff._Judge, diff_ops.op_beyond_machine).
 CONTENTION_SHARE = 0.35
+# Of A's step, what the machine may add to any phase or op, whether it waited itself or not,
+# once B's thread waited significantly more per step (a cold start after another's turn).
+COLD_SHARE = 0.05
 
 
 @dataclass
@@ -63,6 +66,21 @@ def measure_machine(a: Any, b: Any, rows_a: Sequence[StepRow], rows_b: Sequence[
         wait = Wait(round(means[0], 4), round(means[1], 4), round(medians[0], 4), round(medians[1], 4),
                     abs(means[1] - means[0]) >= floor)
     return Machine(speed(blocks_a, blocks_b), wait)
+
+
+def contention_ms(machine: Machine | None, a_ms: float, step_ms: float, waited: bool, sign: int) -> float:
+    """What sharing the CPU may add to a change of sign ``sign`` beyond the run-queue wait.
+
+    A thread that waits for a CPU also runs slower once it has one: up to
+    :data:`CONTENTION_SHARE` of A's time of the phase or op when that waited more
+    (``waited``), and up to :data:`COLD_SHARE` of A's step (``step_ms``) anywhere in a
+    step that did. The second is what a short, memory-bound phase loses: with four busy
+    loops on its CPU, an SGD step of 0.35 ms took 0.7 ms without waiting itself (the
+    same calls back to back did not slow down; after the forward and backward they did)."""
+    share = CONTENTION_SHARE * abs(a_ms) if waited else 0.0
+    wait = machine.wait if machine is not None else None
+    loaded = wait is not None and wait.significant and (wait.b_mean - wait.a_mean) * sign > 0
+    return share + (COLD_SHARE * abs(step_ms) if loaded else 0.0)
 
 
 def _waits(rows: Sequence[StepRow]) -> list[float]:

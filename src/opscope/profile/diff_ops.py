@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from opscope.profile.diff_machine import CONTENTION_SHARE, Machine
+from opscope.profile.diff_machine import Machine, contention_ms
 
 
 @dataclass
@@ -31,6 +31,7 @@ class Change:
     flagged: bool
     wait_ms: float = 0.0  # part of delta_ms that was waiting for a CPU (judged changes only)
     speed_ms: float = 0.0  # part of delta_ms the calibration speed ratio accounts for
+    contention_ms: float = 0.0  # what was left after both, within what sharing a CPU costs (explained only)
     explained_by_machine: bool = False  # beyond noise raw, not once the machine is taken out
     only_in: str = ""  # ops: "A" or "B" when it ran in every traced step of that run and none of the other
 
@@ -86,7 +87,7 @@ def no_op_moved(phases: Sequence[Change], ops: Sequence[Change], machine: Machin
 
 
 def op_beyond_machine(phases: Sequence[Change], ops: Sequence[Change], floor: float,
-                       min_change: float) -> list[str]:
+                       min_change: float, machine: Machine | None = None, step_ms: float = 0.0) -> list[str]:
     """Flag again a phase the machine explained when one of its ops changed the same way
     beyond its noise *after* the machine's correction, by enough to flag the phase alone.
 
@@ -99,7 +100,7 @@ def op_beyond_machine(phases: Sequence[Change], ops: Sequence[Change], floor: fl
             continue
         sign = 1 if change.delta_ms > 0 else -1
         waited = change.wait_ms * sign > floor  # an op's wait is an estimate: the phase's whole wait bounds it
-        enough = max(floor, min_change * abs(change.a_ms), CONTENTION_SHARE * abs(change.a_ms) if waited else 0.0)
+        enough = max(floor, min_change * abs(change.a_ms), contention_ms(machine, change.a_ms, step_ms, waited, sign))
         beyond = [((o.delta_ms - o.machine_ms - change.wait_ms) * sign, o) for o in ops
                   if o.flagged and (change.phase == "step" or o.phase == change.phase)]
         excess, op = max(beyond, key=lambda pair: pair[0], default=(0.0, None))
@@ -127,7 +128,8 @@ def explained_note(change: Change, none_moved: bool, ops: Sequence[Change], spli
                 f"{scope} changed beyond noise: not attributed to the code")
     where = "" if change.name == "step" or split else " anywhere in the step"
     parts = [f"{label} {ms:+.3f} ms"
-             for label, ms in ((f"waiting for a CPU{where}", change.wait_ms), ("machine speed", change.speed_ms)) if ms]
+             for label, ms in ((f"waiting for a CPU{where}", change.wait_ms), ("machine speed", change.speed_ms),
+                               ("running on a shared CPU up to", change.contention_ms)) if ms]
     text += f" is within what the machine explains ({', '.join(parts)}): not attributed to the code"
     moved = [o for o in ops if o.flagged and o.phase == change.name and o.delta_ms * change.delta_ms > 0]
     if moved and change.name != "step" and not split:

@@ -1,0 +1,78 @@
+"""What ``diff`` puts down to sharing a CPU beyond the run-queue wait: rows built like those
+of a real profile (the real load, four busy loops on the training thread's CPU, is in
+tests/integration/test_profile_calibration.py), so each rule is checked on its own edge."""
+
+from __future__ import annotations
+
+import random
+
+from opscope.profile.calibration import ROUNDS, WORKLOAD
+from opscope.profile.diff import diff
+from opscope.profile.diff_machine import COLD_SHARE
+from opscope.profile.model import PHASES, StepRow
+from opscope.profile.reader import ProfileData
+from opscope.profile.summary import summarize
+
+
+def calibration(seed: int) -> dict:
+    """The same machine speed in both runs: only the waits differ."""
+    rng = random.Random(seed)
+    rounds = {part: {when: [ms * rng.gauss(1, 0.01) for _ in range(ROUNDS)] for when in ("start", "end")}
+              for part, ms in (("python", 0.55), ("matmul", 0.135))}
+    return {"version": 2, "workload": WORKLOAD, "rounds_ms": rounds, "sched_wait": True}
+
+
+def run(name: str, seed: int, optimizer_ms: float, wait_ms: float) -> ProfileData:
+    """Forward 6 ms and backward 7.5 ms, which wait ``wait_ms`` per step between them, and an
+    optimizer phase of ``optimizer_ms`` that never waits (as under four busy loops: a 0.35 ms
+    phase is seldom where the thread is put back in the queue)."""
+    rng = random.Random(seed)
+    rows = []
+    for step in range(30):
+        times = {"forward": rng.gauss(6.0, 0.06), "backward": rng.gauss(7.5, 0.07),
+                 "optimizer": rng.gauss(optimizer_ms, optimizer_ms * 0.04)}
+        waited = {"forward": wait_ms * rng.uniform(0.3, 0.7)}
+        waited["backward"] = wait_ms - waited["forward"]
+        phases, waits = dict.fromkeys(PHASES, 0), dict.fromkeys(PHASES, 0)
+        for phase, ms in times.items():
+            waits[phase] = int(waited.get(phase, 0.0) * 1e6)
+            phases[phase] = int(ms * 1e6) + waits[phase]
+        rows.append(StepRow(0, step, 0, sum(phases.values()), phases, sched_wait_ns=sum(waits.values()),
+                            phase_waits=waits))
+    return ProfileData(name, rows, [], summarize(rows, []), {0: "complete"}, calibration={0: calibration(seed)})
+
+
+def optimizer(result):
+    return next(c for c in result.phases if c.name == "optimizer")
+
+
+def test_a_phase_that_did_not_wait_may_lose_a_cold_start_when_its_step_did() -> None:
+    """The optimizer twice as slow (0.35 -> 0.7 ms) without waiting itself, in steps that
+    waited 38 ms: what the same SGD step did on the busier machine (session 40)."""
+    result = diff(run("a", 1, 0.35, 0.0), run("b", 2, 0.7, 38.0))
+    change = optimizer(result)
+    assert not change.flagged and change.explained_by_machine
+    assert change.wait_ms == 0 and 0.3 < change.delta_ms < COLD_SHARE * 13.85 <= change.contention_ms
+    note = next(n for n in result.notes if n.startswith("optimizer"))
+    assert f"running on a shared CPU up to +{change.contention_ms:.3f} ms" in note
+    assert not result.regressions
+
+
+def test_the_same_change_on_a_machine_that_was_not_busier_is_the_code() -> None:
+    result = diff(run("a", 1, 0.35, 0.0), run("b", 2, 0.7, 0.0))
+    change = optimizer(result)
+    assert change.flagged and change.direction == "slower" and change.contention_ms == 0
+    assert [c.name for c in result.regressions] == ["optimizer"]
+
+
+def test_a_change_beyond_a_cold_start_is_the_code_on_a_busier_machine_too() -> None:
+    result = diff(run("a", 1, 0.35, 0.0), run("b", 2, 1.4, 38.0))
+    assert optimizer(result).flagged and "optimizer" in {c.name for c in result.regressions}
+
+
+def test_a_speed_up_is_not_explained_by_a_busier_b() -> None:
+    """The allowance is for the direction the machine moved: a busier B makes code slower,
+    never faster, so an optimizer twice as fast during it stays the code's."""
+    result = diff(run("a", 1, 0.7, 0.0), run("b", 2, 0.35, 38.0))
+    change = optimizer(result)
+    assert change.flagged and change.direction == "faster" and not change.explained_by_machine
