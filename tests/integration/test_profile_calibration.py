@@ -132,11 +132,14 @@ def test_no_phase_waits_longer_than_it_lasts(runs, name) -> None:
     this load held a wait that belonged to the next: 19.7 ms in an 11.6 ms backward.)"""
     rows = load(runs / name).steps
     assert sum(r.sched_wait_ns for r in rows) > 0
+    # A read may serve marks up to one gap later (50 us, up to ~1 ms where a read is slow), so
+    # a span's wait can hold a wait that short from before it; a misplaced preemption under
+    # four busy loops is a whole turn of theirs, 3 ms and more.
+    slack = 2_000_000
     for row in rows:
-        assert row.sched_wait_ns <= row.wall_ns + 100_000, row
+        assert row.sched_wait_ns <= row.wall_ns + slack, row
         for phase, wait in (row.phase_waits or {}).items():
-            # a phase is one or more spans, each read at most one gap (<= 1 ms here) off
-            assert wait <= row.phases[phase] + 1_000_000, (row.step, phase, wait, row.phases[phase])
+            assert wait <= row.phases[phase] + slack, (row.step, phase, wait, row.phases[phase])
 
 
 def test_same_code_on_a_busier_machine_is_not_flagged(runs) -> None:
