@@ -51,7 +51,8 @@ class ClusterError(OpscopeError):
 
 
 def run(jobs: dict[measure.Job, list[int]], pairs: list[Pair], target: str, reference: str, *,
-        scheduler: Scheduler, progress: measure.Progress | None = None) -> list[str]:
+        scheduler: Scheduler, progress: measure.Progress | None = None,
+        trust_hashes: bool = True, exact_std: bool = False) -> list[str]:
     """Measure every job as tasks on the cluster at ``scheduler``; returns the problems met.
 
     Args:
@@ -60,6 +61,8 @@ def run(jobs: dict[measure.Job, list[int]], pairs: list[Pair], target: str, refe
         scheduler: a ``dask.distributed.Client``, a scheduler address (``tcp://host:8786``)
             or the JSON file written by ``dask scheduler --scheduler-file FILE``.
         progress: called as ``progress(bytes_done, bytes_total)`` as tasks finish.
+        trust_hashes, exact_std: as for :func:`opscope.compare.measure.plan`, for a tensor
+            that cannot be read (judged from statistics).
 
     Raises:
         ClusterError: see the class.
@@ -74,7 +77,7 @@ def run(jobs: dict[measure.Job, list[int]], pairs: list[Pair], target: str, refe
         batches = measure._batches(todo, min(MAX_TASKS, max(threads * BATCHES_PER_THREAD, total // TASK_BYTES)))
         results = _gather(client, *paths, batches, progress)
     results.sort(key=lambda outcome: measure.file_order(outcome[0]))  # a local run's order, not the tasks'
-    return measure.apply_results(results, jobs, pairs)
+    return measure.apply_results(results, jobs, pairs, trust_hashes=trust_hashes, exact_std=exact_std)
 
 
 def address(scheduler: Scheduler) -> str:

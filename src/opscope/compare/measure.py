@@ -107,14 +107,20 @@ def _classify(pair: Pair, t: dict[str, Any], r: dict[str, Any], noise: NoiseMode
                    (r["data"], r["key"], r.get("view")),
                    floor, noise.element_tolerance(lower), nbytes, same_dtype,
                    (float(t.get("scale") or 1.0), float(r.get("scale") or 1.0)))
-    pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r, exact_std=exact_std))
-    if trust_hashes and same_dtype and t.get("hash") is not None and r.get("hash") is not None and \
-            (t.get("scale") or 1.0) == (r.get("scale") or 1.0):
-        # (equal hashes returned above) the contents differ, whatever the statistics show: a
-        # permutation of labels or indices has the same ones. (Not where a loss scale divided
-        # one side's statistics: its bytes are the scaled values, whose hash is another.)
-        pair.metrics["hash_differs"] = True
+    by_statistics(pair, t, r, trust_hashes, exact_std)
     return None
+
+
+def by_statistics(pair: Pair, t: dict[str, Any], r: dict[str, Any], trust_hashes: bool, exact_std: bool) -> None:
+    """Judge a pair from its two rows' statistics (no tensor on both sides, or one unreadable)."""
+    pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(t, r, exact_std=exact_std))
+    if trust_hashes and t.get("dtype") == r.get("dtype") and t.get("hash") is not None and \
+            r.get("hash") is not None and t.get("hash") != r.get("hash") and \
+            (t.get("scale") or 1.0) == (r.get("scale") or 1.0):
+        # the contents differ, whatever the statistics show: a permutation of labels or
+        # indices has the same ones. (Not where a loss scale divided one side's statistics:
+        # its bytes are the scaled values, whose hash is another.)
+        pair.metrics["hash_differs"] = True
 
 
 ENCODINGS_DIFFER = "another encoding on each side"
@@ -130,9 +136,11 @@ def _skip_shapes(pair: Pair, t: dict[str, Any], r: dict[str, Any]) -> None:
 
 
 def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: str, *,
-        workers: int = 1, progress: Progress | None = None, pool: str = "auto") -> list[str]:
+        workers: int = 1, progress: Progress | None = None, pool: str = "auto",
+        trust_hashes: bool = True, exact_std: bool = False) -> list[str]:
     """Read and measure every job, ``workers`` batches at a time when worth it (``pool``:
-    threads of this process or a process pool, :mod:`opscope.compare.pool`); returns problems met."""
+    threads of this process or a process pool, :mod:`opscope.compare.pool`); returns problems met.
+    ``trust_hashes``, ``exact_std``: as for :func:`plan`, for a tensor that cannot be read."""
     todo = list(jobs)
     total = sum(j.nbytes for j in todo)
     batches = _batches(todo, min(MAX_BATCHES, max(workers * 4, total // BATCH_BYTES)))  # progress per batch
@@ -159,21 +167,23 @@ def run(jobs: dict[Job, list[int]], pairs: list[Pair], target: str, reference: s
             part = measure_batch(target, reference, b)
             results += part
             finished(part)
-    return apply_results(results, jobs, pairs)
+    return apply_results(results, jobs, pairs, trust_hashes=trust_hashes, exact_std=exact_std)
 
 
 Outcome = tuple[Job, "dict[str, Any] | str"]
 
 
-def apply_results(results: list[Outcome], jobs: dict[Job, list[int]], pairs: list[Pair]) -> list[str]:
+def apply_results(results: list[Outcome], jobs: dict[Job, list[int]], pairs: list[Pair], *,
+                  trust_hashes: bool = True, exact_std: bool = False) -> list[str]:
     """Write measured metrics into their pairs (any executor's results: local, pool or cluster);
-    a tensor that could not be read falls back to statistics and its problem is returned."""
+    a tensor that could not be read falls back to statistics, judged as :func:`plan` judges
+    a pair without tensors (``trust_hashes``, ``exact_std``), and its problem is returned."""
     problems: list[str] = []
     for job, outcome in results:
         for index in jobs[job]:
             pair = pairs[index]
             if isinstance(outcome, str):
-                pair.mode, pair.metrics = "statistics", M.finish(M.from_statistics(*pair.rows))
+                by_statistics(pair, *pair.rows, trust_hashes, exact_std)
                 pair.note = _join(pair.note, f"tensor unreadable, statistics used: {outcome}")
                 if outcome not in problems:
                     problems.append(outcome)

@@ -64,3 +64,29 @@ def test_no_dump_at_all(tmp_path):
 
     with pytest.raises(DumpFormatError):
         opscope.compare(tmp_path, tmp_path)
+
+
+def _flip_run(path, reverse: bool):
+    """One op whose output holds the same labels on both sides, in reverse order on one."""
+    run = synth.Run(path)
+    x = run.leaf(np.arange(64, dtype=np.int64).reshape(8, 8), "int64")
+    out = x.value[::-1].copy() if reverse else x.value.copy()
+    run.op("aten.clone.default", [x], [out], module="m")
+    run.end_step()
+    run.close()
+    return path
+
+
+def test_an_unreadable_tensor_is_judged_as_a_dump_without_tensors(tmp_path):
+    """Its pair falls back to statistics the way a statistics dump's pair is judged: equal
+    statistics with another hash are contents that differ, here labels in another order (the
+    fallback looked at no hash before, and called the op's output passed)."""
+    ref = _flip_run(tmp_path / "r", reverse=False)
+    target = _flip_run(tmp_path / "t", reverse=True)
+    shard = next((target / "rank0" / "step0").glob("tensors-*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = opscope.compare(target, ref)
+    assert any("truncated" in p or "cut off" in p for p in result.problems)
+    row = next(r for r in result.pairs_table.to_pylist() if r["op"] == "aten.clone.default" and r["io"] == "output")
+    assert row["mode"] == "statistics" and "tensor unreadable" in row["note"] and row["status"] == "failed"
+    assert result.first_divergence is not None and result.first_divergence.op == "aten.clone.default"
