@@ -18,8 +18,10 @@ from opscope.profile.summary import MS
 # Of a phase's own time on A, the share the machine may account for beyond the run-queue wait
 # once the thread waited (it then runs slower too: diff._Judge, diff_ops.op_beyond_machine).
 CONTENTION_SHARE = 0.35
-# Of A's step, what the machine may add to any phase or op, whether it waited itself or not,
-# once B's thread waited significantly more per step (a cold start after another's turn).
+# What the machine may add to any phase or op, whether it waited itself or not, once B's
+# thread waited significantly more per step (a cold start after another's turn): this share
+# of the added wait per step, at most COLD_SHARE of A's step.
+COLD_PER_WAIT = 0.025
 COLD_SHARE = 0.05
 
 
@@ -73,14 +75,16 @@ def contention_ms(machine: Machine | None, a_ms: float, step_ms: float, waited: 
 
     A thread that waits for a CPU also runs slower once it has one: up to
     :data:`CONTENTION_SHARE` of A's time of the phase or op when that waited more
-    (``waited``), and up to :data:`COLD_SHARE` of A's step (``step_ms``) anywhere in a
-    step that did. The second is what a short, memory-bound phase loses: with four busy
-    loops on its CPU, an SGD step of 0.35 ms took 0.7 ms without waiting itself (the
-    same calls back to back did not slow down; after the forward and backward they did)."""
+    (``waited``), and anywhere in a step that did, :data:`COLD_PER_WAIT` of the wait added
+    per step, up to :data:`COLD_SHARE` of A's step (``step_ms``). The second is what a
+    short phase loses to a cold start: an SGD step of 0.39 ms, never waiting itself, took
+    0.49 / 0.60 / 0.77 ms under one, two and four busy loops on its CPU, 0.8-0.9% of the
+    wait they added per step (the same calls back to back did not slow down)."""
     share = CONTENTION_SHARE * abs(a_ms) if waited else 0.0
     wait = machine.wait if machine is not None else None
-    loaded = wait is not None and wait.significant and (wait.b_mean - wait.a_mean) * sign > 0
-    return share + (COLD_SHARE * abs(step_ms) if loaded else 0.0)
+    if wait is None or not wait.significant or (wait.b_mean - wait.a_mean) * sign <= 0:
+        return share
+    return share + min(COLD_PER_WAIT * abs(wait.b_mean - wait.a_mean), COLD_SHARE * abs(step_ms))
 
 
 def _waits(rows: Sequence[StepRow]) -> list[float]:
