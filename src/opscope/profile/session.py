@@ -208,7 +208,7 @@ class ProfileSession:
         return self._raw
 
     def _close(self, end: Any, complete: bool, wait: int | None) -> int | None:
-        """Close the current step at ``end``, the run-queue wait ``wait`` read just before it;
+        """Close the current step at ``end``, the run-queue wait there being ``wait`` (:meth:`_stamp`);
         returns that wait for the next step to begin with (None after a task-traced step:
         its export ran since)."""
         raw = self._current()

@@ -278,7 +278,7 @@ class TFProfileSession(keras.callbacks.Callback):
         return stamped_read(self.sched.read, time.perf_counter_ns, GAP_NS)
 
     def _close(self, end: int, wait_now: int, complete: bool) -> None:
-        """End the current step at ``end``, the wait ``wait_now`` read just before; its row is
+        """End the current step at ``end``, the run-queue wait there being ``wait_now``; its row is
         made when the graph marks are next read."""
         if self._gap:  # fit's validation: no row, and its number goes to the next batch
             if self.table.pending:  # numbered before the count moves
