@@ -66,17 +66,16 @@ class PartitionedRun:
         self.bytes_compared += nbytes
         paths = str(self.dumps[0].path), str(self.dumps[1].path)
         progress = self._progress(nbytes)
-        flags = self.trust_hashes, self.exact_std  # how an unreadable tensor's pair is judged from statistics
         if self.scheduler is not None and jobs:
             from opscope.compare import distributed
 
             if self._client is None:  # one connection for every window, opened when a task is to be sent
                 self._client = self._cluster.enter_context(distributed.connect(self.scheduler))
             self.problems += distributed.run(jobs, pairs, *paths, scheduler=self._client, progress=progress,
-                                             trust_hashes=flags[0], exact_std=flags[1])
+                                             trust_hashes=self.trust_hashes, exact_std=self.exact_std)
         else:
             self.problems += measure.run(jobs, pairs, *paths, workers=self.workers, progress=progress,
-                                         trust_hashes=flags[0], exact_std=flags[1])
+                                         trust_hashes=self.trust_hashes, exact_std=self.exact_std)
         self._done += nbytes
         del pairs, jobs
         window.reverse()
