@@ -6,6 +6,9 @@ api and module level, for steps not selected, and for full-tensor mode (with the
 throughput next to the disk's own, measured in the same run). Runs are interleaved
 (bare then dump, dump then bare, ...: the order alternates) and the median of each is
 taken, so machine noise affects both sides alike. When mindstudio-probe is installed it is run on the same steps too.
+Under each statistics row: the floor of that row on this machine, the statistics kernel's own time
+in the dumped steps (the native dump's kernel clock), its bytes and rate, and the ratio a dump
+that did nothing but read each new tensor once would have.
 
 Then: the tensor dump's write speed as a share of a plain sequential write (each round: the
 writer's bytes over its time in writes, and the whole dump's bytes over the loop's wall time
@@ -35,6 +38,7 @@ from typing import Any
 
 import dump_pairs  # this script's folder is on sys.path
 import torch
+from timing import floor_text, native_dump
 
 import opscope
 from opscope.capture.torch.stats import _fastats
@@ -51,6 +55,9 @@ TASKS = {
 # the training thread's CPU seconds of each step, beside the wall-clock ones _time_steps returns
 # (on a loaded machine wall-clock ratios spread widely; the thread's CPU time much less)
 _CPU: list[float] = []
+# the statistics kernel's seconds and bytes in each dumped step (the native dump's kernel clock):
+# what reading each new tensor once costs in the step, the floor under the row's ratio
+_KERNEL: list[tuple[float, int]] = []
 # the wall time of the whole loop of each run (with a dump: its start and its stop, which waits
 # for the writer, included): what the user waits for, where a per-step median leaves out the
 # steps that the writer's rounds slow
@@ -75,14 +82,23 @@ def _time_steps(task, n: int, dump_keys: dict | None, root: str) -> list[float]:
         return times
     path = os.path.join(root, "dump")
     shutil.rmtree(path, ignore_errors=True)
+    _KERNEL.clear()
+    native = native_dump()
     w0 = time.perf_counter()
     with opscope.dump(path, **dump_keys) as d:
+        if native is not None:
+            native.kernel_clock(True)
         for i in range(n):
             t0, c0 = time.perf_counter(), time.thread_time()
+            k0, b0 = (native.kernel_seconds(), native.read_bytes()) if native is not None else (0.0, 0)
             train_step(model, opt, *batch(i))
             d.step()
             times.append(time.perf_counter() - t0)
             _CPU.append(time.thread_time() - c0)
+            if native is not None:
+                _KERNEL.append((native.kernel_seconds() - k0, native.read_bytes() - b0))
+        if native is not None:
+            native.kernel_clock(False)
     _LOOP.append(time.perf_counter() - w0)
     return times
 
@@ -102,14 +118,15 @@ def disk_throughput(root: str, mb: int = 256) -> float:
     return mb / dt
 
 
-def ratio(task, n: int, keys: dict, root: str, rounds: int) -> tuple[float, float, float, float, list[float]]:
+def ratio(task, n: int, keys: dict, root: str, rounds: int) -> tuple[float, float, float, float, list[float], str]:
     """Median dumped step over median bare step (all rounds), the lowest and highest ratio of
     one round's pair (the spread), the same median ratio of the training thread's CPU time, and
-    each round's ratio of whole loops (the dump's start and stop included)."""
+    each round's ratio of whole loops (the dump's start and stop included), and the statistics
+    kernel's part of the dumped steps (:func:`floor_text`)."""
     base: list[float] = []
     dumped: list[float] = []
     cpu: dict[bool, list[float]] = {False: [], True: []}
-    pairs, loops = [], []
+    pairs, loops, kernel = [], [], []
     for r in range(rounds):
         b: list[float] = []
         c: list[float] = []
@@ -118,12 +135,14 @@ def ratio(task, n: int, keys: dict, root: str, rounds: int) -> tuple[float, floa
             (c if dumping else b).extend(_time_steps(task, n, keys if dumping else None, root)[2:])
             cpu[dumping] += _CPU[2:]
             loop[dumping] = _LOOP[-1]
+            kernel += _KERNEL[2:] if dumping else []
         base += b
         dumped += c
         pairs.append(statistics.median(c) / statistics.median(b))
         loops.append(loop[True] / loop[False])
     return (statistics.median(dumped) / statistics.median(base), min(pairs), max(pairs),
-            statistics.median(cpu[True]) / statistics.median(cpu[False]), loops)
+            statistics.median(cpu[True]) / statistics.median(cpu[False]), loops,
+            floor_text(kernel, statistics.median(base)))
 
 
 def tiny_task():
@@ -285,11 +304,13 @@ def main() -> None:
                 if label == NOT_SELECTED:  # a ratio near 1, read within a percent: pair by pair
                     ours[(name, label)] = _not_selected(name, task, args, root)
                     continue
-                r, low, high, cpu, loops = ratio(task, args.steps, keys, root, args.rounds)
+                r, low, high, cpu, loops, floor = ratio(task, args.steps, keys, root, args.rounds)
                 ours[(name, label)] = r
                 print(f"{name:12s} {label:58s} {r:5.2f}x  (pairs {low:.2f}..{high:.2f}; "
                       f"training thread's CPU {cpu:.2f}x; whole loops of {args.steps} steps, the dump's start "
                       f"and stop included, {statistics.median(loops):.2f}x, rounds {min(loops):.2f}..{max(loops):.2f})")
+                if keys.get("data") != "tensor":  # (a tensor dump's copies are no part of the kernel's time)
+                    print(f"{'':12s}   {floor}")
         _tensor_write_share(root, args.steps, max(2, args.rounds // 2))
         _tiny_step(root, args.rounds)
         _pool_between_windows(root)

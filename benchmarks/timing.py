@@ -1,9 +1,11 @@
-"""Timing shared by the benchmarks: interleaved runs, so machine noise hits both sides alike."""
+"""Timing shared by the benchmarks: interleaved runs, so machine noise hits both sides alike; the
+statistics kernel's own time in dumped steps (the floor under a dump's ratio)."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 
 def interleaved_ratio(bare: Callable[[], list[float]], case: Callable[[], list[float]], rounds: int,
@@ -22,3 +24,25 @@ def interleaved_ratio(bare: Callable[[], list[float]], case: Callable[[], list[f
         base += times[id(bare)]
         other += times[id(case)]
     return statistics.median(other) / statistics.median(base)
+
+
+def native_dump() -> Any:
+    """The native dump module (None where it cannot be built: no kernel clock to read)."""
+    try:
+        from opscope.capture.torch.native import build
+
+        return build.load("_opscope_dump")
+    except Exception:
+        return None
+
+
+def floor_text(kernel: list[tuple[float, int]], bare_step: float) -> str:
+    """The statistics kernel's share of the dumped steps against the bare step: the ratio a dump
+    whose only cost was reading each new tensor once would have (issue 18's floor)."""
+    if not kernel:
+        return "the native dump's kernel clock is not available"
+    seconds = statistics.median(k for k, _ in kernel)
+    mb = statistics.median(b for _, b in kernel) / 1e6
+    rate = mb / 1e3 / seconds if seconds > 0 else float("nan")
+    return (f"the statistics kernel in the step: {mb:.1f} MB at {rate:.1f} GB/s, {seconds * 1e3:.2f} ms a step, "
+            f"alone {1 + seconds / bare_step:.2f}x of the bare step")

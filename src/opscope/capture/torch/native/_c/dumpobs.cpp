@@ -35,6 +35,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <chrono>
 #include <map>
 #include <typeinfo>
 #include <sys/mman.h>

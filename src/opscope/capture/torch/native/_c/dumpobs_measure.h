@@ -135,6 +135,21 @@ const void* gather(const at::Tensor& x) {
 }
 
 int64_t g_read_bytes = 0;  // bytes the statistics kernel was given to read, since the module loaded
+// The kernel's own time on this thread (kernel_clock(True): benchmarks/bench_dump.py's floor; off,
+// no clock is read), in nanoseconds since the clock was turned on
+bool g_kernel_clock = false;
+int64_t g_kernel_ns = 0;
+
+struct KernelClock {  // times one pass of the kernel where the clock is on
+  std::chrono::steady_clock::time_point start;
+  KernelClock() {
+    if (g_kernel_clock) start = std::chrono::steady_clock::now();
+  }
+  ~KernelClock() {
+    if (g_kernel_clock)
+      g_kernel_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+  }
+};
 
 // A tensor stored as transposed planes (transposed_planes) measured at once in memory order
 // (fastats_transposed.h: its hash the row-major one), without a gather: false where it is
@@ -144,7 +159,12 @@ bool measure_transposed(size_t index, const at::Tensor& x, int code, bool data) 
   if (!transposed_planes(x, &planes, &R, &C)) return false;
   acc_t a;
   acc_init(&a);
-  if (!run_transposed(x.const_data_ptr(), planes, R, C, code, &a)) return false;
+  bool done;
+  {
+    KernelClock clock;
+    done = run_transposed(x.const_data_ptr(), planes, R, C, code, &a);
+  }
+  if (!done) return false;
   g_read_bytes += x.numel() * static_cast<int64_t>(x.element_size());
   finish_row(rows[index], a, x.numel());
   rows[index].memory_order = true;
@@ -211,7 +231,10 @@ void measure(size_t index, const at::Tensor& t, bool data) {
   }
   acc_t a;
   acc_init(&a);
-  if (x.numel() > 0) run(p, x.numel(), code, &a);
+  if (x.numel() > 0) {
+    KernelClock clock;
+    run(p, x.numel(), code, &a);
+  }
   finish_row(r, a, x.numel());
   if (data) store_bytes(index, x, p);  // while the pass above left it in cache
 }

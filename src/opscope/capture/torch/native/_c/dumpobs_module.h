@@ -133,6 +133,20 @@ PyObject* py_meta_skipped(PyObject*, PyObject*) { return PyLong_FromLongLong(g_m
 
 PyObject* py_read_bytes(PyObject*, PyObject*) { return PyLong_FromLongLong(g_read_bytes); }
 
+// kernel_clock(on) -> the statistics kernel's time on the capturing thread, in seconds, since the
+// clock was last turned on (then reset; off: the time it had)
+PyObject* py_kernel_clock(PyObject*, PyObject* on) {
+  double seconds = static_cast<double>(g_kernel_ns) / 1e9;
+  int want = PyObject_IsTrue(on);
+  if (want < 0) return nullptr;
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  if (want) g_kernel_ns = 0;
+  g_kernel_clock = want != 0;
+  return PyFloat_FromDouble(seconds);
+}
+
+PyObject* py_kernel_seconds(PyObject*, PyObject*) { return PyFloat_FromDouble(static_cast<double>(g_kernel_ns) / 1e9); }
+
 // tensor_counts() -> (bytes, tensors) stored this step, and where tensor_limit_mb stopped it:
 // None or (nbytes of the tensor refused, phase, module, op, io, slot)
 PyObject* py_tensor_counts(PyObject*, PyObject*) {
@@ -333,6 +347,8 @@ PyMethodDef methods[] = {
     {"set_async", py_set_async, METH_O, "set_async(on): statistics measured by the worker thread (opt-in)"},
     {"pool_bytes", py_pool_bytes, METH_NOARGS, "pool_bytes(): (bytes of tensor chunks allocated, idle in the pool)"},
     {"read_bytes", py_read_bytes, METH_NOARGS, "read_bytes(): bytes the statistics kernel was given, since loaded"},
+    {"kernel_clock", py_kernel_clock, METH_O, "kernel_clock(on): time the statistics kernel (benchmarks); the seconds so far"},
+    {"kernel_seconds", py_kernel_seconds, METH_NOARGS, "kernel_seconds(): the statistics kernel's time since kernel_clock(True)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_opscope_dump", "opscope.dump native observer", -1, methods};
