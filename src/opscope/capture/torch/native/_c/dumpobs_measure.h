@@ -140,13 +140,14 @@ int64_t g_read_bytes = 0;  // bytes the statistics kernel was given to read, sin
 bool g_kernel_clock = false;
 int64_t g_kernel_ns = 0;
 
-struct KernelClock {  // times one pass of the kernel where the clock is on
+struct KernelClock {  // times one pass of the kernel where the clock was on when it began
+  bool on = g_kernel_clock;
   std::chrono::steady_clock::time_point start;
   KernelClock() {
-    if (g_kernel_clock) start = std::chrono::steady_clock::now();
+    if (on) start = std::chrono::steady_clock::now();
   }
   ~KernelClock() {
-    if (g_kernel_clock)
+    if (on)
       g_kernel_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
   }
 };
