@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from timing import native_dump  # this script's folder is on sys.path
 
 import opscope
 from opscope.capture.torch import modules, optimizer_hooks, session
-from opscope.capture.torch.native import build
 from opscope.demo.models import mlp_task, transformer_task
 
 TASKS = {"transformer": transformer_task, "mlp": lambda: mlp_task(batch=256, d_in=512, hidden=512, depth=3)}
@@ -120,7 +120,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     for cls, name, group in GROUPS:
         _timed(cls, name, group)
-    native = build.load("_opscope_dump")
+    native = native_dump()
     _NATIVE[:] = [native] if native is not None else []
     got: dict[str, list[float]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory(dir=os.environ.get("OPSCOPE_BENCH_DIR")) as tmp:

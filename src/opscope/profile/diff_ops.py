@@ -111,17 +111,18 @@ def op_beyond_machine(phases: Sequence[Change], ops: Sequence[Change], floor: fl
                          f"{op.name} in {op.phase} changed {sign * excess:+.3f} ms beyond what the "
                          "machine explains: attributed to the code")
         elif change.phase != "step":
-            _held_by_the_wait(change, [o for _, o in beyond], sign)
+            _held_by_the_wait(beyond, sign)
     return notes
 
 
-def _held_by_the_wait(change: Change, ops: Sequence[Change], sign: int) -> None:
+def _held_by_the_wait(beyond: Sequence[tuple[float, Change]], sign: int) -> None:
     """Unflag the ops of a phase the machine explains whose change its measured wait could
-    hold whole. An op's own wait is an estimate (its share of the phase's), and one
-    preemption lands in one op: under four busy loops a 3.6 ms aten::mm "took" 20.7 ms, the
-    table called it slower while the headline said no phase changed."""
-    for op in ops:
-        if op.delta_ms * sign > 0 and (op.delta_ms - op.machine_ms - change.wait_ms) * sign <= op.noise_ms:
+    hold whole (``beyond``: each op with what it changed beyond the machine and the phase's
+    wait). An op's own wait is an estimate (its share of the phase's), and one preemption
+    lands in one op: under four busy loops a 3.6 ms aten::mm "took" 20.7 ms, the table called
+    it slower while the headline said no phase changed."""
+    for excess, op in beyond:
+        if op.delta_ms * sign > 0 and excess <= op.noise_ms:
             op.flagged, op.explained_by_machine = False, True
 
 
