@@ -38,10 +38,9 @@ from typing import Any
 
 import dump_pairs  # this script's folder is on sys.path
 import torch
-from timing import floor_text, native_dump
+from timing import floor_text, host_text, native_dump
 
 import opscope
-from opscope.capture.torch.stats import _fastats
 from opscope.demo.models import mlp_task, train_step, transformer_task
 
 # The reference shapes: a 2-layer transformer step (~20 ms bare here) and a small
@@ -287,9 +286,8 @@ def main() -> None:
     torch.set_num_threads(1)
     # tensor dumps from step 0 say once that their size is measured while written: not news here
     warnings.filterwarnings("ignore", message=r"opscope dump: the size of the full tensors")
-    print(f"torch {torch.__version__}, torch.set_num_threads(1); {args.steps} steps x {args.rounds} rounds, "
-          f"order alternating; load average {os.getloadavg()[0]:.1f} at the start; statistics kernel "
-          f"{getattr(_fastats, 'SIMD_PATH', 'not built' if _fastats is None else 'avx2 or portable')}")
+    print(f"torch {torch.__version__}, torch.set_num_threads(1); {host_text()}; {args.steps} steps x "
+          f"{args.rounds} rounds, order alternating; load average {os.getloadavg()[0]:.1f} at the start")
     cases = [
         ("statistics, aten level (target <= 1.2x)", {"level": "aten"}),
         ("statistics, api level (target <= 1.5x)", {"level": "api"}),

@@ -3,6 +3,7 @@ statistics kernel's own time in dumped steps (the floor under a dump's ratio).""
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -46,3 +47,24 @@ def floor_text(kernel: list[tuple[float, int]], bare_step: float) -> str:
     rate = mb / 1e3 / seconds if seconds > 0 else float("nan")
     return (f"the statistics kernel in the step: {mb:.1f} MB at {rate:.1f} GB/s, {seconds * 1e3:.2f} ms a step, "
             f"alone {1 + seconds / bare_step:.2f}x of the bare step")
+
+
+def host_text() -> str:
+    """The CPU the figures were measured on (ratios move with it: the kernel's rate, the caches):
+    its model, the cores this process may use, the L2 of one core, the statistics kernel's loops."""
+    model, l2 = "unknown CPU", "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            l2 = f.read().strip()
+    except OSError:
+        pass
+    try:
+        from opscope.capture.torch.stats import _fastats
+
+        simd = getattr(_fastats, "SIMD_PATH", "avx2 or portable") if _fastats is not None else "not built"
+    except ImportError:
+        simd = "not built"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores, L2 {l2} a core, statistics kernel {simd}"
