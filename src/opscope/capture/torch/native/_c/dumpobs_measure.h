@@ -180,6 +180,42 @@ bool measure_transposed(size_t index, const at::Tensor& x, int code, bool data) 
   return true;
 }
 
+// A tensor stored as rows (fastats_rows.h: rows of 16 or more adjacent elements that a block
+// of the kernel holds whole, such as attention's heads-permuted tensors) measured at once, in
+// place, row by row: the row-major copy's statistics and hash, without the copy. False where it
+// is laid out otherwise, has another dtype, or the CPU lacks the loops (then: gather).
+bool measure_rows(size_t index, const at::Tensor& x, int code) {
+  const int64_t d = x.dim(), n = x.numel();
+  if (d < 2 || n == 0 || x.stride(d - 1) != 1 || !rows_fit(code, x.size(d - 1))) return false;
+  static thread_local std::vector<const void*> starts;  // the rows' addresses, in row-major order
+  static thread_local std::vector<unsigned char> block(BLOCK * sizeof(float));
+  const int64_t inner = x.size(d - 1), es = static_cast<int64_t>(x.element_size());
+  at::IntArrayRef sizes = x.sizes(), strides = x.strides();
+  const auto* base = static_cast<const unsigned char*>(x.const_data_ptr());
+  c10::SmallVector<int64_t, 6> idx(static_cast<size_t>(d), 0);
+  starts.resize(static_cast<size_t>(n / inner));
+  int64_t offset = 0;  // elements from the first
+  for (auto& start : starts) {
+    start = base + offset * es;
+    for (int64_t k = d - 2; k >= 0; --k) {  // the next row: the outer index moves on
+      offset += strides[k];
+      if (++idx[k] < sizes[k]) break;
+      offset -= strides[k] * sizes[k];
+      idx[k] = 0;
+    }
+  }
+  acc_t a;
+  acc_init(&a);
+  {
+    KernelClock clock;
+    run_rows(starts.data(), inner, n, code, &a, block.data());
+  }
+  if (a.cnt != static_cast<double>(n)) return false;  // (the blocked dtypes count every element)
+  g_read_bytes += n * es;
+  finish_row(rows[index], a, n);
+  return true;
+}
+
 void measure(size_t index, const at::Tensor& t, bool data) {
   if (g_probe) return;  // a size probe: shapes and dtypes are all it needs
   Row& r = rows[index];
@@ -216,6 +252,7 @@ void measure(size_t index, const at::Tensor& t, bool data) {
   const void* p = nullptr;
   if (!x.is_contiguous()) {
     if (measure_transposed(index, x, code, data)) return;
+    if (!data && !g_async_on && measure_rows(index, x, code)) return;
     if (!data && !g_async_on && x.element_size() <= 8) {
       p = gather(x);  // statistics measured below, at once
     } else {

@@ -154,6 +154,7 @@ static int has_avx2(void) { return simd_level() >= 1; }
 
 #include "fastats_fused.h"
 #include "fastats_avx512.h"
+#include "fastats_rows.h"
 
 /* Every dtype's hash with AVX2, the float types' statistics fused with it, the 8-bit types'
  * with integer sums (the wider integers' are the portable loops); 0 when the portable code
@@ -228,6 +229,14 @@ static int run_avx512(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t 
 static int run_avx2(const void *p, Py_ssize_t n, int code, acc_t *a, uint32_t *h1, uint32_t *h2) {
     (void)p; (void)n; (void)code; (void)a; (void)h1; (void)h2;
     return 0;
+}
+__attribute__((unused)) static int rows_fit(int code, Py_ssize_t inner) {
+    (void)code; (void)inner;
+    return 0;
+}
+__attribute__((unused)) static void run_rows(const void *const *rows, Py_ssize_t inner, Py_ssize_t n, int code, acc_t *a,
+                                               void *buf) {
+    (void)rows; (void)inner; (void)n; (void)code; (void)a; (void)buf;
 }
 #endif
 
