@@ -124,12 +124,7 @@ const void* gather(const at::Tensor& x) {
         default: gather_row<uint64_t>(out, src, inner, step); break;  // the kernel reads no wider type
       }
     }
-    for (int64_t k = d - 2; k >= 0; --k) {  // the next row: the outer index moves on
-      offset += strides[k];
-      if (++idx[k] < sizes[k]) break;
-      offset -= strides[k] * sizes[k];
-      idx[k] = 0;
-    }
+    next_outer(offset, idx, sizes, strides, d - 2);  // the next row
   }
   return buf.data();
 }
@@ -197,12 +192,7 @@ bool measure_rows(size_t index, const at::Tensor& x, int code) {
   int64_t offset = 0;  // elements from the first
   for (auto& start : starts) {
     start = base + offset * es;
-    for (int64_t k = d - 2; k >= 0; --k) {  // the next row: the outer index moves on
-      offset += strides[k];
-      if (++idx[k] < sizes[k]) break;
-      offset -= strides[k] * sizes[k];
-      idx[k] = 0;
-    }
+    next_outer(offset, idx, sizes, strides, d - 2);  // the next row
   }
   acc_t a;
   acc_init(&a);

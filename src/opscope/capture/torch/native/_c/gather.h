@@ -8,6 +8,18 @@
 #include <emmintrin.h>
 #endif
 
+// The next index of dimensions 0..k of a tensor walked in row-major order (an odometer): `offset`
+// (elements from the first) and `idx` move on by one step of dimension k, carrying into the outer.
+inline void next_outer(int64_t& offset, c10::SmallVector<int64_t, 6>& idx, at::IntArrayRef sizes,
+                       at::IntArrayRef strides, int64_t k) {
+  for (; k >= 0; --k) {
+    offset += strides[k];
+    if (++idx[k] < sizes[k]) return;
+    offset -= strides[k] * sizes[k];
+    idx[k] = 0;
+  }
+}
+
 // out[a * C + b] = src[a + b * step] for a < R, b < C: in blocks of 64x64, 4x4 tiles inside.
 template <typename T>
 void gather_plane_t(T* out, const T* src, int64_t R, int64_t C, int64_t step) {
@@ -53,12 +65,7 @@ bool gather_transposed(T* out, const at::Tensor& x) {
   int64_t offset = 0;  // elements from the first, of the plane's first element
   for (int64_t p = 0; p < planes; ++p, out += R * C) {
     gather_plane_t(out, base + offset, R, C, step);
-    for (int64_t k = d - 3; k >= 0; --k) {  // the next plane: the outer index moves on
-      offset += strides[k];
-      if (++idx[k] < sizes[k]) break;
-      offset -= strides[k] * sizes[k];
-      idx[k] = 0;
-    }
+    next_outer(offset, idx, sizes, strides, d - 3);  // the next plane
   }
   return true;
 }
