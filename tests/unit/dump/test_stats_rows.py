@@ -44,15 +44,17 @@ def _layouts() -> list[torch.Tensor]:
         _heads(2, 4, 128, 64)[..., :32], _heads(2, 4, 128, 64)[..., 32:],  # rotate_half's slices
         _special(_heads(2, 4, 64, 64)), _special(_heads(2, 4, 64, 64, torch.bfloat16)),
         _special(_heads(2, 4, 64, 32, torch.float16)),
-        # gathered as before: rows of a length that does not divide a block, half rows of 16
+        # gathered as before: rows of a length that does not divide a block, half rows of 16; a
+        # last dimension broadcast (a mean's backward expands its gradient so)
         _heads(2, 4, 64, 48), _heads(2, 4, 64, 16, torch.bfloat16), _heads(2, 4, 64, 8),
+        torch.randn(4, 128, 1).expand(4, 128, 256), torch.randn(4, 128, 1).bfloat16().expand(4, 128, 64),
     ]
 
 
 def test_tensors_stored_as_rows_are_measured_as_their_contiguous_copy(tmp_path, monkeypatch):
     monkeypatch.setenv("OPSCOPE_DUMP_BACKEND", "native")
     tensors = _layouts()
-    assert not any(t.is_contiguous() for t in tensors) and all(t.stride(-1) == 1 for t in tensors)
+    assert not any(t.is_contiguous() for t in tensors) and all(t.stride(-1) == 1 for t in tensors[:-2])
     copies = [t.contiguous() for t in tensors]
     with opscope.dump(tmp_path / "d") as d:
         for t in tensors + copies:

@@ -23,6 +23,10 @@ inline void next_outer(int64_t& offset, c10::SmallVector<int64_t, 6>& idx, at::I
 // out[a * C + b] = src[a + b * step] for a < R, b < C: in blocks of 64x64, 4x4 tiles inside.
 template <typename T>
 void gather_plane_t(T* out, const T* src, int64_t R, int64_t C, int64_t step) {
+  if (step == 0) {  // a broadcast last dimension (a mean's backward expands its gradient so): fills
+    for (int64_t a = 0; a < R; ++a) std::fill_n(out + a * C, C, src[a]);
+    return;
+  }
   constexpr int64_t B = 64;
   for (int64_t a0 = 0; a0 < R; a0 += B)
     for (int64_t b0 = 0; b0 < C; b0 += B) {
