@@ -8,7 +8,11 @@ and float32 sums that overflow; layouts the loops do not take are gathered as be
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
+import pytest
 import torch
 
 import opscope
@@ -96,3 +100,14 @@ def test_a_heads_permuted_product_keeps_its_statistics_through_a_model_step(tmp_
     assert math.isclose(row["mean"], float(want.mean()), rel_tol=1e-6)
     assert math.isclose(row["norm"], float(want.norm()), rel_tol=1e-6)
     assert row["hash"] == opscope.model.hashing.content_hash(prod.detach().contiguous().numpy())
+
+
+@pytest.mark.parametrize("path", ["avx2", "portable"])
+def test_the_avx2_and_portable_paths_give_the_same_rows(tmp_path, path):
+    """The rows' statistics with the kernel's AVX2 loops (fastats_rows.h's own) and without SIMD
+    (gathered), in a process of their own (the kernel picks its loops once): the same equality."""
+    env = {**os.environ, "OPSCOPE_NO_SIMD": "0", "OPSCOPE_SIMD": path}
+    test = f"{__file__}::test_tensors_stored_as_rows_are_measured_as_their_contiguous_copy"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                           str(tmp_path / "t"), test], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
