@@ -234,8 +234,8 @@ __attribute__((unused)) static int rows_fit(int code, Py_ssize_t inner) {
     (void)code; (void)inner;
     return 0;
 }
-__attribute__((unused)) static void run_rows(const void *const *rows, Py_ssize_t inner, Py_ssize_t n, int code, acc_t *a,
-                                               void *buf) {
+__attribute__((unused)) static void run_rows(const void *const *rows, Py_ssize_t inner, Py_ssize_t n, int code,
+                                             acc_t *a, void *buf) {
     (void)rows; (void)inner; (void)n; (void)code; (void)a; (void)buf;
 }
 #endif

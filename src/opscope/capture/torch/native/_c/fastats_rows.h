@@ -1,6 +1,6 @@
-/* The float loops of fastats_avx512.h and fastats_fused.h (AVX2) over a tensor stored as rows: its elements in
- * row-major order are rows of `inner` adjacent elements, each row anywhere in memory (`rows`
- * holds their addresses in row-major order). Attention's heads-permuted tensors are such: a
+/* The float loops of fastats_avx512.h and fastats_fused.h (AVX2) over a tensor stored as rows:
+ * its elements in row-major order are rows of `inner` adjacent elements, each row anywhere in
+ * memory (`rows` holds their addresses in row-major order). Attention's heads-permuted tensors are such: a
  * (batch, heads, tokens, dim) view of (batch, tokens, heads, dim) memory, as a projection's
  * view(...).transpose(1, 2) and SDPA's CPU kernel make them. Without this, such a tensor was
  * copied row by row into a buffer the size of the tensor and read again from there.
@@ -148,8 +148,8 @@ AVX2 static void half_rows8(const void *const *rows, Py_ssize_t inner, Py_ssize_
 
 /* The statistics and hash of the n elements of dtype `code` in rows of `inner` (rows_fit) into
  * `a`, as run() gives them for the row-major copy; `buf` holds BLOCK elements. */
-__attribute__((unused)) static void run_rows(const void *const *rows, Py_ssize_t inner, Py_ssize_t n, int code, acc_t *a,
-                                               void *buf) {
+__attribute__((unused)) static void run_rows(const void *const *rows, Py_ssize_t inner, Py_ssize_t n, int code,
+                                             acc_t *a, void *buf) {
     uint32_t h1 = 0, h2 = 0;
     if (simd_level() >= 2) {
         if (code == F32) f32_rows16(rows, inner, n, a, &h1, &h2, buf);
