@@ -38,7 +38,7 @@ from typing import Any
 
 import dump_pairs  # this script's folder is on sys.path
 import torch
-from timing import floor_text, host_text, native_dump
+from timing import KernelSteps, floor_text, host_text
 
 import opscope
 from opscope.demo.models import mlp_task, train_step, transformer_task
@@ -81,24 +81,19 @@ def _time_steps(task, n: int, dump_keys: dict | None, root: str) -> list[float]:
         return times
     path = os.path.join(root, "dump")
     shutil.rmtree(path, ignore_errors=True)
-    _KERNEL.clear()
-    native = native_dump()
+    clock = KernelSteps()
     w0 = time.perf_counter()
-    with opscope.dump(path, **dump_keys) as d:
-        if native is not None:
-            native.kernel_clock(True)
+    with opscope.dump(path, **dump_keys) as d, clock:
         for i in range(n):
             t0, c0 = time.perf_counter(), time.thread_time()
-            k0, b0 = (native.kernel_seconds(), native.read_bytes()) if native is not None else (0.0, 0)
+            clock.begin()
             train_step(model, opt, *batch(i))
             d.step()
             times.append(time.perf_counter() - t0)
             _CPU.append(time.thread_time() - c0)
-            if native is not None:
-                _KERNEL.append((native.kernel_seconds() - k0, native.read_bytes() - b0))
-        if native is not None:
-            native.kernel_clock(False)
+            clock.end()
     _LOOP.append(time.perf_counter() - w0)
+    _KERNEL[:] = clock.steps
     return times
 
 

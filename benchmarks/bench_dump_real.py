@@ -30,10 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from timing import floor_text, host_text, native_dump
+from timing import KernelSteps, floor_text, host_text
 
 import opscope
-from opscope.demo.models import transformer_task
+from opscope.demo.models import train_step, transformer_task
 
 VOCAB, BATCH, SEQ = 1024, 4, 128
 _LM = {"vocab_size": VOCAB, "max_position_embeddings": 2 * SEQ, "tie_word_embeddings": False}
@@ -60,7 +60,7 @@ CASES: list[tuple[str, dict[str, Any], bool]] = [  # (label, dump keys, bf16 aut
 ]
 
 # a task: () -> (a step function of the step index returning its loss, the model's size in parameters)
-Task = Callable[[], tuple[Callable[[int], torch.Tensor], int]]
+Task = Callable[[], tuple[Callable[[int], float], int]]
 
 
 def hf_task(family: str) -> Task:
@@ -69,7 +69,7 @@ def hf_task(family: str) -> Task:
 
     cls, cfg_cls, cfg, kind = MODELS[family]
 
-    def make() -> tuple[Callable[[int], torch.Tensor], int]:
+    def make() -> tuple[Callable[[int], float], int]:
         torch.manual_seed(0)
         config = getattr(transformers, cfg_cls)(**cfg)
         config._attn_implementation = "sdpa"
@@ -78,12 +78,12 @@ def hf_task(family: str) -> Task:
         gen = torch.Generator().manual_seed(1)
         batches = [_batch(kind, gen) for _ in range(4)]
 
-        def step(i: int) -> torch.Tensor:
+        def step(i: int) -> float:
             loss = model(**batches[i % len(batches)]).loss
             loss.backward()
             opt.step()
             opt.zero_grad()
-            return loss.detach()
+            return float(loss.detach())  # (as demo.models.train_step returns it)
         return step, sum(p.numel() for p in model.parameters())
     return make
 
@@ -98,46 +98,32 @@ def _batch(kind: str, gen: torch.Generator) -> dict[str, torch.Tensor]:
             "labels": torch.where(masked, ids, torch.full_like(ids, -100))}
 
 
-def demo_task() -> tuple[Callable[[int], torch.Tensor], int]:
-    """bench_dump.py's transformer, as the reference."""
+def demo_task() -> tuple[Callable[[int], float], int]:
+    """bench_dump.py's transformer step (``demo.models.train_step``), as the reference."""
     torch.manual_seed(0)
     model, opt, batch = transformer_task()
-
-    def step(i: int) -> torch.Tensor:
-        inputs, targets = batch(i)
-        logits = model(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-    return step, sum(p.numel() for p in model.parameters())
+    return (lambda i: train_step(model, opt, *batch(i))), sum(p.numel() for p in model.parameters())
 
 
 def _run(task: Task, n: int, keys: dict[str, Any] | None, bf16: bool, root: str) -> dict[str, Any]:
     """One loop of ``n`` steps: each step's training-thread CPU and wall seconds, its loss, and
     with a dump the statistics kernel's (seconds, bytes) of each step."""
     step, _ = task()
-    native = native_dump() if keys is not None else None
-    got: dict[str, Any] = {"cpu": [], "wall": [], "loss": [], "kernel": []}
+    got: dict[str, Any] = {"cpu": [], "wall": [], "loss": []}
+    clock = KernelSteps(on=keys is not None)
     dump = opscope.dump(os.path.join(root, "dump"), overwrite=True, **keys) if keys is not None else None
-    with dump if dump is not None else contextlib.nullcontext() as d:
-        if native is not None:
-            native.kernel_clock(True)
+    with dump if dump is not None else contextlib.nullcontext() as d, clock:
         for i in range(n):
             t0, c0 = time.perf_counter(), time.thread_time()
-            k0, b0 = (native.kernel_seconds(), native.read_bytes()) if native is not None else (0.0, 0)
+            clock.begin()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = step(i)
+                got["loss"].append(step(i))
             if d is not None:
                 d.step()
             got["wall"].append(time.perf_counter() - t0)
             got["cpu"].append(time.thread_time() - c0)
-            got["loss"].append(loss.item())
-            if native is not None:
-                got["kernel"].append((native.kernel_seconds() - k0, native.read_bytes() - b0))
-        if native is not None:
-            native.kernel_clock(False)
+            clock.end()
+    got["kernel"] = clock.steps
     return got
 
 

@@ -37,6 +37,36 @@ def native_dump() -> Any:
         return None
 
 
+class KernelSteps:
+    """The native dump's kernel clock over a loop of dumped steps: ``steps`` gets each step's
+    (seconds, bytes) of the statistics kernel, between :meth:`begin` and :meth:`end`; nothing
+    where ``on`` is false (a bare loop) or the native module is not built. Entered inside the
+    dump, so that the clock runs only over its steps."""
+
+    def __init__(self, on: bool = True) -> None:
+        self.native = native_dump() if on else None
+        self.steps: list[tuple[float, int]] = []
+        self._start = (0.0, 0)
+
+    def __enter__(self) -> KernelSteps:
+        if self.native is not None:
+            self.native.kernel_clock(True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.native is not None:
+            self.native.kernel_clock(False)
+
+    def begin(self) -> None:
+        if self.native is not None:
+            self._start = (self.native.kernel_seconds(), self.native.read_bytes())
+
+    def end(self) -> None:
+        if self.native is not None:
+            k0, b0 = self._start
+            self.steps.append((self.native.kernel_seconds() - k0, self.native.read_bytes() - b0))
+
+
 def floor_text(kernel: list[tuple[float, int]], bare_step: float) -> str:
     """The statistics kernel's share of the dumped steps against the bare step: the ratio a dump
     whose only cost was reading each new tensor once would have (issue 18's floor)."""
