@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+pd = pytest.importorskip("pandas")
 
 from dump_helpers import dump_both  # noqa: E402
 
@@ -96,3 +97,32 @@ def test_a_copy_of_a_views_elements_is_read(tmp_path, monkeypatch, backend):
     out = rows[rows.io == "output"].set_index(["op", "call"])
     assert out.loc[("aten.clone.default", 0), "hash"] != out.loc[("aten.mul.Tensor", 0), "hash"]
     assert out.loc[("aten.clone.default", 1), "hash"] != out.loc[("aten.mul.Tensor", 1), "hash"]
+
+
+def test_a_view_as_another_dtype_is_read(tmp_path, monkeypatch, backend):
+    """``x.view(torch.int32)`` of float32 holds the same bytes as other elements: its row and its
+    readers' rows have the int32 values' statistics. Before session 43 it was linked to its input
+    like any view of the same length, and an int32 row carried the floats' min, max and mean.
+    (The Python path also records an ``aten.detach`` of the int32 view, so the paths' rows are
+    checked each on their own.)"""
+    x = torch.randn(48, 40)
+
+    def work():
+        a = x * 2
+        b = a.view(torch.int32)  # a view of a's bytes, as int32
+        c = a.view(48, 40)  # a view as the same dtype: linked, not read
+        return b + 1, c
+
+    by_path, read = dump_both(tmp_path, monkeypatch, backend, work)
+    assert read["native"] == 4 * x.numel() * 4  # x, a, its int32 view and b + 1
+    ints = (x * 2).view(torch.int32)
+    for rows in by_path.values():
+        out = rows[rows.io == "output"].set_index(["op", "call"])
+        view = out.loc[("aten.view.dtype", 0)]
+        assert pd.isna(view["note"]) and pd.isna(view["producer"])
+        assert (view["min"], view["max"]) == (ints.min().item(), ints.max().item())
+        assert view["mean"] == pytest.approx(ints.double().mean().item(), rel=1e-9)
+        add_in = rows[(rows.op == "aten.add.Tensor") & (rows.io == "input")].iloc[0]
+        assert add_in["min"] == ints.min().item()
+        same = out.loc[("aten.view.default", 0)]
+        assert same["note"] == "view" and same["hash"] == out.loc[("aten.mul.Tensor", 0), "hash"]

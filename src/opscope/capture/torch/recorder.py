@@ -39,7 +39,7 @@ TensorItem = tuple[int, "str | None", torch.Tensor]
 _ID, _PRODUCER, _DATA, _KEY = COL["id"], COL["producer"], COL["data"], COL["key"]
 _NOTE = COL["note"]
 _ARGS, _SOURCE, _FWD, _NODE, _PARAM = COL["args"], COL["source"], COL["fwd_op"], COL["node"], COL["param"]
-_VIEW = COL["view"]
+_VIEW, _DTYPE = COL["view"], COL["dtype"]
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 assert COLUMNS == ("id", "rank", "step", "seq", "phase", "module", "op", "call", "io", "slot", "arg", "dtype",
                    "shape", "device", "numel", "data", "key", "producer", "param", "fwd_op", "node", "args",
@@ -319,7 +319,9 @@ class Recorder(Measuring, Writes):
             self.unfilled.empty(row)  # a view of memory that holds no data yet (a part of an empty's)
             self.flow.register(t, row, version, pname, view=True)
             return
-        if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14]:
+        # (the same elements: a view as another dtype, `x.view(torch.int32)`, is measured)
+        if src is not None and not mutated and (not data or note == "alias" or geometry_) and src[14] == row[14] \
+                and src[_DTYPE] == row[_DTYPE]:
             if geometry_:  # a full-tensor view is kept as its input's data plus this geometry
                 row[_VIEW] = geometry_
             # the same elements as an earlier record, not read again (with full tensors a view

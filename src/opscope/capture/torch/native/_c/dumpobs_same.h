@@ -146,7 +146,8 @@ void output_row(const Head& h, int slot, const at::Tensor& t, int64_t src, bool 
     record_flow(t, i, version, param, true);
     return;
   }
-  bool link = src >= 0 && !mutated && rows[src].numel == rows[i].numel;
+  // the same elements: a view reinterpreting them as another dtype (`x.view(torch.int32)`) is read
+  bool link = src >= 0 && !mutated && rows[src].numel == rows[i].numel && rows[src].dtype == rows[i].dtype;
   // with full tensors a view is kept as its input's data plus its geometry, else stored itself
   int geometry = link && view && h.place && base ? view_geometry(t, *base) : -1;
   if (link && view && h.data && geometry < 0) link = false;
