@@ -67,6 +67,21 @@ def rearranges(op: str) -> bool:
     return op.rsplit(".", 1)[-1] in REARRANGING
 
 
+# Of those, the calls whose output, where it is a view of the first argument with as many elements
+# of its dtype, holds that argument's elements (as_strided, diagonal and unfold may repeat some):
+# its row is linked to the argument's, not read again (since session 43; the aten level links
+# view ops by their schemas).
+_SOME_ELEMENTS = frozenset({"as_strided", "diagonal", "unfold"})
+
+
+@functools.cache
+def views_first(op: str) -> bool:
+    """Does API call ``op`` (``Tensor.view``, ``torch.transpose``) return views that hold its
+    first argument's elements where they are as many (capture checks each output)?"""
+    base = op.rsplit(".", 1)[-1]
+    return base in REARRANGING and base not in _SOME_ELEMENTS
+
+
 @functools.cache  # asked once per recorded call (capture's Python paths): a name is looked up once
 def overwrites_first(op: str) -> bool:
     """Does op ``op`` (``aten.copy_.default``, ``Tensor.fill_``, ``fill_``) write its first

@@ -67,6 +67,18 @@ def geometry(t: torch.Tensor) -> tuple[Any, ...]:
         return (id(t),)
 
 
+def holds_elements_of(view: torch.Tensor, base: torch.Tensor | None) -> bool:
+    """Is ``view`` a view of ``base``'s storage with as many elements of its dtype, its signs and
+    conjugation, so that a call known to keep its argument's elements (``views_first``) returned
+    them all? (dumpobs_api.h ``holds_elements_of``, natively.)"""
+    if base is None or not view._is_view() or view.dtype != base.dtype or view.numel() != base.numel():
+        return False
+    if view.is_conj() != base.is_conj() or view.is_neg() != base.is_neg():
+        return False
+    a, b = storage_of(view), storage_of(base)
+    return a is not None and b is not None and a._cdata == b._cdata
+
+
 def _on_storage(ref: StorageWeakRef | None, t: torch.Tensor) -> bool:
     """Is ``t``'s storage the one ``ref`` holds weakly? (The weak reference keeps that
     storage's address from being taken by another while it is held.)"""

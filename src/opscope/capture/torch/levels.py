@@ -16,11 +16,11 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from opscope.capture.torch.api_writes import WRITTEN as _WRITTEN
 from opscope.capture.torch.api_writes import makes_empty_call, unmarked_writes, writes_first, written_args
-from opscope.capture.torch.dataflow import grad_fn_of
+from opscope.capture.torch.dataflow import grad_fn_of, holds_elements_of
 from opscope.capture.torch.dispatch import DumpDispatchMode, args_of
 from opscope.capture.torch.module_kwargs import module_kwargs
 from opscope.capture.torch.modules import run_eagerly, tensors_of
-from opscope.model.calls import overwrites_first, rearranges
+from opscope.model.calls import overwrites_first, rearranges, views_first
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -242,7 +242,8 @@ class _ApiMode(ApiCalls):
             empty = (writes or rearranges(name)) and not overwrites_first(name) and bool(args) and \
                 s.recorder.holds_no_data(args[0])
             call = s.recorder.record_inputs(name, module, phase, call_inputs(args, kwargs), args=args_of(args, kwargs),
-                                            source=s.source() if s.cfg.source else None, empty_first=empty)
+                                            source=s.source() if s.cfg.source else None, empty_first=empty,
+                                            views=views_first(name))
         if writes or "out" in kwargs:
             for t in tensors_of((args[:1], kwargs.get("out"))):
                 s.recorder.before_write(t)
@@ -265,8 +266,10 @@ class _ApiMode(ApiCalls):
             s.recorder.record_written(call, first)
         # torch moved the version of what the call wrote before it returned: the next use
         # of the tensor links to this row
+        # (an output holding the first argument's elements, a view of it: linked to its row)
+        views = tuple(i for i, _, t in outputs if holds_elements_of(t, call[3])) if views_first(name) else ()
         s.recorder.record_outputs(call, outputs, mutated=tuple(range(len(outputs))) if writes_first(name) else (),
-                                  bumped=True, uninitialized=empty is not None or made)
+                                  bumped=True, uninitialized=empty is not None or made, views=views)
         if "backward" in s.cfg.phases:
             _hook_backward(s, name, module, out)
 
@@ -287,12 +290,16 @@ def _hook_backward(s: CaptureHost, name: str, module: str, out: Any) -> None:
 
 
 def _backward_recorder(s: CaptureHost, name: str, module: str, node_name: str) -> Any:
+    views = views_first(name)  # (a view's or a transpose's gradient: a view of the incoming one, linked)
+
     def hook(grad_inputs: tuple, grad_outputs: tuple) -> None:
         s.backward_ran()
         if s.capturing and s.recorder.selected(module, name, "backward"):
             inputs = [(i, "grad_output", g) for i, g in enumerate(grad_outputs) if isinstance(g, torch.Tensor)]
             outputs = [(i, "grad_input", g) for i, g in enumerate(grad_inputs) if isinstance(g, torch.Tensor)]
-            s.recorder.record(name, module, "backward", inputs, outputs, fwd_op=name, node=node_name)
+            call = s.recorder.record_inputs(name, module, "backward", inputs, views=views, fwd_op=name, node=node_name)
+            slots = tuple(i for i, _, g in outputs if holds_elements_of(g, call[3])) if views else ()
+            s.recorder.record_outputs(call, outputs, views=slots)
     return hook
 
 

@@ -27,7 +27,7 @@ from opscope.capture.torch.modules import SKIPPED, run_eagerly, tensors_of
 from opscope.capture.torch.native.aten import NativeAtenLevel
 from opscope.config import PHASE_CODES
 from opscope.errors import OpscopeError
-from opscope.model.calls import makes_empty, overwrites_first, rearranges
+from opscope.model.calls import makes_empty, overwrites_first, rearranges, views_first
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +68,7 @@ def _key(pairs: list[tuple[int, Any]], kw: dict[str, Any]) -> tuple[Any, ...] | 
 
 
 # api_call's flags (native/_c/dumpobs_apicall.h); SLOW: the call takes begin, end and write_unmarked
-UNREAD, WRITES, MUTATED, GRADS, MADE, SLOW = 1, 2, 4, 8, 16, 32
+UNREAD, WRITES, MUTATED, GRADS, MADE, SLOW, VIEWS = 1, 2, 4, 8, 16, 32, 64
 _PLANS: dict[Any, tuple[str, int] | None] = {}  # func -> (name, flags), or None: not recorded
 
 
@@ -79,7 +79,7 @@ def _plan(func: Any) -> tuple[str, int] | None:
     if name is not None:
         first = writes_first(name)
         flags = (UNREAD * overwrites_first(name) | WRITES * (first or rearranges(name)) | MUTATED * first
-                 | MADE * makes_empty(name))
+                 | MADE * makes_empty(name) | VIEWS * views_first(name))
         if written_args(name) or name == "Tensor.new":  # (unmarked writes; an empty by its arguments)
             flags |= SLOW
         plan = (name, flags)
@@ -135,7 +135,7 @@ class _NativeApiMode(ApiCalls):
             writes = writes_first(name)
             token: int = self.native.api_begin(name, module, PHASE_CODES[phase], call_inputs(args, kwargs),
                                                args_text(args, kwargs), overwrites_first(name),
-                                               writes or rearranges(name))
+                                               writes or rearranges(name), views_first(name))
             # (api_end takes a tensor only)
             return token, name, args[0] if writes and args else None, makes_empty_call(name, args)
         except Exception as exc:

@@ -11,7 +11,15 @@
 namespace {
 
 std::vector<Head> api_calls;  // calls begun and not ended (a stack: the token is the depth)
-std::vector<bool> api_empty;  // per begun call: it writes part of memory that holds no data yet
+// per begun call: it writes part of memory that holds no data yet (empty); the first input that
+// has a row (its row and tensor, and where it lies: for the rows of outputs that view it)
+struct ApiOpen {
+  bool empty = false, views = false;
+  int64_t first = -1;
+  at::Tensor first_t;
+  Base base;
+};
+std::vector<ApiOpen> api_open;
 int64_t g_api_step = -2;        // the step api_calls belong to
 // autograd nodes already hooked (levels.py marks node.metadata): a weak reference tells a node
 // still alive from a new one at a reused address
@@ -22,7 +30,7 @@ std::atomic<bool> g_api_told{false};  // Python was told that backward ran since
 void api_new_step() {
   g_api_step = g_step;
   api_calls.clear();
-  api_empty.clear();
+  api_open.clear();
   for (auto it = api_nodes.begin(); it != api_nodes.end();) it = it->second.expired() ? api_nodes.erase(it) : ++it;
 }
 
@@ -39,11 +47,45 @@ void api_backward_ran() {
   PyGILState_Release(gil);
 }
 
-// The gradients at one hooked node: grad_outputs as inputs, grad_inputs as outputs.
+// Is `view` a view of `base`'s storage with as many elements of its dtype, its signs and
+// conjugation: all of them, where the call keeps its argument's elements? (dataflow.py
+// holds_elements_of, on the Python path.)
+bool holds_elements_of(const at::Tensor& view, const at::Tensor& base) {
+  return view.is_view() && base.defined() && view.has_storage() && base.has_storage() &&
+         view.scalar_type() == base.scalar_type() && view.numel() == base.numel() &&
+         view.is_conj() == base.is_conj() && view.is_neg() == base.is_neg() &&
+         view.storage().unsafeGetStorageImpl() == base.storage().unsafeGetStorageImpl();
+}
+
+// The rows of one hooked node's gradients: grad_outputs as inputs, grad_inputs as outputs.
+void grad_rows(const Head& h, const torch::autograd::variable_list& grad_inputs,
+               const torch::autograd::variable_list& grad_outputs, bool views) {
+  static const int a_out = intern("grad_output"), a_in = intern("grad_input");
+  int64_t first = -1;  // (as api_begin_items finds it)
+  size_t first_at = 0;
+  if (g_inputs || views)
+    for (size_t i = 0; i < grad_outputs.size(); ++i)
+      if (grad_outputs[i].defined())
+        if (int64_t r = input_row(h, static_cast<int>(i), a_out, grad_outputs[i]); r >= 0 && first < 0 && views)
+          first = r, first_at = i;
+  Base base = first >= 0 ? base_of(grad_outputs[first_at]) : Base{};
+  if (!g_outputs) return;
+  for (size_t i = 0; i < grad_inputs.size(); ++i)
+    if (grad_inputs[i].defined()) {
+      bool view = first >= 0 && holds_elements_of(grad_inputs[i], grad_outputs[first_at]);
+      output_row(h, static_cast<int>(i), grad_inputs[i], view ? first : -1, false, view ? &base : nullptr);
+      rows.back().arg = a_in;
+    }
+}
+
+// The hook of one node's gradients (grad_rows). views: the forward call keeps its argument's elements (views_first): a gradient that is a view
+// holding all of the first incoming gradient's elements (a view's or a transpose's) is linked to
+// that gradient's row.
 struct ApiGradHook : torch::autograd::FunctionPostHook {
   int64_t install;
   int op, mod, node;
-  ApiGradHook(int64_t i, int o, int m, int n) : install(i), op(o), mod(m), node(n) {}
+  bool views;
+  ApiGradHook(int64_t i, int o, int m, int n, bool v) : install(i), op(o), mod(m), node(n), views(v) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grad_inputs,
                                             const torch::autograd::variable_list& grad_outputs) override {
     {
@@ -62,18 +104,9 @@ struct ApiGradHook : torch::autograd::FunctionPostHook {
     if (install != g_installs || !g_hooks) return grad_inputs;
     try {
       if (!g_on || !selected(mod, op, BACKWARD)) return grad_inputs;
-      static const int a_out = intern("grad_output"), a_in = intern("grad_input");
       Head h{g_seq++, calls[std::make_tuple(mod, static_cast<int>(BACKWARD), op)]++, BACKWARD, mod, op, op, node, -1};
       set_data(h);
-      if (g_inputs)
-        for (size_t i = 0; i < grad_outputs.size(); ++i)
-          if (grad_outputs[i].defined()) input_row(h, static_cast<int>(i), a_out, grad_outputs[i]);
-      if (g_outputs)
-        for (size_t i = 0; i < grad_inputs.size(); ++i)
-          if (grad_inputs[i].defined()) {
-            output_row(h, static_cast<int>(i), grad_inputs[i], -1, false, nullptr);
-            rows.back().arg = a_in;
-          }
+      grad_rows(h, grad_inputs, grad_outputs, views);
     } catch (const std::exception& e) {
       g_on = false;
       on_error(e.what());
@@ -84,7 +117,7 @@ struct ApiGradHook : torch::autograd::FunctionPostHook {
 
 // A view that no_grad made of a tensor that requires grad, once written in place (`w[1] += d`),
 // raises on any read of its grad_fn: such an output has no node to hook.
-void api_hook_node(const Head& h, const at::Tensor& t) {
+void api_hook_node(const Head& h, const at::Tensor& t, bool views) {
   if (!t.requires_grad()) return;
   std::decay_t<decltype(t.grad_fn())> node;
   try {
@@ -96,7 +129,7 @@ void api_hook_node(const Head& h, const at::Tensor& t) {
   auto it = api_nodes.find(node.get());
   if (it != api_nodes.end() && !it->second.expired()) return;
   api_nodes.insert_or_assign(node.get(), c10::weak_intrusive_ptr<torch::autograd::Node>(node));
-  node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name())));
+  node->add_post_hook(std::make_unique<ApiGradHook>(g_installs, h.op, h.module, intern(node->name()), views));
 }
 
 // Does `t` hold no data yet (an empty's memory, or one written since only in part)?
@@ -105,13 +138,14 @@ bool holds_no_data(const at::Tensor& t) {
   return f ? (rows[f->row].marks & NODATA) != 0 : made_empty(t) && !holds_collective(t);
 }
 
-// api_begin(op, module, phase, inputs, args, unread, writes) -> token: the call's head and its
-// input rows. inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or
+// api_begin(op, module, phase, inputs, args, unread, writes, views) -> token: the call's head and
+// its input rows. inputs: (slot, arg name or None, tensor) items; args: the arguments' JSON text or
 // None; unread: the call fills its first argument without reading it (model/calls.py
 // overwrites_first); writes: it writes its first argument in place, maybe only in part
 // (`q[:, :8] = h`, Tensor.__setitem__), or only rearranges its elements (model/calls.py
 // rearranges: `q[..., :n]`): where that holds no data yet, the call reads none and leaves none
-// (its outputs are an empty's, api_end).
+// (its outputs are an empty's, api_end); views: an output that is a view holding all its first
+// input's elements holds them (model/calls.py views_first), linked to that input's row (api_end).
 // A call's tensor, borrowed: (slot, interned keyword or -1, tensor).
 struct CallItem {
   int slot, arg;
@@ -126,7 +160,7 @@ bool call_items(PyObject* items, std::vector<CallItem>& out) {
 
 // The begin of api_begin and api_call: the token (the call's depth in api_calls).
 Py_ssize_t api_begin_items(int op_name, int mod, int phase, const std::vector<CallItem>& ins, const char* text,
-                           Py_ssize_t text_n, bool unread, bool writes) {
+                           Py_ssize_t text_n, bool unread, bool writes, bool views) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   if (g_api_step != g_step) api_new_step();
   if (phase == FORWARD) g_api_told = false;
@@ -134,30 +168,31 @@ Py_ssize_t api_begin_items(int op_name, int mod, int phase, const std::vector<Ca
   Head h{g_seq++, call, static_cast<int8_t>(phase), mod, op_name, -1, -1, -1};
   set_data(h);
   if (text) h.args = args_doc(text, static_cast<size_t>(text_n));
-  bool empty = false;
-  if (g_inputs || writes)
+  ApiOpen open;
+  open.views = views;
+  if (g_inputs || writes || views)
     for (const CallItem& it : ins) {
       const at::Tensor& t = THPVariable_Unpack(it.t);
       if (it.slot == 0 && !unread && writes && holds_no_data(t)) {
-        empty = true;
+        open.empty = true;
         if (g_inputs) rows[new_row(h, IO_INPUT, 0, it.arg, t)].note = N_UNINITIALIZED;
-      } else if (!g_inputs) {
+      } else if (!g_inputs && !views) {
       } else if (it.slot == 0 && unread) {
-        unread_row(h, 0, it.arg, t);
-      } else {
-        input_row(h, it.slot, it.arg, t);
+        if (g_inputs) unread_row(h, 0, it.arg, t);
+      } else if (int64_t r = input_row(h, it.slot, it.arg, t); r >= 0 && open.first < 0 && views) {
+        open.first = r, open.first_t = t, open.base = base_of(t);  // (as Recorder.record_inputs)
       }
     }
   api_calls.push_back(h);
-  api_empty.push_back(empty);
+  api_open.push_back(std::move(open));
   return static_cast<Py_ssize_t>(api_calls.size()) - 1;
 }
 
 PyObject* py_api_begin(PyObject*, PyObject* a) {
   const char *op, *module;
-  int phase, unread, writes = 0;
+  int phase, unread, writes = 0, views = 0;
   PyObject *ins, *args;
-  if (!PyArg_ParseTuple(a, "ssiOOp|p", &op, &module, &phase, &ins, &args, &unread, &writes)) return nullptr;
+  if (!PyArg_ParseTuple(a, "ssiOOp|pp", &op, &module, &phase, &ins, &args, &unread, &writes, &views)) return nullptr;
   std::lock_guard<std::recursive_mutex> lock(mu);  // (intern)
   std::vector<CallItem> items;
   if (!call_items(ins, items)) return nullptr;
@@ -165,7 +200,7 @@ PyObject* py_api_begin(PyObject*, PyObject* a) {
   Py_ssize_t n = 0;
   if (PyUnicode_Check(args) && !(text = PyUnicode_AsUTF8AndSize(args, &n))) return nullptr;
   return PyLong_FromSsize_t(api_begin_items(intern(op), *module ? intern(module) : -1, phase, items, text, n, unread,
-                                            writes));
+                                            writes, views));
 }
 
 // api_end(token, outputs, mutated, grads, empty, first): the call's output rows (mutated: written
@@ -178,9 +213,10 @@ void api_end_items(Py_ssize_t token, const std::vector<CallItem>& outs, bool mut
   if (g_api_step != g_step || token < 0 || static_cast<size_t>(token) >= api_calls.size())
     return;  // begun in an earlier step
   const Head h = api_calls[token];
-  empty = empty || api_empty[token];
+  const ApiOpen open = std::move(api_open[token]);
+  empty = empty || open.empty;
   api_calls.resize(token);  // and any call above it that raised before its end
-  api_empty.resize(token);
+  api_open.resize(token);
   for (const CallItem& it : outs) {
     const at::Tensor& t = THPVariable_Unpack(it.t);
     if (mutated) ++g_writes[storage_of(t)];  // before its row: the row holds what the write left
@@ -189,9 +225,10 @@ void api_end_items(Py_ssize_t token, const std::vector<CallItem>& outs, bool mut
     } else if (g_outputs) {
       // an in-place output is registered at the version it has now (at the API level torch
       // moved it before the call returned): the next use of the tensor links to this row
-      output_row(h, it.slot, t, -1, mutated, nullptr);
+      int64_t src = open.first >= 0 && holds_elements_of(t, open.first_t) ? open.first : -1;
+      output_row(h, it.slot, t, src, mutated, src >= 0 ? &open.base : nullptr);
     }
-    if (grads) api_hook_node(h, t);
+    if (grads) api_hook_node(h, t, open.views);
   }
   if (outs.empty() && g_outputs && first && THPVariable_Check(first)) {
     const at::Tensor& t = THPVariable_Unpack(first);

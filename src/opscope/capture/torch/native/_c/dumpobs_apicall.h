@@ -9,7 +9,7 @@ PyObject* g_api_fallback = nullptr;  // returned, uncalled, where only Python wa
 PyObject* g_tensors_of = nullptr;    // modules.tensors_of, for a result only Python walks
 PyObject* g_args_text = nullptr;     // native/api.args_text, for arguments seen first or not plain
 
-enum : long { AC_UNREAD = 1, AC_WRITES = 2, AC_MUTATED = 4, AC_GRADS = 8, AC_MADE = 16 };
+enum : long { AC_UNREAD = 1, AC_WRITES = 2, AC_MUTATED = 4, AC_GRADS = 8, AC_MADE = 16, AC_VIEWS = 64 };
 
 // Hands the Python error set now (opscope's own failure, not the user's call) to `failed`;
 // false where that raised (an OpscopeError, which the user's call must see).
@@ -153,7 +153,7 @@ Py_ssize_t api_call_begin(PyObject* const* a, long flags, const std::vector<PyOb
       for (PyObject* x : found) ins.push_back(CallItem{slot++, -1, x});
       for (auto& [key, x] : keywords) ins.push_back(CallItem{slot++, intern(PyUnicode_AsUTF8(key)), x});
       token = api_begin_items(intern(op), *module ? intern(module) : -1, static_cast<int>(phase), ins, t, tn,
-                              flags & AC_UNREAD, flags & AC_WRITES);
+                              flags & AC_UNREAD, flags & AC_WRITES, flags & AC_VIEWS);
     }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -181,7 +181,7 @@ bool api_call_end(Py_ssize_t token, PyObject* args, PyObject* out, long flags) {
 // func(*args, **kwargs) returns; api_setup's fallback, with func not called, where the arguments
 // hold what only Python walks. flags: AC_UNREAD (api_begin's unread), AC_WRITES (its writes),
 // AC_MUTATED (api_end's mutated; the first argument is its `first`), AC_GRADS, AC_MADE (api_end's
-// empty: the call returns an empty). opscope's own failures go to failed(exc), and the call
+// empty: the call returns an empty), AC_VIEWS (api_begin's views). opscope's own failures go to failed(exc), and the call
 // runs all the same.
 PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!g_api_fallback) return PyErr_Format(PyExc_RuntimeError, "api_setup was not called");
