@@ -15,6 +15,8 @@ threshold, the forward's values agreed within tolerance, and every element whose
 differs sits within four root-mean-square differences of the two runs' forward values from
 the threshold (one corrupted element is not such a difference). Such a
 finding leaves the culprits for a note that says so; the pairs table keeps its own verdict.
+At the api level a ReLU call's backward records the gradients only: the forward's values are
+the output of the forward call it belongs to (:func:`_forward_output`), above zero where kept.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from opscope.compare.flow import base_op
 from opscope.compare.pair import SIDES
 
 GATES = frozenset({"threshold_backward"})  # out = grad_output where self > threshold, else 0
+# API calls whose backward (the api level's record: the gradient in, the gradient out) keeps the
+# gradient where the forward's output is above zero: the forward call's output row holds the mask
+API_GATES = frozenset({"relu"})
 LOOKED = 64  # such culprits looked at, at most (each reads its call's records and tensors)
 SPREAD = 4.0  # a decision flips within this many root-mean-square differences of the forward's values
 
@@ -47,9 +52,12 @@ def settle(findings: list[Any], dumps: tuple[Any, Any]) -> tuple[list[Any], list
 
 
 def _gate(f: Any) -> bool:
+    if not (f.kind == "culprit" and f.side == "both" and f.metrics.get("mode") == "tensor"):
+        return False
+    if f.phase == "backward" and base_op(f.op) in API_GATES:
+        return True  # (its forward's output is found by _forward_output; judged untainted, or no culprit)
     forward = [i for i in f.inputs if i.get("slot") == 1]  # the forward's values (self)
-    return (f.kind == "culprit" and f.side == "both" and f.metrics.get("mode") == "tensor"
-            and base_op(f.op) in GATES and len(forward) == 1 and forward[0].get("status") in ("identical", "passed"))
+    return base_op(f.op) in GATES and len(forward) == 1 and forward[0].get("status") in ("identical", "passed")
 
 
 def _call(dump: Any, rank: int, step: int, seq: int | None) -> dict[tuple[str, int], dict[str, Any]]:
@@ -68,18 +76,41 @@ def _threshold(row: dict[str, Any]) -> float | None:
     return given.get("2", given.get("threshold"))
 
 
+def _forward_output(dump: Any, rank: int, step: int, back: dict[str, Any]) -> dict[str, Any] | None:
+    """The output row of the forward call whose backward made row ``back`` (the api level): the
+    k-th of the step's backward calls of its op in its module is the forward's k-th from the
+    last, where both count alike (what it is then is checked: the output must be the gradient
+    kept where that forward's output is above zero)."""
+    import pyarrow.compute as pc
+
+    table = dump.records(rank=rank, step=step)
+    mine = pc.and_(pc.equal(table["op"], back["op"]), pc.equal(table["module"], back["module"]))
+    rows = table.filter(pc.and_(mine, pc.equal(table["io"], "output"))).to_pylist()
+    forward = [r for r in rows if r["phase"] == "forward" and r["slot"] == 0]
+    backward = [r["seq"] for r in rows if r["phase"] == "backward" and r["slot"] == 0]
+    if back["seq"] not in backward or len(forward) != len(backward):
+        return None
+    return sorted(forward, key=lambda r: r["seq"])[len(forward) - 1 - sorted(backward).index(back["seq"])]
+
+
 def _decision(f: Any, dumps: dict[str, Any]) -> str | None:
     arrays, thresholds = {}, set()
+    api = base_op(f.op) in API_GATES
     for side in SIDES:
         call = _call(dumps[side], f.rank, f.step, (f.calls.get(side) or {}).get("seq"))
-        rows = [row for key in (("input", 0), ("input", 1), ("output", 0)) if (row := call.get(key)) is not None]
+        if api:  # (the gradient, the forward's output, the gradient kept; threshold zero)
+            grad, out = call.get(("input", 0)), call.get(("output", 0))
+            x = _forward_output(dumps[side], f.rank, f.step, out) if out is not None else None
+            rows = [row for row in (grad, x, out) if row is not None]
+        else:
+            rows = [row for key in (("input", 0), ("input", 1), ("output", 0)) if (row := call.get(key)) is not None]
         if len(rows) < 3 or not all(row.get("data") for row in rows):
             return None
         try:
             arrays[side] = [np.asarray(dumps[side].row_tensor(row), np.float64) for row in rows]
         except (OSError, KeyError, ValueError):
             return None
-        thresholds.add(_threshold(rows[2]))
+        thresholds.add(0.0 if api else _threshold(rows[2]))
     threshold = thresholds.pop() if len(thresholds) == 1 else None
     return None if threshold is None else _flips(f, arrays, threshold)
 
