@@ -13,10 +13,18 @@ namespace {
 std::vector<Head> api_calls;  // calls begun and not ended (a stack: the token is the depth)
 // per begun call: it writes part of memory that holds no data yet (empty); the first input that
 // has a row (its row and tensor, and where it lies: for the rows of outputs that view it)
+// What holds_elements_of needs of a call's first input (nothing held: a call that raised leaves
+// its entry until a call below it ends)
+struct Elements {
+  const c10::StorageImpl* storage = nullptr;
+  int64_t numel = -1;
+  int8_t dtype = -1;
+  bool conj = false, neg = false;
+};
 struct ApiOpen {
   bool empty = false, views = false;
   int64_t first = -1;
-  at::Tensor first_t;
+  Elements elements;
   Base base;
 };
 std::vector<ApiOpen> api_open;
@@ -47,14 +55,19 @@ void api_backward_ran() {
   PyGILState_Release(gil);
 }
 
-// Is `view` a view of `base`'s storage with as many elements of its dtype, its signs and
-// conjugation: all of them, where the call keeps its argument's elements? (dataflow.py
-// holds_elements_of, on the Python path.)
-bool holds_elements_of(const at::Tensor& view, const at::Tensor& base) {
-  return view.is_view() && base.defined() && view.has_storage() && base.has_storage() &&
-         view.scalar_type() == base.scalar_type() && view.numel() == base.numel() &&
-         view.is_conj() == base.is_conj() && view.is_neg() == base.is_neg() &&
-         view.storage().unsafeGetStorageImpl() == base.storage().unsafeGetStorageImpl();
+Elements elements_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return Elements{};
+  return Elements{t.storage().unsafeGetStorageImpl(), t.numel(), static_cast<int8_t>(t.scalar_type()), t.is_conj(),
+                  t.is_neg()};
+}
+
+// Is `view` a view of the storage of the tensor `base` describes, with as many elements of its
+// dtype, its signs and conjugation: all of them, where the call keeps its argument's elements?
+// (dataflow.py holds_elements_of, on the Python path.)
+bool holds_elements_of(const at::Tensor& view, const Elements& base) {
+  return base.storage && view.is_view() && view.has_storage() && view.storage().unsafeGetStorageImpl() == base.storage &&
+         static_cast<int8_t>(view.scalar_type()) == base.dtype && view.numel() == base.numel &&
+         view.is_conj() == base.conj && view.is_neg() == base.neg;
 }
 
 // The rows of one hooked node's gradients: grad_outputs as inputs, grad_inputs as outputs.
@@ -69,18 +82,19 @@ void grad_rows(const Head& h, const torch::autograd::variable_list& grad_inputs,
         if (int64_t r = input_row(h, static_cast<int>(i), a_out, grad_outputs[i]); r >= 0 && first < 0 && views)
           first = r, first_at = i;
   Base base = first >= 0 ? base_of(grad_outputs[first_at]) : Base{};
+  Elements elements = first >= 0 ? elements_of(grad_outputs[first_at]) : Elements{};
   if (!g_outputs) return;
   for (size_t i = 0; i < grad_inputs.size(); ++i)
     if (grad_inputs[i].defined()) {
-      bool view = first >= 0 && holds_elements_of(grad_inputs[i], grad_outputs[first_at]);
+      bool view = first >= 0 && holds_elements_of(grad_inputs[i], elements);
       output_row(h, static_cast<int>(i), grad_inputs[i], view ? first : -1, false, view ? &base : nullptr);
       rows.back().arg = a_in;
     }
 }
 
-// The hook of one node's gradients (grad_rows). views: the forward call keeps its argument's elements (views_first): a gradient that is a view
-// holding all of the first incoming gradient's elements (a view's or a transpose's) is linked to
-// that gradient's row.
+// The hook of one node's gradients (grad_rows). views: the forward call keeps its argument's
+// elements (views_first): a gradient that is a view holding all of the first incoming gradient's
+// elements (a view's or a transpose's) is linked to that gradient's row.
 struct ApiGradHook : torch::autograd::FunctionPostHook {
   int64_t install;
   int op, mod, node;
@@ -180,11 +194,11 @@ Py_ssize_t api_begin_items(int op_name, int mod, int phase, const std::vector<Ca
       } else if (it.slot == 0 && unread) {
         if (g_inputs) unread_row(h, 0, it.arg, t);
       } else if (int64_t r = input_row(h, it.slot, it.arg, t); r >= 0 && open.first < 0 && views) {
-        open.first = r, open.first_t = t, open.base = base_of(t);  // (as Recorder.record_inputs)
+        open.first = r, open.elements = elements_of(t), open.base = base_of(t);  // (as Recorder.record_inputs)
       }
     }
   api_calls.push_back(h);
-  api_open.push_back(std::move(open));
+  api_open.push_back(open);
   return static_cast<Py_ssize_t>(api_calls.size()) - 1;
 }
 
@@ -213,7 +227,7 @@ void api_end_items(Py_ssize_t token, const std::vector<CallItem>& outs, bool mut
   if (g_api_step != g_step || token < 0 || static_cast<size_t>(token) >= api_calls.size())
     return;  // begun in an earlier step
   const Head h = api_calls[token];
-  const ApiOpen open = std::move(api_open[token]);
+  const ApiOpen open = api_open[token];
   empty = empty || open.empty;
   api_calls.resize(token);  // and any call above it that raised before its end
   api_open.resize(token);
@@ -225,7 +239,7 @@ void api_end_items(Py_ssize_t token, const std::vector<CallItem>& outs, bool mut
     } else if (g_outputs) {
       // an in-place output is registered at the version it has now (at the API level torch
       // moved it before the call returned): the next use of the tensor links to this row
-      int64_t src = open.first >= 0 && holds_elements_of(t, open.first_t) ? open.first : -1;
+      int64_t src = open.first >= 0 && holds_elements_of(t, open.elements) ? open.first : -1;
       output_row(h, it.slot, t, src, mutated, src >= 0 ? &open.base : nullptr);
     }
     if (grads) api_hook_node(h, t, open.views);

@@ -181,8 +181,8 @@ bool api_call_end(Py_ssize_t token, PyObject* args, PyObject* out, long flags) {
 // func(*args, **kwargs) returns; api_setup's fallback, with func not called, where the arguments
 // hold what only Python walks. flags: AC_UNREAD (api_begin's unread), AC_WRITES (its writes),
 // AC_MUTATED (api_end's mutated; the first argument is its `first`), AC_GRADS, AC_MADE (api_end's
-// empty: the call returns an empty), AC_VIEWS (api_begin's views). opscope's own failures go to failed(exc), and the call
-// runs all the same.
+// empty: the call returns an empty), AC_VIEWS (api_begin's views). opscope's own failures go to
+// failed(exc), and the call runs all the same.
 PyObject* py_api_call(PyObject*, PyObject* const* a, Py_ssize_t n) {
   if (!g_api_fallback) return PyErr_Format(PyExc_RuntimeError, "api_setup was not called");
   if (n != 8 || !PyTuple_Check(a[1]) || !PyDict_Check(a[2]))
