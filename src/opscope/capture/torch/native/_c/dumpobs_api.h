@@ -65,7 +65,8 @@ Elements elements_of(const at::Tensor& t) {
 // dtype, its signs and conjugation: all of them, where the call keeps its argument's elements?
 // (dataflow.py holds_elements_of, on the Python path.)
 bool holds_elements_of(const at::Tensor& view, const Elements& base) {
-  return base.storage && view.is_view() && view.has_storage() && view.storage().unsafeGetStorageImpl() == base.storage &&
+  return base.storage && view.is_view() && view.has_storage() &&
+         view.storage().unsafeGetStorageImpl() == base.storage &&
          static_cast<int8_t>(view.scalar_type()) == base.dtype && view.numel() == base.numel &&
          view.is_conj() == base.conj && view.is_neg() == base.neg;
 }
