@@ -60,12 +60,12 @@ def _gate(f: Any) -> bool:
     return base_op(f.op) in GATES and len(forward) == 1 and forward[0].get("status") in ("identical", "passed")
 
 
-def _call(dump: Any, rank: int, step: int, seq: int | None) -> dict[tuple[str, int], dict[str, Any]]:
+def _call(table: Any, seq: int | None) -> dict[tuple[str, int], dict[str, Any]]:
+    """The rows of call ``seq`` in one partition's ``table``, by (io, slot)."""
     import pyarrow.compute as pc
 
     if seq is None:
         return {}
-    table = dump.records(rank=rank, step=step)
     rows = table.filter(pc.equal(table["seq"], seq)).to_pylist()
     return {(row["io"], row["slot"]): row for row in rows}
 
@@ -76,14 +76,13 @@ def _threshold(row: dict[str, Any]) -> float | None:
     return given.get("2", given.get("threshold"))
 
 
-def _forward_output(dump: Any, rank: int, step: int, back: dict[str, Any]) -> dict[str, Any] | None:
+def _forward_output(table: Any, back: dict[str, Any]) -> dict[str, Any] | None:
     """The output row of the forward call whose backward made row ``back`` (the api level): the
     k-th of the step's backward calls of its op in its module is the forward's k-th from the
     last, where both count alike (what it is then is checked: the output must be the gradient
     kept where that forward's output is above zero)."""
     import pyarrow.compute as pc
 
-    table = dump.records(rank=rank, step=step)
     mine = pc.and_(pc.equal(table["op"], back["op"]), pc.equal(table["module"], back["module"]))
     rows = table.filter(pc.and_(mine, pc.equal(table["io"], "output"))).to_pylist()
     forward = [r for r in rows if r["phase"] == "forward" and r["slot"] == 0]
@@ -97,10 +96,11 @@ def _decision(f: Any, dumps: dict[str, Any]) -> str | None:
     arrays, thresholds = {}, set()
     api = base_op(f.op) in API_GATES
     for side in SIDES:
-        call = _call(dumps[side], f.rank, f.step, (f.calls.get(side) or {}).get("seq"))
+        table = dumps[side].records(rank=f.rank, step=f.step)  # (read once: the call's rows, its forward's)
+        call = _call(table, (f.calls.get(side) or {}).get("seq"))
         if api:  # (the gradient, the forward's output, the gradient kept; threshold zero)
             grad, out = call.get(("input", 0)), call.get(("output", 0))
-            x = _forward_output(dumps[side], f.rank, f.step, out) if out is not None else None
+            x = _forward_output(table, out) if out is not None else None
             rows = [row for row in (grad, x, out) if row is not None]
         else:
             rows = [row for key in (("input", 0), ("input", 1), ("output", 0)) if (row := call.get(key)) is not None]
