@@ -71,17 +71,16 @@ class Measuring:
             return
         if device == "cpu" and self.engine != "torch":
             row[STATS] = cpu_stats(t)
-            if data:
-                row[_DATA] = self._store(row, _cpu_copy(t))
-            return
-        # torch's own calls: where a hook (the optimizer's, a backward's outside Tensor.backward)
-        # measures while the api level's TorchFunctionMode is active, they are no calls of the
-        # user's (before session 43 they were recorded: an api dump with the torch engine held
-        # four times its rows, the hash's bitwise_xor_, stack and sums among them)
-        with _DisableTorchFunction():
-            self.device_jobs.append((row, device_stats(t)))
-            if data:
-                row[_DATA] = self._store(row, _cpu_copy(t))
+        else:
+            # torch's own calls: where a hook (the optimizer's, a backward's outside
+            # Tensor.backward) measures while the api level's TorchFunctionMode is active, they are
+            # no calls of the user's (before session 43 they were recorded: an api dump with the
+            # torch engine held four times its rows, the hash's bitwise_xor_, stack and sums)
+            with _DisableTorchFunction():
+                self.device_jobs.append((row, device_stats(t)))
+        if data:
+            with _DisableTorchFunction():  # (as above: the copy and its bytes are no calls of the user's)
+                row[_DATA] = self._store(row, t.detach().to("cpu", copy=True).contiguous())
 
     def _publish(self, row: list[Any], buffer: Any) -> str | None:
         """Hand the writer the bytes the native thread copied for ``row`` (dtype and shape
@@ -101,11 +100,6 @@ class Measuring:
         key = f"r{row[_ID]}"
         row[_KEY] = key
         return self.writer.add_tensor(row[_STEP], key, dtype, shape, raw, nbytes)
-
-
-def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
-    with _DisableTorchFunction():  # (as above: no call of the user's)
-        return t.detach().to("cpu", copy=True).contiguous()
 
 
 def _where(row: list[Any]) -> tuple[Any, ...]:
